@@ -1,0 +1,121 @@
+package storage
+
+import (
+	"fmt"
+	"time"
+)
+
+// Defaults for per-queue configuration. A queue is created with these on its
+// first enqueue (or first SetQueueConfig).
+const (
+	// DefaultMaxAttempts is how many deliveries an item gets before a
+	// delivery that ends without ack sends it to the dead-letter queue.
+	DefaultMaxAttempts = 5
+	// DefaultLeaseDuration is used when a poll asks for lease 0.
+	DefaultLeaseDuration = 30 * time.Second
+	// DefaultDedupWindow is how long a dedup key suppresses re-enqueues.
+	DefaultDedupWindow = 5 * time.Minute
+	// DefaultBackoffBase and DefaultBackoffMax bound the nack backoff
+	// random(0, min(base*2^attempts, max)) applied when a nack gives no delay.
+	DefaultBackoffBase = 500 * time.Millisecond
+	DefaultBackoffMax  = 30 * time.Second
+)
+
+// Limits bounds what a single request may carry. Stores and the RPC layer
+// enforce the same Limits; DefaultLimits matches DESIGN.md.
+type Limits struct {
+	MaxPayload   int           // bytes per item payload
+	MaxBatch     int           // items (or ids) per call
+	MinLease     time.Duration // shortest lease a poll or extend may ask for
+	MaxLease     time.Duration // longest lease
+	MaxWait      time.Duration // longest long-poll wait (enforced by rpc)
+	MaxDelay     time.Duration // longest enqueue or nack delay
+	MaxDedupKey  int           // bytes per dedup key
+	MaxReason    int           // bytes per nack reason (longer is truncated)
+	MaxQueueName int           // bytes per queue name
+}
+
+// DefaultLimits are the limits of DESIGN.md.
+var DefaultLimits = Limits{
+	MaxPayload:   1 << 20,
+	MaxBatch:     1000,
+	MinLease:     100 * time.Millisecond,
+	MaxLease:     12 * time.Hour,
+	MaxWait:      60 * time.Second,
+	MaxDelay:     7 * 24 * time.Hour,
+	MaxDedupKey:  1024,
+	MaxReason:    4096,
+	MaxQueueName: 200,
+}
+
+// ValidateQueueName reports whether name is 1..l.MaxQueueName bytes of
+// [A-Za-z0-9._-]. The error wraps ErrInvalidArgument.
+func (l Limits) ValidateQueueName(name string) error {
+	max := l.MaxQueueName
+	if max <= 0 {
+		max = DefaultLimits.MaxQueueName
+	}
+	if len(name) == 0 || len(name) > max {
+		return fmt.Errorf("%w: queue name must be 1-%d bytes, got %d", ErrInvalidArgument, max, len(name))
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-':
+		default:
+			return fmt.Errorf("%w: queue name %q: byte %d (%q) is not in [A-Za-z0-9._-]", ErrInvalidArgument, name, i, c)
+		}
+	}
+	return nil
+}
+
+// ValidateLease checks a requested lease duration. Zero means "the queue's
+// default" and is accepted.
+func (l Limits) ValidateLease(d time.Duration) error {
+	if d == 0 {
+		return nil
+	}
+	if d < l.MinLease || d > l.MaxLease {
+		return fmt.Errorf("%w: lease %v outside [%v, %v]", ErrInvalidArgument, d, l.MinLease, l.MaxLease)
+	}
+	return nil
+}
+
+// ValidateDelay checks an enqueue or nack delay.
+func (l Limits) ValidateDelay(d time.Duration) error {
+	if d < 0 || d > l.MaxDelay {
+		return fmt.Errorf("%w: delay %v outside [0, %v]", ErrInvalidArgument, d, l.MaxDelay)
+	}
+	return nil
+}
+
+// ValidateBatch checks the number of items or ids in one call.
+func (l Limits) ValidateBatch(n int) error {
+	if n > l.MaxBatch {
+		return fmt.Errorf("%w: batch of %d exceeds the limit of %d", ErrInvalidArgument, n, l.MaxBatch)
+	}
+	return nil
+}
+
+// ValidateWait checks a long-poll wait.
+func (l Limits) ValidateWait(d time.Duration) error {
+	if d < 0 || d > l.MaxWait {
+		return fmt.Errorf("%w: wait %v outside [0, %v]", ErrInvalidArgument, d, l.MaxWait)
+	}
+	return nil
+}
+
+// ValidateQueueConfig checks a queue configuration.
+func (l Limits) ValidateQueueConfig(c QueueConfig) error {
+	switch {
+	case c.MaxAttempts < 1:
+		return fmt.Errorf("%w: max_attempts must be >= 1, got %d", ErrInvalidArgument, c.MaxAttempts)
+	case c.LeaseDuration < l.MinLease || c.LeaseDuration > l.MaxLease:
+		return fmt.Errorf("%w: default lease %v outside [%v, %v]", ErrInvalidArgument, c.LeaseDuration, l.MinLease, l.MaxLease)
+	case c.DedupWindow < 0 || c.DedupWindow > l.MaxDelay:
+		return fmt.Errorf("%w: dedup window %v outside [0, %v]", ErrInvalidArgument, c.DedupWindow, l.MaxDelay)
+	case c.BackoffBase < 0 || c.BackoffMax < c.BackoffBase || c.BackoffMax > l.MaxDelay:
+		return fmt.Errorf("%w: backoff base %v / max %v must satisfy 0 <= base <= max <= %v", ErrInvalidArgument, c.BackoffBase, c.BackoffMax, l.MaxDelay)
+	}
+	return nil
+}
