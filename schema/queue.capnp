@@ -20,7 +20,7 @@
 #    status.code == none means the request was applied; any other ErrorCode
 #    means the whole request was refused and nothing changed (an invalid
 #    queue name, a batch over the limit, a lease or wait out of range, no
-#    such queue, ...), with a human-readable status.message. Cap'n Proto
+#    such queue, ...), with a human-readable status.detail. Cap'n Proto
 #    exceptions are raised only for transport and internal failures: treat
 #    them as "outcome unknown" and retry (delivery is at-least-once).
 #
@@ -86,7 +86,7 @@ enum ResultCode {
   notFound @1;
   leaseMismatch @2;
   leaseExpired @3;
-  invalid @4;         # rejected by a limit (payload size, delay, dedup key); see message
+  invalid @4;         # rejected by a limit (payload size, delay, dedup key); see detail
 }
 
 # ErrorCode is the request-level outcome carried in every result's Status.
@@ -105,7 +105,7 @@ enum ErrorCode {
 # Status is the first field of every result.
 struct Status {
   code @0 :ErrorCode;
-  message @1 :Text;   # empty when code is none
+  detail @1 :Text;    # human-readable explanation; empty when code is none
 }
 
 # ItemState mirrors storage.State. Never renumber or reuse.
@@ -129,7 +129,7 @@ struct EnqueueResult {
   code @0 :ResultCode;     # ok or invalid
   id @1 :Data;             # 16 bytes; for a duplicate, the first item's id
   duplicate @2 :Bool;
-  message @3 :Text;        # why, when code is invalid
+  detail @3 :Text;         # why, when code is invalid
 }
 
 struct Item {
@@ -183,7 +183,7 @@ struct QueueStats {
 # Queue is the bootstrap capability of a leaseq node.
 interface Queue {
   # enqueue adds items; queues are created on first enqueue. Per item: ok
-  # (with id, duplicate) or invalid (with message).
+  # (with id, duplicate) or invalid (with detail).
   enqueue @0 (queue :Text, items :List(EnqueueItem))
           -> (status :Status, results :List(EnqueueResult));
 
