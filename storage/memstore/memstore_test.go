@@ -1,0 +1,37 @@
+package memstore_test
+
+import (
+	"testing"
+
+	"github.com/leaseq/leaseq/storage"
+	"github.com/leaseq/leaseq/storage/memstore"
+	"github.com/leaseq/leaseq/storage/storagetest"
+)
+
+func harness() storagetest.Harness {
+	return storagetest.Harness{
+		New: func(testing.TB) storage.Store { return memstore.New(memstore.Options{}) },
+	}
+}
+
+func TestConformanceMemstore(t *testing.T) {
+	t.Parallel()
+	storagetest.Run(t, harness())
+}
+
+// TestConformanceMemstoreModel compares memstore with itself: it cannot find
+// a memstore bug, but it exercises the RunModel driver (translation of ids
+// and tokens, every op) so a broken driver shows up here first.
+func TestConformanceMemstoreModel(t *testing.T) {
+	t.Parallel()
+	storagetest.RunModel(t, harness())
+}
+
+func TestConformanceMemstoreHistory(t *testing.T) {
+	t.Parallel()
+	storagetest.RunHistory(t, harness(), storagetest.HistoryConfig{})
+}
+
+func BenchmarkMemstore(b *testing.B) {
+	storagetest.Bench(b, harness())
+}
