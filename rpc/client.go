@@ -1,0 +1,601 @@
+package rpc
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"capnproto.org/go/capnp/v3"
+	"capnproto.org/go/capnp/v3/exc"
+	"capnproto.org/go/capnp/v3/flowcontrol"
+	capnprpc "capnproto.org/go/capnp/v3/rpc"
+	"capnproto.org/go/capnp/v3/rpc/transport"
+
+	"github.com/leaseq/leaseq/schema"
+	"github.com/leaseq/leaseq/storage"
+)
+
+// ClientOptions configures Dial.
+type ClientOptions struct {
+	// TLS, when set, is the client TLS config (add Certificates for mutual
+	// TLS). ServerName defaults to the host of the address.
+	TLS    *tls.Config
+	Logger *slog.Logger // nil: discard
+	// FlowLimitBytes bounds the bytes of calls in flight on the connection
+	// (0: DefaultMaxMessageBytes). A single call larger than it fails with
+	// ErrInvalidArgument before it is sent.
+	FlowLimitBytes int64
+}
+
+// Client is a connection to a leaseq node. Its methods mirror
+// storage.Store; they are safe for concurrent use, and every []byte they
+// return is owned by the caller (copied out of capnp's buffers). Request-
+// level failures come back as *StatusError wrapping a storage or rpc
+// sentinel; transport failures as other errors (capnp.IsDisconnected after
+// the connection is lost).
+type Client struct {
+	conn  net.Conn
+	rc    *capnprpc.Conn
+	q     schema.Queue
+	log   *slog.Logger
+	limit int64
+
+	closeOnce sync.Once
+	closed    chan struct{}
+}
+
+// Dial connects to addr ("host:port" or "unix:/path") and checks that a
+// leaseq node answers. A node at its connection limit makes Dial fail with
+// ErrTooManyConns; a TLS failure (say, a missing client certificate) also
+// fails Dial.
+func Dial(ctx context.Context, addr string, opts ClientOptions) (*Client, error) {
+	network, address, err := splitAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, network, address)
+	if err != nil {
+		return nil, fmt.Errorf("rpc: dial %s: %w", addr, err)
+	}
+	if opts.TLS != nil {
+		cfg := opts.TLS.Clone()
+		if cfg.ServerName == "" && network == "tcp" {
+			cfg.ServerName, _, _ = net.SplitHostPort(address)
+		}
+		tc := tls.Client(conn, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			_ = conn.Close()
+			return nil, fmt.Errorf("rpc: dial %s: tls: %w", addr, err)
+		}
+		conn = tc
+	}
+	c, err := NewClient(ctx, conn, opts)
+	if err != nil {
+		return nil, fmt.Errorf("rpc: dial %s: %w", addr, err)
+	}
+	return c, nil
+}
+
+// NewClient runs the protocol over an established connection (for example
+// one end of net.Pipe) and takes ownership of it. opts.TLS is ignored.
+func NewClient(ctx context.Context, conn net.Conn, opts ClientOptions) (*Client, error) {
+	log := opts.Logger
+	if log == nil {
+		log = discardLogger()
+	}
+	limit := opts.FlowLimitBytes
+	if limit <= 0 {
+		limit = DefaultMaxMessageBytes
+	}
+	rc := capnprpc.NewConn(transport.NewStream(conn), &capnprpc.Options{Logger: capnpLogger(log)})
+	q := schema.Queue(rc.Bootstrap(ctx))
+	if err := q.Resolve(ctx); err != nil {
+		q.Release()
+		_ = rc.Close()
+		if exc.TypeOf(err) == exc.Overloaded {
+			return nil, fmt.Errorf("%w: %v", ErrTooManyConns, err)
+		}
+		return nil, fmt.Errorf("rpc: bootstrap: %w", err)
+	}
+	q.SetFlowLimiter(flowcontrol.NewFixedLimiter(limit))
+	return &Client{conn: conn, rc: rc, q: q, log: log, limit: limit, closed: make(chan struct{})}, nil
+}
+
+// Close ends the connection. Leases held by this client stay valid until
+// they expire or are acked from another connection. Close is idempotent.
+func (c *Client) Close() error {
+	var err error
+	c.closeOnce.Do(func() {
+		close(c.closed)
+		c.q.Release()
+		err = c.rc.Close()
+		if isDisconnect(err) {
+			err = nil
+		}
+	})
+	return err
+}
+
+// Done is closed when the connection has ended (Close or a failure).
+func (c *Client) Done() <-chan struct{} { return c.rc.Done() }
+
+// Queue returns the raw capnp capability, for callers that pipeline or
+// batch calls themselves (bench). It stays owned by the Client.
+func (c *Client) Queue() schema.Queue { return c.q }
+
+// status converts a result's Status into an error.
+func status(op string, get func() (schema.Status, error)) error {
+	st, err := get()
+	if err != nil {
+		return fmt.Errorf("leaseq %s: reading status: %w", op, err)
+	}
+	msg, _ := st.Detail()
+	return errorOf(op, st.Code(), msg)
+}
+
+// checkSize refuses a call the flow limiter could never admit (it would
+// panic) with a clear error instead.
+func (c *Client) checkSize(op string, n int) error {
+	if int64(n)+64<<10 > c.limit {
+		return fmt.Errorf("leaseq %s: %w: request of about %d bytes exceeds the client's flow limit of %d; split the batch",
+			op, storage.ErrInvalidArgument, n, c.limit)
+	}
+	return nil
+}
+
+// Enqueue adds items to queue. Per-item outcomes (CodeOK with ID and
+// Duplicate, or CodeInvalid with Err) come back in input order.
+func (c *Client) Enqueue(ctx context.Context, queue string, items []storage.EnqueueItem) ([]storage.EnqueueResult, error) {
+	size := 0
+	for i := range items {
+		size += len(items[i].Payload) + len(items[i].DedupKey) + 64
+	}
+	if err := c.checkSize("enqueue", size); err != nil {
+		return nil, err
+	}
+	f, release := c.q.Enqueue(ctx, func(p schema.Queue_enqueue_Params) error {
+		if err := p.SetQueue(queue); err != nil {
+			return err
+		}
+		l, err := p.NewItems(int32(len(items)))
+		if err != nil {
+			return err
+		}
+		for i := range items {
+			w := l.At(i)
+			if err := w.SetPayload(items[i].Payload); err != nil {
+				return err
+			}
+			w.SetDelayMs(msDur(items[i].Delay))
+			w.SetPriority(items[i].Priority)
+			if items[i].DedupKey != "" {
+				if err := w.SetDedupKey(items[i].DedupKey); err != nil {
+					return err
+				}
+			}
+			w.SetMaxAttempts(items[i].MaxAttempts)
+		}
+		return nil
+	})
+	defer release()
+	res, err := f.Struct()
+	if err != nil {
+		return nil, fmt.Errorf("leaseq enqueue: %w", err)
+	}
+	if err := status("enqueue", res.Status); err != nil {
+		return nil, err
+	}
+	l, err := res.Results()
+	if err != nil {
+		return nil, fmt.Errorf("leaseq enqueue: results: %w", err)
+	}
+	out := make([]storage.EnqueueResult, l.Len())
+	for i := range out {
+		r := l.At(i)
+		out[i].Code = storageCode(r.Code())
+		out[i].Duplicate = r.Duplicate()
+		if out[i].Code == storage.CodeOK {
+			b, err := r.Id()
+			if err != nil {
+				return nil, fmt.Errorf("leaseq enqueue: results[%d]: %w", i, err)
+			}
+			if out[i].ID, err = itemID(b); err != nil {
+				return nil, fmt.Errorf("leaseq enqueue: results[%d]: %w", i, err)
+			}
+		}
+		if out[i].Err, err = r.Detail(); err != nil {
+			return nil, fmt.Errorf("leaseq enqueue: results[%d]: %w", i, err)
+		}
+	}
+	return out, nil
+}
+
+// Poll claims up to max ready items under one new lease of the given
+// duration (0: the queue's default), waiting up to wait for the first one.
+// No items is not an error: the result is empty with a zero lease.
+func (c *Client) Poll(ctx context.Context, queue string, max int, lease, wait time.Duration) (storage.PollResult, error) {
+	if max < 0 || lease < 0 || wait < 0 {
+		return storage.PollResult{}, fmt.Errorf("leaseq poll: %w: negative max, lease or wait", storage.ErrInvalidArgument)
+	}
+	f, release := c.q.Poll(ctx, func(p schema.Queue_poll_Params) error {
+		p.SetMax(uint32(min(max, 1<<31)))
+		p.SetLeaseMs(msDur(lease))
+		p.SetWaitMs(msDur(wait))
+		return p.SetQueue(queue)
+	})
+	defer release()
+	res, err := f.Struct()
+	if err != nil {
+		return storage.PollResult{}, fmt.Errorf("leaseq poll: %w", err)
+	}
+	if err := status("poll", res.Status); err != nil {
+		return storage.PollResult{}, err
+	}
+	return readPoll(res.Lease, res.ExpiresAt(), res.Items)
+}
+
+func readPoll(leaseFn func() ([]byte, error), expires uint64, itemsFn func() (schema.Item_List, error)) (storage.PollResult, error) {
+	var pr storage.PollResult
+	l, err := itemsFn()
+	if err != nil {
+		return pr, fmt.Errorf("leaseq poll: items: %w", err)
+	}
+	if l.Len() == 0 {
+		return pr, nil
+	}
+	b, err := leaseFn()
+	if err != nil {
+		return pr, fmt.Errorf("leaseq poll: lease: %w", err)
+	}
+	if pr.Lease, err = leaseID(b); err != nil {
+		return pr, fmt.Errorf("leaseq poll: %w", err)
+	}
+	pr.ExpiresAt = fromMs(expires)
+	if pr.Items, err = readItems(l); err != nil {
+		return pr, fmt.Errorf("leaseq poll: %w", err)
+	}
+	return pr, nil
+}
+
+// Ack deletes items held under lease; one Code per id, in order.
+func (c *Client) Ack(ctx context.Context, queue string, lease storage.LeaseID, ids []storage.ItemID) ([]storage.Code, error) {
+	if err := c.checkSize("ack", 24*len(ids)); err != nil {
+		return nil, err
+	}
+	f, release := c.q.Ack(ctx, func(p schema.Queue_ack_Params) error {
+		if err := p.SetQueue(queue); err != nil {
+			return err
+		}
+		if err := p.SetLease(lease[:]); err != nil {
+			return err
+		}
+		l, err := p.NewIds(int32(len(ids)))
+		if err != nil {
+			return err
+		}
+		return writeIDs(l, ids)
+	})
+	defer release()
+	res, err := f.Struct()
+	if err != nil {
+		return nil, fmt.Errorf("leaseq ack: %w", err)
+	}
+	if err := status("ack", res.Status); err != nil {
+		return nil, err
+	}
+	l, err := res.Codes()
+	if err != nil {
+		return nil, fmt.Errorf("leaseq ack: codes: %w", err)
+	}
+	return readCodes(l), nil
+}
+
+// Nack ends the delivery of items held under lease without success: ready
+// again after delay, or after the queue's backoff when delay is nil; dead
+// once attempts reached max attempts. One Code per id, in order.
+func (c *Client) Nack(ctx context.Context, queue string, lease storage.LeaseID, ids []storage.ItemID, delay *time.Duration, reason string) ([]storage.Code, error) {
+	if err := c.checkSize("nack", 24*len(ids)+len(reason)); err != nil {
+		return nil, err
+	}
+	if delay != nil && *delay < 0 {
+		return nil, fmt.Errorf("leaseq nack: %w: negative delay", storage.ErrInvalidArgument)
+	}
+	f, release := c.q.Nack(ctx, func(p schema.Queue_nack_Params) error {
+		if err := p.SetQueue(queue); err != nil {
+			return err
+		}
+		if err := p.SetLease(lease[:]); err != nil {
+			return err
+		}
+		if delay != nil {
+			p.SetDelayMs(int64(msDur(*delay)))
+		}
+		if err := p.SetReason(reason); err != nil {
+			return err
+		}
+		l, err := p.NewIds(int32(len(ids)))
+		if err != nil {
+			return err
+		}
+		return writeIDs(l, ids)
+	})
+	defer release()
+	res, err := f.Struct()
+	if err != nil {
+		return nil, fmt.Errorf("leaseq nack: %w", err)
+	}
+	if err := status("nack", res.Status); err != nil {
+		return nil, err
+	}
+	l, err := res.Codes()
+	if err != nil {
+		return nil, fmt.Errorf("leaseq nack: codes: %w", err)
+	}
+	return readCodes(l), nil
+}
+
+// Extend sets a live lease's expiry to now + d and returns it. Errors wrap
+// storage.ErrLeaseExpired or storage.ErrLeaseMismatch when it cannot.
+func (c *Client) Extend(ctx context.Context, queue string, lease storage.LeaseID, d time.Duration) (time.Time, error) {
+	f, release := c.q.Extend(ctx, func(p schema.Queue_extend_Params) error {
+		p.SetLeaseMs(msDur(d))
+		if err := p.SetLease(lease[:]); err != nil {
+			return err
+		}
+		return p.SetQueue(queue)
+	})
+	defer release()
+	res, err := f.Struct()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("leaseq extend: %w", err)
+	}
+	if err := status("extend", res.Status); err != nil {
+		return time.Time{}, err
+	}
+	return fromMs(res.ExpiresAt()), nil
+}
+
+// Stats returns one queue's stats, or every queue's when queue is "".
+func (c *Client) Stats(ctx context.Context, queue string) ([]storage.QueueStats, error) {
+	f, release := c.q.Stats(ctx, func(p schema.Queue_stats_Params) error { return p.SetQueue(queue) })
+	defer release()
+	res, err := f.Struct()
+	if err != nil {
+		return nil, fmt.Errorf("leaseq stats: %w", err)
+	}
+	if err := status("stats", res.Status); err != nil {
+		return nil, err
+	}
+	l, err := res.Stats()
+	if err != nil {
+		return nil, fmt.Errorf("leaseq stats: %w", err)
+	}
+	out := make([]storage.QueueStats, l.Len())
+	for i := range out {
+		if out[i], err = readStats(l.At(i)); err != nil {
+			return nil, fmt.Errorf("leaseq stats: %w", err)
+		}
+	}
+	return out, nil
+}
+
+// Queues lists queue names in byte order.
+func (c *Client) Queues(ctx context.Context) ([]string, error) {
+	f, release := c.q.Queues(ctx, nil)
+	defer release()
+	res, err := f.Struct()
+	if err != nil {
+		return nil, fmt.Errorf("leaseq queues: %w", err)
+	}
+	if err := status("queues", res.Status); err != nil {
+		return nil, err
+	}
+	l, err := res.Queues()
+	if err != nil {
+		return nil, fmt.Errorf("leaseq queues: %w", err)
+	}
+	out := make([]string, l.Len())
+	for i := range out {
+		if out[i], err = l.At(i); err != nil {
+			return nil, fmt.Errorf("leaseq queues: %w", err)
+		}
+	}
+	return out, nil
+}
+
+// Peek lists items without leasing them (p.Now is ignored: the node's
+// clock decides). p.Limit 0 means DefaultPageLimit.
+func (c *Client) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item, error) {
+	f, release := c.q.Peek(ctx, func(a schema.Queue_peek_Params) error {
+		a.SetInflight(p.Inflight)
+		a.SetLimit(uint32(max(p.Limit, 0)))
+		if !p.After.IsZero() {
+			if err := a.SetAfter(p.After[:]); err != nil {
+				return err
+			}
+		}
+		return a.SetQueue(p.Queue)
+	})
+	defer release()
+	res, err := f.Struct()
+	if err != nil {
+		return nil, fmt.Errorf("leaseq peek: %w", err)
+	}
+	if err := status("peek", res.Status); err != nil {
+		return nil, err
+	}
+	l, err := res.Items()
+	if err != nil {
+		return nil, fmt.Errorf("leaseq peek: %w", err)
+	}
+	items, err := readItems(l)
+	if err != nil {
+		return nil, fmt.Errorf("leaseq peek: %w", err)
+	}
+	return items, nil
+}
+
+// Purge deletes every available and inflight item of queue.
+func (c *Client) Purge(ctx context.Context, queue string) (int, error) {
+	f, release := c.q.Purge(ctx, func(p schema.Queue_purge_Params) error { return p.SetQueue(queue) })
+	defer release()
+	res, err := f.Struct()
+	if err != nil {
+		return 0, fmt.Errorf("leaseq purge: %w", err)
+	}
+	if err := status("purge", res.Status); err != nil {
+		return 0, err
+	}
+	return int(res.Purged()), nil
+}
+
+// DeadList pages through dead items after p.After (p.Limit 0: DefaultPageLimit).
+func (c *Client) DeadList(ctx context.Context, p storage.DeadListParams) ([]storage.DeadItem, error) {
+	f, release := c.q.DeadList(ctx, func(a schema.Queue_deadList_Params) error {
+		a.SetLimit(uint32(max(p.Limit, 0)))
+		if !p.After.IsZero() {
+			if err := a.SetAfter(p.After[:]); err != nil {
+				return err
+			}
+		}
+		return a.SetQueue(p.Queue)
+	})
+	defer release()
+	res, err := f.Struct()
+	if err != nil {
+		return nil, fmt.Errorf("leaseq dead list: %w", err)
+	}
+	if err := status("dead list", res.Status); err != nil {
+		return nil, err
+	}
+	l, err := res.Items()
+	if err != nil {
+		return nil, fmt.Errorf("leaseq dead list: %w", err)
+	}
+	out := make([]storage.DeadItem, l.Len())
+	for i := range out {
+		w := l.At(i)
+		it, err := w.Item()
+		if err != nil {
+			return nil, fmt.Errorf("leaseq dead list: %w", err)
+		}
+		if out[i].Item, err = readItem(it); err != nil {
+			return nil, fmt.Errorf("leaseq dead list: %w", err)
+		}
+		if out[i].Reason, err = w.Reason(); err != nil {
+			return nil, fmt.Errorf("leaseq dead list: %w", err)
+		}
+		out[i].DeadAt = fromMs(w.DeadAt())
+	}
+	return out, nil
+}
+
+type deadParams interface {
+	SetQueue(string) error
+	NewIds(int32) (capnp.DataList, error)
+	SetLimit(uint32)
+}
+
+func setDeadParams(a deadParams, p storage.RedriveParams) error {
+	if err := a.SetQueue(p.Queue); err != nil {
+		return err
+	}
+	a.SetLimit(uint32(max(p.Limit, 0)))
+	if len(p.IDs) == 0 {
+		return nil
+	}
+	l, err := a.NewIds(int32(len(p.IDs)))
+	if err != nil {
+		return err
+	}
+	return writeIDs(l, p.IDs)
+}
+
+func readRedrive(op string, codes func() (schema.ResultCode_List, error), moved uint64) (storage.RedriveResult, error) {
+	rr := storage.RedriveResult{Moved: int(moved)}
+	l, err := codes()
+	if err != nil {
+		return rr, fmt.Errorf("leaseq %s: %w", op, err)
+	}
+	if l.Len() > 0 {
+		rr.Codes = readCodes(l)
+	}
+	return rr, nil
+}
+
+// Redrive moves dead items back to ready: p.IDs (one Code each), or up to
+// p.Limit (0: DefaultPageLimit) in id order when p.IDs is empty.
+func (c *Client) Redrive(ctx context.Context, p storage.RedriveParams) (storage.RedriveResult, error) {
+	f, release := c.q.Redrive(ctx, func(a schema.Queue_redrive_Params) error { return setDeadParams(a, p) })
+	defer release()
+	res, err := f.Struct()
+	if err != nil {
+		return storage.RedriveResult{}, fmt.Errorf("leaseq redrive: %w", err)
+	}
+	if err := status("redrive", res.Status); err != nil {
+		return storage.RedriveResult{}, err
+	}
+	return readRedrive("redrive", res.Codes, res.Moved())
+}
+
+// PurgeDead deletes dead items, selected like Redrive.
+func (c *Client) PurgeDead(ctx context.Context, p storage.RedriveParams) (storage.RedriveResult, error) {
+	f, release := c.q.PurgeDead(ctx, func(a schema.Queue_purgeDead_Params) error { return setDeadParams(a, p) })
+	defer release()
+	res, err := f.Struct()
+	if err != nil {
+		return storage.RedriveResult{}, fmt.Errorf("leaseq purge dead: %w", err)
+	}
+	if err := status("purge dead", res.Status); err != nil {
+		return storage.RedriveResult{}, err
+	}
+	return readRedrive("purge dead", res.Codes, res.Moved())
+}
+
+// QueueConfig returns a queue's config (ErrNotFound for no such queue).
+func (c *Client) QueueConfig(ctx context.Context, queue string) (storage.QueueConfig, error) {
+	f, release := c.q.GetConfig(ctx, func(p schema.Queue_getConfig_Params) error { return p.SetQueue(queue) })
+	defer release()
+	res, err := f.Struct()
+	if err != nil {
+		return storage.QueueConfig{}, fmt.Errorf("leaseq get config: %w", err)
+	}
+	if err := status("get config", res.Status); err != nil {
+		return storage.QueueConfig{}, err
+	}
+	w, err := res.Config()
+	if err != nil {
+		return storage.QueueConfig{}, fmt.Errorf("leaseq get config: %w", err)
+	}
+	return readConfig(w), nil
+}
+
+// SetQueueConfig replaces a queue's config, creating the queue if needed.
+func (c *Client) SetQueueConfig(ctx context.Context, queue string, cfg storage.QueueConfig) error {
+	if cfg.LeaseDuration < 0 || cfg.DedupWindow < 0 || cfg.BackoffBase < 0 || cfg.BackoffMax < 0 {
+		return fmt.Errorf("leaseq set config: %w: negative duration", storage.ErrInvalidArgument)
+	}
+	f, release := c.q.SetConfig(ctx, func(p schema.Queue_setConfig_Params) error {
+		w, err := p.NewConfig()
+		if err != nil {
+			return err
+		}
+		writeConfig(w, cfg)
+		return p.SetQueue(queue)
+	})
+	defer release()
+	res, err := f.Struct()
+	if err != nil {
+		return fmt.Errorf("leaseq set config: %w", err)
+	}
+	return status("set config", res.Status)
+}
+
+// errClientClosed is returned by calls on a closed Client's subscriptions.
+var errClientClosed = errors.New("rpc: client closed")

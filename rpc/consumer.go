@@ -1,0 +1,190 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/benbjohnson/clock"
+
+	"github.com/leaseq/leaseq/storage"
+)
+
+// ConsumerConfig configures Client.Consume.
+type ConsumerConfig struct {
+	Queue   string
+	Workers int           // concurrent pollers, each handling its batch in order (0: 1)
+	Batch   int           // items per poll (0: 1)
+	Lease   time.Duration // per poll (0: storage.DefaultLeaseDuration); extended every Lease/3 while handlers run
+	Wait    time.Duration // long-poll wait (0: DefaultConsumerWait)
+	// Handler processes one item. nil error acks it; an error or a panic
+	// nacks it with the error text or "panic: <value>" as the reason. Its
+	// ctx is cancelled if the lease is lost (the item may be redelivered
+	// elsewhere), not when Consume's ctx is: in-flight items finish.
+	Handler func(ctx context.Context, it storage.Item) error
+	Clock   clock.Clock  // required: extend timers run on it
+	Logger  *slog.Logger // nil: discard
+	// NackDelay is the redelivery delay after a failure (nil: the queue's
+	// exponential backoff).
+	NackDelay *time.Duration
+	// OnExtend, if set, is called after every automatic extend with its
+	// outcome (for metrics and tests).
+	OnExtend func(lease storage.LeaseID, expiresAt time.Time, err error)
+}
+
+// DefaultConsumerWait is the long-poll wait of Consume: long enough that an
+// idle consumer costs about one call per 20 s, short of the 60 s limit.
+const DefaultConsumerWait = 20 * time.Second
+
+// Consume runs cfg.Workers workers that poll cfg.Queue and run cfg.Handler
+// on every item until ctx is cancelled. Then it drains: no new polls, every
+// in-flight handler finishes and its item is acked or nacked, and Consume
+// returns nil. If polling fails (connection lost, bad config), the other
+// workers drain the same way and Consume returns the first error.
+func (c *Client) Consume(ctx context.Context, cfg ConsumerConfig) error {
+	if cfg.Handler == nil || cfg.Clock == nil {
+		return fmt.Errorf("leaseq consume: %w: Handler and Clock are required", storage.ErrInvalidArgument)
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 1
+	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = 1
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = storage.DefaultLeaseDuration
+	}
+	if cfg.Wait <= 0 {
+		cfg.Wait = DefaultConsumerWait
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = discardLogger()
+	}
+	log := cfg.Logger.With("svc", "consumer", "queue", cfg.Queue)
+
+	pollCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var (
+		wg       sync.WaitGroup
+		errOnce  sync.Once
+		firstErr error
+	)
+	for range cfg.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.consumeLoop(pollCtx, ctx, cfg, log); err != nil {
+				errOnce.Do(func() { firstErr = err })
+				stop()
+			}
+		}()
+	}
+	wg.Wait()
+	return firstErr
+}
+
+// consumeLoop is one worker. pollCtx stops polling; parent carries values
+// for the handlers and settles (its cancellation does not cut them short).
+func (c *Client) consumeLoop(pollCtx, parent context.Context, cfg ConsumerConfig, log *slog.Logger) error {
+	for pollCtx.Err() == nil {
+		pr, err := c.Poll(pollCtx, cfg.Queue, cfg.Batch, cfg.Lease, cfg.Wait)
+		if err != nil {
+			if pollCtx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if len(pr.Items) == 0 {
+			continue
+		}
+		c.handleBatch(context.WithoutCancel(parent), cfg, log, pr)
+	}
+	return nil
+}
+
+// handleBatch runs the handler on each item of one lease, extending the
+// lease every Lease/3 meanwhile, then settles: failures are nacked as they
+// happen (so they are not held back by the rest of the batch), successes
+// acked together at the end.
+func (c *Client) handleBatch(ctx context.Context, cfg ConsumerConfig, log *slog.Logger, pr storage.PollResult) {
+	hctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	ticker := cfg.Clock.Ticker(cfg.Lease / 3)
+	extDone := make(chan struct{})
+	var extWG sync.WaitGroup
+	extWG.Add(1)
+	go func() {
+		defer extWG.Done()
+		defer ticker.Stop()
+		for {
+			select {
+			case <-extDone:
+				return
+			case <-ticker.C:
+				exp, err := c.Extend(ctx, cfg.Queue, pr.Lease, cfg.Lease)
+				if cfg.OnExtend != nil {
+					cfg.OnExtend(pr.Lease, exp, err)
+				}
+				if err != nil {
+					if errors.Is(err, storage.ErrLeaseExpired) || errors.Is(err, storage.ErrLeaseMismatch) {
+						log.Warn("lease lost while handling", "lease_id", pr.Lease.String(), "err", err)
+						cancel()
+						return
+					}
+					log.Warn("extend failed", "lease_id", pr.Lease.String(), "err", err)
+				}
+			}
+		}
+	}()
+
+	ok := make([]storage.ItemID, 0, len(pr.Items))
+	for i := range pr.Items {
+		it := pr.Items[i]
+		err := callHandler(hctx, cfg.Handler, it)
+		if err == nil {
+			ok = append(ok, it.ID)
+			continue
+		}
+		log.Debug("handler failed", "job_id", it.ID.String(), "err", err)
+		codes, nerr := c.Nack(ctx, cfg.Queue, pr.Lease, []storage.ItemID{it.ID}, cfg.NackDelay, err.Error())
+		if nerr != nil || codes[0] != storage.CodeOK {
+			log.Warn("nack failed", "job_id", it.ID.String(), "err", nerr, "code", codeString(codes))
+		}
+	}
+	close(extDone)
+	extWG.Wait()
+	if len(ok) == 0 {
+		return
+	}
+	codes, err := c.Ack(ctx, cfg.Queue, pr.Lease, ok)
+	if err != nil {
+		log.Warn("ack failed", "lease_id", pr.Lease.String(), "err", err)
+		return
+	}
+	for i, code := range codes {
+		if code != storage.CodeOK {
+			log.Warn("ack rejected", "job_id", ok[i].String(), "code", code.String())
+		}
+	}
+}
+
+func codeString(codes []storage.Code) string {
+	if len(codes) == 0 {
+		return ""
+	}
+	return codes[0].String()
+}
+
+// callHandler runs h, turning a panic into an error carrying its text.
+func callHandler(ctx context.Context, h func(context.Context, storage.Item) error, it storage.Item) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return h(ctx, it)
+}

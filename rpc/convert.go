@@ -1,0 +1,278 @@
+package rpc
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"capnproto.org/go/capnp/v3"
+
+	"github.com/leaseq/leaseq/schema"
+	"github.com/leaseq/leaseq/storage"
+)
+
+// toMs converts an instant to wire milliseconds; the zero time is 0.
+func toMs(t time.Time) uint64 {
+	if t.IsZero() {
+		return 0
+	}
+	ms := t.UnixMilli()
+	if ms < 0 {
+		return 0
+	}
+	return uint64(ms)
+}
+
+// fromMs converts wire milliseconds to an instant; 0 is the zero time.
+func fromMs(ms uint64) time.Time {
+	if ms == 0 || ms > math.MaxInt64 {
+		return time.Time{}
+	}
+	return time.UnixMilli(int64(ms)).UTC()
+}
+
+// maxDurMs is the largest millisecond count that fits a time.Duration.
+const maxDurMs = uint64(math.MaxInt64 / int64(time.Millisecond))
+
+// durMs converts a wire duration; values that overflow saturate, so the
+// limit checks reject them with a clear message instead of wrapping.
+func durMs(ms uint64) time.Duration {
+	if ms > maxDurMs {
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
+}
+
+// msDur converts a duration to wire milliseconds (negative is 0).
+func msDur(d time.Duration) uint64 {
+	if d <= 0 {
+		return 0
+	}
+	return uint64(d / time.Millisecond)
+}
+
+func itemID(b []byte) (storage.ItemID, error) {
+	var id storage.ItemID
+	if len(b) != len(id) {
+		return id, fmt.Errorf("%w: item id must be %d bytes, got %d", storage.ErrInvalidArgument, len(id), len(b))
+	}
+	copy(id[:], b)
+	return id, nil
+}
+
+func leaseID(b []byte) (storage.LeaseID, error) {
+	var l storage.LeaseID
+	if len(b) != len(l) {
+		return l, fmt.Errorf("%w: lease token must be %d bytes, got %d", storage.ErrInvalidArgument, len(l), len(b))
+	}
+	copy(l[:], b)
+	return l, nil
+}
+
+// readIDs decodes a list of 16-byte ids. Any malformed id fails the request:
+// a client that sends a 3-byte id has a bug worth surfacing loudly.
+func readIDs(l capnp.DataList, limits storage.Limits) ([]storage.ItemID, error) {
+	if err := limits.ValidateBatch(l.Len()); err != nil {
+		return nil, err
+	}
+	ids := make([]storage.ItemID, l.Len())
+	for i := range ids {
+		b, err := l.At(i)
+		if err != nil {
+			return nil, fmt.Errorf("%w: ids[%d]: %v", storage.ErrInvalidArgument, i, err)
+		}
+		if ids[i], err = itemID(b); err != nil {
+			return nil, fmt.Errorf("ids[%d]: %w", i, err)
+		}
+	}
+	return ids, nil
+}
+
+func writeIDs(l capnp.DataList, ids []storage.ItemID) error {
+	for i := range ids {
+		if err := l.Set(i, ids[i][:]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writeCodes(l schema.ResultCode_List, codes []storage.Code) {
+	for i, c := range codes {
+		l.Set(i, wireCode(c))
+	}
+}
+
+func readCodes(l schema.ResultCode_List) []storage.Code {
+	out := make([]storage.Code, l.Len())
+	for i := range out {
+		out[i] = storageCode(l.At(i))
+	}
+	return out
+}
+
+// writeItem fills a wire Item. The payload is copied into the message.
+func writeItem(w schema.Item, it *storage.Item) error {
+	if err := w.SetId(it.ID[:]); err != nil {
+		return err
+	}
+	if err := w.SetQueue(it.Queue); err != nil {
+		return err
+	}
+	if err := w.SetPayload(it.Payload); err != nil {
+		return err
+	}
+	w.SetPriority(it.Priority)
+	w.SetAttempts(it.Attempts)
+	w.SetMaxAttempts(it.MaxAttempts)
+	w.SetEnqueuedAt(toMs(it.EnqueuedAt))
+	w.SetVisibleAt(toMs(it.VisibleAt))
+	if it.DedupKey != "" {
+		if err := w.SetDedupKey(it.DedupKey); err != nil {
+			return err
+		}
+	}
+	if it.LastError != "" {
+		if err := w.SetLastError(it.LastError); err != nil {
+			return err
+		}
+	}
+	w.SetState(schema.ItemState(it.State))
+	return nil
+}
+
+// readItem copies a wire Item out of its message: nothing in the result
+// aliases capnp buffers, which are reused once the call is released.
+func readItem(r schema.Item) (storage.Item, error) {
+	var it storage.Item
+	b, err := r.Id()
+	if err != nil {
+		return it, err
+	}
+	if it.ID, err = itemID(b); err != nil {
+		return it, err
+	}
+	if it.Queue, err = r.Queue(); err != nil {
+		return it, err
+	}
+	p, err := r.Payload()
+	if err != nil {
+		return it, err
+	}
+	it.Payload = append([]byte(nil), p...)
+	it.Priority = r.Priority()
+	it.Attempts = r.Attempts()
+	it.MaxAttempts = r.MaxAttempts()
+	it.EnqueuedAt = fromMs(r.EnqueuedAt())
+	it.VisibleAt = fromMs(r.VisibleAt())
+	if it.DedupKey, err = r.DedupKey(); err != nil {
+		return it, err
+	}
+	if it.LastError, err = r.LastError(); err != nil {
+		return it, err
+	}
+	if s := r.State(); s <= schema.ItemState_dead {
+		it.State = storage.State(s)
+	}
+	return it, nil
+}
+
+func writeItems(l schema.Item_List, items []storage.Item) error {
+	for i := range items {
+		if err := writeItem(l.At(i), &items[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func readItems(l schema.Item_List) ([]storage.Item, error) {
+	out := make([]storage.Item, l.Len())
+	for i := range out {
+		var err error
+		if out[i], err = readItem(l.At(i)); err != nil {
+			return nil, fmt.Errorf("items[%d]: %w", i, err)
+		}
+	}
+	return out, nil
+}
+
+func writeConfig(w schema.QueueConfig, c storage.QueueConfig) {
+	w.SetMaxAttempts(c.MaxAttempts)
+	w.SetLeaseMs(msDur(c.LeaseDuration))
+	w.SetDedupWindowMs(msDur(c.DedupWindow))
+	w.SetBackoffBaseMs(msDur(c.BackoffBase))
+	w.SetBackoffMaxMs(msDur(c.BackoffMax))
+}
+
+func readConfig(r schema.QueueConfig) storage.QueueConfig {
+	return storage.QueueConfig{
+		MaxAttempts:   r.MaxAttempts(),
+		LeaseDuration: durMs(r.LeaseMs()),
+		DedupWindow:   durMs(r.DedupWindowMs()),
+		BackoffBase:   durMs(r.BackoffBaseMs()),
+		BackoffMax:    durMs(r.BackoffMaxMs()),
+	}
+}
+
+func writeStats(w schema.QueueStats, s *storage.QueueStats) error {
+	if err := w.SetQueue(s.Queue); err != nil {
+		return err
+	}
+	w.SetReady(s.Ready)
+	w.SetDelayed(s.Delayed)
+	w.SetInflight(s.Inflight)
+	w.SetDead(s.Dead)
+	w.SetLeases(s.Leases)
+	w.SetOldestReadyAgeMs(msDur(s.OldestReadyAge))
+	w.SetEnqueued(s.Enqueued)
+	w.SetDuplicates(s.Duplicates)
+	w.SetDelivered(s.Delivered)
+	w.SetAcked(s.Acked)
+	w.SetNacked(s.Nacked)
+	w.SetExpired(s.Expired)
+	w.SetDeadLettered(s.DeadLettered)
+	w.SetRedriven(s.Redriven)
+	w.SetPurged(s.Purged)
+	c, err := w.NewConfig()
+	if err != nil {
+		return err
+	}
+	writeConfig(c, s.Config)
+	return nil
+}
+
+func readStats(r schema.QueueStats) (storage.QueueStats, error) {
+	q, err := r.Queue()
+	if err != nil {
+		return storage.QueueStats{}, err
+	}
+	c, err := r.Config()
+	if err != nil {
+		return storage.QueueStats{}, err
+	}
+	return storage.QueueStats{
+		Queue:          q,
+		Ready:          r.Ready(),
+		Delayed:        r.Delayed(),
+		Inflight:       r.Inflight(),
+		Dead:           r.Dead(),
+		Leases:         r.Leases(),
+		OldestReadyAge: durMs(r.OldestReadyAgeMs()),
+		Enqueued:       r.Enqueued(),
+		Duplicates:     r.Duplicates(),
+		Delivered:      r.Delivered(),
+		Acked:          r.Acked(),
+		Nacked:         r.Nacked(),
+		Expired:        r.Expired(),
+		DeadLettered:   r.DeadLettered(),
+		Redriven:       r.Redriven(),
+		Purged:         r.Purged(),
+		Config:         readConfig(c),
+	}, nil
+}
+
+func setStatus(st schema.Status, err error) error {
+	st.SetCode(codeOf(err))
+	return st.SetDetail(err.Error())
+}

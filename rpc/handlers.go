@@ -1,0 +1,667 @@
+package rpc
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"capnproto.org/go/capnp/v3"
+
+	"github.com/leaseq/leaseq/schema"
+	"github.com/leaseq/leaseq/storage"
+)
+
+// queueServer implements schema.Queue_Server for one connection.
+//
+// Every handler calls call.Go() first: storage calls wait for fsync and polls
+// may park, and neither should hold up the connection's other calls. So
+// calls on one connection that the client did not await in turn run
+// concurrently, in no defined order.
+//
+// Arguments alias the incoming message and are valid only until the handler
+// returns; anything kept longer (the Consumer capability) is AddRef'd, and
+// payloads handed to the store are copied.
+type queueServer struct {
+	s      *Server
+	remote string
+}
+
+// statusResults is what every generated *_Results has.
+type statusResults interface {
+	NewStatus() (schema.Status, error)
+}
+
+// fail answers a call with a request-level error. Unexpected errors (not in
+// the table) are logged, since they mean a broken store or a bug.
+func (q *queueServer) fail(op Op, res statusResults, err error) error {
+	code := codeOf(err)
+	if code == schema.ErrorCode_internal {
+		q.s.log.Error("request failed", "op", op.String(), "remote", q.remote, "err", err)
+	} else {
+		q.s.log.Debug("request refused", "op", op.String(), "remote", q.remote, "err", err)
+	}
+	st, e := res.NewStatus()
+	if e != nil {
+		return e
+	}
+	return setStatus(st, err)
+}
+
+// call runs one handler body with accounting: metrics, the in-flight count
+// Stop drains, and the shutdown refusal.
+func (q *queueServer) call(op Op, res statusResults, allocErr error, body func() error) error {
+	start := q.s.cfg.Clock.Now()
+	ok := q.s.begin()
+	failed := true
+	defer func() { q.s.end(op, start, failed) }()
+	if allocErr != nil {
+		return allocErr
+	}
+	if !ok {
+		return q.fail(op, res, fmt.Errorf("%w: server shutting down", ErrUnavailable))
+	}
+	err := body()
+	if err != nil {
+		return q.fail(op, res, err)
+	}
+	failed = false
+	return nil
+}
+
+func (q *queueServer) queueName(get func() (string, error)) (string, error) {
+	name, err := get()
+	if err != nil {
+		return "", fmt.Errorf("%w: queue: %v", storage.ErrInvalidArgument, err)
+	}
+	if err := q.s.limits.ValidateQueueName(name); err != nil {
+		return "", err
+	}
+	return name, nil
+}
+
+func (q *queueServer) lease(get func() ([]byte, error)) (storage.LeaseID, error) {
+	b, err := get()
+	if err != nil {
+		return storage.LeaseID{}, fmt.Errorf("%w: lease: %v", storage.ErrInvalidArgument, err)
+	}
+	return leaseID(b)
+}
+
+// after decodes an optional page cursor: empty means from the start.
+func after(get func() ([]byte, error)) (storage.ItemID, error) {
+	b, err := get()
+	if err != nil {
+		return storage.ItemID{}, fmt.Errorf("%w: after: %v", storage.ErrInvalidArgument, err)
+	}
+	if len(b) == 0 {
+		return storage.ItemID{}, nil
+	}
+	return itemID(b)
+}
+
+// DefaultPageLimit is used by peek, deadList, redrive and purgeDead when the
+// request's limit is 0.
+const DefaultPageLimit = 100
+
+func (q *queueServer) pageLimit(n uint32) (int, error) {
+	if n == 0 {
+		return DefaultPageLimit, nil
+	}
+	if int64(n) > int64(q.s.limits.MaxBatch) {
+		return 0, fmt.Errorf("%w: limit %d exceeds the limit of %d", storage.ErrInvalidArgument, n, q.s.limits.MaxBatch)
+	}
+	return int(n), nil
+}
+
+func (q *queueServer) leaseDur(ms uint64, what string, allowZero bool) (time.Duration, error) {
+	d := durMs(ms)
+	if d == 0 && !allowZero {
+		return 0, fmt.Errorf("%w: %s must be given", storage.ErrInvalidArgument, what)
+	}
+	if err := q.s.limits.ValidateLease(d); err != nil {
+		return 0, err
+	}
+	return d, nil
+}
+
+// Enqueue implements schema.Queue_Server.
+func (q *queueServer) Enqueue(ctx context.Context, call schema.Queue_enqueue) error {
+	call.Go()
+	res, err := call.AllocResults()
+	return q.call(OpEnqueue, res, err, func() error {
+		args := call.Args()
+		queue, err := q.queueName(args.Queue)
+		if err != nil {
+			return err
+		}
+		in, err := args.Items()
+		if err != nil {
+			return fmt.Errorf("%w: items: %v", storage.ErrInvalidArgument, err)
+		}
+		n := in.Len()
+		if err := q.s.limits.ValidateBatch(n); err != nil {
+			return err
+		}
+		results := make([]storage.EnqueueResult, n)
+		items := make([]storage.EnqueueItem, 0, n)
+		index := make([]int, 0, n) // items[k] is input index[k]
+		wake := false
+		for i := 0; i < n; i++ {
+			it, reason := q.enqueueItem(in.At(i))
+			if reason != "" {
+				results[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: reason}
+				continue
+			}
+			if it.Delay == 0 {
+				wake = true
+			}
+			items = append(items, it)
+			index = append(index, i)
+		}
+		if len(items) > 0 {
+			out, err := q.s.cfg.Store.Enqueue(ctx, storage.EnqueueParams{Queue: queue, Items: items, Now: q.s.cfg.Clock.Now()})
+			if err != nil {
+				return err
+			}
+			if len(out) != len(items) {
+				return fmt.Errorf("%w: store returned %d results for %d items", ErrInternal, len(out), len(items))
+			}
+			for k, r := range out {
+				results[index[k]] = r
+			}
+			if wake {
+				q.s.disp.Notify(queue)
+			}
+		}
+		l, err := res.NewResults(int32(n))
+		if err != nil {
+			return err
+		}
+		for i := range results {
+			w := l.At(i)
+			w.SetCode(wireCode(results[i].Code))
+			w.SetDuplicate(results[i].Duplicate)
+			if results[i].Code == storage.CodeOK {
+				if err := w.SetId(results[i].ID[:]); err != nil {
+					return err
+				}
+			}
+			if results[i].Err != "" {
+				if err := w.SetDetail(results[i].Err); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// enqueueItem checks one item against the limits; a non-empty reason
+// rejects only that item.
+func (q *queueServer) enqueueItem(w schema.EnqueueItem) (storage.EnqueueItem, string) {
+	lim := q.s.limits
+	p, err := w.Payload()
+	if err != nil {
+		return storage.EnqueueItem{}, fmt.Sprintf("payload: %v", err)
+	}
+	if len(p) > lim.MaxPayload {
+		return storage.EnqueueItem{}, fmt.Sprintf("payload of %d bytes exceeds the limit of %d", len(p), lim.MaxPayload)
+	}
+	key, err := w.DedupKey()
+	if err != nil {
+		return storage.EnqueueItem{}, fmt.Sprintf("dedup key: %v", err)
+	}
+	if len(key) > lim.MaxDedupKey {
+		return storage.EnqueueItem{}, fmt.Sprintf("dedup key of %d bytes exceeds the limit of %d", len(key), lim.MaxDedupKey)
+	}
+	delay := durMs(w.DelayMs())
+	if err := lim.ValidateDelay(delay); err != nil {
+		return storage.EnqueueItem{}, err.Error()
+	}
+	return storage.EnqueueItem{
+		Payload:     bytes.Clone(p),
+		Delay:       delay,
+		Priority:    w.Priority(),
+		DedupKey:    key,
+		MaxAttempts: w.MaxAttempts(),
+	}, ""
+}
+
+// Poll implements schema.Queue_Server.
+func (q *queueServer) Poll(ctx context.Context, call schema.Queue_poll) error {
+	call.Go()
+	res, err := call.AllocResults()
+	return q.call(OpPoll, res, err, func() error {
+		args := call.Args()
+		queue, err := q.queueName(args.Queue)
+		if err != nil {
+			return err
+		}
+		max := args.Max()
+		if max == 0 || int64(max) > int64(q.s.limits.MaxBatch) {
+			return fmt.Errorf("%w: max must be 1-%d, got %d", storage.ErrInvalidArgument, q.s.limits.MaxBatch, max)
+		}
+		lease, err := q.leaseDur(args.LeaseMs(), "lease", true)
+		if err != nil {
+			return err
+		}
+		wait := durMs(args.WaitMs())
+		if err := q.s.limits.ValidateWait(wait); err != nil {
+			return err
+		}
+		pr, err := q.s.disp.Poll(ctx, storage.PollParams{Queue: queue, Max: int(max), Lease: lease}, wait)
+		if err != nil {
+			return err
+		}
+		return writePoll(res, pr)
+	})
+}
+
+func writePoll(res schema.Queue_poll_Results, pr storage.PollResult) error {
+	if len(pr.Items) == 0 {
+		return nil
+	}
+	if err := res.SetLease(pr.Lease[:]); err != nil {
+		return err
+	}
+	res.SetExpiresAt(toMs(pr.ExpiresAt))
+	l, err := res.NewItems(int32(len(pr.Items)))
+	if err != nil {
+		return err
+	}
+	return writeItems(l, pr.Items)
+}
+
+// Ack implements schema.Queue_Server.
+func (q *queueServer) Ack(ctx context.Context, call schema.Queue_ack) error {
+	call.Go()
+	res, err := call.AllocResults()
+	return q.call(OpAck, res, err, func() error {
+		args := call.Args()
+		queue, err := q.queueName(args.Queue)
+		if err != nil {
+			return err
+		}
+		lease, err := q.lease(args.Lease)
+		if err != nil {
+			return err
+		}
+		idl, err := args.Ids()
+		if err != nil {
+			return fmt.Errorf("%w: ids: %v", storage.ErrInvalidArgument, err)
+		}
+		ids, err := readIDs(idl, q.s.limits)
+		if err != nil {
+			return err
+		}
+		codes, err := q.s.cfg.Store.Ack(ctx, storage.AckParams{Queue: queue, Lease: lease, IDs: ids, Now: q.s.cfg.Clock.Now()})
+		if err != nil {
+			return err
+		}
+		q.s.tracker.settled(lease, codes)
+		l, err := res.NewCodes(int32(len(codes)))
+		if err != nil {
+			return err
+		}
+		writeCodes(l, codes)
+		return nil
+	})
+}
+
+// Nack implements schema.Queue_Server.
+func (q *queueServer) Nack(ctx context.Context, call schema.Queue_nack) error {
+	call.Go()
+	res, err := call.AllocResults()
+	return q.call(OpNack, res, err, func() error {
+		args := call.Args()
+		queue, err := q.queueName(args.Queue)
+		if err != nil {
+			return err
+		}
+		lease, err := q.lease(args.Lease)
+		if err != nil {
+			return err
+		}
+		idl, err := args.Ids()
+		if err != nil {
+			return fmt.Errorf("%w: ids: %v", storage.ErrInvalidArgument, err)
+		}
+		ids, err := readIDs(idl, q.s.limits)
+		if err != nil {
+			return err
+		}
+		var delay *time.Duration
+		if ms := args.DelayMs(); ms >= 0 {
+			d := durMs(uint64(ms))
+			if err := q.s.limits.ValidateDelay(d); err != nil {
+				return err
+			}
+			delay = &d
+		}
+		reason, err := args.Reason()
+		if err != nil {
+			return fmt.Errorf("%w: reason: %v", storage.ErrInvalidArgument, err)
+		}
+		if len(reason) > q.s.limits.MaxReason {
+			reason = strings.ToValidUTF8(reason[:q.s.limits.MaxReason], "")
+		}
+		codes, err := q.s.cfg.Store.Nack(ctx, storage.NackParams{Queue: queue, Lease: lease, IDs: ids, Delay: delay, Reason: reason, Now: q.s.cfg.Clock.Now()})
+		if err != nil {
+			return err
+		}
+		q.s.tracker.settled(lease, codes)
+		// Backoff can be ~0 and an explicit 0 is "ready now": let one
+		// waiter look. Positive delays are the sweeper's to announce.
+		if delay == nil || *delay == 0 {
+			for _, c := range codes {
+				if c == storage.CodeOK {
+					q.s.disp.Notify(queue)
+					break
+				}
+			}
+		}
+		l, err := res.NewCodes(int32(len(codes)))
+		if err != nil {
+			return err
+		}
+		writeCodes(l, codes)
+		return nil
+	})
+}
+
+// Extend implements schema.Queue_Server.
+func (q *queueServer) Extend(ctx context.Context, call schema.Queue_extend) error {
+	call.Go()
+	res, err := call.AllocResults()
+	return q.call(OpExtend, res, err, func() error {
+		args := call.Args()
+		queue, err := q.queueName(args.Queue)
+		if err != nil {
+			return err
+		}
+		lease, err := q.lease(args.Lease)
+		if err != nil {
+			return err
+		}
+		d, err := q.leaseDur(args.LeaseMs(), "leaseMs", false)
+		if err != nil {
+			return err
+		}
+		exp, err := q.s.cfg.Store.ExtendLease(ctx, storage.ExtendParams{Queue: queue, Lease: lease, Duration: d, Now: q.s.cfg.Clock.Now()})
+		q.s.tracker.extended(lease, exp, err)
+		if err != nil {
+			return err
+		}
+		res.SetExpiresAt(toMs(exp))
+		return nil
+	})
+}
+
+// Stats implements schema.Queue_Server.
+func (q *queueServer) Stats(ctx context.Context, call schema.Queue_stats) error {
+	call.Go()
+	res, err := call.AllocResults()
+	return q.call(OpStats, res, err, func() error {
+		name, err := call.Args().Queue()
+		if err != nil {
+			return fmt.Errorf("%w: queue: %v", storage.ErrInvalidArgument, err)
+		}
+		if name != "" {
+			if err := q.s.limits.ValidateQueueName(name); err != nil {
+				return err
+			}
+		}
+		st, err := q.s.cfg.Store.Stats(ctx, storage.StatsParams{Queue: name, Now: q.s.cfg.Clock.Now()})
+		if err != nil {
+			return err
+		}
+		l, err := res.NewStats(int32(len(st)))
+		if err != nil {
+			return err
+		}
+		for i := range st {
+			if err := writeStats(l.At(i), &st[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Queues implements schema.Queue_Server.
+func (q *queueServer) Queues(ctx context.Context, call schema.Queue_queues) error {
+	call.Go()
+	res, err := call.AllocResults()
+	return q.call(OpQueues, res, err, func() error {
+		names, err := q.s.cfg.Store.Queues(ctx)
+		if err != nil {
+			return err
+		}
+		l, err := res.NewQueues(int32(len(names)))
+		if err != nil {
+			return err
+		}
+		for i, n := range names {
+			if err := l.Set(i, n); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Peek implements schema.Queue_Server.
+func (q *queueServer) Peek(ctx context.Context, call schema.Queue_peek) error {
+	call.Go()
+	res, err := call.AllocResults()
+	return q.call(OpPeek, res, err, func() error {
+		args := call.Args()
+		queue, err := q.queueName(args.Queue)
+		if err != nil {
+			return err
+		}
+		aft, err := after(args.After)
+		if err != nil {
+			return err
+		}
+		limit, err := q.pageLimit(args.Limit())
+		if err != nil {
+			return err
+		}
+		items, err := q.s.cfg.Store.Peek(ctx, storage.PeekParams{Queue: queue, Inflight: args.Inflight(), After: aft, Limit: limit, Now: q.s.cfg.Clock.Now()})
+		if err != nil {
+			return err
+		}
+		l, err := res.NewItems(int32(len(items)))
+		if err != nil {
+			return err
+		}
+		return writeItems(l, items)
+	})
+}
+
+// Purge implements schema.Queue_Server.
+func (q *queueServer) Purge(ctx context.Context, call schema.Queue_purge) error {
+	call.Go()
+	res, err := call.AllocResults()
+	return q.call(OpPurge, res, err, func() error {
+		queue, err := q.queueName(call.Args().Queue)
+		if err != nil {
+			return err
+		}
+		n, err := q.s.cfg.Store.Purge(ctx, storage.PurgeParams{Queue: queue, Now: q.s.cfg.Clock.Now()})
+		if err != nil {
+			return err
+		}
+		res.SetPurged(uint64(n))
+		return nil
+	})
+}
+
+// DeadList implements schema.Queue_Server.
+func (q *queueServer) DeadList(ctx context.Context, call schema.Queue_deadList) error {
+	call.Go()
+	res, err := call.AllocResults()
+	return q.call(OpDeadList, res, err, func() error {
+		args := call.Args()
+		queue, err := q.queueName(args.Queue)
+		if err != nil {
+			return err
+		}
+		aft, err := after(args.After)
+		if err != nil {
+			return err
+		}
+		limit, err := q.pageLimit(args.Limit())
+		if err != nil {
+			return err
+		}
+		dead, err := q.s.cfg.Store.DeadList(ctx, storage.DeadListParams{Queue: queue, After: aft, Limit: limit})
+		if err != nil {
+			return err
+		}
+		l, err := res.NewItems(int32(len(dead)))
+		if err != nil {
+			return err
+		}
+		for i := range dead {
+			w := l.At(i)
+			it, err := w.NewItem()
+			if err != nil {
+				return err
+			}
+			if err := writeItem(it, &dead[i].Item); err != nil {
+				return err
+			}
+			if err := w.SetReason(dead[i].Reason); err != nil {
+				return err
+			}
+			w.SetDeadAt(toMs(dead[i].DeadAt))
+		}
+		return nil
+	})
+}
+
+// deadSelection decodes the (ids, limit) pair of redrive and purgeDead.
+func (q *queueServer) deadSelection(queue string, idl func() (capnp.DataList, error), limit uint32) (storage.RedriveParams, error) {
+	l, err := idl()
+	if err != nil {
+		return storage.RedriveParams{}, fmt.Errorf("%w: ids: %v", storage.ErrInvalidArgument, err)
+	}
+	p := storage.RedriveParams{Queue: queue, Now: q.s.cfg.Clock.Now()}
+	if l.Len() > 0 {
+		if p.IDs, err = readIDs(l, q.s.limits); err != nil {
+			return p, err
+		}
+		p.Limit = len(p.IDs)
+		return p, nil
+	}
+	p.Limit, err = q.pageLimit(limit)
+	return p, err
+}
+
+// Redrive implements schema.Queue_Server.
+func (q *queueServer) Redrive(ctx context.Context, call schema.Queue_redrive) error {
+	call.Go()
+	res, err := call.AllocResults()
+	return q.call(OpRedrive, res, err, func() error {
+		args := call.Args()
+		queue, err := q.queueName(args.Queue)
+		if err != nil {
+			return err
+		}
+		p, err := q.deadSelection(queue, args.Ids, args.Limit())
+		if err != nil {
+			return err
+		}
+		rr, err := q.s.cfg.Store.Redrive(ctx, p)
+		if err != nil {
+			return err
+		}
+		if rr.Moved > 0 {
+			q.s.disp.Notify(queue)
+		}
+		return writeRedrive(res.NewCodes, res.SetMoved, rr)
+	})
+}
+
+// PurgeDead implements schema.Queue_Server.
+func (q *queueServer) PurgeDead(ctx context.Context, call schema.Queue_purgeDead) error {
+	call.Go()
+	res, err := call.AllocResults()
+	return q.call(OpPurgeDead, res, err, func() error {
+		args := call.Args()
+		queue, err := q.queueName(args.Queue)
+		if err != nil {
+			return err
+		}
+		p, err := q.deadSelection(queue, args.Ids, args.Limit())
+		if err != nil {
+			return err
+		}
+		rr, err := q.s.cfg.Store.PurgeDead(ctx, p)
+		if err != nil {
+			return err
+		}
+		return writeRedrive(res.NewCodes, res.SetMoved, rr)
+	})
+}
+
+func writeRedrive(newCodes func(int32) (schema.ResultCode_List, error), setMoved func(uint64), rr storage.RedriveResult) error {
+	setMoved(uint64(rr.Moved))
+	if rr.Codes == nil {
+		return nil
+	}
+	l, err := newCodes(int32(len(rr.Codes)))
+	if err != nil {
+		return err
+	}
+	writeCodes(l, rr.Codes)
+	return nil
+}
+
+// GetConfig implements schema.Queue_Server.
+func (q *queueServer) GetConfig(ctx context.Context, call schema.Queue_getConfig) error {
+	call.Go()
+	res, err := call.AllocResults()
+	return q.call(OpGetConfig, res, err, func() error {
+		queue, err := q.queueName(call.Args().Queue)
+		if err != nil {
+			return err
+		}
+		c, err := q.s.cfg.Store.QueueConfig(ctx, queue)
+		if err != nil {
+			return err
+		}
+		w, err := res.NewConfig()
+		if err != nil {
+			return err
+		}
+		writeConfig(w, c)
+		return nil
+	})
+}
+
+// SetConfig implements schema.Queue_Server.
+func (q *queueServer) SetConfig(ctx context.Context, call schema.Queue_setConfig) error {
+	call.Go()
+	res, err := call.AllocResults()
+	return q.call(OpSetConfig, res, err, func() error {
+		args := call.Args()
+		queue, err := q.queueName(args.Queue)
+		if err != nil {
+			return err
+		}
+		w, err := args.Config()
+		if err != nil {
+			return fmt.Errorf("%w: config: %v", storage.ErrInvalidArgument, err)
+		}
+		c := readConfig(w)
+		if err := q.s.limits.ValidateQueueConfig(c); err != nil {
+			return err
+		}
+		return q.s.cfg.Store.SetQueueConfig(ctx, queue, c)
+	})
+}

@@ -1,0 +1,71 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+)
+
+// splitAddr maps "unix:/path" to ("unix", "/path") and anything else to
+// ("tcp", addr).
+func splitAddr(addr string) (network, address string, err error) {
+	if p, ok := strings.CutPrefix(addr, "unix:"); ok {
+		if p == "" {
+			return "", "", fmt.Errorf("rpc: address %q: empty unix socket path", addr)
+		}
+		return "unix", p, nil
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return "", "", fmt.Errorf("rpc: address %q: want host:port or unix:/path: %w", addr, err)
+	}
+	return "tcp", addr, nil
+}
+
+// Listen opens a listener on "host:port" or "unix:/path". A unix socket file
+// left behind by a dead process is removed first; one that a live process
+// still accepts on is an error.
+func Listen(addr string) (net.Listener, error) {
+	network, address, err := splitAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	if network == "unix" {
+		if err := removeStaleSocket(address); err != nil {
+			return nil, err
+		}
+	}
+	ln, err := net.Listen(network, address)
+	if err != nil {
+		return nil, fmt.Errorf("rpc: listen %s: %w", addr, err)
+	}
+	if ul, ok := ln.(*net.UnixListener); ok {
+		// Close removes the socket file: the default, but say it.
+		ul.SetUnlinkOnClose(true)
+	}
+	return ln, nil
+}
+
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("rpc: listen unix:%s: %w", path, err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("rpc: listen unix:%s: exists and is not a socket", path)
+	}
+	var d net.Dialer
+	if c, err := d.DialContext(context.Background(), "unix", path); err == nil {
+		_ = c.Close()
+		return fmt.Errorf("rpc: listen unix:%s: a live server is listening on it", path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("rpc: remove stale socket %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,181 @@
+package rpc
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/leaseq/leaseq/storage"
+	"github.com/leaseq/leaseq/storage/memstore"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// testStart is the mock clock's starting instant: a real-looking date, so
+// no instant on the wire is the zero value (0 ms means "unset").
+var testStart = time.Date(2026, 11, 22, 1, 0, 0, 0, time.UTC)
+
+// testLogger writes to t.Log.
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tLogWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tLogWriter struct{ t testing.TB }
+
+func (w tLogWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(string(p))
+	return len(p), nil
+}
+
+// eventually polls fn until it returns true or timeout passes (real time:
+// it waits on the system under test, never on the mock clock).
+func eventually(t testing.TB, timeout time.Duration, fn func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !fn() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v", timeout)
+		}
+		time.Sleep(time.Millisecond) // polling interval of the helper, not synchronisation
+	}
+}
+
+// storeFactory builds a fresh Store for a test.
+type storeFactory struct {
+	name string
+	open func(t *testing.T) storage.Store
+}
+
+func memFactory() storeFactory {
+	return storeFactory{"mem", func(t *testing.T) storage.Store {
+		s := memstore.New(memstore.Options{})
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}}
+}
+
+// testBundle is one server and what a test needs around it.
+type testBundle struct {
+	t     *testing.T
+	store storage.Store
+	clock *clock.Mock
+	srv   *Server
+	addr  string // dial address ("" for pipe bundles)
+}
+
+type bundleOpts struct {
+	factory   storeFactory
+	transport string // "tcp", "unix", "pipe"
+	mutate    func(*ServerConfig)
+}
+
+func setup(t *testing.T, o bundleOpts) *testBundle {
+	t.Helper()
+	if o.factory.open == nil {
+		o.factory = memFactory()
+	}
+	if o.transport == "" {
+		o.transport = "tcp"
+	}
+	mock := clock.NewMock()
+	mock.Set(testStart)
+	b := &testBundle{t: t, store: o.factory.open(t), clock: mock}
+	cfg := ServerConfig{Store: b.store, Clock: mock, Logger: testLogger(t)}
+	if o.mutate != nil {
+		o.mutate(&cfg)
+	}
+	srv, err := NewServer(cfg)
+	require.NoError(t, err)
+	b.srv = srv
+	t.Cleanup(srv.Stop)
+	switch o.transport {
+	case "tcp":
+		ln, err := Listen("127.0.0.1:0")
+		require.NoError(t, err)
+		b.addr = ln.Addr().String()
+		require.NoError(t, srv.Start(context.Background(), ln))
+	case "unix":
+		dir, err := shortTempDir(t)
+		require.NoError(t, err)
+		b.addr = "unix:" + filepath.Join(dir, "q.sock")
+		ln, err := Listen(b.addr)
+		require.NoError(t, err)
+		require.NoError(t, srv.Start(context.Background(), ln))
+	case "pipe":
+	default:
+		t.Fatalf("unknown transport %q", o.transport)
+	}
+	return b
+}
+
+// dial returns a client to b's server, closed at cleanup.
+func (b *testBundle) dial() *Client {
+	b.t.Helper()
+	c, err := b.dialErr(ClientOptions{})
+	require.NoError(b.t, err)
+	return c
+}
+
+func (b *testBundle) dialErr(opts ClientOptions) (*Client, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if opts.Logger == nil {
+		opts.Logger = testLogger(b.t)
+	}
+	var c *Client
+	var err error
+	if b.addr == "" {
+		cs, ss := net.Pipe()
+		b.srv.admit(ss)
+		c, err = NewClient(ctx, cs, opts)
+	} else {
+		c, err = Dial(ctx, b.addr, opts)
+	}
+	if err == nil {
+		b.t.Cleanup(func() { _ = c.Close() })
+	}
+	return c, err
+}
+
+// shortTempDir returns a temp dir with a path short enough for a unix
+// socket (t.TempDir() paths can exceed the 108-byte sun_path limit).
+func shortTempDir(t *testing.T) (string, error) {
+	dir := t.TempDir()
+	if len(dir) < 90 {
+		return dir, nil
+	}
+	d, err := osMkdirTemp("", "lq")
+	if err != nil {
+		return "", err
+	}
+	t.Cleanup(func() { _ = osRemoveAll(d) })
+	return d, nil
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func payloads(n int, size int) []storage.EnqueueItem {
+	items := make([]storage.EnqueueItem, n)
+	for i := range items {
+		p := make([]byte, size)
+		for j := range p {
+			p[j] = byte(i + j)
+		}
+		items[i] = storage.EnqueueItem{Payload: p}
+	}
+	return items
+}

@@ -1,0 +1,8 @@
+package rpc
+
+import "os"
+
+var (
+	osMkdirTemp = os.MkdirTemp
+	osRemoveAll = os.RemoveAll
+)

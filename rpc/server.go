@@ -1,0 +1,414 @@
+package rpc
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"capnproto.org/go/capnp/v3"
+	capnprpc "capnproto.org/go/capnp/v3/rpc"
+	"github.com/benbjohnson/clock"
+
+	"github.com/leaseq/leaseq/rpc/dispatch"
+	"github.com/leaseq/leaseq/schema"
+	"github.com/leaseq/leaseq/storage"
+)
+
+// Defaults for ServerConfig fields left zero.
+const (
+	// DefaultMaxConns bounds open connections; each costs a few goroutines
+	// and buffers, so a few thousand is safe on a small box.
+	DefaultMaxConns = 1024
+	// DefaultConnFlowLimitBytes bounds the incoming bytes one connection may
+	// have in calls not yet answered. It must admit at least one enqueue of
+	// a sensible batch; 64 MiB does (a lone larger message is admitted alone).
+	DefaultConnFlowLimitBytes = 64 << 20
+	// DefaultMaxMessageBytes bounds one incoming capnp message. A batch of
+	// 1000 items of 64 KiB fits; a batch of 1 MiB payloads must be split
+	// into calls of at most ~60 items.
+	DefaultMaxMessageBytes = 64 << 20
+	// DefaultHandshakeTimeout bounds a TLS handshake so a silent peer cannot
+	// hold a connection slot.
+	DefaultHandshakeTimeout = 10 * time.Second
+)
+
+// ServerConfig configures a Server. Store and Clock are required.
+type ServerConfig struct {
+	Store  storage.Store
+	Clock  clock.Clock
+	Logger *slog.Logger // nil: discard
+	// Limits enforced on every request; zero fields take storage.DefaultLimits.
+	Limits storage.Limits
+	// MaxConns bounds open connections (0: DefaultMaxConns). An excess
+	// connection gets an RPC Abort "too many connections" and is closed.
+	MaxConns int
+	// MaxWaitersPerQueue bounds parked long polls plus subscriptions per
+	// queue (0: dispatch.DefaultMaxWaitersPerQueue).
+	MaxWaitersPerQueue int
+	// ConnFlowLimitBytes bounds the incoming bytes one connection may have
+	// unanswered (0: DefaultConnFlowLimitBytes; negative: unlimited).
+	ConnFlowLimitBytes int64
+	// MaxMessageBytes bounds one incoming message (0: DefaultMaxMessageBytes).
+	MaxMessageBytes int64
+	// TLS, when set, is the server side TLS config; set ClientAuth and
+	// ClientCAs to require client certificates.
+	TLS *tls.Config
+	// HandshakeTimeout bounds a TLS handshake (0: DefaultHandshakeTimeout).
+	HandshakeTimeout time.Duration
+}
+
+// Server serves the Queue interface of schema/queue.capnp over a Store. It is
+// safe for concurrent use. Lifecycle: NewServer, then Serve (blocking) or
+// Start (background) on one or more listeners, then Stop.
+type Server struct {
+	cfg       ServerConfig
+	log       *slog.Logger
+	capnpLog  *slog.Logger
+	limits    storage.Limits
+	disp      *dispatch.Dispatcher
+	tracker   *leaseTracker
+	subCtx    context.Context // cancelled by Stop: ends every subscription
+	subCancel context.CancelFunc
+	closeAll  chan struct{} // closed by Stop once calls drained: closes conns
+	stopOnce  sync.Once
+	wg        sync.WaitGroup // accept loops, connections, pushers
+
+	ops                       [numOps]opCounters
+	accepted, refused, pushed atomic.Uint64
+
+	mu struct {
+		sync.Mutex
+		stopping  bool
+		listeners map[net.Listener]struct{}
+		conns     int
+		calls     int           // handlers running
+		drained   chan struct{} // closed when stopping and calls == 0
+		subs      int
+	}
+}
+
+// NewServer checks c and returns a Server that is not yet serving.
+func NewServer(c ServerConfig) (*Server, error) {
+	if c.Store == nil {
+		return nil, errors.New("rpc: ServerConfig.Store is required")
+	}
+	if c.Clock == nil {
+		return nil, errors.New("rpc: ServerConfig.Clock is required")
+	}
+	if c.Logger == nil {
+		c.Logger = discardLogger()
+	}
+	if c.MaxConns < 0 || c.MaxWaitersPerQueue < 0 || c.MaxMessageBytes < 0 || c.HandshakeTimeout < 0 {
+		return nil, errors.New("rpc: negative limit in ServerConfig")
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = DefaultMaxConns
+	}
+	if c.ConnFlowLimitBytes == 0 {
+		c.ConnFlowLimitBytes = DefaultConnFlowLimitBytes
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	limits := fillLimits(c.Limits)
+	if limits.MinLease > limits.MaxLease || limits.MaxBatch < 1 || limits.MaxPayload < 1 {
+		return nil, fmt.Errorf("rpc: inconsistent Limits %+v", limits)
+	}
+	disp, err := dispatch.New(dispatch.Config{Store: c.Store, Clock: c.Clock, MaxWaitersPerQueue: c.MaxWaitersPerQueue})
+	if err != nil {
+		return nil, fmt.Errorf("rpc: %w", err)
+	}
+	log := c.Logger.With("svc", "rpc")
+	s := &Server{
+		cfg:      c,
+		log:      log,
+		capnpLog: capnpLogger(c.Logger),
+		limits:   limits,
+		disp:     disp,
+		tracker:  newLeaseTracker(),
+		closeAll: make(chan struct{}),
+	}
+	s.subCtx, s.subCancel = context.WithCancel(context.Background())
+	s.mu.listeners = make(map[net.Listener]struct{})
+	return s, nil
+}
+
+// fillLimits replaces zero fields with storage.DefaultLimits.
+func fillLimits(l storage.Limits) storage.Limits {
+	d := storage.DefaultLimits
+	set := func(v *int, def int) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	setD := func(v *time.Duration, def time.Duration) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	set(&l.MaxPayload, d.MaxPayload)
+	set(&l.MaxBatch, d.MaxBatch)
+	set(&l.MaxDedupKey, d.MaxDedupKey)
+	set(&l.MaxReason, d.MaxReason)
+	set(&l.MaxQueueName, d.MaxQueueName)
+	setD(&l.MinLease, d.MinLease)
+	setD(&l.MaxLease, d.MaxLease)
+	setD(&l.MaxWait, d.MaxWait)
+	setD(&l.MaxDelay, d.MaxDelay)
+	return l
+}
+
+// Limits returns the limits the server enforces (defaults filled in).
+func (s *Server) Limits() storage.Limits { return s.limits }
+
+// Start serves ln in the background until Stop (or ctx is done, which
+// calls Stop). It returns an error only if the server is already stopping.
+func (s *Server) Start(ctx context.Context, ln net.Listener) error {
+	if !s.addListener(ln) {
+		return fmt.Errorf("rpc: start: %w: server stopped", ErrUnavailable)
+	}
+	go func() {
+		if err := s.acceptLoop(ctx, ln); err != nil {
+			s.log.Error("accept loop ended", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+	return nil
+}
+
+// Serve accepts connections on ln until ln fails, Stop is called, or ctx is
+// done (which calls Stop). It returns nil after Stop or ctx, else the
+// accept error. Connections it accepted live on until Stop.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	if !s.addListener(ln) {
+		return fmt.Errorf("rpc: serve: %w: server stopped", ErrUnavailable)
+	}
+	return s.acceptLoop(ctx, ln)
+}
+
+// addListener registers ln, or closes it and reports false when stopping.
+// On success it takes one s.wg slot, released by acceptLoop when it ends.
+func (s *Server) addListener(ln net.Listener) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.stopping {
+		_ = ln.Close()
+		return false
+	}
+	s.mu.listeners[ln] = struct{}{}
+	s.wg.Add(1) // released by acceptLoop's deferred removeListener
+	return true
+}
+
+func (s *Server) acceptLoop(ctx context.Context, ln net.Listener) error {
+	stopWatch := make(chan struct{})
+	defer close(stopWatch)
+	defer s.removeListener(ln)
+	go func() {
+		select {
+		case <-ctx.Done():
+			s.Stop()
+		case <-stopWatch:
+		}
+	}()
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			if s.isStopping() || ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("rpc: accept on %s: %w", ln.Addr(), err)
+		}
+		s.admit(conn)
+	}
+}
+
+func (s *Server) removeListener(ln net.Listener) {
+	s.mu.Lock()
+	delete(s.mu.listeners, ln)
+	s.mu.Unlock()
+	_ = ln.Close()
+	s.wg.Done()
+}
+
+func (s *Server) isStopping() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.stopping
+}
+
+// admit starts serving conn, or refuses it when at MaxConns or stopping.
+func (s *Server) admit(conn net.Conn) {
+	s.mu.Lock()
+	if s.mu.stopping {
+		s.mu.Unlock()
+		_ = conn.Close()
+		return
+	}
+	s.wg.Add(1)
+	if s.mu.conns >= s.cfg.MaxConns {
+		s.mu.Unlock()
+		s.refused.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.refuse(conn, fmt.Sprintf("leaseq: too many connections (limit %d)", s.cfg.MaxConns))
+		}()
+		return
+	}
+	s.mu.conns++
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		defer func() {
+			s.mu.Lock()
+			s.mu.conns--
+			s.mu.Unlock()
+		}()
+		s.serveConn(conn)
+	}()
+}
+
+// refuse tells a client why it is turned away (an RPC Abort), then closes.
+func (s *Server) refuse(conn net.Conn, reason string) {
+	s.log.Warn("connection refused", "remote", conn.RemoteAddr().String(), "reason", reason)
+	// Close after a bound in any case: a peer that never reads or never
+	// closes must not pin this goroutine.
+	t := s.cfg.Clock.AfterFunc(s.cfg.HandshakeTimeout, func() { _ = conn.Close() })
+	defer t.Stop()
+	defer conn.Close()
+	if s.cfg.TLS != nil {
+		tc := tls.Server(conn, s.cfg.TLS)
+		if err := tc.Handshake(); err != nil {
+			return
+		}
+		conn = tc
+	}
+	if err := writeAbort(conn, reason); err != nil {
+		return
+	}
+	// Half-close and drain what the client already sent (its bootstrap
+	// request), so closing does not turn into a reset that could discard
+	// the abort before the client reads it.
+	if cw, ok := conn.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(conn, 1<<20))
+}
+
+func (s *Server) serveConn(conn net.Conn) {
+	remote := conn.RemoteAddr().String()
+	if s.cfg.TLS != nil {
+		tc := tls.Server(conn, s.cfg.TLS)
+		hctx, cancel := s.cfg.Clock.WithTimeout(s.subCtx, s.cfg.HandshakeTimeout)
+		err := tc.HandshakeContext(hctx)
+		cancel()
+		if err != nil {
+			s.refused.Add(1)
+			s.log.Warn("tls handshake failed", "remote", remote, "err", err)
+			_ = conn.Close()
+			return
+		}
+		conn = tc
+	}
+	s.accepted.Add(1)
+	s.log.Debug("connection open", "remote", remote)
+
+	connCtx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	qs := &queueServer{s: s, remote: remote}
+	boot := capnp.Client(schema.Queue_ServerToClient(qs))
+	rc := capnprpc.NewConn(newServerTransport(connCtx, conn, uint64(s.cfg.MaxMessageBytes), s.cfg.ConnFlowLimitBytes),
+		&capnprpc.Options{BootstrapClient: boot, Logger: s.capnpLog})
+	select {
+	case <-rc.Done():
+	case <-s.closeAll:
+		cancel() // unblock a receive loop waiting for flow budget
+		_ = rc.Close()
+	}
+	s.log.Debug("connection closed", "remote", remote)
+}
+
+// Wake tells the server that queues may have gained ready items (the
+// sweeper's OnReady hook): one parked poll or subscription per queue looks.
+func (s *Server) Wake(queues []string) {
+	s.disp.Notify(queues...)
+}
+
+// Stop stops accepting, ends parked long polls (they return empty) and
+// subscriptions, waits for running calls to finish, then closes every
+// connection and waits for all goroutines. Calls arriving meanwhile are
+// answered with ErrorCode unavailable. Stop is idempotent and safe to call
+// before Serve/Start.
+func (s *Server) Stop() {
+	s.stopOnce.Do(func() {
+		s.mu.Lock()
+		s.mu.stopping = true
+		s.mu.drained = make(chan struct{})
+		if s.mu.calls == 0 {
+			close(s.mu.drained)
+		}
+		drained := s.mu.drained
+		lns := make([]net.Listener, 0, len(s.mu.listeners))
+		for ln := range s.mu.listeners {
+			lns = append(lns, ln)
+		}
+		s.mu.Unlock()
+		for _, ln := range lns {
+			_ = ln.Close()
+		}
+		s.disp.Close()
+		s.subCancel()
+		<-drained
+		close(s.closeAll)
+		s.wg.Wait()
+		s.log.Info("rpc server stopped")
+	})
+}
+
+// begin accounts a call; ok is false when the server is stopping.
+func (s *Server) begin() (ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mu.calls++
+	return !s.mu.stopping
+}
+
+func (s *Server) end(op Op, start time.Time, failed bool) {
+	s.ops[op].observe(s.cfg.Clock.Since(start), failed)
+	s.mu.Lock()
+	s.mu.calls--
+	if s.mu.stopping && s.mu.calls == 0 {
+		select {
+		case <-s.mu.drained:
+		default:
+			close(s.mu.drained)
+		}
+	}
+	s.mu.Unlock()
+}
+
+// Metrics returns a snapshot of the server's counters and gauges.
+func (s *Server) Metrics() Metrics {
+	var m Metrics
+	for i := range m.Ops {
+		m.Ops[i] = s.ops[i].snapshot(Op(i))
+	}
+	s.mu.Lock()
+	m.ConnsOpen = s.mu.conns
+	m.Subscriptions = s.mu.subs
+	s.mu.Unlock()
+	m.ConnsAccepted = s.accepted.Load()
+	m.ConnsRefused = s.refused.Load()
+	m.Waiters = s.disp.Waiters()
+	m.ItemsPushed = s.pushed.Load()
+	return m
+}

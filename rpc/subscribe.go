@@ -1,0 +1,349 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"capnproto.org/go/capnp/v3/flowcontrol"
+
+	"github.com/leaseq/leaseq/rpc/dispatch"
+	"github.com/leaseq/leaseq/schema"
+	"github.com/leaseq/leaseq/storage"
+)
+
+// Subscriptions: a pusher goroutine per subscription polls through the
+// dispatcher (so it parks like a long poll and is woken the same way) and
+// pushes each non-empty poll to the client's Consumer as one deliver call.
+//
+// Credit: a subscription may have at most prefetch pushed items outstanding.
+// The leaseTracker, shared by the whole server, maps every pushed lease to
+// its subscription, so an ack or nack of that lease on ANY connection returns
+// credit; so does the lease's expiry (judged by the clock, without waiting
+// for the sweeper), and an extend moves that expiry. Lock order:
+// leaseTracker.mu only; the store and capnp are never called with it held.
+
+// leaseTracker accounts the credit of every subscription.
+type leaseTracker struct {
+	mu     sync.Mutex
+	leases map[storage.LeaseID]*trackedLease
+}
+
+type trackedLease struct {
+	sub       *subscription
+	remaining int
+	expires   time.Time
+}
+
+func newLeaseTracker() *leaseTracker {
+	return &leaseTracker{leases: make(map[storage.LeaseID]*trackedLease)}
+}
+
+func (t *leaseTracker) add(sub *subscription, lease storage.LeaseID, n int, expires time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tl := &trackedLease{sub: sub, remaining: n, expires: expires}
+	t.leases[lease] = tl
+	sub.leases[lease] = tl
+	sub.outstanding += n
+}
+
+// freeLocked returns n of tl's items to its subscription's credit.
+// REQUIRES: t.mu held.
+func (t *leaseTracker) freeLocked(lease storage.LeaseID, tl *trackedLease, n int) {
+	if n > tl.remaining {
+		n = tl.remaining
+	}
+	tl.remaining -= n
+	tl.sub.outstanding -= n
+	if tl.remaining <= 0 {
+		delete(t.leases, lease)
+		delete(tl.sub.leases, lease)
+	}
+	if n > 0 {
+		select {
+		case tl.sub.credit <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// settled applies the per-id codes of an ack or nack of lease.
+func (t *leaseTracker) settled(lease storage.LeaseID, codes []storage.Code) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tl, ok := t.leases[lease]
+	if !ok {
+		return
+	}
+	n := 0
+	for _, c := range codes {
+		switch c {
+		case storage.CodeOK:
+			n++
+		case storage.CodeLeaseExpired:
+			// The lease is dead: none of its items is ours any more.
+			n = tl.remaining
+		}
+	}
+	t.freeLocked(lease, tl, n)
+}
+
+// extended applies the outcome of an extend of lease.
+func (t *leaseTracker) extended(lease storage.LeaseID, expires time.Time, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tl, ok := t.leases[lease]
+	if !ok {
+		return
+	}
+	switch {
+	case err == nil:
+		tl.expires = expires
+	case errors.Is(err, storage.ErrLeaseExpired):
+		t.freeLocked(lease, tl, tl.remaining)
+	}
+}
+
+// credit prunes sub's expired leases at now and returns how many items it
+// may still be pushed, and the earliest expiry among its leases (zero if
+// none).
+func (t *leaseTracker) credit(sub *subscription, now time.Time) (int, time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var next time.Time
+	for lease, tl := range sub.leases {
+		if !now.Before(tl.expires) {
+			t.freeLocked(lease, tl, tl.remaining)
+			continue
+		}
+		if next.IsZero() || tl.expires.Before(next) {
+			next = tl.expires
+		}
+	}
+	return sub.prefetch - sub.outstanding, next
+}
+
+// drop forgets sub's leases once it has ended.
+func (t *leaseTracker) drop(sub *subscription) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for lease := range sub.leases {
+		delete(t.leases, lease)
+	}
+	sub.leases = nil
+}
+
+// subscription is one subscribe call's state and its capnp Subscription.
+type subscription struct {
+	s        *Server
+	queue    string
+	prefetch int
+	lease    time.Duration
+	consumer schema.Consumer
+	ctx      context.Context
+	cancel   context.CancelFunc
+	credit   chan struct{} // buffered 1: credit came back
+
+	// Guarded by s.tracker.mu.
+	outstanding int
+	leases      map[storage.LeaseID]*trackedLease
+}
+
+// Cancel implements schema.Subscription_Server.
+func (sub *subscription) Cancel(ctx context.Context, call schema.Subscription_cancel) error {
+	sub.cancel()
+	return nil
+}
+
+// Shutdown runs when the client drops its Subscription or the connection
+// dies.
+func (sub *subscription) Shutdown() { sub.cancel() }
+
+// deliverWindow is the flow-limiter window for pushes: at least the largest
+// deliver message prefetch items can make (NewFixedLimiter panics on a
+// message bigger than its window), and at least the connection budget.
+func (s *Server) deliverWindow(prefetch int) int64 {
+	l := s.limits
+	perItem := int64(l.MaxPayload + l.MaxDedupKey + l.MaxReason + l.MaxQueueName + 512)
+	w := int64(prefetch)*perItem + 64<<10
+	if s.cfg.ConnFlowLimitBytes > w {
+		w = s.cfg.ConnFlowLimitBytes
+	}
+	return w
+}
+
+// Subscribe implements schema.Queue_Server.
+func (q *queueServer) Subscribe(ctx context.Context, call schema.Queue_subscribe) error {
+	res, err := call.AllocResults()
+	return q.call(OpSubscribe, res, err, func() error {
+		args := call.Args()
+		queue, err := q.queueName(args.Queue)
+		if err != nil {
+			return err
+		}
+		prefetch := args.Prefetch()
+		if prefetch == 0 || int64(prefetch) > int64(q.s.limits.MaxBatch) {
+			return fmt.Errorf("%w: prefetch must be 1-%d, got %d", storage.ErrInvalidArgument, q.s.limits.MaxBatch, prefetch)
+		}
+		lease, err := q.leaseDur(args.LeaseMs(), "lease", true)
+		if err != nil {
+			return err
+		}
+		if !args.HasConsumer() {
+			return fmt.Errorf("%w: consumer capability missing", storage.ErrInvalidArgument)
+		}
+		if n := q.s.disp.QueueWaiters(queue); n >= q.s.maxWaiters() {
+			return fmt.Errorf("%w %q (limit %d)", ErrTooManyWaiters, queue, q.s.maxWaiters())
+		}
+		sub := &subscription{
+			s:        q.s,
+			queue:    queue,
+			prefetch: int(prefetch),
+			lease:    lease,
+			consumer: args.Consumer().AddRef(),
+			credit:   make(chan struct{}, 1),
+			leases:   make(map[storage.LeaseID]*trackedLease),
+		}
+		sub.consumer.SetFlowLimiter(flowcontrol.NewFixedLimiter(q.s.deliverWindow(sub.prefetch)))
+		sub.ctx, sub.cancel = context.WithCancel(q.s.subCtx)
+		if !q.s.startSub(sub) {
+			sub.cancel()
+			sub.consumer.Release()
+			return fmt.Errorf("%w: server shutting down", ErrUnavailable)
+		}
+		return res.SetSubscription(schema.Subscription_ServerToClient(sub))
+	})
+}
+
+func (s *Server) maxWaiters() int {
+	if s.cfg.MaxWaitersPerQueue > 0 {
+		return s.cfg.MaxWaitersPerQueue
+	}
+	return dispatch.DefaultMaxWaitersPerQueue
+}
+
+// startSub starts sub's pusher unless the server is stopping.
+func (s *Server) startSub(sub *subscription) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.stopping {
+		return false
+	}
+	s.mu.subs++
+	s.wg.Add(1)
+	go sub.run()
+	return true
+}
+
+// run pushes until the subscription is cancelled, the consumer fails, or
+// the server stops.
+func (sub *subscription) run() {
+	s := sub.s
+	log := s.log.With("queue", sub.queue)
+	log.Debug("subscription started", "prefetch", sub.prefetch)
+	endErr := sub.loop()
+	s.tracker.drop(sub)
+	if endErr != nil && !isDisconnect(endErr) {
+		// The node ended it: tell the consumer why, if it still listens.
+		log.Warn("subscription ended", "err", endErr)
+		ctx, cancel := s.cfg.Clock.WithTimeout(context.Background(), time.Second)
+		f, release := sub.consumer.Done(ctx, func(p schema.Consumer_done_Params) error {
+			st, err := p.NewStatus()
+			if err != nil {
+				return err
+			}
+			return setStatus(st, endErr)
+		})
+		_, _ = f.Struct()
+		release()
+		cancel()
+	}
+	sub.cancel()
+	sub.consumer.Release()
+	s.mu.Lock()
+	s.mu.subs--
+	s.mu.Unlock()
+	s.wg.Done()
+	log.Debug("subscription ended")
+}
+
+// loop returns nil when the client ended the subscription, else why it
+// ended.
+func (sub *subscription) loop() error {
+	s := sub.s
+	for {
+		if err := sub.ctx.Err(); err != nil {
+			return sub.endReason()
+		}
+		now := s.cfg.Clock.Now()
+		avail, next := s.tracker.credit(sub, now)
+		if avail <= 0 {
+			if err := sub.waitCredit(next.Sub(now)); err != nil {
+				return sub.endReason()
+			}
+			continue
+		}
+		if avail > s.limits.MaxBatch {
+			avail = s.limits.MaxBatch
+		}
+		pr, err := s.disp.Poll(sub.ctx, storage.PollParams{Queue: sub.queue, Max: avail, Lease: sub.lease}, s.limits.MaxWait)
+		if err != nil {
+			if sub.ctx.Err() != nil {
+				return sub.endReason()
+			}
+			return err
+		}
+		if len(pr.Items) == 0 {
+			continue
+		}
+		s.tracker.add(sub, pr.Lease, len(pr.Items), pr.ExpiresAt)
+		s.pushed.Add(uint64(len(pr.Items)))
+		err = sub.consumer.Deliver(sub.ctx, func(p schema.Consumer_deliver_Params) error {
+			if err := p.SetLease(pr.Lease[:]); err != nil {
+				return err
+			}
+			p.SetExpiresAt(toMs(pr.ExpiresAt))
+			l, err := p.NewItems(int32(len(pr.Items)))
+			if err != nil {
+				return err
+			}
+			return writeItems(l, pr.Items)
+		})
+		if err != nil {
+			// The items stay leased and come back when the lease expires.
+			if sub.ctx.Err() != nil {
+				return sub.endReason()
+			}
+			return err
+		}
+	}
+}
+
+// endReason distinguishes a client cancel (nil) from a server stop.
+func (sub *subscription) endReason() error {
+	if sub.s.subCtx.Err() != nil {
+		return fmt.Errorf("%w: server shutting down", ErrUnavailable)
+	}
+	return nil
+}
+
+// waitCredit waits for credit to come back, for the earliest lease to
+// expire (d from now), or for the end.
+func (sub *subscription) waitCredit(d time.Duration) error {
+	var timerC <-chan time.Time
+	if d > 0 {
+		t := sub.s.cfg.Clock.Timer(d)
+		defer t.Stop()
+		timerC = t.C
+	}
+	select {
+	case <-sub.credit:
+	case <-timerC:
+	case <-sub.ctx.Done():
+		return sub.ctx.Err()
+	}
+	return nil
+}

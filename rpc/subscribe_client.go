@@ -1,0 +1,131 @@
+package rpc
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/leaseq/leaseq/schema"
+	"github.com/leaseq/leaseq/storage"
+)
+
+// SubscribeOptions configures Client.Subscribe.
+type SubscribeOptions struct {
+	Queue    string
+	Prefetch int           // 1..MaxBatch items outstanding at most
+	Lease    time.Duration // per pushed batch; 0: the queue's default
+}
+
+// Delivery is one pushed batch: one lease covering Items. Ack, nack or
+// extend it with the Client as for a poll; acking or nacking returns credit.
+type Delivery struct {
+	Lease     storage.LeaseID
+	ExpiresAt time.Time
+	Items     []storage.Item
+}
+
+// Subscription receives pushed batches on C until it ends.
+type Subscription struct {
+	ch       chan Delivery
+	cap      schema.Subscription
+	stop     chan struct{}
+	stopOnce sync.Once
+	connDone <-chan struct{}
+
+	mu  sync.Mutex
+	err error
+}
+
+// C returns the channel of deliveries. It is closed when the subscription
+// has ended (Cancel, the node ended it, or the connection was lost).
+func (s *Subscription) C() <-chan Delivery { return s.ch }
+
+// Err reports why the node ended the subscription (a *StatusError), once C
+// is closed; nil after Cancel or a plain disconnect.
+func (s *Subscription) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Cancel stops the pushes. Deliveries already received keep their leases:
+// ack or nack them. Cancel is idempotent.
+func (s *Subscription) Cancel() {
+	s.stopOnce.Do(func() {
+		close(s.stop)
+		// Dropping the capability is what cancels; the explicit call just
+		// makes it prompt while other references may linger in flight.
+		f, release := s.cap.Cancel(context.Background(), nil)
+		_, _ = f.Struct()
+		release()
+		s.cap.Release()
+	})
+}
+
+// consumerServer is the client's Consumer capability for one Subscription.
+type consumerServer struct{ sub *Subscription }
+
+// Deliver implements schema.Consumer_Server. Calls arrive one at a time, in
+// order; blocking here (C is full) is the back pressure the node sees.
+func (cs consumerServer) Deliver(ctx context.Context, call schema.Consumer_deliver) error {
+	args := call.Args()
+	pr, err := readPoll(args.Lease, args.ExpiresAt(), args.Items)
+	if err != nil {
+		return err
+	}
+	d := Delivery{Lease: pr.Lease, ExpiresAt: pr.ExpiresAt, Items: pr.Items}
+	select {
+	case cs.sub.ch <- d:
+	case <-cs.sub.stop:
+	case <-cs.sub.connDone:
+	case <-ctx.Done():
+	}
+	return nil
+}
+
+// Done implements schema.Consumer_Server.
+func (cs consumerServer) Done(ctx context.Context, call schema.Consumer_done) error {
+	st, err := call.Args().Status()
+	if err != nil {
+		return err
+	}
+	detail, _ := st.Detail()
+	cs.sub.mu.Lock()
+	cs.sub.err = errorOf("subscribe", st.Code(), detail)
+	cs.sub.mu.Unlock()
+	return nil
+}
+
+// Shutdown runs once the node has dropped this Consumer and every deliver
+// call has returned, so closing C here cannot race a send.
+func (cs consumerServer) Shutdown() { close(cs.sub.ch) }
+
+// Subscribe starts push delivery from o.Queue. Read C promptly: at most
+// o.Prefetch items are outstanding (pushed but not acked, nacked or
+// expired), and a full C holds back further pushes.
+func (c *Client) Subscribe(ctx context.Context, o SubscribeOptions) (*Subscription, error) {
+	if o.Prefetch <= 0 || o.Lease < 0 {
+		return nil, fmt.Errorf("leaseq subscribe: %w: prefetch must be positive and lease non-negative", storage.ErrInvalidArgument)
+	}
+	sub := &Subscription{ch: make(chan Delivery, o.Prefetch), stop: make(chan struct{}), connDone: c.rc.Done()}
+	consumer := schema.Consumer_ServerToClient(consumerServer{sub: sub})
+	f, release := c.q.Subscribe(ctx, func(p schema.Queue_subscribe_Params) error {
+		p.SetPrefetch(uint32(min(o.Prefetch, 1<<31)))
+		p.SetLeaseMs(msDur(o.Lease))
+		if err := p.SetConsumer(consumer); err != nil {
+			return err
+		}
+		return p.SetQueue(o.Queue)
+	})
+	defer release()
+	res, err := f.Struct()
+	if err != nil {
+		return nil, fmt.Errorf("leaseq subscribe: %w", err)
+	}
+	if err := status("subscribe", res.Status); err != nil {
+		return nil, err
+	}
+	sub.cap = res.Subscription().AddRef()
+	return sub, nil
+}

@@ -1,0 +1,130 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+
+	"capnproto.org/go/capnp/v3"
+	capnprpc "capnproto.org/go/capnp/v3/rpc"
+	"capnproto.org/go/capnp/v3/rpc/transport"
+	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
+	"golang.org/x/sync/semaphore"
+)
+
+// limitedCodec frames capnp messages on a stream and bounds what one
+// incoming message may cost: MaxMessageSize stops the decoder from
+// allocating for a forged giant header, and the traversal limit stops a
+// small message with pointer loops or amplification from burning CPU.
+type limitedCodec struct {
+	dec      *capnp.Decoder
+	enc      *capnp.Encoder
+	c        io.Closer
+	maxBytes uint64
+}
+
+func newLimitedCodec(rwc io.ReadWriteCloser, maxBytes uint64) *limitedCodec {
+	dec := capnp.NewDecoder(rwc)
+	dec.MaxMessageSize = maxBytes
+	return &limitedCodec{dec: dec, enc: capnp.NewEncoder(rwc), c: rwc, maxBytes: maxBytes}
+}
+
+func (c *limitedCodec) Encode(m *capnp.Message) error { return c.enc.Encode(m) }
+
+func (c *limitedCodec) Decode() (*capnp.Message, error) {
+	m, err := c.dec.Decode()
+	if err != nil {
+		return nil, err
+	}
+	// Traversal may read each byte a few times (lists of structs read
+	// through several accessors); 4x the message size bounds the work
+	// per message while leaving honest messages far from the limit.
+	m.ResetReadLimit(4 * c.maxBytes)
+	return m, nil
+}
+
+func (c *limitedCodec) Close() error { return c.c.Close() }
+
+// flowTransport bounds the bytes of incoming messages a connection may have
+// unreleased at once (calls being handled, including parked long polls).
+// When the budget is spent it stops reading, so TCP pushes back on the
+// client instead of the server queueing unbounded work. A single message
+// larger than the whole budget is admitted alone.
+type flowTransport struct {
+	transport.Transport
+	sem   *semaphore.Weighted
+	limit int64
+	ctx   context.Context // cancelled when the connection closes
+}
+
+func (t *flowTransport) RecvMessage() (transport.IncomingMessage, error) {
+	in, err := t.Transport.RecvMessage()
+	if err != nil {
+		return nil, err
+	}
+	size, err := in.Message().Message().TotalSize()
+	if err != nil {
+		in.Release()
+		return nil, err
+	}
+	n := int64(size)
+	if n > t.limit {
+		n = t.limit
+	}
+	if err := t.sem.Acquire(t.ctx, n); err != nil {
+		in.Release()
+		return nil, err
+	}
+	return &flowMsg{IncomingMessage: in, release: func() { t.sem.Release(n) }}, nil
+}
+
+type flowMsg struct {
+	transport.IncomingMessage
+	once    sync.Once
+	release func()
+}
+
+func (m *flowMsg) Release() {
+	m.IncomingMessage.Release()
+	m.once.Do(m.release)
+}
+
+// newServerTransport builds the transport of one accepted connection.
+func newServerTransport(ctx context.Context, conn net.Conn, maxMsg uint64, flowLimit int64) transport.Transport {
+	t := transport.New(newLimitedCodec(conn, maxMsg))
+	if flowLimit <= 0 {
+		return t
+	}
+	return &flowTransport{Transport: t, sem: semaphore.NewWeighted(flowLimit), limit: flowLimit, ctx: ctx}
+}
+
+// writeAbort sends one RPC Abort message, so a refused client learns why
+// instead of seeing a bare reset.
+func writeAbort(w io.Writer, reason string) error {
+	msg, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+	if err != nil {
+		return err
+	}
+	defer msg.Release()
+	m, err := rpccp.NewRootMessage(seg)
+	if err != nil {
+		return err
+	}
+	ab, err := m.NewAbort()
+	if err != nil {
+		return err
+	}
+	ab.SetType(rpccp.Exception_Type_overloaded)
+	if err := ab.SetReason(reason); err != nil {
+		return err
+	}
+	return capnp.NewEncoder(w).Encode(msg)
+}
+
+// isDisconnect reports whether err only says that the peer went away.
+func isDisconnect(err error) bool {
+	return capnp.IsDisconnected(err) || errors.Is(err, capnprpc.ErrConnClosed) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrClosedPipe)
+}
