@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"capnproto.org/go/capnp/v3"
-	"capnproto.org/go/capnp/v3/exc"
 	"capnproto.org/go/capnp/v3/flowcontrol"
 	capnprpc "capnproto.org/go/capnp/v3/rpc"
 	"capnproto.org/go/capnp/v3/rpc/transport"
@@ -93,13 +92,27 @@ func NewClient(ctx context.Context, conn net.Conn, opts ClientOptions) (*Client,
 	if limit <= 0 {
 		limit = DefaultMaxMessageBytes
 	}
-	rc := capnprpc.NewConn(transport.NewStream(conn), &capnprpc.Options{Logger: capnpLogger(log)})
+	aw := &abortWatch{Transport: transport.NewStream(conn)}
+	rc := capnprpc.NewConn(aw, &capnprpc.Options{Logger: capnpLogger(log)})
 	q := schema.Queue(rc.Bootstrap(ctx))
-	if err := q.Resolve(ctx); err != nil {
+	err := q.Resolve(ctx)
+	if err == nil {
+		// A bootstrap that failed (the node aborted the session) resolves
+		// to an error capability rather than failing Resolve.
+		snap := capnp.Client(q).Snapshot()
+		if e, ok := snap.Brand().Value.(error); ok {
+			err = e
+		}
+		snap.Release()
+	}
+	if err != nil {
 		q.Release()
 		_ = rc.Close()
-		if exc.TypeOf(err) == exc.Overloaded {
-			return nil, fmt.Errorf("%w: %v", ErrTooManyConns, err)
+		if reason, overloaded, ok := aw.aborted(); ok {
+			if overloaded {
+				return nil, fmt.Errorf("%w: %s", ErrTooManyConns, reason)
+			}
+			return nil, fmt.Errorf("rpc: bootstrap: node aborted the session: %s", reason)
 		}
 		return nil, fmt.Errorf("rpc: bootstrap: %w", err)
 	}

@@ -1,8 +1,13 @@
 package rpc
 
-import "os"
+import (
+	"errors"
+	"os"
+)
 
 var (
 	osMkdirTemp = os.MkdirTemp
 	osRemoveAll = os.RemoveAll
 )
+
+func errorsAs(err error, target any) bool { return errors.As(err, target) }

@@ -128,3 +128,35 @@ func isDisconnect(err error) bool {
 	return capnp.IsDisconnected(err) || errors.Is(err, capnprpc.ErrConnClosed) || errors.Is(err, net.ErrClosed) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrClosedPipe)
 }
+
+// abortWatch remembers the reason of an Abort the peer sends, which go-capnp
+// otherwise only logs: a refused client should say why it was refused.
+type abortWatch struct {
+	transport.Transport
+	mu         sync.Mutex
+	reason     string
+	overloaded bool
+}
+
+func (t *abortWatch) RecvMessage() (transport.IncomingMessage, error) {
+	in, err := t.Transport.RecvMessage()
+	if err != nil {
+		return nil, err
+	}
+	if m := in.Message(); m.Which() == rpccp.Message_Which_abort {
+		if ab, err := m.Abort(); err == nil {
+			r, _ := ab.Reason()
+			t.mu.Lock()
+			t.reason, t.overloaded = r, ab.Type() == rpccp.Exception_Type_overloaded
+			t.mu.Unlock()
+		}
+	}
+	return in, nil
+}
+
+// aborted returns the peer's abort reason, if it sent one.
+func (t *abortWatch) aborted() (reason string, overloaded, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.reason, t.overloaded, t.reason != ""
+}

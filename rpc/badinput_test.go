@@ -1,0 +1,415 @@
+package rpc
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"capnproto.org/go/capnp/v3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/schema"
+	"github.com/leaseq/leaseq/storage"
+)
+
+// rawConn opens a plain TCP connection to b's server.
+func rawConn(t *testing.T, b *testBundle) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", b.addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// requireClosedByServer reads until the server closes conn.
+func requireClosedByServer(t *testing.T, conn net.Conn) {
+	t.Helper()
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	_, err := io.Copy(io.Discard, conn)
+	var ne net.Error
+	if err != nil && errorsAs(err, &ne) && ne.Timeout() {
+		t.Fatal("server did not close the connection")
+	}
+}
+
+// requireServing checks that a fresh client still gets full service.
+func requireServing(t *testing.T, b *testBundle) {
+	t.Helper()
+	c := b.dial()
+	res, err := c.Enqueue(ctxT(t), "still-ok", payloads(1, 8))
+	require.NoError(t, err)
+	require.Equal(t, storage.CodeOK, res[0].Code)
+	require.NoError(t, c.Close())
+}
+
+func TestBadInput_Wire(t *testing.T) {
+	t.Parallel()
+
+	t.Run("GarbageBytes", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, bundleOpts{})
+		bystander := b.dial()
+		conn := rawConn(t, b)
+		garbage := bytes.Repeat([]byte{0xde, 0xad, 0xbe, 0xef, 0xff, 0xff, 0xff, 0x7f}, 512)
+		_, _ = conn.Write(garbage)
+		requireClosedByServer(t, conn)
+		requireServing(t, b)
+		_, err := bystander.Queues(ctxT(t))
+		require.NoError(t, err)
+	})
+
+	t.Run("TruncatedFrame", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, bundleOpts{})
+		conn := rawConn(t, b)
+		// Header: 1 segment of 100 words, then only 16 bytes of it.
+		hdr := make([]byte, 8)
+		binary.LittleEndian.PutUint32(hdr[0:], 0)
+		binary.LittleEndian.PutUint32(hdr[4:], 100)
+		_, err := conn.Write(append(hdr, make([]byte, 16)...))
+		require.NoError(t, err)
+		require.NoError(t, conn.(*net.TCPConn).CloseWrite())
+		requireClosedByServer(t, conn)
+		eventually(t, 5*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 0 })
+		requireServing(t, b)
+	})
+
+	t.Run("HugeSegmentHeader", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, bundleOpts{})
+		conn := rawConn(t, b)
+		// Claims 512 segments of 2^31 words each: must be refused from the
+		// header, without allocating.
+		hdr := make([]byte, 4+4*512+4) // padded to a word
+		binary.LittleEndian.PutUint32(hdr[0:], 511)
+		for i := 0; i < 512; i++ {
+			binary.LittleEndian.PutUint32(hdr[4+4*i:], 1<<31)
+		}
+		_, _ = conn.Write(hdr)
+		requireClosedByServer(t, conn)
+		requireServing(t, b)
+	})
+
+	t.Run("MessageOverLimit", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, bundleOpts{mutate: func(c *ServerConfig) { c.MaxMessageBytes = 256 << 10 }})
+		c := b.dial()
+		_, err := c.Enqueue(ctxT(t), "q", []storage.EnqueueItem{{Payload: make([]byte, 512<<10)}})
+		require.Error(t, err)
+		requireServing(t, b)
+	})
+}
+
+func TestBadInput_Requests(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{transport: "pipe"})
+	c := b.dial()
+	ctx := ctxT(t)
+	lim := storage.DefaultLimits
+
+	res, err := c.Enqueue(ctx, "q", payloads(2, 8))
+	require.NoError(t, err)
+	ids := []storage.ItemID{res[0].ID, res[1].ID}
+
+	t.Run("InvalidQueueNames", func(t *testing.T) {
+		for _, name := range []string{"", "a/b", "sp ace", strings.Repeat("x", lim.MaxQueueName+1), "naïve"} {
+			_, err := c.Enqueue(ctx, name, payloads(1, 8))
+			require.ErrorIs(t, err, storage.ErrInvalidArgument, "%q", name)
+			require.Contains(t, err.Error(), "queue name")
+			_, err = c.Poll(ctx, name, 1, 0, 0)
+			require.ErrorIs(t, err, storage.ErrInvalidArgument)
+			_, err = c.Ack(ctx, name, storage.LeaseID{1}, ids)
+			require.ErrorIs(t, err, storage.ErrInvalidArgument)
+			_, err = c.Purge(ctx, name)
+			require.ErrorIs(t, err, storage.ErrInvalidArgument)
+			_, err = c.Subscribe(ctx, SubscribeOptions{Queue: name, Prefetch: 1})
+			require.ErrorIs(t, err, storage.ErrInvalidArgument)
+		}
+	})
+
+	t.Run("OversizedLists", func(t *testing.T) {
+		_, err := c.Enqueue(ctx, "q", payloads(lim.MaxBatch+1, 1))
+		require.ErrorIs(t, err, storage.ErrInvalidArgument)
+		require.Contains(t, err.Error(), "batch")
+		many := make([]storage.ItemID, lim.MaxBatch+1)
+		_, err = c.Ack(ctx, "q", storage.LeaseID{1}, many)
+		require.ErrorIs(t, err, storage.ErrInvalidArgument)
+		_, err = c.Nack(ctx, "q", storage.LeaseID{1}, many, nil, "")
+		require.ErrorIs(t, err, storage.ErrInvalidArgument)
+		_, err = c.Redrive(ctx, storage.RedriveParams{Queue: "q", IDs: many})
+		require.ErrorIs(t, err, storage.ErrInvalidArgument)
+		_, err = c.Poll(ctx, "q", lim.MaxBatch+1, 0, 0)
+		require.ErrorIs(t, err, storage.ErrInvalidArgument)
+		_, err = c.Poll(ctx, "q", 0, 0, 0)
+		require.ErrorIs(t, err, storage.ErrInvalidArgument)
+		_, err = c.Peek(ctx, storage.PeekParams{Queue: "q", Limit: lim.MaxBatch + 1})
+		require.ErrorIs(t, err, storage.ErrInvalidArgument)
+	})
+
+	t.Run("PerItemLimits", func(t *testing.T) {
+		items := []storage.EnqueueItem{
+			{Payload: make([]byte, lim.MaxPayload+1)},
+			{Payload: []byte("fine")},
+			{Payload: []byte("late"), Delay: lim.MaxDelay + time.Millisecond},
+			{Payload: []byte("key"), DedupKey: strings.Repeat("k", lim.MaxDedupKey+1)},
+		}
+		out, err := c.Enqueue(ctx, "limits", items)
+		require.NoError(t, err)
+		require.Equal(t, storage.CodeInvalid, out[0].Code)
+		require.Contains(t, out[0].Err, "payload")
+		require.Equal(t, storage.CodeOK, out[1].Code)
+		require.False(t, out[1].ID.IsZero())
+		require.Equal(t, storage.CodeInvalid, out[2].Code)
+		require.Contains(t, out[2].Err, "delay")
+		require.Equal(t, storage.CodeInvalid, out[3].Code)
+		require.Contains(t, out[3].Err, "dedup key")
+	})
+
+	t.Run("LeaseWaitDelayRanges", func(t *testing.T) {
+		for _, d := range []time.Duration{lim.MinLease - time.Millisecond, lim.MaxLease + time.Millisecond} {
+			_, err := c.Poll(ctx, "q", 1, d, 0)
+			require.ErrorIs(t, err, storage.ErrInvalidArgument, "%v", d)
+			_, err = c.Extend(ctx, "q", storage.LeaseID{1}, d)
+			require.ErrorIs(t, err, storage.ErrInvalidArgument, "%v", d)
+		}
+		_, err := c.Extend(ctx, "q", storage.LeaseID{1}, 0)
+		require.ErrorIs(t, err, storage.ErrInvalidArgument)
+		_, err = c.Poll(ctx, "q", 1, 0, lim.MaxWait+time.Millisecond)
+		require.ErrorIs(t, err, storage.ErrInvalidArgument)
+		d := lim.MaxDelay + time.Millisecond
+		_, err = c.Nack(ctx, "q", storage.LeaseID{1}, ids, &d, "")
+		require.ErrorIs(t, err, storage.ErrInvalidArgument)
+		// A wire value that overflows time.Duration is rejected, not wrapped.
+		callPoll := func(leaseMs, waitMs uint64) error {
+			f, release := c.Queue().Poll(ctx, func(p schema.Queue_poll_Params) error {
+				p.SetMax(1)
+				p.SetLeaseMs(leaseMs)
+				p.SetWaitMs(waitMs)
+				return p.SetQueue("q")
+			})
+			defer release()
+			r, err := f.Struct()
+			require.NoError(t, err)
+			return status("poll", r.Status)
+		}
+		require.ErrorIs(t, callPoll(^uint64(0), 0), storage.ErrInvalidArgument)
+		require.ErrorIs(t, callPoll(0, ^uint64(0)), storage.ErrInvalidArgument)
+	})
+
+	t.Run("ForgedAndUnknownLeases", func(t *testing.T) {
+		forged := storage.LeaseID{0xde, 0xad}
+		codes, err := c.Ack(ctx, "q", forged, append(ids, storage.ItemID{9, 9}))
+		require.NoError(t, err)
+		require.Equal(t, []storage.Code{storage.CodeLeaseExpired, storage.CodeLeaseExpired, storage.CodeNotFound}, codes)
+		_, err = c.Extend(ctx, "q", forged, time.Second)
+		require.ErrorIs(t, err, storage.ErrLeaseExpired)
+
+		pr, err := c.Poll(ctx, "q", 1, time.Minute, 0)
+		require.NoError(t, err)
+		require.Len(t, pr.Items, 1)
+		// Someone else's live lease on that item: mismatch, nothing changes.
+		codes, err = c.Ack(ctx, "q", forged, []storage.ItemID{pr.Items[0].ID})
+		require.NoError(t, err)
+		require.Equal(t, []storage.Code{storage.CodeLeaseMismatch}, codes)
+		// The lease of another queue.
+		_, err = c.Extend(ctx, "limits", pr.Lease, time.Second)
+		require.Error(t, err)
+		codes, err = c.Ack(ctx, "q", pr.Lease, []storage.ItemID{pr.Items[0].ID})
+		require.NoError(t, err)
+		require.Equal(t, []storage.Code{storage.CodeOK}, codes)
+	})
+
+	t.Run("MalformedTokensAndIDs", func(t *testing.T) {
+		send := func(method uint16, place func(capnp.Struct) error, size capnp.ObjectSize) (capnp.Struct, error) {
+			ans, release := capnp.Client(c.Queue()).SendCall(ctx, capnp.Send{
+				Method:    capnp.Method{InterfaceID: schema.Queue_TypeID, MethodID: method, InterfaceName: "queue.capnp:Queue"},
+				PlaceArgs: place,
+				ArgsSize:  size,
+			})
+			t.Cleanup(release)
+			return ans.Struct()
+		}
+		statusOf := func(s capnp.Struct) error {
+			p, err := s.Ptr(0)
+			require.NoError(t, err)
+			st := schema.Status(p.Struct())
+			d, _ := st.Detail()
+			return errorOf("raw", st.Code(), d)
+		}
+		// ack with a 3-byte lease.
+		r, err := send(2, func(s capnp.Struct) error {
+			a := schema.Queue_ack_Params(s)
+			if err := a.SetQueue("q"); err != nil {
+				return err
+			}
+			return a.SetLease([]byte{1, 2, 3})
+		}, capnp.ObjectSize{PointerCount: 3})
+		require.NoError(t, err)
+		require.ErrorIs(t, statusOf(r), storage.ErrInvalidArgument)
+
+		// ack with a 5-byte id.
+		r, err = send(2, func(s capnp.Struct) error {
+			a := schema.Queue_ack_Params(s)
+			if err := a.SetQueue("q"); err != nil {
+				return err
+			}
+			if err := a.SetLease(make([]byte, 16)); err != nil {
+				return err
+			}
+			l, err := a.NewIds(1)
+			if err != nil {
+				return err
+			}
+			return l.Set(0, []byte{1, 2, 3, 4, 5})
+		}, capnp.ObjectSize{PointerCount: 3})
+		require.NoError(t, err)
+		require.ErrorIs(t, statusOf(r), storage.ErrInvalidArgument)
+	})
+
+	t.Run("WrongStructTypes", func(t *testing.T) {
+		send := func(method uint16, place func(capnp.Struct) error, size capnp.ObjectSize) (capnp.Struct, error) {
+			ans, release := capnp.Client(c.Queue()).SendCall(ctx, capnp.Send{
+				Method:    capnp.Method{InterfaceID: schema.Queue_TypeID, MethodID: method, InterfaceName: "queue.capnp:Queue"},
+				PlaceArgs: place,
+				ArgsSize:  size,
+			})
+			t.Cleanup(release)
+			return ans.Struct()
+		}
+		statusOf := func(s capnp.Struct) error {
+			p, err := s.Ptr(0)
+			require.NoError(t, err)
+			st := schema.Status(p.Struct())
+			d, _ := st.Detail()
+			return errorOf("raw", st.Code(), d)
+		}
+		// enqueue whose queue is a struct and whose items are a Text.
+		r, err := send(0, func(s capnp.Struct) error {
+			seg := s.Segment()
+			inner, err := capnp.NewStruct(seg, capnp.ObjectSize{DataSize: 8})
+			if err != nil {
+				return err
+			}
+			if err := s.SetPtr(0, inner.ToPtr()); err != nil {
+				return err
+			}
+			txt, err := capnp.NewText(seg, "not a list of items")
+			if err != nil {
+				return err
+			}
+			return s.SetPtr(1, txt.ToPtr())
+		}, capnp.ObjectSize{PointerCount: 2})
+		require.NoError(t, err)
+		require.ErrorIs(t, statusOf(r), storage.ErrInvalidArgument)
+
+		// enqueue with a valid name but items as a list of UInt64.
+		r, err = send(0, func(s capnp.Struct) error {
+			a := schema.Queue_enqueue_Params(s)
+			if err := a.SetQueue("q"); err != nil {
+				return err
+			}
+			l, err := capnp.NewUInt64List(s.Segment(), 3)
+			if err != nil {
+				return err
+			}
+			l.Set(0, 42)
+			return s.SetPtr(1, l.ToPtr())
+		}, capnp.ObjectSize{PointerCount: 2})
+		require.NoError(t, err)
+		// Either refused as a whole, or each "item" read as an empty
+		// struct: never a crash, never a silent success with data.
+		if st := statusOf(r); st != nil {
+			require.ErrorIs(t, st, storage.ErrInvalidArgument)
+		}
+
+		// ack whose ids are a list of structs.
+		r, err = send(2, func(s capnp.Struct) error {
+			a := schema.Queue_ack_Params(s)
+			if err := a.SetQueue("q"); err != nil {
+				return err
+			}
+			if err := a.SetLease(make([]byte, 16)); err != nil {
+				return err
+			}
+			l, err := capnp.NewCompositeList(s.Segment(), capnp.ObjectSize{DataSize: 16, PointerCount: 1}, 2)
+			if err != nil {
+				return err
+			}
+			return s.SetPtr(2, l.ToPtr())
+		}, capnp.ObjectSize{PointerCount: 3})
+		require.NoError(t, err)
+		require.ErrorIs(t, statusOf(r), storage.ErrInvalidArgument)
+
+		// An unknown method is an exception; the connection lives on.
+		_, err = send(99, func(capnp.Struct) error { return nil }, capnp.ObjectSize{})
+		require.Error(t, err)
+		_, err = c.Queues(ctx)
+		require.NoError(t, err)
+	})
+}
+
+// TestServer_LocalHandlers calls the handlers in-process through
+// ServerToClient, without any transport.
+func TestServer_LocalHandlers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{transport: "pipe"})
+	q := schema.Queue_ServerToClient(&queueServer{s: b.srv, remote: "local"})
+	defer q.Release()
+	ctx := context.Background()
+
+	f, release := q.Enqueue(ctx, func(p schema.Queue_enqueue_Params) error {
+		if err := p.SetQueue("local"); err != nil {
+			return err
+		}
+		l, err := p.NewItems(1)
+		if err != nil {
+			return err
+		}
+		return l.At(0).SetPayload([]byte("hello"))
+	})
+	r, err := f.Struct()
+	require.NoError(t, err)
+	require.NoError(t, status("enqueue", r.Status))
+	rl, err := r.Results()
+	require.NoError(t, err)
+	require.Equal(t, schema.ResultCode_ok, rl.At(0).Code())
+	release()
+
+	pf, release := q.Poll(ctx, func(p schema.Queue_poll_Params) error {
+		p.SetMax(5)
+		return p.SetQueue("local")
+	})
+	pr, err := pf.Struct()
+	require.NoError(t, err)
+	got, err := readPoll(pr.Lease, pr.ExpiresAt(), pr.Items)
+	require.NoError(t, err)
+	release()
+	require.Len(t, got.Items, 1)
+	require.Equal(t, []byte("hello"), got.Items[0].Payload)
+	require.Equal(t, testStart.Add(storage.DefaultLeaseDuration), got.ExpiresAt)
+
+	af, release := q.Ack(ctx, func(p schema.Queue_ack_Params) error {
+		if err := p.SetQueue("local"); err != nil {
+			return err
+		}
+		if err := p.SetLease(got.Lease[:]); err != nil {
+			return err
+		}
+		l, err := p.NewIds(1)
+		if err != nil {
+			return err
+		}
+		return writeIDs(l, []storage.ItemID{got.Items[0].ID})
+	})
+	ar, err := af.Struct()
+	require.NoError(t, err)
+	cl, err := ar.Codes()
+	require.NoError(t, err)
+	require.Equal(t, []storage.Code{storage.CodeOK}, readCodes(cl))
+	release()
+}
