@@ -48,11 +48,57 @@ func conformanceCases() []testCase {
 		{"SweepExpiresLeaseAtItsDeadlineNotBefore", testSweepAtDeadline},
 		{"ExpiredLeaseIsRedelivered", testExpiredLeaseIsRedelivered},
 		{"PollWithZeroLeaseUsesQueueDefault", testPollDefaultLease},
+		{"DelayedItemCountsAsDelayedUntilSweepPromotesIt", testDelayedCountsUntilSweepPromotes},
+		{"PolledDelayedItemLeavesTheDelayedCount", testPolledDelayedItemLeavesDelayedCount},
+		{"StaleLeaseOnRedeliveredItemIsLeaseMismatch", testStaleLeaseAfterRedeliveryIsMismatch},
+		{"StaleLeaseOnRequeuedItemIsLeaseExpired", testStaleLeaseOnRequeuedItemIsExpired},
+		{"ForeignLeaseIsLeaseMismatchAndChangesNothing", testForeignLeaseIsMismatch},
+		{"ForgedOrZeroLeaseIsRejected", testForgedLeaseIsRejected},
+		{"AckedUnknownAndOtherQueueIDsAreNotFound", testNotFound},
+		{"PartiallyBadAckBatchAppliesTheGoodIDs", testPartialAckBatch},
+		{"ExtendSetsNewExpiry", testExtend},
+		{"ExtendCanShortenALease", testExtendCanShorten},
+		{"ExtendRejectsExpiredWrongQueueAndBadDuration", testExtendRejections},
+		{"ExtendWithZeroDurationUsesQueueDefault", testExtendWithZeroUsesQueueDefault},
+		{"NackWithDelayMakesItemDelayed", testNackWithDelay},
+		{"NackWithZeroDelayMakesItemReadyAtOnce", testNackWithZeroDelayIsReadyAtOnce},
+		{"NackDelayOutOfRangeIsInvalidArgument", testNackDelayOutOfRange},
+		{"NackBackoffStaysWithinBounds", testNackBackoffBounds},
+		{"ItemIsDeadLetteredByNackAtMaxAttempts", testDeadLetterByNack},
+		{"ItemIsDeadLetteredByExpiryAtMaxAttempts", testDeadLetterByExpiry},
+		{"PerItemMaxAttemptsOverridesQueueConfig", testPerItemMaxAttempts},
+		{"RedriveByIDsResetsAttemptsAndMakesReady", testRedriveByIDs},
+		{"RedriveAllTakesDeadItemsInIDOrder", testRedriveAll},
+		{"PurgeDeadDeletesDeadItems", testPurgeDead},
+		{"DedupKeyWithinWindowReturnsFirstID", testDedupWithinWindow},
+		{"DedupKeyAfterWindowMakesNewItem", testDedupAfterWindow},
+		{"SweepDropsExpiredDedupKeys", testDedupKeyDroppedBySweep},
+		{"DedupKeyRepeatedWithinOneBatch", testDedupWithinOneBatch},
+		{"DedupWindowZeroDisablesDedup", testDedupWindowZeroDisablesDedup},
+		{"PurgeDropsAvailableAndInflightButKeepsDead", testPurge},
+		{"StatsAfterEveryKindOfOperation", testStatsAfterEveryOperation},
+		{"OldestReadyAgeCountsFromVisibleAt", testOldestReadyAge},
+		{"QueuesAreListedInByteOrder", testQueues},
+		{"PeekPagesInIDOrderWithoutLeasing", testPeekPaging},
+		{"DeadListPagesInIDOrder", testDeadListPaging},
+		{"QueueConfigDefaultsValidationAndEffect", testQueueConfigDefaultsAndValidation},
+		{"BadQueueNamesAreInvalidArgument", testBadQueueNames},
+		{"BatchAndRangeLimitsAreInvalidArgument", testBatchAndRangeLimits},
+		{"PerItemLimitsRejectOnlyThatItem", testPerItemLimits},
+		{"LongNackReasonIsTruncated", testReasonIsTruncated},
+		{"SweepReportsNextDeadlineAndReadyQueues", testSweepNextAndReadyQueues},
+		{"SweepHonoursLimitAndReportsMore", testSweepLimit},
+		{"CallsAfterCloseReturnErrClosed", testClosed},
+		{"UnknownQueueReadsAreEmpty", testUnknownQueue},
+		{"PayloadsAreCopied", testPayloadIsCopied},
 	}
 }
 
 func reopenCases() []testCase {
-	return nil
+	return []testCase{
+		{"ReopenKeepsEverything", testReopenKeepsEverything},
+		{"ReopenedLeaseExpiresOnTime", testReopenedLeaseExpires},
+	}
 }
 
 func testEnqueuedItemIsPolledWithItsMetadata(t *testing.T, f *fixture) {
@@ -223,4 +269,980 @@ func testPollDefaultLease(t *testing.T, f *fixture) {
 	f.setConfig("q", c)
 	p = f.poll("q", 1, 0, at(time.Second))
 	requireTime(t, at(3*time.Second), p.ExpiresAt)
+}
+
+func testDelayedCountsUntilSweepPromotes(t *testing.T, f *fixture) {
+	f.enqueueIDs("q", at(0), storage.EnqueueItem{Payload: []byte("x"), Delay: 10 * time.Second})
+	require.Equal(t, counts{Delayed: 1}, gauges(f.stats("q", at(0))))
+	peek := f.peek("q", false, storage.ItemID{}, 10, at(10*time.Second-1))
+	require.Len(t, peek, 1)
+	require.Equal(t, storage.StateDelayed, peek[0].State)
+	requireTime(t, at(10*time.Second), peek[0].VisibleAt)
+
+	res := f.sweep(at(10*time.Second-1), 100)
+	require.Zero(t, res.Promoted)
+	require.Empty(t, res.ReadyQueues)
+	requireTime(t, at(10*time.Second), res.Next, "Next is the delayed item's VisibleAt")
+	// Stats documents Delayed as a counter: still delayed past VisibleAt
+	// until a sweep promotes it.
+	require.Equal(t, counts{Delayed: 1}, gauges(f.stats("q", at(10*time.Second))))
+	peek = f.peek("q", false, storage.ItemID{}, 10, at(10*time.Second))
+	require.Equal(t, storage.StateReady, peek[0].State, "Peek reports the state at Now")
+
+	res = f.sweep(at(10*time.Second), 100)
+	require.Equal(t, 1, res.Promoted)
+	require.Equal(t, []string{"q"}, res.ReadyQueues)
+	require.True(t, res.Next.IsZero())
+	require.Equal(t, counts{Ready: 1}, gauges(f.stats("q", at(10*time.Second))))
+}
+
+func testPolledDelayedItemLeavesDelayedCount(t *testing.T, f *fixture) {
+	f.enqueueIDs("q", at(0), storage.EnqueueItem{Payload: []byte("x"), Delay: time.Second})
+	p := f.poll("q", 1, time.Minute, at(2*time.Second))
+	require.Len(t, p.Items, 1, "poll serves a due item before any sweep")
+	require.Equal(t, counts{Inflight: 1, Leases: 1}, gauges(f.stats("q", at(2*time.Second))))
+	res := f.sweep(at(2*time.Second), 100)
+	require.Zero(t, res.Promoted, "nothing left to promote")
+	requireTime(t, p.ExpiresAt, res.Next)
+}
+
+func testStaleLeaseAfterRedeliveryIsMismatch(t *testing.T, f *fixture) {
+	id := f.enqueueN("q", at(0), 1)[0]
+	p1 := f.poll("q", 1, time.Second, at(0))
+	f.sweep(at(time.Second), 100)
+	p2 := f.poll("q", 1, time.Second, at(time.Second))
+	require.Equal(t, []storage.ItemID{id}, ids(p2.Items))
+	now := at(time.Second + time.Millisecond)
+	// The item is inflight under another (live) lease.
+	require.Equal(t, codes(storage.CodeLeaseMismatch), f.ack("q", p1.Lease, now, id))
+	require.Equal(t, codes(storage.CodeLeaseMismatch), f.nack("q", p1.Lease, durp(0), "x", now, id))
+	_, err := f.extend("q", p1.Lease, time.Minute, now)
+	requireIs(t, err, storage.ErrLeaseExpired, "a swept lease is not live")
+	// Nothing changed: the holder still acks.
+	require.Equal(t, counts{Inflight: 1, Leases: 1}, gauges(f.stats("q", now)))
+	require.Equal(t, codes(storage.CodeOK), f.ack("q", p2.Lease, now, id))
+}
+
+func testStaleLeaseOnRequeuedItemIsExpired(t *testing.T, f *fixture) {
+	id := f.enqueueN("q", at(0), 1)[0]
+	p := f.poll("q", 1, time.Second, at(0))
+	f.sweep(at(time.Second), 100)
+	// The item is ready again, and the presented lease is not live.
+	require.Equal(t, codes(storage.CodeLeaseExpired), f.ack("q", p.Lease, at(time.Second), id))
+	require.Equal(t, codes(storage.CodeLeaseExpired), f.nack("q", p.Lease, nil, "x", at(time.Second), id))
+	st := f.stats("q", at(time.Second))
+	require.Equal(t, counts{Ready: 1}, gauges(st))
+	require.Zero(t, st.Acked)
+	require.Zero(t, st.Nacked)
+}
+
+func testForeignLeaseIsMismatch(t *testing.T, f *fixture) {
+	all := f.enqueueN("q", at(0), 3)
+	a, b, c := all[0], all[1], all[2]
+	p1 := f.poll("q", 1, time.Minute, at(0))
+	p2 := f.poll("q", 1, time.Minute, at(0))
+	require.Equal(t, []storage.ItemID{a}, ids(p1.Items))
+	require.Equal(t, []storage.ItemID{b}, ids(p2.Items))
+	// b is inflight under p2's lease; c is ready and p1's live lease does
+	// not list it.
+	require.Equal(t, codes(storage.CodeLeaseMismatch, storage.CodeLeaseMismatch), f.ack("q", p1.Lease, at(time.Second), b, c))
+	require.Equal(t, codes(storage.CodeLeaseMismatch, storage.CodeLeaseMismatch), f.nack("q", p1.Lease, durp(0), "x", at(time.Second), b, c))
+	st := f.stats("q", at(time.Second))
+	require.Equal(t, counts{Ready: 1, Inflight: 2, Leases: 2}, gauges(st))
+	require.Zero(t, st.Acked)
+	require.Zero(t, st.Nacked)
+	require.Equal(t, codes(storage.CodeOK), f.ack("q", p2.Lease, at(time.Second), b))
+	require.Equal(t, codes(storage.CodeOK), f.ack("q", p1.Lease, at(time.Second), a))
+}
+
+func testForgedLeaseIsRejected(t *testing.T, f *fixture) {
+	all := f.enqueueN("q", at(0), 2)
+	p := f.poll("q", 1, time.Minute, at(0))
+	inflight, ready := all[0], all[1]
+	for _, forged := range []storage.LeaseID{{}, {1, 2, 3}, forgedLease} {
+		got := f.ack("q", forged, at(time.Second), inflight, ready, bogusID)
+		require.Equal(t, codes(storage.CodeLeaseMismatch, storage.CodeLeaseExpired, storage.CodeNotFound), got, "token %s", forged)
+		got = f.nack("q", forged, durp(0), "x", at(time.Second), inflight, ready, bogusID)
+		require.Equal(t, codes(storage.CodeLeaseMismatch, storage.CodeLeaseExpired, storage.CodeNotFound), got, "token %s", forged)
+		_, err := f.extend("q", forged, time.Minute, at(time.Second))
+		requireIs(t, err, storage.ErrLeaseExpired, "a never-issued token is not live")
+	}
+	require.Equal(t, counts{Ready: 1, Inflight: 1, Leases: 1}, gauges(f.stats("q", at(time.Second))))
+	require.Equal(t, codes(storage.CodeOK), f.ack("q", p.Lease, at(time.Second), inflight))
+}
+
+func testNotFound(t *testing.T, f *fixture) {
+	all := f.enqueueN("q", at(0), 2)
+	other := f.enqueueN("other", at(0), 1)[0]
+	p := f.poll("q", 2, time.Minute, at(0))
+	require.Equal(t, codes(storage.CodeOK), f.ack("q", p.Lease, at(0), all[0]))
+	got := f.ack("q", p.Lease, at(0), all[0], bogusID, other)
+	require.Equal(t, codes(storage.CodeNotFound, storage.CodeNotFound, storage.CodeNotFound), got,
+		"acked, never existed, and an id of another queue")
+	got = f.nack("q", p.Lease, durp(0), "x", at(0), all[0], bogusID, other)
+	require.Equal(t, codes(storage.CodeNotFound, storage.CodeNotFound, storage.CodeNotFound), got)
+	require.Equal(t, codes(storage.CodeNotFound), f.ack("no-such-queue", p.Lease, at(0), all[1]))
+	require.Equal(t, codes(storage.CodeOK), f.ack("q", p.Lease, at(0), all[1]))
+}
+
+func testPartialAckBatch(t *testing.T, f *fixture) {
+	all := f.enqueueN("q", at(0), 4)
+	p1 := f.poll("q", 2, time.Minute, at(0))
+	p2 := f.poll("q", 2, time.Minute, at(0))
+	got := f.ack("q", p1.Lease, at(time.Second), all[0], bogusID, all[1], all[2])
+	require.Equal(t, codes(storage.CodeOK, storage.CodeNotFound, storage.CodeOK, storage.CodeLeaseMismatch), got)
+	st := f.stats("q", at(time.Second))
+	require.Equal(t, counts{Inflight: 2, Leases: 1}, gauges(st), "p1's lease is finished, p2's untouched")
+	require.Equal(t, uint64(2), st.Acked)
+	_, err := f.extend("q", p1.Lease, time.Minute, at(time.Second))
+	requireIs(t, err, storage.ErrLeaseExpired, "a fully acked lease is no longer live")
+	require.Equal(t, codes(storage.CodeOK, storage.CodeOK), f.ack("q", p2.Lease, at(time.Second), all[2], all[3]))
+	// Duplicates within one batch: the second finds nothing.
+	f.enqueueN("q", at(2*time.Second), 2)
+	p3 := f.poll("q", 2, time.Minute, at(2*time.Second))
+	x := p3.Items[0].ID
+	require.Equal(t, codes(storage.CodeOK, storage.CodeNotFound), f.ack("q", p3.Lease, at(2*time.Second), x, x))
+}
+
+func testExtend(t *testing.T, f *fixture) {
+	id := f.enqueueN("q", at(0), 1)[0]
+	p := f.poll("q", 1, 10*time.Second, at(0))
+	exp, err := f.extend("q", p.Lease, 20*time.Second, at(5*time.Second))
+	require.NoError(t, err)
+	requireTime(t, at(25*time.Second), exp, "the new expiry is now + duration")
+	res := f.sweep(at(10*time.Second), 100)
+	require.Zero(t, res.LeasesExpired, "the old expiry no longer applies")
+	requireTime(t, at(25*time.Second), res.Next)
+	in := f.peek("q", true, storage.ItemID{}, 10, at(10*time.Second))
+	require.Equal(t, []storage.ItemID{id}, ids(in))
+	require.Equal(t, codes(storage.CodeOK), f.ack("q", p.Lease, at(25*time.Second-1), id))
+}
+
+func testExtendCanShorten(t *testing.T, f *fixture) {
+	id := f.enqueueN("q", at(0), 1)[0]
+	p := f.poll("q", 1, time.Minute, at(0))
+	exp, err := f.extend("q", p.Lease, time.Second, at(time.Second))
+	require.NoError(t, err)
+	requireTime(t, at(2*time.Second), exp)
+	require.Equal(t, codes(storage.CodeLeaseExpired), f.ack("q", p.Lease, at(2*time.Second), id))
+	res := f.sweep(at(2*time.Second), 100)
+	require.Equal(t, 1, res.LeasesExpired)
+	require.Equal(t, 1, res.Requeued)
+	p2 := f.poll("q", 1, time.Minute, at(2*time.Second))
+	requireTime(t, at(2*time.Second), p2.Items[0].VisibleAt, "requeued at the shortened expiry")
+}
+
+func testExtendRejections(t *testing.T, f *fixture) {
+	f.enqueueN("q", at(0), 1)
+	f.enqueueN("other", at(0), 1)
+	p := f.poll("q", 1, 10*time.Second, at(0))
+	_, err := f.extend("other", p.Lease, time.Minute, at(time.Second))
+	requireIs(t, err, storage.ErrLeaseMismatch, "a live lease presented for another queue")
+	_, err = f.extend("q", p.Lease, storage.DefaultLimits.MinLease-1, at(time.Second))
+	requireIs(t, err, storage.ErrInvalidArgument, "duration below the minimum lease")
+	_, err = f.extend("q", p.Lease, storage.DefaultLimits.MaxLease+1, at(time.Second))
+	requireIs(t, err, storage.ErrInvalidArgument, "duration above the maximum lease")
+	_, err = f.extend("q", p.Lease, time.Minute, at(10*time.Second))
+	requireIs(t, err, storage.ErrLeaseExpired, "at its expiry the lease is no longer live")
+	// None of these changed the expiry.
+	requireTime(t, at(10*time.Second), f.sweep(at(time.Second), 100).Next)
+}
+
+func testExtendWithZeroUsesQueueDefault(t *testing.T, f *fixture) {
+	c := storage.DefaultQueueConfig()
+	c.LeaseDuration = 7 * time.Second
+	f.setConfig("q", c)
+	f.enqueueN("q", at(0), 1)
+	p := f.poll("q", 1, time.Second, at(0))
+	exp, err := f.extend("q", p.Lease, 0, at(500*time.Millisecond))
+	require.NoError(t, err)
+	requireTime(t, at(7500*time.Millisecond), exp)
+}
+
+func testNackWithDelay(t *testing.T, f *fixture) {
+	id := f.enqueueN("q", at(0), 1)[0]
+	p := f.poll("q", 1, time.Minute, at(0))
+	require.Equal(t, codes(storage.CodeOK), f.nack("q", p.Lease, durp(5*time.Second), "try later", at(time.Second), id))
+	st := f.stats("q", at(time.Second))
+	require.Equal(t, counts{Delayed: 1}, gauges(st), "a nacked item with a delay is delayed; its lease is finished")
+	require.Equal(t, uint64(1), st.Nacked)
+	peek := f.peek("q", false, storage.ItemID{}, 10, at(time.Second))
+	require.Len(t, peek, 1)
+	require.Equal(t, storage.StateDelayed, peek[0].State)
+	requireTime(t, at(6*time.Second), peek[0].VisibleAt)
+	require.Equal(t, "try later", peek[0].LastError)
+	require.Equal(t, uint32(1), peek[0].Attempts)
+	_, err := f.extend("q", p.Lease, time.Minute, at(time.Second))
+	requireIs(t, err, storage.ErrLeaseExpired, "a fully nacked lease is finished")
+
+	require.Empty(t, f.poll("q", 1, time.Minute, at(6*time.Second-1)).Items)
+	p2 := f.poll("q", 1, time.Minute, at(6*time.Second))
+	require.Equal(t, []storage.ItemID{id}, ids(p2.Items))
+	require.Equal(t, uint32(2), p2.Items[0].Attempts)
+	require.Equal(t, "try later", p2.Items[0].LastError)
+}
+
+func testNackWithZeroDelayIsReadyAtOnce(t *testing.T, f *fixture) {
+	id := f.enqueueN("q", at(0), 1)[0]
+	p := f.poll("q", 1, time.Minute, at(0))
+	require.Equal(t, codes(storage.CodeOK), f.nack("q", p.Lease, durp(0), "", at(time.Second), id))
+	require.Equal(t, counts{Ready: 1}, gauges(f.stats("q", at(time.Second))))
+	p2 := f.poll("q", 1, time.Minute, at(time.Second))
+	require.Equal(t, []storage.ItemID{id}, ids(p2.Items))
+	requireTime(t, at(time.Second), p2.Items[0].VisibleAt)
+}
+
+func testNackDelayOutOfRange(t *testing.T, f *fixture) {
+	id := f.enqueueN("q", at(0), 1)[0]
+	p := f.poll("q", 1, time.Minute, at(0))
+	for _, d := range []time.Duration{-1, storage.DefaultLimits.MaxDelay + 1} {
+		_, err := f.s.Nack(f.ctx, storage.NackParams{Queue: "q", Lease: p.Lease, IDs: []storage.ItemID{id}, Delay: &d, Now: at(0)})
+		requireIs(t, err, storage.ErrInvalidArgument, "delay %v", d)
+	}
+	require.Equal(t, counts{Inflight: 1, Leases: 1}, gauges(f.stats("q", at(0))), "nothing changed")
+	maxDelay := storage.DefaultLimits.MaxDelay
+	require.Equal(t, codes(storage.CodeOK), f.nack("q", p.Lease, &maxDelay, "", at(0), id), "the maximum delay itself is fine")
+}
+
+func testNackBackoffBounds(t *testing.T, f *fixture) {
+	c := storage.DefaultQueueConfig()
+	c.MaxAttempts = 100
+	c.BackoffBase = 100 * time.Millisecond
+	c.BackoffMax = time.Second
+	f.setConfig("q", c)
+	const n = 40
+	f.enqueueN("q", at(0), n)
+	now := at(0)
+	for attempt := uint32(1); attempt <= 5; attempt++ {
+		p := f.poll("q", n, time.Minute, now)
+		require.Len(t, p.Items, n, "attempt %d", attempt)
+		require.Equal(t, n, len(f.nack("q", p.Lease, nil, "backoff", now, ids(p.Items)...)))
+		ceiling := min(c.BackoffBase<<attempt, c.BackoffMax)
+		for _, it := range f.peek("q", false, storage.ItemID{}, n, now) {
+			require.Equal(t, attempt, it.Attempts)
+			d := it.VisibleAt.Sub(now)
+			require.GreaterOrEqual(t, d, time.Duration(0), "attempt %d", attempt)
+			require.LessOrEqual(t, d, ceiling, "attempt %d: backoff within [0, min(base*2^attempts, max)]", attempt)
+		}
+		now = now.Add(c.BackoffMax)
+	}
+}
+
+func testDeadLetterByNack(t *testing.T, f *fixture) {
+	c := storage.DefaultQueueConfig()
+	c.MaxAttempts = 2
+	f.setConfig("q", c)
+	id := f.enqueueN("q", at(0), 1)[0]
+	p := f.poll("q", 1, time.Minute, at(0))
+	require.Equal(t, codes(storage.CodeOK), f.nack("q", p.Lease, durp(0), "first", at(time.Second), id))
+	p = f.poll("q", 1, time.Minute, at(time.Second))
+	require.Equal(t, uint32(2), p.Items[0].Attempts)
+	require.Equal(t, codes(storage.CodeOK), f.nack("q", p.Lease, durp(0), "boom", at(2*time.Second), id))
+	require.Empty(t, f.poll("q", 1, time.Minute, at(time.Hour)).Items)
+	st := f.stats("q", at(2*time.Second))
+	require.Equal(t, counts{Dead: 1}, gauges(st))
+	require.Equal(t, uint64(2), st.Nacked)
+	require.Equal(t, uint64(1), st.DeadLettered)
+	dead := f.deadList("q", storage.ItemID{}, 10)
+	require.Len(t, dead, 1)
+	d := dead[0]
+	require.Equal(t, id, d.ID)
+	require.Equal(t, "nack: boom", d.Reason)
+	require.Equal(t, "boom", d.LastError)
+	requireTime(t, at(2*time.Second), d.DeadAt)
+	require.Equal(t, uint32(2), d.Attempts)
+	require.Equal(t, storage.StateDead, d.State)
+	require.Equal(t, payload(0), d.Payload)
+	require.Equal(t, "q", d.Queue)
+	require.Equal(t, codes(storage.CodeLeaseExpired), f.ack("q", p.Lease, at(2*time.Second), id), "a dead item is not inflight")
+}
+
+func testDeadLetterByExpiry(t *testing.T, f *fixture) {
+	c := storage.DefaultQueueConfig()
+	c.MaxAttempts = 1
+	f.setConfig("q", c)
+	id := f.enqueueN("q", at(0), 1)[0]
+	f.poll("q", 1, time.Second, at(0))
+	res := f.sweep(at(time.Second), 100)
+	require.Equal(t, 1, res.LeasesExpired)
+	require.Equal(t, 1, res.DeadLettered)
+	require.Zero(t, res.Requeued)
+	require.Empty(t, res.ReadyQueues, "a queue that only lost items to dead gained nothing ready")
+	st := f.stats("q", at(time.Second))
+	require.Equal(t, counts{Dead: 1}, gauges(st))
+	require.Equal(t, uint64(1), st.Expired)
+	require.Equal(t, uint64(1), st.DeadLettered)
+	dead := f.deadList("q", storage.ItemID{}, 10)
+	require.Len(t, dead, 1)
+	require.Equal(t, id, dead[0].ID)
+	require.Equal(t, "lease expired", dead[0].Reason)
+	require.Empty(t, dead[0].LastError, "expiry does not set LastError")
+	requireTime(t, at(time.Second), dead[0].DeadAt)
+}
+
+func testPerItemMaxAttempts(t *testing.T, f *fixture) {
+	ids := f.enqueueIDs("q", at(0),
+		storage.EnqueueItem{Payload: []byte("one-shot"), MaxAttempts: 1},
+		storage.EnqueueItem{Payload: []byte("queue-default")},
+	)
+	p := f.poll("q", 2, time.Minute, at(0))
+	require.Equal(t, codes(storage.CodeOK, storage.CodeOK), f.nack("q", p.Lease, durp(0), "no", at(0), ids...))
+	st := f.stats("q", at(0))
+	require.Equal(t, counts{Ready: 1, Dead: 1}, gauges(st))
+	dead := f.deadList("q", storage.ItemID{}, 10)
+	require.Len(t, dead, 1)
+	require.Equal(t, ids[0], dead[0].ID)
+	require.Equal(t, uint32(1), dead[0].MaxAttempts)
+
+	// Lowering the queue's max_attempts applies to items without their
+	// own at their next end of delivery.
+	c := storage.DefaultQueueConfig()
+	c.MaxAttempts = 2
+	f.setConfig("q", c)
+	p = f.poll("q", 1, time.Minute, at(time.Second))
+	require.Equal(t, uint32(2), p.Items[0].Attempts)
+	require.Equal(t, codes(storage.CodeOK), f.nack("q", p.Lease, durp(0), "no", at(time.Second), ids[1]))
+	require.Equal(t, counts{Dead: 2}, gauges(f.stats("q", at(time.Second))))
+}
+
+// killAll enqueues n items into a queue with max_attempts 1 and nacks them
+// all to dead; it returns their ids.
+func killAll(t *testing.T, f *fixture, q string, n int, now time.Time) []storage.ItemID {
+	t.Helper()
+	c := storage.DefaultQueueConfig()
+	c.MaxAttempts = 1
+	f.setConfig(q, c)
+	all := f.enqueueN(q, now, n)
+	p := f.poll(q, n, time.Minute, now)
+	require.Len(t, p.Items, n)
+	for _, c := range f.nack(q, p.Lease, durp(0), "fatal", now, all...) {
+		require.Equal(t, storage.CodeOK, c)
+	}
+	require.Equal(t, int64(n), f.stats(q, now).Dead)
+	return all
+}
+
+func testRedriveByIDs(t *testing.T, f *fixture) {
+	dead := killAll(t, f, "q", 2, at(0))
+	live := f.enqueueN("q", at(time.Second), 1)[0]
+	res, err := f.s.Redrive(f.ctx, storage.RedriveParams{Queue: "q", IDs: []storage.ItemID{dead[1], live, bogusID}, Now: at(2 * time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, codes(storage.CodeOK, storage.CodeNotFound, storage.CodeNotFound), res.Codes)
+	require.Equal(t, 1, res.Moved)
+	st := f.stats("q", at(2*time.Second))
+	require.Equal(t, counts{Ready: 2, Dead: 1}, gauges(st))
+	require.Equal(t, uint64(1), st.Redriven)
+	peek := f.peek("q", false, storage.ItemID{}, 10, at(2*time.Second))
+	require.Equal(t, []storage.ItemID{dead[1], live}, ids(peek))
+	require.Equal(t, uint32(0), peek[0].Attempts, "redrive resets attempts")
+	requireTime(t, at(2*time.Second), peek[0].VisibleAt, "redrive makes it ready now")
+	require.Equal(t, storage.StateReady, peek[0].State)
+	// The queue's max_attempts is 1 and the item gets a full delivery again.
+	p := f.poll("q", 1, time.Minute, at(3*time.Second))
+	require.Equal(t, []storage.ItemID{live}, ids(p.Items), "the redriven item became visible later than live")
+	p = f.poll("q", 1, time.Minute, at(3*time.Second))
+	require.Equal(t, []storage.ItemID{dead[1]}, ids(p.Items))
+	require.Equal(t, uint32(1), p.Items[0].Attempts)
+}
+
+func testRedriveAll(t *testing.T, f *fixture) {
+	dead := killAll(t, f, "q", 3, at(0))
+	res, err := f.s.Redrive(f.ctx, storage.RedriveParams{Queue: "q", Limit: 2, Now: at(time.Second)})
+	require.NoError(t, err)
+	require.Nil(t, res.Codes)
+	require.Equal(t, 2, res.Moved)
+	left := f.deadList("q", storage.ItemID{}, 10)
+	require.Equal(t, dead[2], left[0].ID, "redrive takes dead items in id order")
+	res, err = f.s.Redrive(f.ctx, storage.RedriveParams{Queue: "q", Limit: 10, Now: at(time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Moved)
+	res, err = f.s.Redrive(f.ctx, storage.RedriveParams{Queue: "q", Limit: 10, Now: at(time.Second)})
+	require.NoError(t, err)
+	require.Zero(t, res.Moved)
+	st := f.stats("q", at(time.Second))
+	require.Equal(t, counts{Ready: 3}, gauges(st))
+	require.Equal(t, uint64(3), st.Redriven)
+}
+
+func testPurgeDead(t *testing.T, f *fixture) {
+	dead := killAll(t, f, "q", 3, at(0))
+	res, err := f.s.PurgeDead(f.ctx, storage.RedriveParams{Queue: "q", IDs: []storage.ItemID{dead[1], bogusID}, Now: at(time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, codes(storage.CodeOK, storage.CodeNotFound), res.Codes)
+	require.Equal(t, 1, res.Moved)
+	require.Equal(t, []storage.ItemID{dead[0], dead[2]}, deadIDs(f.deadList("q", storage.ItemID{}, 10)))
+	res, err = f.s.PurgeDead(f.ctx, storage.RedriveParams{Queue: "q", Limit: 10, Now: at(time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Moved)
+	require.Empty(t, f.deadList("q", storage.ItemID{}, 10))
+	st := f.stats("q", at(time.Second))
+	require.Equal(t, counts{}, gauges(st))
+	require.Equal(t, uint64(3), st.Purged)
+	res, err = f.s.Redrive(f.ctx, storage.RedriveParams{Queue: "q", IDs: dead, Now: at(time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, codes(storage.CodeNotFound, storage.CodeNotFound, storage.CodeNotFound), res.Codes)
+}
+
+func deadIDs(ds []storage.DeadItem) []storage.ItemID {
+	out := make([]storage.ItemID, len(ds))
+	for i, d := range ds {
+		out[i] = d.ID
+	}
+	return out
+}
+
+func testDedupWithinWindow(t *testing.T, f *fixture) {
+	first := f.enqueueIDs("q", at(0), storage.EnqueueItem{Payload: []byte("a"), DedupKey: "k"})[0]
+	for _, now := range []time.Time{at(time.Second), at(storage.DefaultDedupWindow - 1)} {
+		res := f.enqueue("q", now, storage.EnqueueItem{Payload: []byte("b"), DedupKey: "k"})
+		require.Equal(t, storage.EnqueueResult{Code: storage.CodeOK, ID: first, Duplicate: true}, res[0], "at %v", now.Sub(base))
+	}
+	st := f.stats("q", at(time.Second))
+	require.Equal(t, counts{Ready: 1}, gauges(st), "a duplicate writes nothing")
+	require.Equal(t, uint64(1), st.Enqueued)
+	require.Equal(t, uint64(2), st.Duplicates)
+	peek := f.peek("q", false, storage.ItemID{}, 10, at(time.Second))
+	require.Len(t, peek, 1)
+	require.Equal(t, []byte("a"), peek[0].Payload)
+
+	// Still a duplicate after the first item was acked: the window counts
+	// from the first enqueue, not the item's life.
+	p := f.poll("q", 1, time.Minute, at(time.Second))
+	f.ack("q", p.Lease, at(time.Second), first)
+	res := f.enqueue("q", at(2*time.Second), storage.EnqueueItem{Payload: []byte("c"), DedupKey: "k"})
+	require.True(t, res[0].Duplicate)
+	require.Equal(t, first, res[0].ID)
+
+	// Another queue has its own keys.
+	other := f.enqueue("other", at(2*time.Second), storage.EnqueueItem{Payload: []byte("d"), DedupKey: "k"})
+	require.False(t, other[0].Duplicate)
+}
+
+func testDedupAfterWindow(t *testing.T, f *fixture) {
+	first := f.enqueueIDs("q", at(0), storage.EnqueueItem{Payload: []byte("a"), DedupKey: "k"})[0]
+	res := f.sweep(at(time.Second), 100)
+	requireTime(t, at(storage.DefaultDedupWindow), res.Next, "the dedup key's expiry is a pending deadline")
+	// At exactly the window's end, before any sweep dropped the key.
+	second := f.enqueueIDs("q", at(storage.DefaultDedupWindow), storage.EnqueueItem{Payload: []byte("b"), DedupKey: "k"})[0]
+	require.NotEqual(t, first, second)
+	third := f.enqueue("q", at(storage.DefaultDedupWindow+time.Second), storage.EnqueueItem{Payload: []byte("c"), DedupKey: "k"})
+	require.True(t, third[0].Duplicate, "the new item opened a new window")
+	require.Equal(t, second, third[0].ID)
+	st := f.stats("q", at(storage.DefaultDedupWindow+time.Second))
+	require.Equal(t, uint64(2), st.Enqueued)
+	require.Equal(t, uint64(1), st.Duplicates)
+}
+
+func testDedupKeyDroppedBySweep(t *testing.T, f *fixture) {
+	c := storage.DefaultQueueConfig()
+	c.DedupWindow = time.Second
+	f.setConfig("q", c)
+	f.enqueueIDs("q", at(0), storage.EnqueueItem{Payload: []byte("a"), DedupKey: "k"})
+	res := f.sweep(at(time.Second-1), 100)
+	require.Zero(t, res.DedupDropped)
+	requireTime(t, at(time.Second), res.Next)
+	res = f.sweep(at(time.Second), 100)
+	require.Equal(t, 1, res.DedupDropped)
+	require.True(t, res.Next.IsZero())
+	require.Empty(t, res.ReadyQueues)
+	second := f.enqueue("q", at(time.Second), storage.EnqueueItem{Payload: []byte("b"), DedupKey: "k"})
+	require.False(t, second[0].Duplicate)
+}
+
+func testDedupWithinOneBatch(t *testing.T, f *fixture) {
+	res := f.enqueue("q", at(0),
+		storage.EnqueueItem{Payload: []byte("a"), DedupKey: "k"},
+		storage.EnqueueItem{Payload: []byte("b"), DedupKey: "k"},
+		storage.EnqueueItem{Payload: []byte("c"), DedupKey: "j"},
+	)
+	require.False(t, res[0].Duplicate)
+	require.Equal(t, storage.EnqueueResult{Code: storage.CodeOK, ID: res[0].ID, Duplicate: true}, res[1])
+	require.False(t, res[2].Duplicate)
+	require.NotEqual(t, res[0].ID, res[2].ID)
+	st := f.stats("q", at(0))
+	require.Equal(t, uint64(2), st.Enqueued)
+	require.Equal(t, uint64(1), st.Duplicates)
+	require.Equal(t, int64(2), st.Ready)
+}
+
+func testDedupWindowZeroDisablesDedup(t *testing.T, f *fixture) {
+	c := storage.DefaultQueueConfig()
+	c.DedupWindow = 0
+	f.setConfig("q", c)
+	a := f.enqueue("q", at(0), storage.EnqueueItem{Payload: []byte("a"), DedupKey: "k"})
+	b := f.enqueue("q", at(0), storage.EnqueueItem{Payload: []byte("b"), DedupKey: "k"})
+	require.False(t, a[0].Duplicate)
+	require.False(t, b[0].Duplicate)
+	require.NotEqual(t, a[0].ID, b[0].ID)
+	require.True(t, f.sweep(at(0), 100).Next.IsZero(), "no dedup key deadline")
+}
+
+func testPurge(t *testing.T, f *fixture) {
+	dead := killAll(t, f, "q", 1, at(0))
+	f.enqueueN("q", at(0), 2)
+	f.enqueueIDs("q", at(0), storage.EnqueueItem{Payload: []byte("later"), Delay: time.Hour, DedupKey: "k"})
+	p := f.poll("q", 1, time.Minute, at(0))
+	f.enqueueN("other", at(0), 1)
+
+	n, err := f.s.Purge(f.ctx, storage.PurgeParams{Queue: "q", Now: at(time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, 3, n, "ready, delayed and inflight items; not dead ones")
+	st := f.stats("q", at(time.Second))
+	require.Equal(t, counts{Dead: 1}, gauges(st))
+	require.Equal(t, uint64(3), st.Purged)
+	require.Equal(t, deadIDs(f.deadList("q", storage.ItemID{}, 10)), dead)
+	require.Empty(t, f.peek("q", false, storage.ItemID{}, 10, at(time.Second)))
+	require.Empty(t, f.peek("q", true, storage.ItemID{}, 10, at(time.Second)))
+	require.Equal(t, codes(storage.CodeNotFound), f.ack("q", p.Lease, at(time.Second), p.Items[0].ID))
+	_, err = f.extend("q", p.Lease, time.Minute, at(time.Second))
+	requireIs(t, err, storage.ErrLeaseExpired, "the purged lease is gone")
+	cfg, err := f.s.QueueConfig(f.ctx, "q")
+	require.NoError(t, err)
+	require.Equal(t, uint32(1), cfg.MaxAttempts, "the queue and its config remain")
+	// Dedup keys survive a purge.
+	again := f.enqueue("q", at(2*time.Second), storage.EnqueueItem{Payload: []byte("later"), DedupKey: "k"})
+	require.True(t, again[0].Duplicate)
+	res := f.sweep(at(2*time.Hour), 100)
+	require.Zero(t, res.LeasesExpired, "the purged lease left no expiry behind")
+	require.Zero(t, res.Promoted, "the purged delayed item left nothing to promote")
+	require.Equal(t, counts{Ready: 1}, gauges(f.stats("other", at(time.Second))), "other queues untouched")
+}
+
+func testStatsAfterEveryOperation(t *testing.T, f *fixture) {
+	c := storage.DefaultQueueConfig()
+	c.MaxAttempts = 2
+	f.setConfig("q", c)
+	st := f.stats("q", at(0))
+	require.Equal(t, counts{}, gauges(st))
+	require.Equal(t, lifetime{}, counters(st))
+	require.Equal(t, c, st.Config)
+	require.Zero(t, st.OldestReadyAge)
+
+	step := func(name string, now time.Time, g counts, l lifetime) {
+		t.Helper()
+		st := f.stats("q", now)
+		require.Equal(t, g, gauges(st), "gauges after %s", name)
+		require.Equal(t, l, counters(st), "counters after %s", name)
+	}
+	all := f.enqueueIDs("q", at(0),
+		storage.EnqueueItem{Payload: []byte("a")},
+		storage.EnqueueItem{Payload: []byte("b")},
+		storage.EnqueueItem{Payload: []byte("c"), Delay: time.Second},
+		storage.EnqueueItem{Payload: []byte("d"), DedupKey: "k"},
+	)
+	f.enqueue("q", at(0), storage.EnqueueItem{Payload: []byte("dup"), DedupKey: "k"})
+	l := lifetime{Enqueued: 4, Duplicates: 1}
+	step("enqueue", at(0), counts{Ready: 3, Delayed: 1}, l)
+
+	p := f.poll("q", 2, time.Second, at(0))
+	l.Delivered = 2
+	step("poll", at(0), counts{Ready: 1, Delayed: 1, Inflight: 2, Leases: 1}, l)
+
+	f.ack("q", p.Lease, at(0), all[0])
+	l.Acked = 1
+	step("ack", at(0), counts{Ready: 1, Delayed: 1, Inflight: 1, Leases: 1}, l)
+
+	f.nack("q", p.Lease, durp(0), "x", at(0), all[1])
+	l.Nacked = 1
+	step("nack", at(0), counts{Ready: 2, Delayed: 1}, l)
+
+	f.sweep(at(time.Second), 100)
+	step("sweep promoting", at(time.Second), counts{Ready: 3}, l)
+
+	p = f.poll("q", 3, time.Second, at(time.Second))
+	require.Len(t, p.Items, 3)
+	l.Delivered = 5
+	step("poll", at(time.Second), counts{Inflight: 3, Leases: 1}, l)
+
+	f.sweep(at(2*time.Second), 100)
+	// b was on its 2nd attempt (max 2): dead; c and d requeued.
+	l.Expired = 3
+	l.DeadLettered = 1
+	step("sweep expiring", at(2*time.Second), counts{Ready: 2, Dead: 1}, l)
+
+	_, err := f.s.Redrive(f.ctx, storage.RedriveParams{Queue: "q", Limit: 10, Now: at(2 * time.Second)})
+	require.NoError(t, err)
+	l.Redriven = 1
+	step("redrive", at(2*time.Second), counts{Ready: 3}, l)
+
+	p = f.poll("q", 1, time.Second, at(2*time.Second))
+	f.nack("q", p.Lease, durp(time.Minute), "later", at(2*time.Second), p.Items[0].ID)
+	l.Delivered, l.Nacked = 6, 2
+	step("nack with delay", at(2*time.Second), counts{Ready: 2, Delayed: 1}, l)
+
+	n, err := f.s.Purge(f.ctx, storage.PurgeParams{Queue: "q", Now: at(2 * time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	l.Purged = 3
+	step("purge", at(2*time.Second), counts{}, l)
+}
+
+func testOldestReadyAge(t *testing.T, f *fixture) {
+	f.enqueueIDs("q", at(0), storage.EnqueueItem{Payload: []byte("late"), Delay: time.Hour})
+	require.Zero(t, f.stats("q", at(time.Second)).OldestReadyAge, "a delayed item is not ready")
+	f.enqueueIDs("q", at(time.Second), storage.EnqueueItem{Payload: []byte("low"), Priority: 9})
+	f.enqueueIDs("q", at(3*time.Second), storage.EnqueueItem{Payload: []byte("high")})
+	require.Equal(t, 4*time.Second, f.stats("q", at(5*time.Second)).OldestReadyAge, "across priorities")
+	p := f.poll("q", 1, time.Minute, at(5*time.Second))
+	require.Equal(t, []byte("high"), p.Items[0].Payload)
+	require.Equal(t, 4*time.Second, f.stats("q", at(5*time.Second)).OldestReadyAge)
+	p = f.poll("q", 1, time.Minute, at(5*time.Second))
+	require.Zero(t, f.stats("q", at(5*time.Second)).OldestReadyAge, "inflight items are not ready")
+}
+
+func testQueues(t *testing.T, f *fixture) {
+	qs, err := f.s.Queues(f.ctx)
+	require.NoError(t, err)
+	require.Empty(t, qs)
+	for _, q := range []string{"b", "a", "B", "a.1", "a-2", "_z"} {
+		f.enqueueN(q, at(0), 1)
+	}
+	f.setConfig("configured", storage.DefaultQueueConfig())
+	f.poll("polled-only", 1, 0, at(0))
+	qs, err = f.s.Queues(f.ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"B", "_z", "a", "a-2", "a.1", "b", "configured"}, qs,
+		"byte order; enqueue and SetQueueConfig create queues, a poll does not")
+	all, err := f.s.Stats(f.ctx, storage.StatsParams{Now: at(0)})
+	require.NoError(t, err)
+	require.Len(t, all, len(qs))
+	for i, st := range all {
+		require.Equal(t, qs[i], st.Queue, "Stats of all queues is sorted by name")
+	}
+}
+
+func testPeekPaging(t *testing.T, f *fixture) {
+	all := f.enqueueIDs("q", at(0),
+		storage.EnqueueItem{Payload: []byte("0"), Priority: 5},
+		storage.EnqueueItem{Payload: []byte("1"), Delay: time.Minute},
+		storage.EnqueueItem{Payload: []byte("2")},
+		storage.EnqueueItem{Payload: []byte("3")},
+		storage.EnqueueItem{Payload: []byte("4")},
+	)
+	p := f.poll("q", 2, time.Minute, at(0)) // takes 2 and 3
+	require.Equal(t, all[2:4], ids(p.Items))
+
+	page := f.peek("q", false, storage.ItemID{}, 2, at(0))
+	require.Equal(t, []storage.ItemID{all[0], all[1]}, ids(page), "id order, not serve order")
+	require.Equal(t, storage.StateReady, page[0].State)
+	require.Equal(t, storage.StateDelayed, page[1].State)
+	require.Equal(t, []byte("1"), page[1].Payload)
+	page = f.peek("q", false, page[1].ID, 2, at(0))
+	require.Equal(t, []storage.ItemID{all[4]}, ids(page))
+	require.Empty(t, f.peek("q", false, all[4], 2, at(0)))
+
+	in := f.peek("q", true, storage.ItemID{}, 1, at(0))
+	require.Equal(t, []storage.ItemID{all[2]}, ids(in))
+	require.Equal(t, storage.StateInflight, in[0].State)
+	require.Equal(t, uint32(1), in[0].Attempts)
+	in = f.peek("q", true, in[0].ID, 10, at(0))
+	require.Equal(t, []storage.ItemID{all[3]}, ids(in))
+
+	// Peeking leased nothing.
+	st := f.stats("q", at(0))
+	require.Equal(t, counts{Ready: 2, Delayed: 1, Inflight: 2, Leases: 1}, gauges(st))
+	require.Equal(t, uint64(2), st.Delivered)
+	require.Empty(t, f.peek("never-created", false, storage.ItemID{}, 10, at(0)))
+}
+
+func testDeadListPaging(t *testing.T, f *fixture) {
+	dead := killAll(t, f, "q", 5, at(0))
+	var got []storage.ItemID
+	var after storage.ItemID
+	for i := 0; i < 10; i++ {
+		page := f.deadList("q", after, 2)
+		if len(page) == 0 {
+			break
+		}
+		require.LessOrEqual(t, len(page), 2)
+		for _, d := range page {
+			require.Equal(t, "nack: fatal", d.Reason)
+			require.Equal(t, storage.StateDead, d.State)
+		}
+		got = append(got, deadIDs(page)...)
+		after = page[len(page)-1].ID
+	}
+	require.Equal(t, dead, got)
+	require.Empty(t, f.deadList("never-created", storage.ItemID{}, 10))
+}
+
+func testQueueConfigDefaultsAndValidation(t *testing.T, f *fixture) {
+	_, err := f.s.QueueConfig(f.ctx, "q")
+	requireIs(t, err, storage.ErrNotFound, "no such queue yet")
+	_, err = f.s.Stats(f.ctx, storage.StatsParams{Queue: "q", Now: at(0)})
+	requireIs(t, err, storage.ErrNotFound)
+	f.enqueueN("q", at(0), 1)
+	cfg, err := f.s.QueueConfig(f.ctx, "q")
+	require.NoError(t, err)
+	require.Equal(t, storage.DefaultQueueConfig(), cfg, "created on first enqueue with the defaults")
+
+	good := storage.QueueConfig{MaxAttempts: 9, LeaseDuration: time.Minute, DedupWindow: time.Hour, BackoffBase: time.Second, BackoffMax: time.Minute}
+	lim := storage.DefaultLimits
+	for name, mut := range map[string]func(*storage.QueueConfig){
+		"zero max attempts":    func(c *storage.QueueConfig) { c.MaxAttempts = 0 },
+		"lease below minimum":  func(c *storage.QueueConfig) { c.LeaseDuration = lim.MinLease - 1 },
+		"lease above maximum":  func(c *storage.QueueConfig) { c.LeaseDuration = lim.MaxLease + 1 },
+		"zero lease":           func(c *storage.QueueConfig) { c.LeaseDuration = 0 },
+		"negative dedup":       func(c *storage.QueueConfig) { c.DedupWindow = -1 },
+		"dedup above maximum":  func(c *storage.QueueConfig) { c.DedupWindow = lim.MaxDelay + 1 },
+		"negative backoff":     func(c *storage.QueueConfig) { c.BackoffBase = -1 },
+		"base above max":       func(c *storage.QueueConfig) { c.BackoffBase, c.BackoffMax = time.Minute, time.Second },
+		"backoff max too long": func(c *storage.QueueConfig) { c.BackoffMax = lim.MaxDelay + 1 },
+	} {
+		bad := good
+		mut(&bad)
+		requireIs(t, f.s.SetQueueConfig(f.ctx, "q", bad), storage.ErrInvalidArgument, name)
+		requireIs(t, f.s.SetQueueConfig(f.ctx, "fresh", bad), storage.ErrInvalidArgument, name)
+	}
+	cfg, err = f.s.QueueConfig(f.ctx, "q")
+	require.NoError(t, err)
+	require.Equal(t, storage.DefaultQueueConfig(), cfg, "rejected configs changed nothing")
+	_, err = f.s.QueueConfig(f.ctx, "fresh")
+	requireIs(t, err, storage.ErrNotFound, "a rejected config does not create the queue")
+
+	f.setConfig("q", good)
+	cfg, err = f.s.QueueConfig(f.ctx, "q")
+	require.NoError(t, err)
+	require.Equal(t, good, cfg)
+	require.Equal(t, good, f.stats("q", at(0)).Config)
+	p := f.poll("q", 1, 0, at(0))
+	requireTime(t, at(time.Minute), p.ExpiresAt, "the new default lease applies")
+}
+
+func testBadQueueNames(t *testing.T, f *fixture) {
+	f.enqueueN("q", at(0), 1)
+	p := f.poll("q", 1, time.Minute, at(0))
+	lim := storage.DefaultLimits
+	ok := string(bytes.Repeat([]byte("n"), lim.MaxQueueName))
+	f.enqueueN(ok, at(0), 1) // the longest name is fine
+	for _, name := range []string{"", ok + "n", "a/b", "a b", "ä", "q\x00", "q:1"} {
+		_, err := f.s.Enqueue(f.ctx, storage.EnqueueParams{Queue: name, Items: []storage.EnqueueItem{{Payload: []byte("x")}}, Now: at(0)})
+		requireIs(t, err, storage.ErrInvalidArgument, "enqueue %q", name)
+		_, err = f.s.Poll(f.ctx, storage.PollParams{Queue: name, Max: 1, Now: at(0)})
+		requireIs(t, err, storage.ErrInvalidArgument, "poll %q", name)
+		_, err = f.s.Ack(f.ctx, storage.AckParams{Queue: name, Lease: p.Lease, IDs: ids(p.Items), Now: at(0)})
+		requireIs(t, err, storage.ErrInvalidArgument, "ack %q", name)
+		_, err = f.s.Nack(f.ctx, storage.NackParams{Queue: name, Lease: p.Lease, IDs: ids(p.Items), Now: at(0)})
+		requireIs(t, err, storage.ErrInvalidArgument, "nack %q", name)
+		_, err = f.s.ExtendLease(f.ctx, storage.ExtendParams{Queue: name, Lease: p.Lease, Duration: time.Minute, Now: at(0)})
+		requireIs(t, err, storage.ErrInvalidArgument, "extend %q", name)
+		if name != "" { // "" means all queues
+			_, err = f.s.Stats(f.ctx, storage.StatsParams{Queue: name, Now: at(0)})
+			requireIs(t, err, storage.ErrInvalidArgument, "stats %q", name)
+		}
+		_, err = f.s.Peek(f.ctx, storage.PeekParams{Queue: name, Limit: 1, Now: at(0)})
+		requireIs(t, err, storage.ErrInvalidArgument, "peek %q", name)
+		_, err = f.s.Purge(f.ctx, storage.PurgeParams{Queue: name, Now: at(0)})
+		requireIs(t, err, storage.ErrInvalidArgument, "purge %q", name)
+		_, err = f.s.DeadList(f.ctx, storage.DeadListParams{Queue: name, Limit: 1})
+		requireIs(t, err, storage.ErrInvalidArgument, "dead list %q", name)
+		_, err = f.s.Redrive(f.ctx, storage.RedriveParams{Queue: name, Limit: 1, Now: at(0)})
+		requireIs(t, err, storage.ErrInvalidArgument, "redrive %q", name)
+		_, err = f.s.PurgeDead(f.ctx, storage.RedriveParams{Queue: name, Limit: 1, Now: at(0)})
+		requireIs(t, err, storage.ErrInvalidArgument, "purge dead %q", name)
+		_, err = f.s.QueueConfig(f.ctx, name)
+		requireIs(t, err, storage.ErrInvalidArgument, "queue config %q", name)
+		requireIs(t, f.s.SetQueueConfig(f.ctx, name, storage.DefaultQueueConfig()), storage.ErrInvalidArgument, "set queue config %q", name)
+	}
+	qs, err := f.s.Queues(f.ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{ok, "q"}, qs)
+	require.Equal(t, counts{Inflight: 1, Leases: 1}, gauges(f.stats("q", at(0))))
+}
+
+func testBatchAndRangeLimits(t *testing.T, f *fixture) {
+	lim := storage.DefaultLimits
+	f.enqueueN("q", at(0), 1)
+	_, err := f.s.Enqueue(f.ctx, storage.EnqueueParams{Queue: "q", Items: make([]storage.EnqueueItem, lim.MaxBatch+1), Now: at(0)})
+	requireIs(t, err, storage.ErrInvalidArgument, "enqueue batch too large")
+	for _, max := range []int{0, -1, lim.MaxBatch + 1} {
+		_, err = f.s.Poll(f.ctx, storage.PollParams{Queue: "q", Max: max, Now: at(0)})
+		requireIs(t, err, storage.ErrInvalidArgument, "poll max %d", max)
+	}
+	for _, lease := range []time.Duration{lim.MinLease - 1, lim.MaxLease + 1, -time.Second} {
+		_, err = f.s.Poll(f.ctx, storage.PollParams{Queue: "q", Max: 1, Lease: lease, Now: at(0)})
+		requireIs(t, err, storage.ErrInvalidArgument, "poll lease %v", lease)
+	}
+	require.Equal(t, counts{Ready: 1}, gauges(f.stats("q", at(0))), "rejected calls changed nothing")
+	p := f.poll("q", 1, lim.MinLease, at(0))
+	requireTime(t, at(lim.MinLease), p.ExpiresAt, "the minimum lease is allowed")
+	tooMany := make([]storage.ItemID, lim.MaxBatch+1)
+	_, err = f.s.Ack(f.ctx, storage.AckParams{Queue: "q", Lease: p.Lease, IDs: tooMany, Now: at(0)})
+	requireIs(t, err, storage.ErrInvalidArgument, "ack batch too large")
+	_, err = f.s.Nack(f.ctx, storage.NackParams{Queue: "q", Lease: p.Lease, IDs: tooMany, Now: at(0)})
+	requireIs(t, err, storage.ErrInvalidArgument, "nack batch too large")
+	_, err = f.s.Redrive(f.ctx, storage.RedriveParams{Queue: "q", IDs: tooMany, Now: at(0)})
+	requireIs(t, err, storage.ErrInvalidArgument, "redrive batch too large")
+	for _, limit := range []int{0, lim.MaxBatch + 1} {
+		_, err = f.s.Peek(f.ctx, storage.PeekParams{Queue: "q", Limit: limit, Now: at(0)})
+		requireIs(t, err, storage.ErrInvalidArgument, "peek limit %d", limit)
+		_, err = f.s.DeadList(f.ctx, storage.DeadListParams{Queue: "q", Limit: limit})
+		requireIs(t, err, storage.ErrInvalidArgument, "dead list limit %d", limit)
+		_, err = f.s.Redrive(f.ctx, storage.RedriveParams{Queue: "q", Limit: limit, Now: at(0)})
+		requireIs(t, err, storage.ErrInvalidArgument, "redrive limit %d", limit)
+		_, err = f.s.PurgeDead(f.ctx, storage.RedriveParams{Queue: "q", Limit: limit, Now: at(0)})
+		requireIs(t, err, storage.ErrInvalidArgument, "purge dead limit %d", limit)
+	}
+	require.Equal(t, codes(storage.CodeOK), f.ack("q", p.Lease, at(0), ids(p.Items)...))
+	f.enqueueN("q", at(0), 1)
+	p = f.poll("q", 1, lim.MaxLease, at(0))
+	requireTime(t, at(lim.MaxLease), p.ExpiresAt, "the maximum lease is allowed")
+}
+
+func testPerItemLimits(t *testing.T, f *fixture) {
+	lim := storage.DefaultLimits
+	res := f.enqueue("q", at(0),
+		storage.EnqueueItem{Payload: make([]byte, lim.MaxPayload+1)},
+		storage.EnqueueItem{Payload: make([]byte, lim.MaxPayload)},
+		storage.EnqueueItem{Payload: []byte("late"), Delay: lim.MaxDelay + 1},
+		storage.EnqueueItem{Payload: []byte("longest"), Delay: lim.MaxDelay},
+		storage.EnqueueItem{Payload: []byte("past"), Delay: -time.Nanosecond},
+		storage.EnqueueItem{Payload: []byte("key"), DedupKey: string(make([]byte, lim.MaxDedupKey+1))},
+		storage.EnqueueItem{Payload: []byte{}},
+	)
+	want := []storage.Code{storage.CodeInvalid, storage.CodeOK, storage.CodeInvalid, storage.CodeOK, storage.CodeInvalid, storage.CodeInvalid, storage.CodeOK}
+	for i, r := range res {
+		require.Equal(t, want[i], r.Code, "item %d", i)
+		if r.Code == storage.CodeInvalid {
+			require.NotEmpty(t, r.Err, "item %d says why", i)
+			require.True(t, r.ID.IsZero(), "item %d has no id", i)
+		} else {
+			require.Empty(t, r.Err)
+		}
+	}
+	st := f.stats("q", at(0))
+	require.Equal(t, counts{Ready: 2, Delayed: 1}, gauges(st), "the valid items were written")
+	require.Equal(t, uint64(3), st.Enqueued)
+	p := f.poll("q", 10, time.Minute, at(0))
+	require.Len(t, p.Items, 2)
+	require.Len(t, p.Items[0].Payload, lim.MaxPayload)
+	require.Empty(t, p.Items[1].Payload)
+}
+
+func testReasonIsTruncated(t *testing.T, f *fixture) {
+	lim := storage.DefaultLimits
+	id := f.enqueueN("q", at(0), 1)[0]
+	p := f.poll("q", 1, time.Minute, at(0))
+	long := string(bytes.Repeat([]byte("r"), lim.MaxReason+10))
+	require.Equal(t, codes(storage.CodeOK), f.nack("q", p.Lease, durp(0), long, at(0), id))
+	peek := f.peek("q", false, storage.ItemID{}, 1, at(0))
+	require.Equal(t, long[:lim.MaxReason], peek[0].LastError)
+}
+
+func testSweepNextAndReadyQueues(t *testing.T, f *fixture) {
+	require.True(t, f.sweep(at(0), 100).Next.IsZero(), "an empty store has no deadline")
+	f.enqueueN("a", at(0), 1)
+	f.enqueueN("b", at(0), 1)
+	f.enqueueIDs("c", at(0), storage.EnqueueItem{Payload: []byte("x"), Delay: 3 * time.Second})
+	f.enqueueIDs("d", at(0), storage.EnqueueItem{Payload: []byte("x"), DedupKey: "k"})
+	f.poll("a", 1, 5*time.Second, at(0))
+	f.poll("b", 1, 2*time.Second, at(0))
+	requireTime(t, at(2*time.Second), f.sweep(at(0), 100).Next, "earliest of leases, delayed items and dedup keys")
+	res := f.sweep(at(2*time.Second), 100)
+	require.Equal(t, []string{"b"}, res.ReadyQueues)
+	requireTime(t, at(3*time.Second), res.Next)
+	res = f.sweep(at(5*time.Second), 100)
+	require.Equal(t, []string{"a", "c"}, res.ReadyQueues, "sorted, lease expiry and promotion both count")
+	require.Equal(t, 1, res.Requeued)
+	require.Equal(t, 1, res.Promoted)
+	requireTime(t, at(storage.DefaultDedupWindow), res.Next)
+	require.False(t, res.More)
+}
+
+func testSweepLimit(t *testing.T, f *fixture) {
+	for i := 0; i < 3; i++ {
+		f.enqueueN("q", at(0), 1)
+		f.poll("q", 1, time.Second, at(time.Duration(i)*time.Millisecond))
+	}
+	res := f.sweep(at(time.Minute), 2)
+	require.Equal(t, 2, res.LeasesExpired)
+	require.Equal(t, 2, res.Requeued)
+	require.True(t, res.More, "a due lease is left")
+	requireTime(t, at(time.Second+2*time.Millisecond), res.Next, "the due lease that is left")
+	res = f.sweep(at(time.Minute), 2)
+	require.Equal(t, 1, res.LeasesExpired)
+	require.False(t, res.More)
+	require.True(t, res.Next.IsZero())
+	require.Equal(t, counts{Ready: 3}, gauges(f.stats("q", at(time.Minute))))
+	// Leases expire in expiry order: the requeued items keep it.
+	peek := f.peek("q", false, storage.ItemID{}, 10, at(time.Minute))
+	for i, it := range peek {
+		requireTime(t, at(time.Second+time.Duration(i)*time.Millisecond), it.VisibleAt)
+	}
+}
+
+func testClosed(t *testing.T, f *fixture) {
+	f.enqueueN("q", at(0), 1)
+	require.NoError(t, f.s.Close())
+	f.closed = true
+	require.NoError(t, f.s.Close(), "Close is idempotent")
+	ctx := f.ctx
+	s := f.s
+	_, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: []byte("x")}}, Now: at(0)})
+	requireIs(t, err, storage.ErrClosed, "enqueue")
+	_, err = s.Poll(ctx, storage.PollParams{Queue: "q", Max: 1, Now: at(0)})
+	requireIs(t, err, storage.ErrClosed, "poll")
+	_, err = s.Ack(ctx, storage.AckParams{Queue: "q", IDs: []storage.ItemID{bogusID}, Now: at(0)})
+	requireIs(t, err, storage.ErrClosed, "ack")
+	_, err = s.Nack(ctx, storage.NackParams{Queue: "q", IDs: []storage.ItemID{bogusID}, Now: at(0)})
+	requireIs(t, err, storage.ErrClosed, "nack")
+	_, err = s.ExtendLease(ctx, storage.ExtendParams{Queue: "q", Lease: forgedLease, Duration: time.Second, Now: at(0)})
+	requireIs(t, err, storage.ErrClosed, "extend")
+	_, err = s.Sweep(ctx, storage.SweepParams{Now: at(0), Limit: 10})
+	requireIs(t, err, storage.ErrClosed, "sweep")
+	_, err = s.Stats(ctx, storage.StatsParams{Now: at(0)})
+	requireIs(t, err, storage.ErrClosed, "stats")
+	_, err = s.Queues(ctx)
+	requireIs(t, err, storage.ErrClosed, "queues")
+	_, err = s.Peek(ctx, storage.PeekParams{Queue: "q", Limit: 1, Now: at(0)})
+	requireIs(t, err, storage.ErrClosed, "peek")
+	_, err = s.Purge(ctx, storage.PurgeParams{Queue: "q", Now: at(0)})
+	requireIs(t, err, storage.ErrClosed, "purge")
+	_, err = s.DeadList(ctx, storage.DeadListParams{Queue: "q", Limit: 1})
+	requireIs(t, err, storage.ErrClosed, "dead list")
+	_, err = s.Redrive(ctx, storage.RedriveParams{Queue: "q", Limit: 1, Now: at(0)})
+	requireIs(t, err, storage.ErrClosed, "redrive")
+	_, err = s.PurgeDead(ctx, storage.RedriveParams{Queue: "q", Limit: 1, Now: at(0)})
+	requireIs(t, err, storage.ErrClosed, "purge dead")
+	_, err = s.QueueConfig(ctx, "q")
+	requireIs(t, err, storage.ErrClosed, "queue config")
+	requireIs(t, s.SetQueueConfig(ctx, "q", storage.DefaultQueueConfig()), storage.ErrClosed, "set queue config")
+	_, err = s.Check(ctx)
+	requireIs(t, err, storage.ErrClosed, "check")
+}
+
+func testUnknownQueue(t *testing.T, f *fixture) {
+	require.Empty(t, f.poll("ghost", 10, 0, at(0)).Items)
+	require.Equal(t, codes(storage.CodeNotFound), f.ack("ghost", forgedLease, at(0), bogusID))
+	require.Equal(t, codes(storage.CodeNotFound), f.nack("ghost", forgedLease, nil, "", at(0), bogusID))
+	n, err := f.s.Purge(f.ctx, storage.PurgeParams{Queue: "ghost", Now: at(0)})
+	require.NoError(t, err)
+	require.Zero(t, n)
+	res, err := f.s.Redrive(f.ctx, storage.RedriveParams{Queue: "ghost", Limit: 10, Now: at(0)})
+	require.NoError(t, err)
+	require.Zero(t, res.Moved)
+	res, err = f.s.Redrive(f.ctx, storage.RedriveParams{Queue: "ghost", IDs: []storage.ItemID{bogusID}, Now: at(0)})
+	require.NoError(t, err)
+	require.Equal(t, codes(storage.CodeNotFound), res.Codes)
+	_, err = f.s.Stats(f.ctx, storage.StatsParams{Queue: "ghost", Now: at(0)})
+	requireIs(t, err, storage.ErrNotFound)
+	_, err = f.s.QueueConfig(f.ctx, "ghost")
+	requireIs(t, err, storage.ErrNotFound)
+	qs, err := f.s.Queues(f.ctx)
+	require.NoError(t, err)
+	require.Empty(t, qs, "reads and rejected writes create no queue")
+	all, err := f.s.Stats(f.ctx, storage.StatsParams{Now: at(0)})
+	require.NoError(t, err)
+	require.Empty(t, all)
+}
+
+func testPayloadIsCopied(t *testing.T, f *fixture) {
+	buf := []byte("original")
+	f.enqueueIDs("q", at(0), storage.EnqueueItem{Payload: buf})
+	copy(buf, "XXXXXXXX")
+	p := f.poll("q", 1, time.Minute, at(0))
+	require.Equal(t, []byte("original"), p.Items[0].Payload, "the store keeps its own copy")
+	p.Items[0].Payload[0] = 'Y'
+	peek := f.peek("q", true, storage.ItemID{}, 1, at(0))
+	require.Equal(t, []byte("original"), peek[0].Payload, "returned payloads are the caller's")
 }

@@ -2,7 +2,6 @@ package storagetest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -212,13 +211,24 @@ func counters(st storage.QueueStats) lifetime {
 // location or drop the monotonic reading.
 func requireTime(t *testing.T, want, got time.Time, msgAndArgs ...any) {
 	t.Helper()
-	require.True(t, want.Equal(got), "want %v, got %v %v", want, got, fmt.Sprint(msgAndArgs...))
+	require.True(t, want.Equal(got), "want %v, got %v: %s", want, got, message(msgAndArgs))
 }
 
 func requireIs(t *testing.T, err, target error, msgAndArgs ...any) {
 	t.Helper()
 	require.Error(t, err, msgAndArgs...)
-	require.True(t, errors.Is(err, target), "want %v, got %v %v", target, err, fmt.Sprint(msgAndArgs...))
+	require.ErrorIs(t, err, target, msgAndArgs...)
+}
+
+// message renders testify-style msgAndArgs: a format and its arguments.
+func message(msgAndArgs []any) string {
+	if len(msgAndArgs) == 0 {
+		return ""
+	}
+	if format, ok := msgAndArgs[0].(string); ok && len(msgAndArgs) > 1 {
+		return fmt.Sprintf(format, msgAndArgs[1:]...)
+	}
+	return fmt.Sprint(msgAndArgs...)
 }
 
 func ids(items []storage.Item) []storage.ItemID {

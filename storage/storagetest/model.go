@@ -259,6 +259,9 @@ type modelRun struct {
 	instants []time.Time
 	queues   []string
 	reopens  int
+	// tally counts outcomes by kind, logged at the end to show that the
+	// sequence reached the interesting cases.
+	tally map[string]int
 }
 
 func newModelRun(t *testing.T, h Harness, seed uint64) *modelRun {
@@ -266,6 +269,7 @@ func newModelRun(t *testing.T, h Harness, seed uint64) *modelRun {
 		t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		ctx: context.Background(), lim: h.limits(), now: base,
 		queues: []string{"q0", "q1", "q2"},
+		tally:  map[string]int{},
 	}
 	m.sut = newFixture(t, h)
 	m.ref = memstore.New(memstore.Options{Limits: m.lim})
@@ -307,9 +311,9 @@ func (m *modelRun) randomOp() {
 		fn func()
 	}
 	ops := []weighted{
-		{20, m.opEnqueue},
-		{15, m.opPoll},
-		{12, m.opAck},
+		{14, m.opEnqueue},
+		{16, m.opPoll},
+		{16, m.opAck},
 		{8, m.opNack},
 		{5, m.opExtend},
 		{14, m.opAdvance},
@@ -400,7 +404,9 @@ func (m *modelRun) opEnqueue() {
 		Res []nEnqueue
 		Err string
 	})
+	m.tally["enqueue error "+out.Err]++
 	for i, r := range out.Res {
+		m.tally[fmt.Sprintf("enqueue %v duplicate=%v", r.Code, r.Duplicate)]++
 		if r.Code == storage.CodeOK && !r.Duplicate {
 			for len(m.idQueue) <= r.ID {
 				m.idQueue = append(m.idQueue, "")
@@ -446,6 +452,7 @@ func (m *modelRun) opPoll() {
 		P   nPoll
 		Err string
 	})
+	m.tally[fmt.Sprintf("poll items=%v error=%s", len(out.P.Items) > 0, out.Err)]++
 	if out.P.Lease >= 0 {
 		info := leaseInfo{queue: q}
 		for _, it := range out.P.Items {
@@ -512,10 +519,25 @@ func (m *modelRun) opAck() {
 	l, q := m.pickLease()
 	pos := m.pickIDs(l)
 	now := m.now
-	m.compare(fmt.Sprintf("ack %s lease#%d ids%v", q, l, pos), func(sd *side) any {
+	out := m.compare(fmt.Sprintf("ack %s lease#%d ids%v", q, l, pos), func(sd *side) any {
 		codes, err := sd.store().Ack(m.ctx, storage.AckParams{Queue: q, Lease: sd.leaseAt(l), IDs: sd.idsAt(pos), Now: now})
-		return fmt.Sprint(codes, " ", errClass(err))
-	})
+		return nCodes{codes, errClass(err)}
+	}).(nCodes)
+	m.tallyCodes("ack", out)
+}
+
+type nCodes struct {
+	Codes []storage.Code
+	Err   string
+}
+
+func (m *modelRun) tallyCodes(op string, c nCodes) {
+	if c.Err != "" {
+		m.tally[op+" error "+c.Err]++
+	}
+	for _, code := range c.Codes {
+		m.tally[op+" "+code.String()]++
+	}
 }
 
 func (sd *side) idsAt(pos []int) []storage.ItemID {
@@ -541,10 +563,11 @@ func (m *modelRun) opNack() {
 		reason = strings.Repeat("long", m.lim.MaxReason/4+3)
 	}
 	now := m.now
-	m.compare(fmt.Sprintf("nack %s lease#%d ids%v delay=%v reason=%.10q", q, l, pos, delay, reason), func(sd *side) any {
+	out := m.compare(fmt.Sprintf("nack %s lease#%d ids%v delay=%v reason=%.10q", q, l, pos, delay, reason), func(sd *side) any {
 		codes, err := sd.store().Nack(m.ctx, storage.NackParams{Queue: q, Lease: sd.leaseAt(l), IDs: sd.idsAt(pos), Delay: &delay, Reason: reason, Now: now})
-		return fmt.Sprint(codes, " ", errClass(err))
-	})
+		return nCodes{codes, errClass(err)}
+	}).(nCodes)
+	m.tallyCodes("nack", out)
 	if delay <= m.lim.MaxDelay {
 		m.remember(now.Add(delay))
 	}
@@ -568,24 +591,26 @@ func (m *modelRun) opExtend() {
 		}
 		return nExtend{rel(exp), ""}
 	}).(nExtend)
+	m.tally["extend "+out.Err]++
 	if out.Err == "" {
 		m.remember(base.Add(out.Exp))
 	}
 }
 
 func (m *modelRun) opAdvance() {
-	if m.rng.IntN(2) == 0 {
-		// Jump to (or just before) a known deadline, where off-by-one
-		// bugs live.
+	if m.rng.IntN(3) == 0 {
+		// Jump to (or just before) one of the next known deadlines, where
+		// off-by-one bugs live.
 		var future []time.Time
 		for _, t := range m.instants {
 			if !t.Before(m.now) {
 				future = append(future, t)
 			}
 		}
+		sort.Slice(future, func(i, j int) bool { return future[i].Before(future[j]) })
 		m.instants = future
 		if len(future) > 0 {
-			t := future[m.rng.IntN(len(future))]
+			t := future[m.rng.IntN(min(len(future), 3))]
 			if m.rng.IntN(2) == 0 && t.Add(-time.Nanosecond).After(m.now) {
 				t = t.Add(-time.Nanosecond)
 			}
@@ -594,7 +619,7 @@ func (m *modelRun) opAdvance() {
 			return
 		}
 	}
-	d := time.Millisecond + time.Duration(m.rng.Int64N(int64(2*time.Second)))
+	d := time.Millisecond + time.Duration(m.rng.Int64N(int64(300*time.Millisecond)))
 	m.recent = append(m.recent, fmt.Sprintf("step %d: time += %v", m.step, d))
 	m.now = m.now.Add(d)
 }
@@ -608,7 +633,7 @@ func (m *modelRun) opSweep() {
 		limit = 1 + m.rng.IntN(3)
 	}
 	now := m.now
-	m.compare(fmt.Sprintf("sweep limit=%d", limit), func(sd *side) any {
+	out := m.compare(fmt.Sprintf("sweep limit=%d", limit), func(sd *side) any {
 		var total nSweep
 		seen := map[string]bool{}
 		for i := 0; ; i++ {
@@ -644,6 +669,12 @@ func (m *modelRun) opSweep() {
 		sort.Strings(total.ReadyQueues)
 		return total
 	})
+	if tot, ok := out.(nSweep); ok {
+		m.tally["sweep requeued"] += tot.Requeued
+		m.tally["sweep dead-lettered"] += tot.DeadLettered
+		m.tally["sweep promoted"] += tot.Promoted
+		m.tally["sweep dedup dropped"] += tot.DedupDropped
+	}
 }
 
 func (m *modelRun) opStats() {
@@ -742,6 +773,7 @@ func (m *modelRun) deadOp(name string, fn func(s storage.Store, p storage.Redriv
 		res, err := fn(sd.store(), p)
 		return fmt.Sprintf("%+v %s", res, errClass(err))
 	})
+	m.tally[name]++
 }
 
 func (m *modelRun) opRedrive() {
@@ -819,5 +851,14 @@ func (m *modelRun) finalCompare() {
 			return fmt.Sprintf("%+v %s", sd.deads(ds), errClass(err))
 		})
 	}
-	m.t.Logf("seed %d: %d ids, %d leases, %d reopens, final time %v", m.seed, len(m.a.ids), len(m.a.leases), m.reopens, m.now.Sub(base))
+	keys := make([]string, 0, len(m.tally))
+	for k := range m.tally {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var sb strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&sb, "\n  %s: %d", k, m.tally[k])
+	}
+	m.t.Logf("seed %d: %d ids, %d leases, %d reopens, final time %v; outcomes:%s", m.seed, len(m.a.ids), len(m.a.leases), m.reopens, m.now.Sub(base), sb.String())
 }
