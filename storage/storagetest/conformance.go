@@ -880,13 +880,15 @@ func testStatsAfterEveryOperation(t *testing.T, f *fixture) {
 func testOldestReadyAge(t *testing.T, f *fixture) {
 	f.enqueueIDs("q", at(0), storage.EnqueueItem{Payload: []byte("late"), Delay: time.Hour})
 	require.Zero(t, f.stats("q", at(time.Second)).OldestReadyAge, "a delayed item is not ready")
+	require.Equal(t, 2*time.Second, f.stats("q", at(time.Hour+2*time.Second)).OldestReadyAge,
+		"counted from VisibleAt, not EnqueuedAt, and before any sweep promoted it")
 	f.enqueueIDs("q", at(time.Second), storage.EnqueueItem{Payload: []byte("low"), Priority: 9})
 	f.enqueueIDs("q", at(3*time.Second), storage.EnqueueItem{Payload: []byte("high")})
 	require.Equal(t, 4*time.Second, f.stats("q", at(5*time.Second)).OldestReadyAge, "across priorities")
 	p := f.poll("q", 1, time.Minute, at(5*time.Second))
 	require.Equal(t, []byte("high"), p.Items[0].Payload)
 	require.Equal(t, 4*time.Second, f.stats("q", at(5*time.Second)).OldestReadyAge)
-	p = f.poll("q", 1, time.Minute, at(5*time.Second))
+	f.poll("q", 1, time.Minute, at(5*time.Second))
 	require.Zero(t, f.stats("q", at(5*time.Second)).OldestReadyAge, "inflight items are not ready")
 }
 
