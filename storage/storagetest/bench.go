@@ -83,15 +83,13 @@ func benchEnqueue(b *testing.B, h Harness, batch int) {
 	var clk benchClock
 	b.ReportAllocs()
 	b.ResetTimer()
-	start := time.Now()
 	for i := 0; i < b.N; i++ {
 		if _, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "bench", Items: items, Now: clk.now()}); err != nil {
 			b.Fatal(err)
 		}
 	}
-	elapsed := time.Since(start)
 	b.StopTimer()
-	reportItems(b, b.N*batch, elapsed)
+	reportItems(b, b.N*batch, b.Elapsed())
 }
 
 // benchCycle measures enqueue + poll + ack of batch items per iteration,
@@ -117,7 +115,6 @@ func benchCycle(b *testing.B, h Harness, batch, workers, backlog int) {
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
-	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	for w := 0; w < workers; w++ {
@@ -132,7 +129,6 @@ func benchCycle(b *testing.B, h Harness, batch, workers, backlog int) {
 		}(fmt.Sprintf("bench-%d", w), n)
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
 	b.StopTimer()
 	close(errs)
 	for err := range errs {
@@ -140,7 +136,7 @@ func benchCycle(b *testing.B, h Harness, batch, workers, backlog int) {
 			b.Fatal(err)
 		}
 	}
-	reportItems(b, b.N*batch, elapsed)
+	reportItems(b, b.N*batch, b.Elapsed())
 }
 
 func cycle(ctx context.Context, s storage.Store, clk *benchClock, q string, items []storage.EnqueueItem, n int) error {
@@ -178,7 +174,6 @@ func benchExpire(b *testing.B, h Harness, batch int) {
 	var clk benchClock
 	b.ReportAllocs()
 	b.ResetTimer()
-	var timed time.Duration
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		if _, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "bench", Items: items, Now: clk.now()}); err != nil {
@@ -190,9 +185,7 @@ func benchExpire(b *testing.B, h Harness, batch int) {
 		clk.n.Add(int64(time.Second / time.Microsecond))
 		now := clk.now()
 		b.StartTimer()
-		t0 := time.Now()
 		res, err := s.Sweep(ctx, storage.SweepParams{Now: now, Limit: 1000})
-		timed += time.Since(t0)
 		b.StopTimer()
 		if err != nil {
 			b.Fatal(err)
@@ -210,5 +203,5 @@ func benchExpire(b *testing.B, h Harness, batch int) {
 		b.StartTimer()
 	}
 	b.StopTimer()
-	reportItems(b, b.N*batch, timed)
+	reportItems(b, b.N*batch, b.Elapsed())
 }

@@ -21,7 +21,10 @@
 //	func BenchmarkX(b *testing.B)              { storagetest.Bench(b, h) }
 //
 // Every instant is computed from a fixed base time plus offsets; nothing
-// reads the wall clock except to pick one extra random seed (logged).
+// reads the wall clock (benchmarks use b.Elapsed). RunModel always runs
+// seeds 1 and 2 plus one random seed, RunHistory one random seed; both log
+// them, and -storagetest.seed=N replays one (-storagetest.ops=N sets the
+// RunModel sequence length).
 //
 // Where the storage contract (storage/*.go) and DESIGN.md are silent, the
 // suite pins these choices, which memstore implements:

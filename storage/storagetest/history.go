@@ -28,7 +28,7 @@ type HistoryConfig struct {
 	// Items is how many items are enqueued up front (default 400).
 	Items int
 	// Seed seeds the workers' choices (0: -storagetest.seed if given, else
-	// the wall clock; logged either way). Goroutine scheduling is not
+	// random; logged either way). Goroutine scheduling is not
 	// seeded, so a seed does not replay a history exactly.
 	Seed uint64
 	// MaxAttempts is the queue's max_attempts (default 3): low, so some
@@ -50,7 +50,7 @@ func (c HistoryConfig) withDefaults() HistoryConfig {
 		c.Seed = *seedFlag
 	}
 	if c.Seed == 0 {
-		c.Seed = uint64(time.Now().UnixNano())
+		c.Seed = rand.Uint64() >> 1
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = 3
