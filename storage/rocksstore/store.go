@@ -1,0 +1,815 @@
+package rocksstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/linxGnu/grocksdb"
+
+	"github.com/leaseq/leaseq/dbkeys"
+	"github.com/leaseq/leaseq/storage"
+)
+
+// Store is the RocksDB implementation of storage.Store. It is safe for
+// concurrent use. Returned slices (payloads) are owned by the caller.
+type Store struct {
+	dir        string
+	opts       Options
+	limits     storage.Limits
+	log        *slog.Logger
+	jitter     func() float64
+	inlineMax  int
+	onDeadline storage.DeadlineFunc
+
+	eng    engine
+	dbOpts *grocksdb.Options
+	bbto   *grocksdb.BlockBasedTableOptions
+	cache  *grocksdb.Cache
+	wo     *grocksdb.WriteOptions // commits, synced per Options.Sync
+	ro     *grocksdb.ReadOptions  // point reads; no bounds, shared
+
+	// life guards use of the database: every call holds it shared and
+	// Close takes it exclusively, so Close waits for calls in flight.
+	life struct {
+		sync.RWMutex
+		closed bool
+	}
+
+	mu struct {
+		sync.Mutex
+		queues map[string]*queueState
+	}
+
+	ids struct {
+		sync.Mutex
+		next, limit uint64
+	}
+
+	txns struct {
+		sync.Mutex
+		free []*pooledTxn
+	}
+
+	// Global time-index cursors: lower bounds below which only tombstones
+	// remain, so sweeps do not rescan deleted entries.
+	expiryCur, delayedCur, dedupCur cursor
+	sweepMu                         sync.Mutex
+
+	m struct {
+		commits, syncCommits, retries atomic.Uint64
+		claimPasses, polls, claimed   atomic.Uint64
+	}
+}
+
+var _ storage.Store = (*Store)(nil)
+
+// idBlock is how many item ids are reserved per persisted high-water
+// update: one extra synced write per 64Ki enqueued items, and a restart
+// skips at most that many sequence numbers.
+const idBlock = 1 << 16
+
+// maxTxnAttempts bounds retries of a transaction that keeps conflicting;
+// conflicts are rare (claims on one queue are serialized), so hitting this
+// means something is wrong and the caller gets the error.
+const maxTxnAttempts = 32
+
+// Open opens (creating if needed) the database in dir.
+func Open(dir string, opts Options) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("rocksstore: open: %w", err)
+	}
+	s := &Store{dir: dir, opts: opts, limits: opts.Limits, log: opts.Logger, jitter: opts.JitterFunc, onDeadline: opts.OnDeadline}
+	if s.limits == (storage.Limits{}) {
+		s.limits = storage.DefaultLimits
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.jitter == nil {
+		s.jitter = rand.Float64
+	}
+	switch {
+	case opts.inlineMax == 0:
+		s.inlineMax = defaultInlineMax
+	case opts.inlineMax < 0:
+		s.inlineMax = -1
+	default:
+		s.inlineMax = opts.inlineMax
+	}
+	if opts.Sync != SyncAlways && opts.Sync != SyncNone {
+		return nil, fmt.Errorf("rocksstore: open: %w: sync mode %d", storage.ErrInvalidArgument, int(opts.Sync))
+	}
+	cacheBytes := opts.CacheBytes
+	if cacheBytes == 0 {
+		cacheBytes = DefaultCacheBytes
+	}
+	if cacheBytes < 0 {
+		return nil, fmt.Errorf("rocksstore: open: %w: negative CacheBytes", storage.ErrInvalidArgument)
+	}
+	s.cache = grocksdb.NewLRUCache(uint64(cacheBytes))
+	s.bbto = grocksdb.NewDefaultBlockBasedTableOptions()
+	s.bbto.SetBlockCache(s.cache)
+	s.bbto.SetFilterPolicy(grocksdb.NewBloomFilterFull(10))
+	// Index and filter blocks live in the block cache so memory stays
+	// bounded by CacheBytes however large the backlog grows.
+	s.bbto.SetCacheIndexAndFilterBlocks(true)
+	s.bbto.SetPinL0FilterAndIndexBlocksInCache(true)
+	o := grocksdb.NewDefaultOptions()
+	s.dbOpts = o
+	o.SetCreateIfMissing(true)
+	o.SetInfoLogLevel(grocksdb.WarnInfoLogLevel)
+	o.SetKeepLogFileNum(2)
+	o.SetBlockBasedTableFactory(s.bbto)
+	o.SetMergeOperator(countersMerge{})
+	o.SetCompression(grocksdb.LZ4Compression)
+	// 32 MiB memtables, at most 3: bounded memory (96 MiB) and flushes
+	// small enough to keep Open's WAL replay short.
+	o.SetWriteBufferSize(32 << 20)
+	o.SetMaxWriteBufferNumber(3)
+	o.SetMaxBackgroundJobs(2)
+	o.SetMaxTotalWalSize(128 << 20)
+	// RocksDB's statistics time the WAL fsyncs and writes for Metrics:
+	// the store itself never reads a clock.
+	o.EnableStatistics()
+	if !opts.noDelCompact {
+		// A queue deletes from its head forever. Mark an SST for
+		// compaction when any window of 1000 entries holds 500
+		// tombstones, so deleted heads are dropped by compaction rather
+		// than skipped by every reader (see doc.go for the measurement).
+		o.AddCompactOnDeletionCollectorFactory(1000, 500)
+	}
+	var err error
+	switch opts.engine {
+	case engineOptimistic:
+		// Conflict checks read memtable history; keep one memtable's
+		// worth so they never fail with TryAgain.
+		o.SetMaxWriteBufferSizeToMaintain(32 << 20)
+		s.eng, err = openOptimistic(o, dir)
+	default:
+		s.eng, err = openPessimistic(o, dir)
+	}
+	if err != nil {
+		s.destroyOptions()
+		return nil, translate("open "+dir, err)
+	}
+	s.wo = grocksdb.NewDefaultWriteOptions()
+	s.wo.SetSync(opts.Sync == SyncAlways)
+	s.ro = grocksdb.NewDefaultReadOptions()
+	s.mu.queues = make(map[string]*queueState)
+	if err := s.load(); err != nil {
+		s.closeDB()
+		return nil, err
+	}
+	s.log.Info("rocksstore opened", "data", dir, "sync", opts.Sync.String(), "engine", opts.engine.String(),
+		"queues", len(s.mu.queues))
+	return s, nil
+}
+
+// load reads the format version, queue configs, counters and the id
+// high-water mark. It never scans items.
+func (s *Store) load() error {
+	v, ok, err := s.getRaw(s.ro, dbkeys.MetaFormatKey())
+	if err != nil {
+		return err
+	}
+	if ok {
+		f, err := dbkeys.DecodeUint64(v)
+		if err != nil {
+			return fmt.Errorf("rocksstore: open: format version: %w: %v", storage.ErrCorrupt, err)
+		}
+		if f != formatVersion {
+			return fmt.Errorf("rocksstore: open: %w: database format %d, this build reads %d", storage.ErrCorrupt, f, formatVersion)
+		}
+	} else if err := s.putRaw("open", dbkeys.MetaFormatKey(), dbkeys.EncodeUint64(formatVersion)); err != nil {
+		return err
+	}
+	hw, ok, err := s.getRaw(s.ro, dbkeys.MetaIDSeqKey())
+	if err != nil {
+		return err
+	}
+	s.ids.next = 1
+	if ok {
+		n, err := dbkeys.DecodeUint64(hw)
+		if err != nil {
+			return fmt.Errorf("rocksstore: open: id sequence: %w: %v", storage.ErrCorrupt, err)
+		}
+		s.ids.next = max(n, 1)
+		s.ids.limit = n
+	}
+	var names []string
+	var cfgs []storage.QueueConfig
+	err = s.scan(s.ro, dbkeys.QueueConfigPrefix(), dbkeys.PrefixEnd(dbkeys.QueueConfigPrefix()), nil, func(k, v []byte) (bool, error) {
+		name, err := dbkeys.DecodeQueueConfigKey(k)
+		if err != nil {
+			return false, fmt.Errorf("rocksstore: open: %w: %v", storage.ErrCorrupt, err)
+		}
+		rec, err := dbkeys.DecodeQueueConfig(v)
+		if err != nil {
+			return false, fmt.Errorf("rocksstore: open: queue %q: %w: %v", name, storage.ErrCorrupt, err)
+		}
+		names = append(names, name)
+		cfgs = append(cfgs, configFromRecord(rec))
+		return true, nil
+	})
+	if err != nil {
+		return err
+	}
+	for i, name := range names {
+		c, err := s.readCounters(s.ro, name)
+		if err != nil {
+			return err
+		}
+		q := newQueueState(name, cfgs[i])
+		q.counters = c
+		s.mu.queues[name] = q
+	}
+	return nil
+}
+
+// formatVersion is the database layout this build reads and writes. Part of
+// the on-disk format.
+const formatVersion = 1
+
+func (s *Store) readCounters(ro *grocksdb.ReadOptions, name string) (dbkeys.Counters, error) {
+	v, ok, err := s.getRaw(ro, dbkeys.CountersKey(name))
+	if err != nil || !ok {
+		return dbkeys.Counters{}, err
+	}
+	c, err := dbkeys.DecodeCounters(v)
+	if err != nil {
+		return c, fmt.Errorf("rocksstore: counters of %q: %w: %v", name, storage.ErrCorrupt, err)
+	}
+	return c, nil
+}
+
+// Close implements storage.Store. It waits for calls in flight.
+func (s *Store) Close() error {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.life.closed {
+		return nil
+	}
+	s.life.closed = true
+	s.closeDB()
+	s.log.Info("rocksstore closed", "data", s.dir)
+	return nil
+}
+
+func (s *Store) closeDB() {
+	s.txns.Lock()
+	for _, p := range s.txns.free {
+		p.t.Destroy()
+	}
+	s.txns.free = nil
+	s.txns.Unlock()
+	s.eng.close()
+	if s.wo != nil {
+		s.wo.Destroy()
+	}
+	if s.ro != nil {
+		s.ro.Destroy()
+	}
+	s.destroyOptions()
+}
+
+func (s *Store) destroyOptions() {
+	// s.dbOpts is deliberately not destroyed: grocksdb's Options.Destroy
+	// deletes the options (whose shared_ptr already frees the Go merge
+	// operator's C wrapper) and then destroys that wrapper again, a double
+	// free that crashes. Leaking one options object per Open is the lesser
+	// evil.
+	s.bbto.Destroy()
+	s.cache.Destroy()
+}
+
+// enter marks a call in flight; it fails with ErrClosed after Close.
+func (s *Store) enter(op string) error {
+	s.life.RLock()
+	if s.life.closed {
+		s.life.RUnlock()
+		return fmt.Errorf("rocksstore: %s: %w", op, storage.ErrClosed)
+	}
+	return nil
+}
+
+func (s *Store) exit() { s.life.RUnlock() }
+
+// Metrics returns a snapshot of the write-path counters.
+func (s *Store) Metrics() Metrics {
+	if err := s.enter("metrics"); err != nil {
+		return Metrics{}
+	}
+	st := parseStatistics(s.dbOpts.GetStatisticsString())
+	s.exit()
+	return Metrics{
+		Commits:     s.m.commits.Load(),
+		SyncCommits: s.m.syncCommits.Load(),
+		WALSyncs:    st.walSyncs,
+		CommitTime:  st.writeTime,
+		SyncTime:    st.syncTime,
+		Retries:     s.m.retries.Load(),
+		ClaimPasses: s.m.claimPasses.Load(),
+		Polls:       s.m.polls.Load(),
+		Claimed:     s.m.claimed.Load(),
+	}
+}
+
+func (s *Store) recordCommit() {
+	s.m.commits.Add(1)
+	if s.opts.Sync == SyncAlways {
+		s.m.syncCommits.Add(1)
+	}
+}
+
+// getRaw reads one key outside a transaction; the value is a copy.
+func (s *Store) getRaw(ro *grocksdb.ReadOptions, key []byte) ([]byte, bool, error) {
+	sl, err := s.eng.get(ro, key)
+	if err != nil {
+		return nil, false, translate("get", err)
+	}
+	defer sl.Free()
+	if !sl.Exists() {
+		return nil, false, nil
+	}
+	return bytes.Clone(sl.Data()), true, nil
+}
+
+// putRaw writes one key outside a transaction (metadata only).
+func (s *Store) putRaw(op string, key, value []byte) error {
+	if err := s.eng.put(s.wo, key, value); err != nil {
+		return translate(op, err)
+	}
+	s.recordCommit()
+	return nil
+}
+
+// scan iterates [lower, upper) (upper nil: unbounded) starting at seek (nil:
+// lower), calling fn with copies of each key and value until fn returns
+// false. The iterator has explicit bounds so it never wanders into other
+// namespaces' tombstones.
+func (s *Store) scan(base *grocksdb.ReadOptions, lower, upper, seek []byte, fn func(k, v []byte) (bool, error)) error {
+	it, ro := s.newIter(base, lower, upper)
+	defer func() {
+		it.Close()
+		ro.Destroy()
+	}()
+	if seek == nil || bytes.Compare(seek, lower) < 0 {
+		seek = lower
+	}
+	for it.Seek(seek); it.Valid(); it.Next() {
+		more, err := fn(copySlice(it.Key()), copySlice(it.Value()))
+		if err != nil {
+			return err
+		}
+		if !more {
+			break
+		}
+	}
+	if err := it.Err(); err != nil {
+		return translate("iterate", err)
+	}
+	return nil
+}
+
+// newIter returns an iterator bounded to [lower, upper) and the read
+// options it uses, which the caller destroys after closing the iterator.
+// base, when it carries a snapshot, is ignored except for it: iterators
+// that need a snapshot get one through snapOpts.
+func (s *Store) newIter(base *grocksdb.ReadOptions, lower, upper []byte) (*grocksdb.Iterator, *grocksdb.ReadOptions) {
+	ro := grocksdb.NewDefaultReadOptions()
+	if snap, ok := snapshots.Load(base); ok {
+		ro.SetSnapshot(snap.(*grocksdb.Snapshot))
+	}
+	// The bound slices are referenced by C until ro is destroyed; they are
+	// fresh allocations the caller never mutates.
+	ro.SetIterateLowerBound(bytes.Clone(lower))
+	if upper != nil {
+		ro.SetIterateUpperBound(bytes.Clone(upper))
+	}
+	return s.eng.iterator(ro), ro
+}
+
+// snapshots remembers which shared ReadOptions carry a snapshot, because
+// grocksdb cannot read it back; Check registers its snapshot here.
+var snapshots sync.Map // *grocksdb.ReadOptions -> *grocksdb.Snapshot
+
+// copySlice copies an iterator slice (owned by the iterator, so there is
+// nothing to free) into Go memory.
+func copySlice(sl *grocksdb.Slice) []byte {
+	if sl == nil {
+		return nil
+	}
+	return bytes.Clone(sl.Data())
+}
+
+// pooledTxn is a RocksDB transaction object kept for reuse, with its write
+// batch handle. Reusing the object (TransactionBegin with an old txn)
+// saves an allocation per commit, and the batch handle must be fetched
+// once per object because grocksdb allocates a wrapper on every call.
+type pooledTxn struct {
+	t  *grocksdb.Transaction
+	wb *grocksdb.WriteBatchWI
+}
+
+// txn is one attempt of a read-write transaction plus the side effects to
+// apply once it commits.
+type txn struct {
+	s      *Store
+	p      *pooledTxn
+	deltas []queueDelta
+	next   time.Time // earliest new deadline (OnDeadline)
+}
+
+type queueDelta struct {
+	q *queueState
+	d dbkeys.Counters
+}
+
+func (s *Store) beginTxn() *txn {
+	s.txns.Lock()
+	var p *pooledTxn
+	if n := len(s.txns.free); n > 0 {
+		p = s.txns.free[n-1]
+		s.txns.free = s.txns.free[:n-1]
+	}
+	s.txns.Unlock()
+	if p == nil {
+		t := s.eng.begin(s.wo, nil)
+		p = &pooledTxn{t: t, wb: t.GetWriteBatchWI()}
+	} else {
+		p.t = s.eng.begin(s.wo, p.t)
+	}
+	return &txn{s: s, p: p}
+}
+
+func (s *Store) releaseTxn(p *pooledTxn) {
+	s.txns.Lock()
+	s.txns.free = append(s.txns.free, p)
+	s.txns.Unlock()
+}
+
+// runTxn runs fn in a transaction and commits it, retrying on conflicts.
+// fn may run several times; it must keep its effects inside tx.
+func (s *Store) runTxn(op string, fn func(tx *txn) error) error {
+	for attempt := 1; ; attempt++ {
+		tx := s.beginTxn()
+		err := fn(tx)
+		if err == nil {
+			err = tx.commit(op)
+		}
+		if err == nil {
+			s.releaseTxn(tx.p)
+			tx.apply()
+			return nil
+		}
+		rbErr := tx.p.t.Rollback()
+		s.releaseTxn(tx.p)
+		if rbErr != nil {
+			return errors.Join(err, translate(op+": rollback", rbErr))
+		}
+		if !errors.Is(err, errRetry) || attempt >= maxTxnAttempts {
+			return err
+		}
+		s.m.retries.Add(1)
+	}
+}
+
+func (tx *txn) commit(op string) error {
+	for _, d := range tx.deltas {
+		if !d.d.IsZero() {
+			// Counter deltas bypass the transaction's locking: they are
+			// merge operands that commute, so concurrent commits on one
+			// queue must not serialize (and hold each other's fsync) on
+			// the counters key. They still commit atomically with the
+			// rest of the batch.
+			tx.p.wb.Merge(dbkeys.CountersKey(d.q.name), dbkeys.EncodeCounters(d.d))
+		}
+	}
+	if err := tx.p.t.Commit(); err != nil {
+		return translate(op+": commit", err)
+	}
+	tx.s.recordCommit()
+	return nil
+}
+
+// apply publishes a committed transaction's counter deltas and deadline.
+func (tx *txn) apply() {
+	for _, d := range tx.deltas {
+		if d.d.IsZero() {
+			continue
+		}
+		d.q.mu.Lock()
+		d.q.counters = d.q.counters.Add(d.d)
+		d.q.mu.Unlock()
+	}
+	if !tx.next.IsZero() && tx.s.onDeadline != nil {
+		tx.s.onDeadline(tx.next)
+	}
+}
+
+// delta returns the pending counter delta of q.
+func (tx *txn) delta(q *queueState) *dbkeys.Counters {
+	for i := range tx.deltas {
+		if tx.deltas[i].q == q {
+			return &tx.deltas[i].d
+		}
+	}
+	tx.deltas = append(tx.deltas, queueDelta{q: q})
+	return &tx.deltas[len(tx.deltas)-1].d
+}
+
+func (tx *txn) deadline(t time.Time) {
+	if tx.next.IsZero() || t.Before(tx.next) {
+		tx.next = t
+	}
+}
+
+// getForUpdate reads key under the transaction's lock (pessimistic) or
+// conflict tracking (optimistic). The value is a copy.
+func (tx *txn) getForUpdate(key []byte) ([]byte, bool, error) {
+	sl, err := tx.p.t.GetForUpdate(tx.s.ro, key)
+	if err != nil {
+		return nil, false, translate("get for update", err)
+	}
+	defer sl.Free()
+	if !sl.Exists() {
+		return nil, false, nil
+	}
+	return bytes.Clone(sl.Data()), true, nil
+}
+
+// get reads key through the transaction (seeing its own writes) without
+// locking it.
+func (tx *txn) get(key []byte) ([]byte, bool, error) {
+	sl, err := tx.p.t.Get(tx.s.ro, key)
+	if err != nil {
+		return nil, false, translate("get", err)
+	}
+	defer sl.Free()
+	if !sl.Exists() {
+		return nil, false, nil
+	}
+	return bytes.Clone(sl.Data()), true, nil
+}
+
+func (tx *txn) exists(key []byte) (bool, error) {
+	_, ok, err := tx.get(key)
+	return ok, err
+}
+
+func (tx *txn) put(key, value []byte) error {
+	return translate("put", tx.p.t.Put(key, value))
+}
+
+func (tx *txn) del(key []byte) error {
+	return translate("delete", tx.p.t.Delete(key))
+}
+
+// cursor is a lower bound for scans of an index whose head is deleted
+// over and over (a global time index): every key below bound is known to
+// be gone. Writers lower it (note) before they commit an entry; a scan
+// raises it afterwards, unless an entry was noted below its new bound
+// while it ran.
+type cursor struct {
+	mu       sync.Mutex
+	bound    []byte // nil: the start of the index
+	scanning bool
+	low      []byte // lowest key noted during the current scan
+}
+
+func (c *cursor) note(k []byte) {
+	c.mu.Lock()
+	if c.bound != nil && bytes.Compare(k, c.bound) < 0 {
+		c.bound = bytes.Clone(k)
+	}
+	if c.scanning && (c.low == nil || bytes.Compare(k, c.low) < 0) {
+		c.low = bytes.Clone(k)
+	}
+	c.mu.Unlock()
+}
+
+func (c *cursor) begin() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.scanning, c.low = true, nil
+	return c.bound
+}
+
+// end finishes a scan; with advance set, everything below newBound is
+// gone (deleted by the scan's committed transactions).
+func (c *cursor) end(newBound []byte, advance bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if advance && newBound != nil {
+		if c.low != nil && bytes.Compare(c.low, newBound) < 0 {
+			newBound = c.low
+		}
+		if c.bound == nil || bytes.Compare(newBound, c.bound) > 0 {
+			c.bound = newBound
+		} else if c.low != nil {
+			c.bound = newBound
+		}
+	}
+	c.scanning, c.low = false, nil
+}
+
+func (c *cursor) get() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.bound
+}
+
+// successor returns the smallest key greater than k.
+func successor(k []byte) []byte { return append(bytes.Clone(k), 0) }
+
+// queueState is the in-memory view of one queue: config, counters (the
+// persisted counters plus every committed delta) and the visibility-index
+// heads. Lock order: claim.mu -> mu.
+type queueState struct {
+	name string
+	mu   sync.Mutex
+	cfg  storage.QueueConfig
+	// counters mirror the persisted counters. REQUIRES: mu held.
+	counters dbkeys.Counters
+	// heads[p] is a lower bound of the live visibility entries of
+	// priority p (nil: the priority's start). REQUIRES: mu held.
+	heads    [256][]byte
+	scanning bool
+	low      [256][]byte // lowest entry noted per priority during a claim pass
+
+	claim struct {
+		sync.Mutex
+		running bool
+		pending []*pollReq
+	}
+}
+
+func newQueueState(name string, cfg storage.QueueConfig) *queueState {
+	return &queueState{name: name, cfg: cfg}
+}
+
+// noteVisible lowers the head of k's priority before a transaction that
+// inserts visibility entry k commits, so no claim pass skips it.
+func (q *queueState) noteVisible(prio uint8, k []byte) {
+	q.mu.Lock()
+	if h := q.heads[prio]; h != nil && bytes.Compare(k, h) < 0 {
+		q.heads[prio] = bytes.Clone(k)
+	}
+	if q.scanning && (q.low[prio] == nil || bytes.Compare(k, q.low[prio]) < 0) {
+		q.low[prio] = bytes.Clone(k)
+	}
+	q.mu.Unlock()
+}
+
+func (q *queueState) config() storage.QueueConfig {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.cfg
+}
+
+func (q *queueState) maxAttempts(rec *dbkeys.ItemRecord) uint32 {
+	if rec.MaxAttempts > 0 {
+		return rec.MaxAttempts
+	}
+	return q.config().MaxAttempts
+}
+
+// queue returns the state of an existing queue, or nil.
+func (s *Store) queue(name string) *queueState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.queues[name]
+}
+
+// ensureQueue returns the queue, creating it with the default config (a
+// durable write) if needed.
+func (s *Store) ensureQueue(name string) (*queueState, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if q := s.mu.queues[name]; q != nil {
+		return q, nil
+	}
+	cfg := storage.DefaultQueueConfig()
+	if err := s.putRaw("create queue "+name, dbkeys.QueueConfigKey(name), dbkeys.EncodeQueueConfig(recordFromConfig(cfg))); err != nil {
+		return nil, err
+	}
+	q := newQueueState(name, cfg)
+	s.mu.queues[name] = q
+	s.log.Info("queue created", "queue", name)
+	return q, nil
+}
+
+func (s *Store) queueNames() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	names := make([]string, 0, len(s.mu.queues))
+	for n := range s.mu.queues {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// allocIDs reserves n increasing ids, persisting a new high-water mark
+// first when the reserved block is used up.
+func (s *Store) allocIDs(n int, now int64) ([]storage.ItemID, error) {
+	s.ids.Lock()
+	defer s.ids.Unlock()
+	if s.ids.next+uint64(n) > s.ids.limit {
+		limit := s.ids.next + uint64(n) + idBlock
+		if err := s.putRaw("reserve ids", dbkeys.MetaIDSeqKey(), dbkeys.EncodeUint64(limit)); err != nil {
+			return nil, err
+		}
+		s.ids.limit = limit
+	}
+	out := make([]storage.ItemID, n)
+	for i := range out {
+		out[i] = dbkeys.NewID(s.ids.next, now)
+		s.ids.next++
+	}
+	return out, nil
+}
+
+func configFromRecord(r dbkeys.QueueConfigRecord) storage.QueueConfig {
+	return storage.QueueConfig{
+		MaxAttempts:   r.MaxAttempts,
+		LeaseDuration: time.Duration(r.Lease),
+		DedupWindow:   time.Duration(r.DedupWindow),
+		BackoffBase:   time.Duration(r.BackoffBase),
+		BackoffMax:    time.Duration(r.BackoffMax),
+	}
+}
+
+func recordFromConfig(c storage.QueueConfig) dbkeys.QueueConfigRecord {
+	return dbkeys.QueueConfigRecord{
+		MaxAttempts: c.MaxAttempts,
+		Lease:       int64(c.LeaseDuration),
+		DedupWindow: int64(c.DedupWindow),
+		BackoffBase: int64(c.BackoffBase),
+		BackoffMax:  int64(c.BackoffMax),
+	}
+}
+
+// nanos converts an instant to the persisted unix nanoseconds.
+func nanos(t time.Time) int64 { return t.UnixNano() }
+
+// instant converts persisted unix nanoseconds back, in UTC.
+func instant(n int64) time.Time { return time.Unix(0, n).UTC() }
+
+func corrupt(op string, key []byte, err error) error {
+	return fmt.Errorf("rocksstore: %s: key %x: %w: %v", op, key, storage.ErrCorrupt, err)
+}
+
+// countersMerge is the merge operator of the counters keys: operands are
+// deltas, merging adds them.
+type countersMerge struct{}
+
+func (countersMerge) Name() string { return "leaseq.counters.v1" }
+
+func (countersMerge) FullMerge(_, existing []byte, operands [][]byte) ([]byte, bool) {
+	var sum dbkeys.Counters
+	if existing != nil {
+		c, err := dbkeys.DecodeCounters(existing)
+		if err != nil {
+			return nil, false
+		}
+		sum = c
+	}
+	for _, op := range operands {
+		c, err := dbkeys.DecodeCounters(op)
+		if err != nil {
+			return nil, false
+		}
+		sum = sum.Add(c)
+	}
+	return dbkeys.EncodeCounters(sum), true
+}
+
+func (countersMerge) PartialMerge(_, left, right []byte) ([]byte, bool) {
+	l, err := dbkeys.DecodeCounters(left)
+	if err != nil {
+		return nil, false
+	}
+	r, err := dbkeys.DecodeCounters(right)
+	if err != nil {
+		return nil, false
+	}
+	return dbkeys.EncodeCounters(l.Add(r)), true
+}
+
+// checkCtx returns ctx's error wrapped for op, between batches of work.
+func checkCtx(ctx context.Context, op string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("rocksstore: %s: %w", op, err)
+	}
+	return nil
+}
