@@ -2,9 +2,10 @@
 // the storage contract. It is what storagetest.RunModel compares every other
 // backend against, the store behind other packages' unit tests (sweeper,
 // rpc), and the baseline of the storage benchmarks. It favours being
-// obviously correct over being fast, but no operation is worse than
-// O(k log n) for k items touched, except the admin reads (Peek, DeadList,
-// Purge, Check), which scan one queue.
+// obviously correct over being fast, but the hot path (Enqueue, Poll, Ack,
+// Nack, ExtendLease, Sweep) costs O(k log n) for k items touched, whatever
+// the backlog. The admin calls (Peek, DeadList, Purge, Redrive and
+// PurgeDead without ids, Check) scan and sort one queue per call.
 //
 // Nothing is persistent: Close drops everything, and there is no Reopen.
 //

@@ -2,6 +2,7 @@ package storagetest
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
 
@@ -88,6 +89,7 @@ func conformanceCases() []testCase {
 		{"LongNackReasonIsTruncated", testReasonIsTruncated},
 		{"SweepReportsNextDeadlineAndReadyQueues", testSweepNextAndReadyQueues},
 		{"SweepHonoursLimitAndReportsMore", testSweepLimit},
+		{"SweepLimitAppliesToEachKindOfWork", testSweepLimitPerKind},
 		{"CallsAfterCloseReturnErrClosed", testClosed},
 		{"UnknownQueueReadsAreEmpty", testUnknownQueue},
 		{"PayloadsAreCopied", testPayloadIsCopied},
@@ -1247,4 +1249,29 @@ func testPayloadIsCopied(t *testing.T, f *fixture) {
 	p.Items[0].Payload[0] = 'Y'
 	peek := f.peek("q", true, storage.ItemID{}, 1, at(0))
 	require.Equal(t, []byte("original"), peek[0].Payload, "returned payloads are the caller's")
+}
+
+func testSweepLimitPerKind(t *testing.T, f *fixture) {
+	c := storage.DefaultQueueConfig()
+	c.DedupWindow = time.Second
+	f.setConfig("q", c)
+	for i := 0; i < 3; i++ {
+		f.enqueueIDs("q", at(0), storage.EnqueueItem{Payload: []byte("later"), Delay: 500 * time.Millisecond, DedupKey: fmt.Sprint("k", i)})
+	}
+	f.enqueueN("q", at(0), 3)
+	for i := 0; i < 3; i++ {
+		p := f.poll("q", 1, storage.DefaultLimits.MinLease, at(0))
+		require.Len(t, p.Items, 1)
+	}
+	res := f.sweep(at(time.Second), 2)
+	require.Equal(t, 2, res.LeasesExpired)
+	require.Equal(t, 2, res.Promoted)
+	require.Equal(t, 2, res.DedupDropped)
+	require.True(t, res.More)
+	res = f.sweep(at(time.Second), 2)
+	require.Equal(t, 1, res.LeasesExpired)
+	require.Equal(t, 1, res.Promoted)
+	require.Equal(t, 1, res.DedupDropped)
+	require.False(t, res.More)
+	require.Equal(t, counts{Ready: 6}, gauges(f.stats("q", at(time.Second))))
 }
