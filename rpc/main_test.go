@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,16 +26,31 @@ func TestMain(m *testing.M) {
 // no instant on the wire is the zero value (0 ms means "unset").
 var testStart = time.Date(2026, 11, 22, 1, 0, 0, 0, time.UTC)
 
-// testLogger writes to t.Log.
+// testLogger writes to t.Log until the test's cleanup runs: go-capnp
+// reports a connection's end from a goroutine of its own that may outlive
+// the test by a moment, and t.Log after the end panics.
 func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tLogWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	w := &tLogWriter{t: t}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.done = true
+		w.mu.Unlock()
+	})
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
-type tLogWriter struct{ t testing.TB }
+type tLogWriter struct {
+	t    testing.TB
+	mu   sync.Mutex
+	done bool
+}
 
-func (w tLogWriter) Write(p []byte) (int, error) {
-	w.t.Helper()
-	w.t.Log(string(p))
+func (w *tLogWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	}
 	return len(p), nil
 }
 

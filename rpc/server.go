@@ -79,6 +79,7 @@ type Server struct {
 	closeAll  chan struct{} // closed by Stop once calls drained: closes conns
 	stopOnce  sync.Once
 	wg        sync.WaitGroup // accept loops, connections, pushers
+	subWG     sync.WaitGroup // pushers only: Stop lets them say goodbye before conns close
 
 	ops                       [numOps]opCounters
 	accepted, refused, pushed atomic.Uint64
@@ -367,6 +368,7 @@ func (s *Server) Stop() {
 		}
 		s.disp.Close()
 		s.subCancel()
+		s.subWG.Wait()
 		<-drained
 		close(s.closeAll)
 		s.wg.Wait()

@@ -234,6 +234,7 @@ func (s *Server) startSub(sub *subscription) bool {
 	}
 	s.mu.subs++
 	s.wg.Add(1)
+	s.subWG.Add(1)
 	go sub.run()
 	return true
 }
@@ -266,6 +267,7 @@ func (sub *subscription) run() {
 	s.mu.Lock()
 	s.mu.subs--
 	s.mu.Unlock()
+	s.subWG.Done()
 	s.wg.Done()
 	log.Debug("subscription ended")
 }

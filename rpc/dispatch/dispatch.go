@@ -57,6 +57,7 @@ const DefaultMaxWaitersPerQueue = 10000
 // Dispatcher parks long polls and wakes them on Notify.
 type Dispatcher struct {
 	store      Poller
+	watcher    storage.ReadyWatcher // nil unless the store is shared with other nodes
 	clock      clock.Clock
 	maxWaiters int
 	closed     chan struct{}
@@ -91,6 +92,7 @@ func New(c Config) (*Dispatcher, error) {
 		c.MaxWaitersPerQueue = DefaultMaxWaitersPerQueue
 	}
 	d := &Dispatcher{store: c.Store, clock: c.Clock, maxWaiters: c.MaxWaitersPerQueue, closed: make(chan struct{})}
+	d.watcher, _ = c.Store.(storage.ReadyWatcher)
 	d.mu.queues = make(map[string]*queueState)
 	return d, nil
 }
@@ -170,17 +172,36 @@ func (d *Dispatcher) Poll(ctx context.Context, p storage.PollParams, wait time.D
 			}
 			timer.Reset(remaining)
 		}
+		// A store shared with other nodes (fdbsync) also tells us about
+		// their enqueues; a local store never needs to.
+		var watch <-chan struct{}
+		stopWatch := func() {}
+		if d.watcher != nil {
+			wctx, cancel := context.WithCancel(ctx)
+			stopWatch = cancel
+			if ch, err := d.watcher.WatchReady(wctx, p.Queue); err == nil {
+				watch = ch
+			}
+		}
 		select {
 		case <-w.ch:
+			stopWatch()
 			woken = true
 			continue
+		case <-watch:
+			stopWatch()
+			d.unpark(qs, w)
+			continue
 		case <-timer.C:
+			stopWatch()
 			d.unpark(qs, w)
 			return storage.PollResult{}, nil
 		case <-ctx.Done():
+			stopWatch()
 			d.unpark(qs, w)
 			return storage.PollResult{}, ctx.Err()
 		case <-d.closed:
+			stopWatch()
 			d.unpark(qs, w)
 			return storage.PollResult{}, nil
 		}

@@ -1,0 +1,265 @@
+package dispatch
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/leaseq/leaseq/storage"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeStore hands out queued items one poll at a time; hook runs inside
+// every Poll (before it answers) to inject races.
+type fakeStore struct {
+	mu    sync.Mutex
+	items map[string][]storage.Item
+	polls int
+	hook  func(n int)
+	watch chan struct{}
+}
+
+func (f *fakeStore) Poll(_ context.Context, p storage.PollParams) (storage.PollResult, error) {
+	f.mu.Lock()
+	f.polls++
+	n := f.polls
+	hook := f.hook
+	var res storage.PollResult
+	if its := f.items[p.Queue]; len(its) > 0 {
+		k := min(p.Max, len(its))
+		res = storage.PollResult{Lease: storage.LeaseID{byte(n)}, ExpiresAt: p.Now.Add(time.Minute), Items: append([]storage.Item(nil), its[:k]...)}
+		f.items[p.Queue] = its[k:]
+	}
+	f.mu.Unlock()
+	if hook != nil {
+		hook(n)
+	}
+	return res, nil
+}
+
+func (f *fakeStore) add(queue string, ids ...byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.items == nil {
+		f.items = map[string][]storage.Item{}
+	}
+	for _, id := range ids {
+		f.items[queue] = append(f.items[queue], storage.Item{ID: storage.ItemID{id}, Queue: queue})
+	}
+}
+
+func (f *fakeStore) pollCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.polls
+}
+
+// watchingStore also implements storage.ReadyWatcher.
+type watchingStore struct{ *fakeStore }
+
+func (w watchingStore) WatchReady(ctx context.Context, queue string) (<-chan struct{}, error) {
+	return w.watch, nil
+}
+
+func eventually(t *testing.T, fn func() bool) {
+	t.Helper()
+	require.Eventually(t, fn, 10*time.Second, time.Millisecond)
+}
+
+type out struct {
+	res storage.PollResult
+	err error
+}
+
+func goPoll(d *Dispatcher, ctx context.Context, queue string, wait time.Duration) <-chan out {
+	ch := make(chan out, 1)
+	go func() {
+		r, err := d.Poll(ctx, storage.PollParams{Queue: queue, Max: 1}, wait)
+		ch <- out{r, err}
+	}()
+	return ch
+}
+
+func recv(t *testing.T, ch <-chan out) out {
+	t.Helper()
+	select {
+	case o := <-ch:
+		return o
+	case <-time.After(10 * time.Second):
+		t.Fatal("poll did not return")
+	}
+	return out{}
+}
+
+func setup(t *testing.T, store Poller, max int) (*Dispatcher, *clock.Mock) {
+	t.Helper()
+	mock := clock.NewMock()
+	d, err := New(Config{Store: store, Clock: mock, MaxWaitersPerQueue: max})
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	return d, mock
+}
+
+func TestDispatcher_ZeroWaitPollsOnce(t *testing.T) {
+	t.Parallel()
+	fs := &fakeStore{}
+	d, _ := setup(t, fs, 0)
+	r, err := d.Poll(context.Background(), storage.PollParams{Queue: "q", Max: 1}, 0)
+	require.NoError(t, err)
+	require.Empty(t, r.Items)
+	require.Equal(t, 1, fs.pollCount())
+	require.Equal(t, 0, d.Waiters())
+}
+
+func TestDispatcher_TimeoutByClock(t *testing.T) {
+	t.Parallel()
+	fs := &fakeStore{}
+	d, mock := setup(t, fs, 0)
+	ch := goPoll(d, context.Background(), "q", 5*time.Second)
+	eventually(t, func() bool { return d.Waiters() == 1 })
+	mock.Add(4 * time.Second)
+	select {
+	case o := <-ch:
+		t.Fatalf("returned before the wait ended: %+v", o)
+	default:
+	}
+	mock.Add(time.Second)
+	o := recv(t, ch)
+	require.NoError(t, o.err)
+	require.Empty(t, o.res.Items)
+	require.Equal(t, 0, d.Waiters())
+}
+
+func TestDispatcher_FIFOWake(t *testing.T) {
+	t.Parallel()
+	fs := &fakeStore{}
+	d, _ := setup(t, fs, 0)
+	var chans []<-chan out
+	for i := 1; i <= 3; i++ {
+		chans = append(chans, goPoll(d, context.Background(), "q", time.Minute))
+		eventually(t, func() bool { return d.QueueWaiters("q") == i })
+	}
+	for i := range chans {
+		fs.add("q", byte(10+i))
+		d.Notify("q")
+		o := recv(t, chans[i]) // the oldest waiter gets it
+		require.NoError(t, o.err)
+		require.Equal(t, storage.ItemID{byte(10 + i)}, o.res.Items[0].ID)
+		// The winner passed the wake on to the next, which found nothing
+		// and went back to the head of the line. (A waiter that is polling
+		// when a Notify comes is not in the line: FIFO holds between
+		// waiters that are parked.)
+		if i < len(chans)-1 {
+			// 3 parking polls, then per round the winner's and the next's.
+			eventually(t, func() bool { return fs.pollCount() == 3+2*(i+1) && d.Waiters() == len(chans)-i-1 })
+		}
+	}
+}
+
+func TestDispatcher_NotifyBetweenPollAndParkIsNotLost(t *testing.T) {
+	t.Parallel()
+	fs := &fakeStore{}
+	d, _ := setup(t, fs, 0)
+	// The first (empty) poll is overtaken by an enqueue and its notify
+	// before the poller parks: it must poll again, not sleep.
+	fs.hook = func(n int) {
+		if n == 1 {
+			fs.add("q", 7)
+			d.Notify("q")
+		}
+	}
+	o := recv(t, goPoll(d, context.Background(), "q", time.Hour))
+	require.NoError(t, o.err)
+	require.Len(t, o.res.Items, 1)
+	require.Equal(t, 2, fs.pollCount())
+}
+
+func TestDispatcher_NoThunderingHerd(t *testing.T) {
+	t.Parallel()
+	fs := &fakeStore{}
+	d, _ := setup(t, fs, 0)
+	const n = 10
+	var chans []<-chan out
+	for range n {
+		chans = append(chans, goPoll(d, context.Background(), "q", time.Minute))
+	}
+	eventually(t, func() bool { return d.Waiters() == n })
+	before := fs.pollCount()
+	fs.add("q", 1)
+	d.Notify("q")
+	eventually(t, func() bool { return d.Waiters() == n-1 && fs.pollCount() >= before+2 })
+	// One poll that found the item, one by the next waiter that found
+	// nothing; the other eight never touched the store.
+	require.Equal(t, before+2, fs.pollCount())
+	require.Equal(t, n-1, d.Waiters())
+	d.Close()
+	got := 0
+	for _, ch := range chans {
+		o := recv(t, ch)
+		require.NoError(t, o.err)
+		got += len(o.res.Items)
+	}
+	require.Equal(t, 1, got)
+}
+
+func TestDispatcher_CancelPassesWakeOn(t *testing.T) {
+	t.Parallel()
+	fs := &fakeStore{}
+	d, _ := setup(t, fs, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	first := goPoll(d, ctx, "q", time.Minute)
+	eventually(t, func() bool { return d.Waiters() == 1 })
+	second := goPoll(d, context.Background(), "q", time.Minute)
+	eventually(t, func() bool { return d.Waiters() == 2 })
+	cancel()
+	o := recv(t, first)
+	require.ErrorIs(t, o.err, context.Canceled)
+	fs.add("q", 3)
+	d.Notify("q")
+	o = recv(t, second)
+	require.NoError(t, o.err)
+	require.Len(t, o.res.Items, 1)
+}
+
+func TestDispatcher_MaxWaiters(t *testing.T) {
+	t.Parallel()
+	fs := &fakeStore{}
+	d, _ := setup(t, fs, 1)
+	ch := goPoll(d, context.Background(), "q", time.Minute)
+	eventually(t, func() bool { return d.Waiters() == 1 })
+	_, err := d.Poll(context.Background(), storage.PollParams{Queue: "q", Max: 1}, time.Minute)
+	require.ErrorIs(t, err, ErrTooManyWaiters)
+	d.Close()
+	o := recv(t, ch)
+	require.NoError(t, o.err)
+	// After Close nothing parks.
+	r, err := d.Poll(context.Background(), storage.PollParams{Queue: "q", Max: 1}, time.Minute)
+	require.NoError(t, err)
+	require.Empty(t, r.Items)
+}
+
+func TestDispatcher_ReadyWatcher(t *testing.T) {
+	t.Parallel()
+	fs := &fakeStore{watch: make(chan struct{})}
+	d, _ := setup(t, watchingStore{fs}, 0)
+	ch := goPoll(d, context.Background(), "q", time.Minute)
+	eventually(t, func() bool { return d.Waiters() == 1 })
+	// Another node enqueued: no local Notify, only the store's watch.
+	fs.add("q", 5)
+	close(fs.watch)
+	o := recv(t, ch)
+	require.NoError(t, o.err)
+	require.Len(t, o.res.Items, 1)
+}
+
+func TestDispatcher_NewNeedsStoreAndClock(t *testing.T) {
+	t.Parallel()
+	_, err := New(Config{})
+	require.Error(t, err)
+}
