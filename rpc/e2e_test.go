@@ -2,7 +2,9 @@ package rpc
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -129,4 +131,81 @@ func TestEndToEnd_EnqueuePollAck(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestEndToEnd_Rocks runs the blocking paths (long-poll wake-up, push,
+// consumer helper) over a real socket against RocksDB with fsync.
+func TestEndToEnd_Rocks(t *testing.T) {
+	t.Parallel()
+	for _, tr := range []string{"tcp", "unix"} {
+		t.Run("transport="+tr, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, bundleOpts{factory: rocksFactory(), transport: tr})
+			c, producer := b.dial(), b.dial()
+			ctx := ctxT(t)
+
+			ch := goPoll(c, "q", 10, 30*time.Second)
+			eventually(t, 5*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+			res, err := producer.Enqueue(ctx, "q", payloads(1, 256))
+			require.NoError(t, err)
+			o := recvPoll(t, ch)
+			require.NoError(t, o.err)
+			require.Equal(t, res[0].ID, o.pr.Items[0].ID)
+			codes, err := c.Ack(ctx, "q", o.pr.Lease, []storage.ItemID{res[0].ID})
+			require.NoError(t, err)
+			require.Equal(t, []storage.Code{storage.CodeOK}, codes)
+
+			sub, err := c.Subscribe(ctx, SubscribeOptions{Queue: "push", Prefetch: 4, Lease: time.Minute})
+			require.NoError(t, err)
+			_, err = producer.Enqueue(ctx, "push", payloads(10, 256))
+			require.NoError(t, err)
+			got := 0
+			for got < 10 {
+				d := recvDelivery(t, sub)
+				ids := make([]storage.ItemID, len(d.Items))
+				for i, it := range d.Items {
+					ids[i] = it.ID
+				}
+				got += len(ids)
+				codes, err := c.Ack(ctx, "push", d.Lease, ids)
+				require.NoError(t, err)
+				for _, code := range codes {
+					require.Equal(t, storage.CodeOK, code)
+				}
+			}
+			sub.Cancel()
+
+			_, err = producer.Enqueue(ctx, "work", payloads(20, 256))
+			require.NoError(t, err)
+			var n atomicCounter
+			all := make(chan struct{})
+			r := startConsume(c, ConsumerConfig{Queue: "work", Workers: 4, Batch: 4, Lease: time.Minute, Clock: b.clock,
+				Handler: func(context.Context, storage.Item) error {
+					if n.inc() == 20 {
+						close(all)
+					}
+					return nil
+				}})
+			<-all
+			require.NoError(t, r.stop(t))
+			st, err := c.Stats(ctx, "work")
+			require.NoError(t, err)
+			require.Equal(t, uint64(20), st[0].Acked)
+			rep, err := b.store.Check(ctx)
+			require.NoError(t, err)
+			require.True(t, rep.OK(), "%v", rep.Violations)
+		})
+	}
+}
+
+type atomicCounter struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (a *atomicCounter) inc() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.n++
+	return a.n
 }
