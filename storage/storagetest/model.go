@@ -236,8 +236,9 @@ func (sd *side) items(its []storage.Item) []nItem {
 
 // leaseInfo is what the generator knows about an issued lease.
 type leaseInfo struct {
-	queue string
-	items []int
+	queue   string
+	items   []int
+	expires time.Time // after the last successful extend
 }
 
 type modelRun struct {
@@ -437,6 +438,13 @@ func (m *modelRun) opPoll() {
 	q := m.queue()
 	max := 1 + m.rng.IntN(5)
 	lease := m.leaseDuration()
+	if m.rng.IntN(50) == 0 { // a rejected call
+		if m.rng.IntN(2) == 0 {
+			max = 0
+		} else {
+			lease = m.lim.MinLease - 1
+		}
+	}
 	now := m.now
 	out := m.compare(fmt.Sprintf("poll %s max=%d lease=%v", q, max, lease), func(sd *side) any {
 		res, err := sd.store().Poll(m.ctx, storage.PollParams{Queue: q, Max: max, Lease: lease, Now: now})
@@ -454,7 +462,7 @@ func (m *modelRun) opPoll() {
 	})
 	m.tally[fmt.Sprintf("poll items=%v error=%s", len(out.P.Items) > 0, out.Err)]++
 	if out.P.Lease >= 0 {
-		info := leaseInfo{queue: q}
+		info := leaseInfo{queue: q, expires: base.Add(out.P.ExpiresAt)}
 		for _, it := range out.P.Items {
 			info.items = append(info.items, it.ID)
 		}
@@ -476,6 +484,16 @@ func (m *modelRun) pickLease() (int, string) {
 		return -1, m.queue()
 	case r < 15:
 		return -2, m.queue()
+	case r < 35:
+		// The lease whose expiry is nearest to now: where a store that
+		// judges liveness off by one is caught.
+		best := 0
+		for i := range m.leaseInf {
+			if absDur(m.leaseInf[i].expires.Sub(m.now)) < absDur(m.leaseInf[best].expires.Sub(m.now)) {
+				best = i
+			}
+		}
+		return best, m.maybeOtherQueue(m.leaseInf[best].queue)
 	case r < 75:
 		i := n - 1 - m.rng.IntN(min(n, 6))
 		return i, m.maybeOtherQueue(m.leaseInf[i].queue)
@@ -483,6 +501,13 @@ func (m *modelRun) pickLease() (int, string) {
 		i := m.rng.IntN(n)
 		return i, m.maybeOtherQueue(m.leaseInf[i].queue)
 	}
+}
+
+func absDur(d time.Duration) time.Duration {
+	if d < 0 {
+		return -d
+	}
+	return d
 }
 
 func (m *modelRun) maybeOtherQueue(q string) string {
@@ -521,14 +546,31 @@ func (m *modelRun) opAck() {
 	now := m.now
 	out := m.compare(fmt.Sprintf("ack %s lease#%d ids%v", q, l, pos), func(sd *side) any {
 		codes, err := sd.store().Ack(m.ctx, storage.AckParams{Queue: q, Lease: sd.leaseAt(l), IDs: sd.idsAt(pos), Now: now})
-		return nCodes{codes, errClass(err)}
+		return newCodes(codes, err)
 	}).(nCodes)
 	m.tallyCodes("ack", out)
+	if l >= 0 {
+		switch d := now.Sub(m.leaseInf[l].expires); {
+		case d == 0:
+			m.tally["ack at its lease's expiry"]++
+		case d == -time.Nanosecond:
+			m.tally["ack 1ns before its lease's expiry"]++
+		}
+	}
 }
 
+// nCodes holds per-id codes as names, so a mismatch reads well.
 type nCodes struct {
-	Codes []storage.Code
+	Codes []string
 	Err   string
+}
+
+func newCodes(cs []storage.Code, err error) nCodes {
+	out := nCodes{Err: errClass(err)}
+	for _, c := range cs {
+		out.Codes = append(out.Codes, c.String())
+	}
+	return out
 }
 
 func (m *modelRun) tallyCodes(op string, c nCodes) {
@@ -536,7 +578,7 @@ func (m *modelRun) tallyCodes(op string, c nCodes) {
 		m.tally[op+" error "+c.Err]++
 	}
 	for _, code := range c.Codes {
-		m.tally[op+" "+code.String()]++
+		m.tally[op+" "+code]++
 	}
 }
 
@@ -565,7 +607,7 @@ func (m *modelRun) opNack() {
 	now := m.now
 	out := m.compare(fmt.Sprintf("nack %s lease#%d ids%v delay=%v reason=%.10q", q, l, pos, delay, reason), func(sd *side) any {
 		codes, err := sd.store().Nack(m.ctx, storage.NackParams{Queue: q, Lease: sd.leaseAt(l), IDs: sd.idsAt(pos), Delay: &delay, Reason: reason, Now: now})
-		return nCodes{codes, errClass(err)}
+		return newCodes(codes, err)
 	}).(nCodes)
 	m.tallyCodes("nack", out)
 	if delay <= m.lim.MaxDelay {
@@ -594,6 +636,7 @@ func (m *modelRun) opExtend() {
 	m.tally["extend "+out.Err]++
 	if out.Err == "" {
 		m.remember(base.Add(out.Exp))
+		m.leaseInf[l].expires = base.Add(out.Exp)
 	}
 }
 
@@ -679,10 +722,20 @@ func (m *modelRun) opSweep() {
 
 func (m *modelRun) opStats() {
 	now := m.now
-	m.compare("stats", func(sd *side) any {
-		st, err := sd.store().Stats(m.ctx, storage.StatsParams{Now: now})
+	q := ""
+	if m.rng.IntN(3) == 0 {
+		q = m.queue() // one queue, perhaps one that does not exist yet
+	}
+	m.compare("stats "+q, func(sd *side) any {
+		st, err := sd.store().Stats(m.ctx, storage.StatsParams{Queue: q, Now: now})
 		return fmt.Sprintf("%+v %s", st, errClass(err))
 	})
+	if m.rng.IntN(4) == 0 {
+		m.compare("queues", func(sd *side) any {
+			qs, err := sd.store().Queues(m.ctx)
+			return fmt.Sprint(qs, errClass(err))
+		})
+	}
 }
 
 func (m *modelRun) afterPos() int {
@@ -818,10 +871,13 @@ func (m *modelRun) opSetConfig() {
 
 func (m *modelRun) opCheck() {
 	m.recent = append(m.recent, fmt.Sprintf("step %d: check", m.step))
-	m.sut.check()
 	rep, err := m.ref.Check(m.ctx)
 	require.NoError(m.t, err)
 	require.True(m.t, rep.OK(), "reference model violations (a memstore bug): %v", rep.Violations)
+	m.compare("check", func(sd *side) any {
+		rep, err := sd.store().Check(m.ctx)
+		return fmt.Sprintf("items=%d leases=%d violations=%q %s", rep.Items, rep.Leases, rep.Violations, errClass(err))
+	})
 }
 
 func (m *modelRun) opReopen() {
