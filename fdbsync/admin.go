@@ -1,0 +1,569 @@
+package fdbsync
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"github.com/leaseq/leaseq/fdbsync/kv"
+	"github.com/leaseq/leaseq/storage"
+)
+
+// purgeBatch is how many items one purge transaction deletes: each costs a
+// few hundred bytes of clears, so 200 stays far below the size budget.
+const purgeBatch = 200
+
+// Stats implements storage.Store: counters by one range read per queue,
+// plus one seek per priority level in use for the oldest ready age.
+func (s *Store) Stats(ctx context.Context, p storage.StatsParams) ([]storage.QueueStats, error) {
+	if err := s.checkOpen(); err != nil {
+		return nil, err
+	}
+	if p.Queue != "" {
+		if err := s.limits.ValidateQueueName(p.Queue); err != nil {
+			return nil, err
+		}
+	}
+	v, err := s.view(ctx, func(tx kv.Tx) (any, error) {
+		var queues []string
+		if p.Queue != "" {
+			if _, ok, err := s.config(tx, p.Queue); err != nil {
+				return nil, err
+			} else if !ok {
+				return nil, fmt.Errorf("fdbsync: stats %q: %w", p.Queue, storage.ErrNotFound)
+			}
+			queues = []string{p.Queue}
+		} else {
+			var err error
+			if queues, err = s.queueNames(tx); err != nil {
+				return nil, err
+			}
+		}
+		out := make([]storage.QueueStats, 0, len(queues))
+		for _, q := range queues {
+			st, err := s.queueStats(tx, q, p.Now)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, st)
+		}
+		return out, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.([]storage.QueueStats), nil
+}
+
+func (s *Store) counters(tx kv.Tx, q string) ([ctrCount]int64, error) {
+	var c [ctrCount]int64
+	pre := s.k.counters(q)
+	rows, err := tx.GetRange(pre, kv.PrefixEnd(pre), kv.RangeOptions{Snapshot: true})
+	if err != nil {
+		return c, err
+	}
+	for _, r := range rows {
+		if len(r.Key) == len(pre)+1 && r.Key[len(pre)] < ctrCount {
+			c[r.Key[len(pre)]] = counterValue(r.Value)
+		}
+	}
+	return c, nil
+}
+
+func (s *Store) queueStats(tx kv.Tx, q string, now time.Time) (storage.QueueStats, error) {
+	cfg, _, err := s.config(tx, q)
+	if err != nil {
+		return storage.QueueStats{}, err
+	}
+	c, err := s.counters(tx, q)
+	if err != nil {
+		return storage.QueueStats{}, err
+	}
+	st := storage.QueueStats{
+		Queue: q, Ready: c[ctrReady], Delayed: c[ctrDelayed], Inflight: c[ctrInflight], Dead: c[ctrDead],
+		Leases: c[ctrLeases], Enqueued: uint64(c[ctrEnqueued]), Duplicates: uint64(c[ctrDuplicates]),
+		Delivered: uint64(c[ctrDelivered]), Acked: uint64(c[ctrAcked]), Nacked: uint64(c[ctrNacked]),
+		Expired: uint64(c[ctrExpired]), DeadLettered: uint64(c[ctrDeadLettered]), Redriven: uint64(c[ctrRedriven]),
+		Purged: uint64(c[ctrPurged]), Config: cfg,
+	}
+	// Oldest ready: the first entry of each priority level in use.
+	rp := s.k.readyPrefix(q)
+	end := kv.PrefixEnd(rp)
+	from := rp
+	var oldest time.Time
+	for {
+		rows, err := tx.GetRange(from, end, kv.RangeOptions{Snapshot: true, Limit: 1})
+		if err != nil {
+			return st, err
+		}
+		if len(rows) == 0 {
+			break
+		}
+		rest := rows[0].Key[len(rp):]
+		if len(rest) < 9 {
+			return st, errBadKey
+		}
+		vis, _, err := readTime(rest[1:])
+		if err != nil {
+			return st, err
+		}
+		if !vis.After(now) && (oldest.IsZero() || vis.Before(oldest)) {
+			oldest = vis
+		}
+		if rest[0] == 0xff {
+			break
+		}
+		from = append(append([]byte{}, rp...), rest[0]+1)
+	}
+	// Delayed items whose time has come are ready too, promoted or not.
+	dp := s.k.delayedPrefix(q)
+	rows, err := tx.GetRange(dp, kv.PrefixEnd(dp), kv.RangeOptions{Snapshot: true, Limit: 1})
+	if err != nil {
+		return st, err
+	}
+	if len(rows) == 1 {
+		vis, _, err := readTime(rows[0].Key[len(dp):])
+		if err != nil {
+			return st, err
+		}
+		if !vis.After(now) && (oldest.IsZero() || vis.Before(oldest)) {
+			oldest = vis
+		}
+	}
+	if !oldest.IsZero() {
+		st.OldestReadyAge = now.Sub(oldest)
+	}
+	return st, nil
+}
+
+func (s *Store) queueNames(tx kv.Tx) ([]string, error) {
+	pre := s.k.ns(nsQueue)
+	rows, err := tx.GetRange(pre, kv.PrefixEnd(pre), kv.RangeOptions{Snapshot: true})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(rows))
+	for _, r := range rows {
+		q, _, err := readStr(r.Key[len(pre):])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, q)
+	}
+	return out, nil
+}
+
+// Queues implements storage.Store.
+func (s *Store) Queues(ctx context.Context) ([]string, error) {
+	if err := s.checkOpen(); err != nil {
+		return nil, err
+	}
+	v, err := s.view(ctx, func(tx kv.Tx) (any, error) { return s.queueNames(tx) })
+	if err != nil {
+		return nil, err
+	}
+	return v.([]string), nil
+}
+
+func (s *Store) validLimit(n int) error {
+	if n < 1 || n > s.limits.MaxBatch {
+		return fmt.Errorf("%w: limit %d outside [1, %d]", storage.ErrInvalidArgument, n, s.limits.MaxBatch)
+	}
+	return nil
+}
+
+// Peek implements storage.Store.
+func (s *Store) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item, error) {
+	if err := s.checkOpen(); err != nil {
+		return nil, err
+	}
+	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
+		return nil, err
+	}
+	if err := s.validLimit(p.Limit); err != nil {
+		return nil, err
+	}
+	v, err := s.view(ctx, func(tx kv.Tx) (any, error) {
+		pre := s.k.availablePrefix(p.Queue)
+		if p.Inflight {
+			pre = s.k.inflightPrefix(p.Queue)
+		}
+		rows, err := tx.GetRange(after(pre, p.After), kv.PrefixEnd(pre), kv.RangeOptions{Snapshot: true, Limit: p.Limit})
+		if err != nil {
+			return nil, err
+		}
+		return s.rowsToItems(tx, p.Queue, rows, func(r *record) storage.State {
+			switch {
+			case p.Inflight:
+				return storage.StateInflight
+			case r.visibleAt.After(p.Now):
+				return storage.StateDelayed
+			}
+			return storage.StateReady
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.([]storage.Item), nil
+}
+
+func (s *Store) rowsToItems(tx kv.Tx, q string, rows []kv.KeyValue, state func(*record) storage.State) ([]storage.Item, error) {
+	recs := make([]*record, len(rows))
+	for i, row := range rows {
+		r, err := decodeRecord(row.Value)
+		if err != nil {
+			return nil, err
+		}
+		recs[i] = &r
+	}
+	pay, err := s.payloads(tx, recs)
+	if err != nil {
+		return nil, err
+	}
+	items := make([]storage.Item, len(rows))
+	for i, row := range rows {
+		id, err := idFromTail(row.Key)
+		if err != nil {
+			return nil, err
+		}
+		items[i] = toItem(q, id, recs[i], pay[i], state(recs[i]))
+	}
+	return items, nil
+}
+
+// Purge implements storage.Store, in bounded transactions: available items
+// first, then inflight items lease by lease (a lease lists items of one
+// queue only, so the whole lease goes). Each transaction reads what it
+// deletes without snapshot, so it is safe to apply twice and to race with
+// claims and sweeps.
+func (s *Store) Purge(ctx context.Context, p storage.PurgeParams) (int, error) {
+	if err := s.checkOpen(); err != nil {
+		return 0, err
+	}
+	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
+		return 0, err
+	}
+	q := p.Queue
+	total := 0
+	for {
+		n, err := s.countStep(ctx, p.Now, func(tx kv.Tx) (int, error) {
+			pre := s.k.availablePrefix(q)
+			rows, err := tx.GetRange(pre, kv.PrefixEnd(pre), kv.RangeOptions{Limit: purgeBatch})
+			if err != nil {
+				return 0, err
+			}
+			for _, row := range rows {
+				r, err := decodeRecord(row.Value)
+				if err != nil {
+					return 0, err
+				}
+				id, _ := idFromTail(row.Key)
+				s.clearAvailable(tx, q, id, &r)
+				s.clearPayload(tx, &r)
+			}
+			s.add(tx, q, ctrPurged, int64(len(rows)))
+			return len(rows), nil
+		})
+		if err != nil {
+			return total, fmt.Errorf("fdbsync: purge %q: %w", q, err)
+		}
+		total += n
+		if n < purgeBatch {
+			break
+		}
+	}
+	for {
+		n, err := s.countStep(ctx, p.Now, func(tx kv.Tx) (int, error) {
+			pre := s.k.inflightPrefix(q)
+			rows, err := tx.GetRange(pre, kv.PrefixEnd(pre), kv.RangeOptions{Limit: 1})
+			if err != nil || len(rows) == 0 {
+				return 0, err
+			}
+			r, err := decodeRecord(rows[0].Value)
+			if err != nil {
+				return 0, err
+			}
+			lb, err := tx.Get(s.k.lease(r.lease), false)
+			if err != nil {
+				return 0, err
+			}
+			var ids []storage.ItemID
+			if lb != nil {
+				lr, err := decodeLease(lb)
+				if err != nil {
+					return 0, err
+				}
+				ids = lr.ids
+				tx.Clear(s.k.lease(r.lease))
+				tx.Clear(s.k.expiry(lr.expiry, r.lease))
+				s.add(tx, q, ctrLeases, -1)
+			} else {
+				id, _ := idFromTail(rows[0].Key)
+				ids = []storage.ItemID{id} // an orphan; Check reports how it came about
+			}
+			keys := make([][]byte, len(ids))
+			for i, id := range ids {
+				keys[i] = s.k.inflight(q, id)
+			}
+			vals, err := tx.GetMany(keys, false)
+			if err != nil {
+				return 0, err
+			}
+			n := 0
+			for i, val := range vals {
+				if val == nil {
+					continue
+				}
+				ir, err := decodeRecord(val)
+				if err != nil {
+					return 0, err
+				}
+				tx.Clear(keys[i])
+				s.clearPayload(tx, &ir)
+				n++
+			}
+			s.add(tx, q, ctrInflight, -int64(n))
+			s.add(tx, q, ctrPurged, int64(n))
+			return n, nil
+		})
+		if err != nil {
+			return total, fmt.Errorf("fdbsync: purge %q inflight: %w", q, err)
+		}
+		if n == 0 {
+			break
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// countStep runs one idempotent transaction that reports a count (see
+// mutate): a retry after commit_unknown_result reports the count of the
+// attempt that committed.
+func (s *Store) countStep(ctx context.Context, now time.Time, fn func(tx kv.Tx) (int, error)) (int, error) {
+	v, _, _, err := s.mutate(ctx, now, func(tx kv.Tx, c *call) (any, error) {
+		if c.prior != nil {
+			b, err := c.result()
+			if err != nil || len(b) != 4 {
+				return nil, errBadValue
+			}
+			return int(binary.BigEndian.Uint32(b)), nil
+		}
+		n, err := fn(tx)
+		if err != nil {
+			return nil, err
+		}
+		if n > 0 {
+			c.set(tx, binary.BigEndian.AppendUint32(nil, uint32(n)))
+		}
+		return n, nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return v.(int), nil
+}
+
+// DeadList implements storage.Store.
+func (s *Store) DeadList(ctx context.Context, p storage.DeadListParams) ([]storage.DeadItem, error) {
+	if err := s.checkOpen(); err != nil {
+		return nil, err
+	}
+	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
+		return nil, err
+	}
+	if err := s.validLimit(p.Limit); err != nil {
+		return nil, err
+	}
+	v, err := s.view(ctx, func(tx kv.Tx) (any, error) {
+		pre := s.k.deadPrefix(p.Queue)
+		rows, err := tx.GetRange(after(pre, p.After), kv.PrefixEnd(pre), kv.RangeOptions{Snapshot: true, Limit: p.Limit})
+		if err != nil {
+			return nil, err
+		}
+		reasons := make([]string, len(rows))
+		deadAt := make([]time.Time, len(rows))
+		i := 0
+		items, err := s.rowsToItems(tx, p.Queue, rows, func(r *record) storage.State {
+			reasons[i], deadAt[i] = r.reason, r.deadAt
+			i++
+			return storage.StateDead
+		})
+		if err != nil {
+			return nil, err
+		}
+		out := make([]storage.DeadItem, len(items))
+		for j := range items {
+			out[j] = storage.DeadItem{Item: items[j], Reason: reasons[j], DeadAt: deadAt[j]}
+		}
+		return out, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.([]storage.DeadItem), nil
+}
+
+// Redrive implements storage.Store.
+func (s *Store) Redrive(ctx context.Context, p storage.RedriveParams) (storage.RedriveResult, error) {
+	return s.deadOp(ctx, p, true)
+}
+
+// PurgeDead implements storage.Store.
+func (s *Store) PurgeDead(ctx context.Context, p storage.RedriveParams) (storage.RedriveResult, error) {
+	return s.deadOp(ctx, p, false)
+}
+
+func (s *Store) deadOp(ctx context.Context, p storage.RedriveParams, redrive bool) (storage.RedriveResult, error) {
+	if err := s.checkOpen(); err != nil {
+		return storage.RedriveResult{}, err
+	}
+	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
+		return storage.RedriveResult{}, err
+	}
+	if err := s.limits.ValidateBatch(len(p.IDs)); err != nil {
+		return storage.RedriveResult{}, err
+	}
+	if p.IDs == nil {
+		if err := s.validLimit(p.Limit); err != nil {
+			return storage.RedriveResult{}, err
+		}
+	}
+	q := p.Queue
+	v, _, _, err := s.mutate(ctx, p.Now, func(tx kv.Tx, c *call) (any, error) {
+		var res storage.RedriveResult
+		if c.prior != nil {
+			b, err := c.result()
+			if err != nil || len(b) < 4 {
+				return nil, errBadValue
+			}
+			res.Moved = int(uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3]))
+			if p.IDs != nil {
+				if len(b[4:]) != len(p.IDs) {
+					return nil, errBadValue
+				}
+				res.Codes = make([]storage.Code, len(p.IDs))
+				for i, x := range b[4:] {
+					res.Codes[i] = storage.Code(x)
+				}
+			}
+			return res, nil
+		}
+		var ids []storage.ItemID
+		var vals [][]byte
+		if p.IDs != nil {
+			ids = p.IDs
+			keys := make([][]byte, len(ids))
+			for i, id := range ids {
+				keys[i] = s.k.dead(q, id)
+			}
+			var err error
+			if vals, err = tx.GetMany(keys, false); err != nil {
+				return nil, err
+			}
+			res.Codes = make([]storage.Code, len(ids))
+		} else {
+			pre := s.k.deadPrefix(q)
+			rows, err := tx.GetRange(pre, kv.PrefixEnd(pre), kv.RangeOptions{Limit: p.Limit})
+			if err != nil {
+				return nil, err
+			}
+			for _, row := range rows {
+				id, _ := idFromTail(row.Key)
+				ids = append(ids, id)
+				vals = append(vals, row.Value)
+			}
+		}
+		seen := map[storage.ItemID]bool{}
+		size := 0
+		for i, val := range vals {
+			if val == nil || seen[ids[i]] {
+				if res.Codes != nil {
+					res.Codes[i] = storage.CodeNotFound
+				}
+				continue
+			}
+			seen[ids[i]] = true
+			r, err := decodeRecord(val)
+			if err != nil {
+				return nil, err
+			}
+			size += recordSize(&r, 64)
+			if size > 4*txnBudget {
+				return nil, fmt.Errorf("%w: fdbsync: batch too large for one transaction", storage.ErrInvalidArgument)
+			}
+			tx.Clear(s.k.dead(q, ids[i]))
+			s.add(tx, q, ctrDead, -1)
+			if redrive {
+				r.attempts, r.reason, r.deadAt = 0, "", time.Time{}
+				r.visibleAt = p.Now
+				s.putAvailable(tx, q, ids[i], &r, p.Now)
+				s.add(tx, q, ctrRedriven, 1)
+			} else {
+				s.clearPayload(tx, &r)
+				s.add(tx, q, ctrPurged, 1)
+			}
+			res.Moved++
+		}
+		if res.Moved > 0 {
+			if redrive {
+				s.wakeQueue(tx, q)
+			}
+			b := []byte{byte(res.Moved >> 24), byte(res.Moved >> 16), byte(res.Moved >> 8), byte(res.Moved)}
+			c.set(tx, append(b, codesBytes(res.Codes)...))
+		}
+		return res, nil
+	})
+	if err != nil {
+		return storage.RedriveResult{}, fmt.Errorf("fdbsync: dead-letter %q: %w", q, err)
+	}
+	return v.(storage.RedriveResult), nil
+}
+
+// QueueConfig implements storage.Store.
+func (s *Store) QueueConfig(ctx context.Context, queue string) (storage.QueueConfig, error) {
+	if err := s.checkOpen(); err != nil {
+		return storage.QueueConfig{}, err
+	}
+	if err := s.limits.ValidateQueueName(queue); err != nil {
+		return storage.QueueConfig{}, err
+	}
+	v, err := s.view(ctx, func(tx kv.Tx) (any, error) {
+		c, ok, err := s.config(tx, queue)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, fmt.Errorf("fdbsync: queue %q: %w", queue, storage.ErrNotFound)
+		}
+		return c, nil
+	})
+	if err != nil {
+		return storage.QueueConfig{}, err
+	}
+	return v.(storage.QueueConfig), nil
+}
+
+// SetQueueConfig implements storage.Store. A plain set of a fixed value:
+// safe to apply twice.
+func (s *Store) SetQueueConfig(ctx context.Context, queue string, c storage.QueueConfig) error {
+	if err := s.checkOpen(); err != nil {
+		return err
+	}
+	if err := s.limits.ValidateQueueName(queue); err != nil {
+		return err
+	}
+	if err := s.limits.ValidateQueueConfig(c); err != nil {
+		return err
+	}
+	_, err := s.r.Transact(ctx, func(tx kv.Tx) (any, error) {
+		tx.Set(s.k.queue(queue), encodeConfig(c))
+		return nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("fdbsync: set config %q: %w", queue, err)
+	}
+	return nil
+}

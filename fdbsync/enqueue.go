@@ -1,0 +1,319 @@
+package fdbsync
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"github.com/leaseq/leaseq/fdbsync/kv"
+	"github.com/leaseq/leaseq/storage"
+)
+
+// Marker result kinds for one enqueued item. Part of the on-disk format.
+const (
+	enqNew     byte = 1 // new item; followed by its u16 order in the commit
+	enqDup     byte = 2 // duplicate; followed by the first item's id
+	enqDupHere byte = 3 // duplicate of an item of this commit; followed by its u16 order
+)
+
+// pending is one valid item of an Enqueue call with its upload done.
+type pending struct {
+	idx int // index in the call
+	rec record
+}
+
+// Enqueue implements storage.Store. Items are written in as few
+// transactions as the size budget allows (one for ordinary batches); large
+// payloads are uploaded to chunk keys first, in their own transactions, and
+// referenced by the item's record. Item ids are the commit's versionstamp
+// plus the item's order in that commit, so ids from every node are unique
+// and increase in commit order without coordination.
+func (s *Store) Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage.EnqueueResult, error) {
+	if err := s.checkOpen(); err != nil {
+		return nil, err
+	}
+	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
+		return nil, err
+	}
+	if err := s.limits.ValidateBatch(len(p.Items)); err != nil {
+		return nil, err
+	}
+	res := make([]storage.EnqueueResult, len(p.Items))
+	var todo []pending
+	for i, it := range p.Items {
+		if err := s.validateItem(it); err != nil {
+			res[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: err.Error()}
+			continue
+		}
+		r := record{
+			prio: it.Priority, maxAttempts: it.MaxAttempts, enqueuedAt: p.Now,
+			visibleAt: p.Now.Add(it.Delay), dedupKey: it.DedupKey,
+		}
+		if len(it.Payload) > inlineMax {
+			if err := s.upload(ctx, p.Now, &r, it.Payload); err != nil {
+				return nil, fmt.Errorf("fdbsync: enqueue %q: %w", p.Queue, err)
+			}
+		} else {
+			r.inline = append([]byte{}, it.Payload...)
+		}
+		todo = append(todo, pending{idx: i, rec: r})
+	}
+	for len(todo) > 0 {
+		n, size := 0, 0
+		for n < len(todo) && (n == 0 || size+recordSize(&todo[n].rec, 64+len(p.Queue)) <= txnBudget) {
+			size += recordSize(&todo[n].rec, 64+len(p.Queue))
+			n++
+		}
+		if err := s.enqueueTxn(ctx, p, todo[:n], res); err != nil {
+			return nil, fmt.Errorf("fdbsync: enqueue %q: %w", p.Queue, err)
+		}
+		todo = todo[n:]
+	}
+	return res, nil
+}
+
+func (s *Store) validateItem(it storage.EnqueueItem) error {
+	if len(it.Payload) > s.limits.MaxPayload {
+		return fmt.Errorf("%w: payload of %d bytes exceeds %d", storage.ErrInvalidArgument, len(it.Payload), s.limits.MaxPayload)
+	}
+	if err := s.limits.ValidateDelay(it.Delay); err != nil {
+		return err
+	}
+	if len(it.DedupKey) > s.limits.MaxDedupKey {
+		return fmt.Errorf("%w: dedup key of %d bytes exceeds %d", storage.ErrInvalidArgument, len(it.DedupKey), s.limits.MaxDedupKey)
+	}
+	return nil
+}
+
+// upload writes a large payload to chunk keys under a fresh payload id, in
+// transactions of at most uploadBudget bytes, with an upload entry the
+// sweeper uses to drop chunks whose item never committed. Plain sets of
+// fixed values: safe to apply twice.
+func (s *Store) upload(ctx context.Context, now time.Time, r *record, payload []byte) error {
+	pid, err := randomToken()
+	if err != nil {
+		return err
+	}
+	r.chunked, r.pid, r.size = true, pid, uint32(len(payload))
+	r.nchunks = uint16((len(payload) + chunkSize - 1) / chunkSize)
+	for first := 0; first < int(r.nchunks); {
+		last := first
+		_, err := s.r.Transact(ctx, func(tx kv.Tx) (any, error) {
+			tx.Set(s.k.upload(now, pid), nil)
+			n, bytes := first, 0
+			for ; n < int(r.nchunks) && bytes < uploadBudget; n++ {
+				lo, hi := n*chunkSize, min((n+1)*chunkSize, len(payload))
+				tx.Set(s.k.chunk(pid, n), payload[lo:hi])
+				bytes += hi - lo
+			}
+			last = n
+			return nil, nil
+		})
+		s.uploads.Add(1)
+		if err != nil {
+			return fmt.Errorf("upload payload: %w", err)
+		}
+		first = last
+	}
+	return nil
+}
+
+// enqueueTxn writes one group of items in one idempotent transaction.
+func (s *Store) enqueueTxn(ctx context.Context, p storage.EnqueueParams, items []pending, res []storage.EnqueueResult) error {
+	q := p.Queue
+	v, last, _, err := s.mutate(ctx, p.Now, func(tx kv.Tx, c *call) (any, error) {
+		outs := make([]enqOutcome, len(items))
+		if c.prior != nil {
+			b, err := c.result()
+			if err != nil {
+				return nil, err
+			}
+			return decodeEnqueueMarker(b, outs)
+		}
+		cfg, ok, err := s.config(tx, q)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			cfg = storage.DefaultQueueConfig()
+			tx.Set(s.k.queue(q), encodeConfig(cfg))
+		}
+		// Dedup lookups, one batched read; a read conflict on each key
+		// makes two concurrent enqueues of one key serialize.
+		var dkeys [][]byte
+		for _, it := range items {
+			if it.rec.dedupKey != "" {
+				dkeys = append(dkeys, s.k.dedup(q, it.rec.dedupKey))
+			}
+		}
+		var dvals [][]byte
+		if len(dkeys) > 0 {
+			if dvals, err = tx.GetMany(dkeys, false); err != nil {
+				return nil, err
+			}
+		}
+		here := map[string]int{} // dedup key -> order of its item in this commit
+		order, ready, delayed, dups := 0, 0, 0, 0
+		var earliest time.Time
+		di := 0
+		for i := range items {
+			r := items[i].rec
+			if r.dedupKey != "" {
+				cur := dvals[di]
+				di++
+				if o, ok := here[r.dedupKey]; ok {
+					outs[i] = enqOutcome{kind: enqDupHere, order: o}
+					dups++
+					continue
+				}
+				if cur != nil {
+					d, err := decodeDedup(cur)
+					if err != nil {
+						return nil, err
+					}
+					if d.expires.After(p.Now) {
+						outs[i] = enqOutcome{kind: enqDup, dup: d.id}
+						dups++
+						continue
+					}
+				}
+				if cfg.DedupWindow > 0 {
+					here[r.dedupKey] = order
+				}
+			}
+			id := placeholderID(order)
+			r.delayed = r.visibleAt.After(p.Now)
+			tx.SetVersionstampedKey(vsKey(s.k.available(q, id)), r.encode())
+			if r.delayed {
+				tx.SetVersionstampedKey(vsKey(s.k.delayed(q, r.visibleAt, id)), []byte{r.prio})
+				tx.SetVersionstampedKey(vsKey(s.k.delayAll(r.visibleAt, q, id)), nil)
+				delayed++
+				if earliest.IsZero() || r.visibleAt.Before(earliest) {
+					earliest = r.visibleAt
+				}
+			} else {
+				tx.SetVersionstampedKey(vsKey(s.k.ready(q, r.prio, r.visibleAt, id)), nil)
+				ready++
+			}
+			if r.dedupKey != "" && cfg.DedupWindow > 0 {
+				exp := p.Now.Add(cfg.DedupWindow)
+				tx.SetVersionstampedValue(s.k.dedup(q, r.dedupKey), withOffset(dedupRec{id: id, expires: exp}.encode(), dedupIDOffset))
+				tx.Set(s.k.dedupExp(exp, q, r.dedupKey), nil)
+			}
+			if r.chunked {
+				// The item now references its chunks: they are no longer
+				// an orphan upload.
+				tx.Clear(s.k.upload(p.Now, r.pid))
+			}
+			outs[i] = enqOutcome{kind: enqNew, order: order}
+			order++
+		}
+		s.add(tx, q, ctrReady, int64(ready))
+		s.add(tx, q, ctrDelayed, int64(delayed))
+		s.add(tx, q, ctrEnqueued, int64(ready+delayed))
+		s.add(tx, q, ctrDuplicates, int64(dups))
+		if ready > 0 {
+			s.wakeQueue(tx, q)
+		}
+		if order > 0 {
+			c.setStamped(tx, encodeEnqueueMarker(outs))
+		} else {
+			// Only duplicates: no versionstamp to record, but the counter
+			// add must still not apply twice.
+			c.set(tx, append(make([]byte, kv.VersionstampSize), encodeEnqueueMarker(outs)...))
+		}
+		return enqueueOutcome{outs: outs, stamped: order > 0, earliest: earliest}, nil
+	})
+	if err != nil {
+		return err
+	}
+	out := v.(enqueueOutcome)
+	vs := out.vs
+	if out.stamped && !out.replayed {
+		if vs, err = last.Versionstamp(); err != nil {
+			return fmt.Errorf("%w: %w", errNoVersionstamp, err)
+		}
+	}
+	for i, o := range out.outs {
+		r := &res[items[i].idx]
+		r.Code = storage.CodeOK
+		switch o.kind {
+		case enqNew:
+			r.ID = stampID(vs, o.order)
+			s.enqueued.Add(1)
+		case enqDupHere:
+			r.ID, r.Duplicate = stampID(vs, o.order), true
+		case enqDup:
+			r.ID, r.Duplicate = o.dup, true
+		}
+	}
+	s.deadline(out.earliest)
+	return nil
+}
+
+// enqueueOutcome is what one enqueue transaction decided.
+type enqueueOutcome struct {
+	outs     []enqOutcome
+	stamped  bool
+	replayed bool
+	vs       kv.Versionstamp
+	earliest time.Time
+}
+
+// enqOutcome is the fate of one item of an enqueue transaction.
+type enqOutcome struct {
+	kind  byte
+	order int // order in the commit, for enqNew and enqDupHere
+	dup   storage.ItemID
+}
+
+func encodeEnqueueMarker(outs []enqOutcome) []byte {
+	var b []byte
+	for _, o := range outs {
+		b = append(b, o.kind)
+		switch o.kind {
+		case enqNew, enqDupHere:
+			b = binary.BigEndian.AppendUint16(b, uint16(o.order))
+		case enqDup:
+			b = append(b, o.dup[:]...)
+		}
+	}
+	return b
+}
+
+// decodeEnqueueMarker rebuilds an enqueue's outcome from its marker: the
+// versionstamp of the commit that wrote it, then one entry per item.
+func decodeEnqueueMarker(b []byte, outs []enqOutcome) (any, error) {
+	if len(b) < kv.VersionstampSize {
+		return nil, errBadValue
+	}
+	var out enqueueOutcome
+	copy(out.vs[:], b)
+	b = b[kv.VersionstampSize:]
+	for i := range outs {
+		if len(b) < 1 {
+			return nil, errBadValue
+		}
+		outs[i].kind = b[0]
+		b = b[1:]
+		switch outs[i].kind {
+		case enqNew, enqDupHere:
+			if len(b) < 2 {
+				return nil, errBadValue
+			}
+			outs[i].order = int(binary.BigEndian.Uint16(b))
+			b = b[2:]
+		case enqDup:
+			if len(b) < 16 {
+				return nil, errBadValue
+			}
+			copy(outs[i].dup[:], b)
+			b = b[16:]
+		default:
+			return nil, errBadValue
+		}
+	}
+	out.outs, out.stamped, out.replayed = outs, true, true
+	return out, nil
+}

@@ -1,0 +1,455 @@
+package fdbsync
+
+import (
+	"context"
+	crand "crypto/rand"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/benbjohnson/clock"
+
+	"github.com/leaseq/leaseq/fdbsync/kv"
+	"github.com/leaseq/leaseq/storage"
+)
+
+// Tuning constants. Each is a budget that keeps a transaction far from
+// FDB's limits (10 MB, 5 s) while still making one transaction per batch
+// the common case.
+const (
+	// DefaultPrefix is the subspace every key lives under.
+	DefaultPrefix = "\x15leaseq\x00"
+	// txnBudget caps the estimated commit size (mutations plus conflict
+	// ranges) of one transaction: a quarter of the 1 MB the tests allow,
+	// leaving room for the estimate's error.
+	txnBudget = 256 << 10
+	// readBudget caps payload bytes one poll reads and returns: FDB reads
+	// cost time against the 5 s limit and the reply goes over RPC.
+	readBudget = 8 << 20
+	// inlineMax is the largest payload kept inside the item record. Larger
+	// payloads go to chunk keys that are never rewritten on state changes,
+	// so a claim rewrites at most ~16 KiB per item.
+	inlineMax = 16 << 10
+	// chunkSize keeps each chunk value under FDB's 100 kB value limit.
+	chunkSize = 90_000
+	// uploadBudget is the chunk bytes per upload transaction.
+	uploadBudget = 5 * chunkSize
+	// markerTTL is how long a call's idempotency marker is kept: far longer
+	// than any retry loop can run (transactions live 5 s, retries are
+	// bounded), so a retry after commit_unknown_result always finds it.
+	markerTTL = 10 * time.Minute
+	// uploadTTL is how long chunks of an enqueue that never committed stay
+	// before the sweeper removes them.
+	uploadTTL = time.Hour
+	// pollerTTL is how long a node counts as polling a queue after its
+	// last heartbeat; heartbeatEvery is how often a node rewrites it.
+	pollerTTL      = 5 * time.Second
+	heartbeatEvery = time.Second
+	// spread widens the claim window per active poller: with n nodes, a
+	// poll picks its Max items at a random offset within the first
+	// Max*n*spread ready items. Measured (see doc.go): 4 keeps retries per
+	// claimed item under 0.05 with 8 nodes.
+	spread = 4
+	// headCap caps the ready-head snapshot read of one poll.
+	headCap = 4000
+	// defaultSweepLimit is used when SweepParams.Limit is 0.
+	defaultSweepLimit = 100
+)
+
+// Options configures a Store.
+type Options struct {
+	// Prefix is the subspace; DefaultPrefix when empty. Two Stores with
+	// different prefixes on one cluster are independent.
+	Prefix []byte
+	// Limits are the request limits; storage.DefaultLimits when zero.
+	Limits storage.Limits
+	// Logger receives lifecycle messages; discarded when nil.
+	Logger *slog.Logger
+	// OnDeadline is called after a commit that created a deadline.
+	OnDeadline storage.DeadlineFunc
+	// Clock bounds the time one call spends retrying (with MaxRetryTime);
+	// optional: without it only MaxAttempts bounds a call.
+	Clock        clock.Clock
+	MaxRetryTime time.Duration
+	// MaxAttempts bounds attempts per transaction; kv.DefaultMaxAttempts
+	// when 0.
+	MaxAttempts int
+	// Seed seeds the claim-window and backoff randomness; random when 0.
+	Seed uint64
+}
+
+// Metrics is a snapshot of a Store's counters. Counters only increase.
+type Metrics struct {
+	Txn           kv.RetrierMetrics // every transaction the store ran
+	Polls         int64             // Poll calls that reached the database
+	PollAttempts  int64             // transaction attempts made by those polls
+	PollRetries   int64             // attempts after the first
+	Claimed       int64             // items handed out by polls
+	NonEmptyPolls int64             // polls that claimed at least one item
+	Enqueued      int64
+	UploadTxns    int64 // chunk upload transactions
+}
+
+// Sub returns m - prev.
+func (m Metrics) Sub(prev Metrics) Metrics {
+	return Metrics{
+		Txn:           m.Txn.Sub(prev.Txn),
+		Polls:         m.Polls - prev.Polls,
+		PollAttempts:  m.PollAttempts - prev.PollAttempts,
+		PollRetries:   m.PollRetries - prev.PollRetries,
+		Claimed:       m.Claimed - prev.Claimed,
+		NonEmptyPolls: m.NonEmptyPolls - prev.NonEmptyPolls,
+		Enqueued:      m.Enqueued - prev.Enqueued,
+		UploadTxns:    m.UploadTxns - prev.UploadTxns,
+	}
+}
+
+// Store is a storage.Store on FoundationDB (or the model). It is stateless
+// apart from caches and per-node coordination: any number of Stores, in any
+// number of processes, may share one database and prefix.
+type Store struct {
+	db     kv.DB
+	r      *kv.Retrier
+	k      keys
+	limits storage.Limits
+	log    *slog.Logger
+	onDL   storage.DeadlineFunc
+	node   [16]byte
+
+	closed atomic.Bool
+	ctx    context.Context // cancelled by Close: ends watch goroutines
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	pollLocks sync.Map // queue -> *sync.Mutex: one claim pass per queue per node
+
+	mu struct {
+		sync.Mutex
+		rng       *rand.Rand
+		heartbeat map[string]time.Time // queue -> last heartbeat written
+	}
+
+	polls, pollAttempts, pollRetries, claimed, nonEmpty, enqueued, uploads atomic.Int64
+}
+
+// New returns a Store over db. It writes nothing until the first call.
+func New(db kv.DB, o Options) (*Store, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: fdbsync: nil database", storage.ErrInvalidArgument)
+	}
+	if o.Limits == (storage.Limits{}) {
+		o.Limits = storage.DefaultLimits
+	}
+	if len(o.Prefix) == 0 {
+		o.Prefix = []byte(DefaultPrefix)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{
+		db:     db,
+		r:      kv.NewRetrier(db, kv.RetrierOptions{MaxAttempts: o.MaxAttempts, MaxDuration: o.MaxRetryTime, Clock: o.Clock}),
+		k:      keys{prefix: append([]byte{}, o.Prefix...)},
+		limits: o.Limits,
+		log:    o.Logger.With("svc", "fdbsync"),
+		onDL:   o.OnDeadline,
+	}
+	if _, err := crand.Read(s.node[:]); err != nil {
+		return nil, fmt.Errorf("fdbsync: node id: %w", err)
+	}
+	seed := o.Seed
+	if seed == 0 {
+		seed = uint64(s.node[0]) | uint64(s.node[1])<<8 | uint64(s.node[2])<<16 | uint64(s.node[3])<<24 | uint64(s.node[4])<<32
+	}
+	s.mu.rng = rand.New(rand.NewPCG(seed, seed^0xa5a5))
+	s.mu.heartbeat = map[string]time.Time{}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// DB returns the database the store runs on (to open another Store, a
+// new node, over the same data).
+func (s *Store) DB() kv.DB { return s.db }
+
+// Metrics returns the store's counters.
+func (s *Store) Metrics() Metrics {
+	return Metrics{
+		Txn: s.r.Metrics(), Polls: s.polls.Load(), PollAttempts: s.pollAttempts.Load(),
+		PollRetries: s.pollRetries.Load(), Claimed: s.claimed.Load(), NonEmptyPolls: s.nonEmpty.Load(),
+		Enqueued: s.enqueued.Load(), UploadTxns: s.uploads.Load(),
+	}
+}
+
+// Close ends watches, removes this node's poller heartbeats and marks the
+// store closed. It is idempotent.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	already := s.closed.Swap(true)
+	s.mu.Unlock()
+	if already {
+		return nil
+	}
+	s.cancel()
+	s.wg.Wait()
+	s.mu.Lock()
+	queues := make([]string, 0, len(s.mu.heartbeat))
+	for q := range s.mu.heartbeat {
+		queues = append(queues, q)
+	}
+	s.mu.Unlock()
+	if len(queues) == 0 {
+		return nil
+	}
+	// Forget this node as a poller so a single remaining node serves in
+	// strict order at once rather than after pollerTTL.
+	_, err := s.r.Transact(context.Background(), func(tx kv.Tx) (any, error) {
+		for _, q := range queues {
+			tx.Clear(s.k.poller(q, s.node))
+		}
+		return nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("fdbsync: close: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) checkOpen() error {
+	if s.closed.Load() {
+		return storage.ErrClosed
+	}
+	return nil
+}
+
+func (s *Store) float() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.rng.Float64()
+}
+
+func (s *Store) intN(n int) int {
+	if n <= 1 {
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.rng.IntN(n)
+}
+
+func randomToken() ([16]byte, error) {
+	var b [16]byte
+	_, err := crand.Read(b[:])
+	return b, err
+}
+
+// call is one idempotent Store call: a marker key unique to the call, and,
+// on an attempt after commit_unknown_result, the marker's value if an
+// earlier attempt committed.
+type call struct {
+	key   []byte
+	prior []byte // non-nil: an earlier attempt committed with this result
+}
+
+// set records the call's result; it commits with the call's writes.
+func (c *call) set(tx kv.Tx, v []byte) {
+	tx.Set(c.key, append([]byte{fmtMarker}, v...))
+}
+
+// setStamped records a result whose bytes [1:11) (after the format byte)
+// are filled with the commit's versionstamp.
+func (c *call) setStamped(tx kv.Tx, v []byte) {
+	b := append([]byte{fmtMarker}, make([]byte, kv.VersionstampSize)...)
+	b = append(b, v...)
+	tx.SetVersionstampedValue(c.key, withOffset(b, 1))
+}
+
+// result returns the stored result without its format byte.
+func (c *call) result() ([]byte, error) {
+	if len(c.prior) < 1 || c.prior[0] != fmtMarker {
+		return nil, errBadValue
+	}
+	return c.prior[1:], nil
+}
+
+// mutate runs fn as one idempotent transaction. Every attempt declares a
+// read conflict on the call's marker and every committing attempt writes
+// it, so at most one attempt of a call can ever commit. An attempt after
+// commit_unknown_result first reads the marker: if present, fn is called
+// with c.prior set and must only rebuild the result from it. It returns
+// fn's value, the committed transaction (for its versionstamp) and the
+// retry report.
+func (s *Store) mutate(ctx context.Context, now time.Time, fn func(tx kv.Tx, c *call) (any, error)) (any, kv.Tx, kv.Report, error) {
+	tok, err := randomToken()
+	if err != nil {
+		return nil, nil, kv.Report{}, fmt.Errorf("fdbsync: marker token: %w", err)
+	}
+	mk := s.k.marker(now, tok)
+	var last kv.Tx
+	v, rep, err := s.r.Run(ctx, func(tx kv.Tx, cl kv.Call) (any, error) {
+		last = tx
+		c := &call{key: mk}
+		if cl.MaybeCommitted {
+			prior, err := tx.Get(mk, false)
+			if err != nil {
+				return nil, err
+			}
+			c.prior = prior
+		} else if err := tx.AddReadConflictRange(mk, kv.KeyAfter(mk)); err != nil {
+			return nil, err
+		}
+		return fn(tx, c)
+	})
+	return v, last, rep, err
+}
+
+// view runs a read-only transaction.
+func (s *Store) view(ctx context.Context, fn func(tx kv.Tx) (any, error)) (any, error) {
+	return s.r.Transact(ctx, fn)
+}
+
+// add bumps a queue counter.
+func (s *Store) add(tx kv.Tx, q string, ctr byte, d int64) {
+	if d != 0 {
+		tx.Add(s.k.counter(q, ctr), d)
+	}
+}
+
+// wakeQueue bumps the queue's wake key so watchers on other nodes see new
+// ready items.
+func (s *Store) wakeQueue(tx kv.Tx, q string) { tx.Add(s.k.wake(q), 1) }
+
+// config reads a queue's config (with a read conflict: a concurrent
+// SetQueueConfig re-runs the caller). ok is false when the queue does not
+// exist.
+func (s *Store) config(tx kv.Tx, q string) (storage.QueueConfig, bool, error) {
+	b, err := tx.Get(s.k.queue(q), false)
+	if err != nil {
+		return storage.QueueConfig{}, false, err
+	}
+	if b == nil {
+		return storage.QueueConfig{}, false, nil
+	}
+	c, err := decodeConfig(b)
+	if err != nil {
+		return c, false, fmt.Errorf("fdbsync: queue %q config: %w", q, err)
+	}
+	return c, true, nil
+}
+
+// maxAttempts is the limit that applies to r at the end of a delivery.
+func maxAttempts(r *record, c storage.QueueConfig) uint32 {
+	if r.maxAttempts != 0 {
+		return r.maxAttempts
+	}
+	return c.MaxAttempts
+}
+
+// payloads fills the payload of each record (snapshot reads: chunks are
+// written once before the item exists and never change).
+func (s *Store) payloads(tx kv.Tx, recs []*record) ([][]byte, error) {
+	out := make([][]byte, len(recs))
+	var keys [][]byte
+	for _, r := range recs {
+		if r.chunked {
+			for n := 0; n < int(r.nchunks); n++ {
+				keys = append(keys, s.k.chunk(r.pid, n))
+			}
+		}
+	}
+	var vals [][]byte
+	if len(keys) > 0 {
+		var err error
+		if vals, err = tx.GetMany(keys, true); err != nil {
+			return nil, err
+		}
+	}
+	j := 0
+	for i, r := range recs {
+		if !r.chunked {
+			out[i] = append([]byte{}, r.inline...)
+			continue
+		}
+		p := make([]byte, 0, r.size)
+		for n := 0; n < int(r.nchunks); n++ {
+			if vals[j] == nil {
+				return nil, fmt.Errorf("%w: fdbsync: payload chunk %d missing", storage.ErrCorrupt, n)
+			}
+			p = append(p, vals[j]...)
+			j++
+		}
+		out[i] = p
+	}
+	return out, nil
+}
+
+// clearPayload deletes a chunked payload.
+func (s *Store) clearPayload(tx kv.Tx, r *record) {
+	if r.chunked {
+		p := s.k.chunkPrefix(r.pid)
+		tx.ClearRange(p, kv.PrefixEnd(p))
+	}
+}
+
+// toItem builds a storage.Item.
+func toItem(q string, id storage.ItemID, r *record, payload []byte, st storage.State) storage.Item {
+	return storage.Item{
+		ID: id, Queue: q, Payload: payload, Priority: r.prio, Attempts: r.attempts, MaxAttempts: r.maxAttempts,
+		EnqueuedAt: r.enqueuedAt, VisibleAt: r.visibleAt, DedupKey: r.dedupKey, LastError: r.lastError, State: st,
+	}
+}
+
+// putAvailable writes r as available with its index entries: ready when
+// VisibleAt <= now, else delayed. It returns the state it counted.
+func (s *Store) putAvailable(tx kv.Tx, q string, id storage.ItemID, r *record, now time.Time) storage.State {
+	r.lease = storage.LeaseID{}
+	r.delayed = r.visibleAt.After(now)
+	tx.Set(s.k.available(q, id), r.encode())
+	if r.delayed {
+		tx.Set(s.k.delayed(q, r.visibleAt, id), []byte{r.prio})
+		tx.Set(s.k.delayAll(r.visibleAt, q, id), nil)
+		s.add(tx, q, ctrDelayed, 1)
+		return storage.StateDelayed
+	}
+	tx.Set(s.k.ready(q, r.prio, r.visibleAt, id), nil)
+	s.add(tx, q, ctrReady, 1)
+	return storage.StateReady
+}
+
+// clearAvailable removes an available item and its index entries, and
+// uncounts it.
+func (s *Store) clearAvailable(tx kv.Tx, q string, id storage.ItemID, r *record) {
+	tx.Clear(s.k.available(q, id))
+	if r.delayed {
+		tx.Clear(s.k.delayed(q, r.visibleAt, id))
+		tx.Clear(s.k.delayAll(r.visibleAt, q, id))
+		s.add(tx, q, ctrDelayed, -1)
+	} else {
+		tx.Clear(s.k.ready(q, r.prio, r.visibleAt, id))
+		s.add(tx, q, ctrReady, -1)
+	}
+}
+
+// deadline reports a new deadline to the sweeper hook.
+func (s *Store) deadline(t time.Time) {
+	if s.onDL != nil && !t.IsZero() {
+		s.onDL(t)
+	}
+}
+
+// recordSize estimates the commit bytes of writing r under a key of about
+// keyLen bytes, including index entries and conflict ranges.
+func recordSize(r *record, keyLen int) int {
+	return 4*keyLen + 96 + len(r.inline) + len(r.dedupKey) + len(r.lastError) + len(r.reason)
+}
+
+func truncate(s string, n int) string {
+	if n > 0 && len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+var _ storage.Store = (*Store)(nil)

@@ -1,0 +1,75 @@
+package fdbsync_test
+
+import (
+	"sync/atomic"
+	"testing"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/fdbsync"
+	"github.com/leaseq/leaseq/fdbsync/fdbmodel"
+	"github.com/leaseq/leaseq/fdbsync/kv"
+	"github.com/leaseq/leaseq/storage"
+	"github.com/leaseq/leaseq/storage/storagetest"
+)
+
+// faulty is the fault mix the suites run under: every commit has a 5%
+// chance of a conflict, 2% of transaction_too_old and 5% of
+// commit_unknown_result (applied half the time).
+var faulty = fdbmodel.Faults{NotCommitted: 0.05, TooOld: 0.02, UnknownResult: 0.05, UnknownApplied: 0.5}
+
+// modelHarness runs Stores on a fresh model database each; Reopen opens a
+// new Store (a new node) over the same database.
+func modelHarness(f fdbmodel.Faults) storagetest.Harness {
+	open := func(t testing.TB, db kv.DB) storage.Store {
+		s, err := fdbsync.New(db, fdbsync.Options{})
+		require.NoError(t, err)
+		return s
+	}
+	var seed atomic.Uint64
+	return storagetest.Harness{
+		New: func(t testing.TB) storage.Store {
+			f := f
+			f.Seed = seed.Add(1)
+			// The mock clock never moves: the suites pass instants in
+			// Params, and the model's 5 s rule has its own tests.
+			db := fdbmodel.New(fdbmodel.Options{Clock: clock.NewMock(), Faults: f})
+			t.Cleanup(func() {
+				st := db.Stats()
+				require.Zero(t, st.TxnsOver1MB, "a transaction exceeded 1 MB (max %d bytes)", st.MaxTxnSize)
+			})
+			return open(t, db)
+		},
+		Reopen: func(t testing.TB, s storage.Store) storage.Store {
+			fs := s.(*fdbsync.Store)
+			require.NoError(t, fs.Close())
+			return open(t, fs.DB())
+		},
+	}
+}
+
+func TestConformanceFDBModel(t *testing.T) {
+	t.Parallel()
+	storagetest.Run(t, modelHarness(fdbmodel.Faults{}))
+}
+
+func TestConformanceFDBModelWithFaults(t *testing.T) {
+	t.Parallel()
+	storagetest.Run(t, modelHarness(faulty))
+}
+
+func TestConformanceFDBModelAgainstMemstore(t *testing.T) {
+	t.Parallel()
+	storagetest.RunModel(t, modelHarness(faulty))
+}
+
+func TestConformanceFDBModelHistory(t *testing.T) {
+	t.Parallel()
+	storagetest.RunHistory(t, modelHarness(faulty), storagetest.HistoryConfig{})
+}
+
+func TestConformanceFDBModelAgainstMemstoreNoFaults(t *testing.T) {
+	t.Parallel()
+	storagetest.RunModel(t, modelHarness(fdbmodel.Faults{}))
+}
