@@ -106,7 +106,7 @@ func (s *Store) enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 					return err
 				}
 				ek := dbkeys.DedupExpiryKey(exp, q.name, in.DedupKey)
-				s.dedupCur.note(ek)
+				tx.note(&s.dedupCur, ek)
 				if err := tx.put(ek, dbkeys.Marker()); err != nil {
 					return err
 				}
@@ -156,14 +156,14 @@ func (s *Store) putAvailable(tx *txn, q *queueState, id storage.ItemID, rec dbke
 		return err
 	}
 	vk := dbkeys.VisibilityKey(q.name, rec.Priority, rec.VisibleAt, id)
-	q.noteVisible(rec.Priority, vk)
+	q.noteVisible(tx, rec.Priority, vk)
 	if err := tx.put(vk, dbkeys.Marker()); err != nil {
 		return err
 	}
 	d := tx.delta(q)
 	if rec.Delayed {
 		dk := dbkeys.DelayedKey(rec.VisibleAt, q.name, id)
-		s.delayedCur.note(dk)
+		tx.note(&s.delayedCur, dk)
 		if err := tx.put(dk, dbkeys.Marker()); err != nil {
 			return err
 		}

@@ -16,8 +16,15 @@ type leaseView struct {
 	token    storage.LeaseID
 	rec      dbkeys.LeaseRecord
 	exists   bool
-	live     bool
+	live     bool // exists and not expired at the call's now
 	released map[storage.ItemID]bool
+}
+
+// isLive reports whether the lease is live now: it exists, has not expired
+// and still lists an item (a lease whose items were all acked or nacked
+// earlier in this call is finished).
+func (lv *leaseView) isLive() bool {
+	return lv.live && len(lv.released) < len(lv.rec.IDs)
 }
 
 func readLease(tx *txn, token storage.LeaseID, now int64) (*leaseView, error) {
@@ -88,7 +95,7 @@ func checkItem(tx *txn, q *queueState, lv *leaseView, id storage.ItemID) (storag
 		switch {
 		case rec.Lease != lv.token:
 			return storage.CodeLeaseMismatch, nil, nil
-		case !lv.live:
+		case !lv.isLive():
 			return storage.CodeLeaseExpired, nil, nil
 		}
 		return storage.CodeOK, &rec, nil
@@ -102,7 +109,7 @@ func checkItem(tx *txn, q *queueState, lv *leaseView, id storage.ItemID) (storag
 		return 0, nil, err
 	case !found:
 		return storage.CodeNotFound, nil, nil
-	case lv.live:
+	case lv.isLive():
 		return storage.CodeLeaseMismatch, nil, nil
 	}
 	return storage.CodeLeaseExpired, nil, nil
@@ -327,7 +334,7 @@ func (s *Store) extend(ctx context.Context, p storage.ExtendParams) (time.Time, 
 		}
 		lv.rec.ExpiresAt = exp
 		ek := dbkeys.LeaseExpiryKey(exp, p.Lease)
-		s.expiryCur.note(ek)
+		tx.note(&s.expiryCur, ek)
 		if err := tx.put(ek, dbkeys.Marker()); err != nil {
 			return err
 		}

@@ -278,7 +278,7 @@ func (s *Store) grant(tx *txn, q *queueState, r *pollReq, items []claimed) error
 		return err
 	}
 	ek := dbkeys.LeaseExpiryKey(exp, token)
-	s.expiryCur.note(ek)
+	tx.note(&s.expiryCur, ek)
 	if err := tx.put(ek, dbkeys.Marker()); err != nil {
 		return err
 	}
@@ -296,6 +296,13 @@ func (q *queueState) beginScan() [256][]byte {
 	defer q.mu.Unlock()
 	q.scanning = true
 	q.low = [256][]byte{}
+	plen := len(dbkeys.VisibilityPrefix(q.name))
+	for k := range q.pending {
+		p := k[plen]
+		if q.low[p] == nil || k < string(q.low[p]) {
+			q.low[p] = []byte(k)
+		}
+	}
 	return q.heads
 }
 

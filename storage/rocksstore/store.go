@@ -427,6 +427,33 @@ type txn struct {
 	p      *pooledTxn
 	deltas []queueDelta
 	next   time.Time // earliest new deadline (OnDeadline)
+	notes  []noteRef // index entries noted to cursors, done when the attempt ends
+}
+
+// noteRef is an index entry a transaction announced to a cursor (c) or to
+// its queue's visibility heads (q).
+type noteRef struct {
+	c   *cursor
+	q   *queueState
+	key string
+}
+
+// note announces a global time-index entry this transaction will commit.
+func (tx *txn) note(c *cursor, k []byte) {
+	c.note(k)
+	tx.notes = append(tx.notes, noteRef{c: c, key: string(k)})
+}
+
+// endNotes marks the attempt's noted entries committed or rolled back.
+func (tx *txn) endNotes() {
+	for _, n := range tx.notes {
+		if n.c != nil {
+			n.c.done(n.key)
+		} else {
+			n.q.doneVisible(n.key)
+		}
+	}
+	tx.notes = nil
 }
 
 type queueDelta struct {
@@ -468,11 +495,13 @@ func (s *Store) runTxn(op string, fn func(tx *txn) error) error {
 		}
 		if err == nil {
 			s.releaseTxn(tx.p)
+			tx.endNotes()
 			tx.apply()
 			return nil
 		}
 		rbErr := tx.p.t.Rollback()
 		s.releaseTxn(tx.p)
+		tx.endNotes()
 		if rbErr != nil {
 			return errors.Join(err, translate(op+": rollback", rbErr))
 		}
@@ -576,14 +605,17 @@ func (tx *txn) del(key []byte) error {
 
 // cursor is a lower bound for scans of an index whose head is deleted
 // over and over (a global time index): every key below bound is known to
-// be gone. Writers lower it (note) before they commit an entry; a scan
-// raises it afterwards, unless an entry was noted below its new bound
-// while it ran.
+// be gone. A writer notes each entry before it commits it (lowering the
+// bound) and marks it done after commit or rollback. A scan raises the
+// bound afterwards, but never above an entry that was pending when the
+// scan began or noted while it ran: such an entry may be invisible to the
+// scan's iterator.
 type cursor struct {
 	mu       sync.Mutex
 	bound    []byte // nil: the start of the index
 	scanning bool
-	low      []byte // lowest key noted during the current scan
+	low      []byte         // lowest key pending at begin or noted during the scan
+	pending  map[string]int // entries noted and not yet done
 }
 
 func (c *cursor) note(k []byte) {
@@ -594,18 +626,37 @@ func (c *cursor) note(k []byte) {
 	if c.scanning && (c.low == nil || bytes.Compare(k, c.low) < 0) {
 		c.low = bytes.Clone(k)
 	}
+	if c.pending == nil {
+		c.pending = make(map[string]int)
+	}
+	c.pending[string(k)]++
 	c.mu.Unlock()
 }
 
+func (c *cursor) done(k string) {
+	c.mu.Lock()
+	if c.pending[k]--; c.pending[k] <= 0 {
+		delete(c.pending, k)
+	}
+	c.mu.Unlock()
+}
+
+// begin starts a scan and returns where it starts. The caller creates its
+// iterator after begin returns.
 func (c *cursor) begin() []byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.scanning, c.low = true, nil
+	for k := range c.pending {
+		if c.low == nil || k < string(c.low) {
+			c.low = []byte(k)
+		}
+	}
 	return c.bound
 }
 
-// end finishes a scan; with advance set, everything below newBound is
-// gone (deleted by the scan's committed transactions).
+// end finishes a scan; with advance set, every entry below newBound that
+// the scan could see is gone (deleted by its committed transactions).
 func (c *cursor) end(newBound []byte, advance bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -613,11 +664,7 @@ func (c *cursor) end(newBound []byte, advance bool) {
 		if c.low != nil && bytes.Compare(c.low, newBound) < 0 {
 			newBound = c.low
 		}
-		if c.bound == nil || bytes.Compare(newBound, c.bound) > 0 {
-			c.bound = newBound
-		} else if c.low != nil {
-			c.bound = newBound
-		}
+		c.bound = newBound
 	}
 	c.scanning, c.low = false, nil
 }
@@ -644,7 +691,8 @@ type queueState struct {
 	// priority p (nil: the priority's start). REQUIRES: mu held.
 	heads    [256][]byte
 	scanning bool
-	low      [256][]byte // lowest entry noted per priority during a claim pass
+	low      [256][]byte    // per priority: lowest entry pending at scan start or noted during it
+	pending  map[string]int // visibility entries noted and not yet committed or rolled back
 
 	claim struct {
 		sync.Mutex
@@ -659,13 +707,26 @@ func newQueueState(name string, cfg storage.QueueConfig) *queueState {
 
 // noteVisible lowers the head of k's priority before a transaction that
 // inserts visibility entry k commits, so no claim pass skips it.
-func (q *queueState) noteVisible(prio uint8, k []byte) {
+func (q *queueState) noteVisible(tx *txn, prio uint8, k []byte) {
 	q.mu.Lock()
 	if h := q.heads[prio]; h != nil && bytes.Compare(k, h) < 0 {
 		q.heads[prio] = bytes.Clone(k)
 	}
 	if q.scanning && (q.low[prio] == nil || bytes.Compare(k, q.low[prio]) < 0) {
 		q.low[prio] = bytes.Clone(k)
+	}
+	if q.pending == nil {
+		q.pending = make(map[string]int)
+	}
+	q.pending[string(k)]++
+	q.mu.Unlock()
+	tx.notes = append(tx.notes, noteRef{q: q, key: string(k)})
+}
+
+func (q *queueState) doneVisible(k string) {
+	q.mu.Lock()
+	if q.pending[k]--; q.pending[k] <= 0 {
+		delete(q.pending, k)
 	}
 	q.mu.Unlock()
 }
