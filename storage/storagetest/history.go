@@ -465,7 +465,10 @@ func (r *historyRun) verify() {
 
 	st := r.f.stats(r.queue, r.clk.tick(0))
 	if got := gauges(st); got != (counts{Dead: int64(len(dead))}) {
-		violate("final gauges %+v, want only Dead=%d", got, len(dead))
+		now := r.clk.tick(0)
+		res, err := r.f.s.Sweep(r.ctx, storage.SweepParams{Now: now, Limit: 1000})
+		violate("final gauges %+v, want only Dead=%d; one more Sweep at %v (after the drain) gives %+v, %v",
+			got, len(dead), now.Sub(base), res, err)
 	}
 	want := lifetime{Enqueued: uint64(len(enqueued)), Delivered: nDeliveries, Acked: nAcks, Nacked: nNacks,
 		Expired: nDeliveries - nAcks - nNacks, DeadLettered: uint64(len(dead))}
