@@ -1,0 +1,106 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/benbjohnson/clock"
+
+	"github.com/leaseq/leaseq/bench/peers"
+	"github.com/leaseq/leaseq/bench/target"
+)
+
+// Systems returns every system the harness knows, leaseq's first, in the
+// order rows are run and drawn. Unavailable ones are skipped by Run.
+func Systems(c Config) []target.System {
+	return append(leaseqSystems(c),
+		peers.Redis{Fsync: "always"}, peers.Redis{Fsync: "everysec"},
+		peers.Beanstalkd{Fsync: true}, peers.Beanstalkd{Fsync: false},
+		peers.NATS{SyncAlways: true}, peers.NATS{SyncAlways: false},
+	)
+}
+
+// Main is `leaseq bench [WORKLOAD...] [flags]`: it parses args, runs the
+// workloads, prints progress to stderr and the summary (and -gobench
+// lines) to stdout, and writes results.json, results.md and chart.svg to
+// -out. The first SIGINT (or SIGTERM) drains: producers stop, in-flight
+// items are acked, the summary is printed and remaining rows skipped; a
+// second one aborts through ctx. clk is the process's clock (main.go's
+// clock.New()). It returns an error when the run could not start or any
+// row failed.
+func Main(ctx context.Context, clk clock.Clock, args []string, stdout, stderr io.Writer) error {
+	cfg, err := ParseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	cfg.Clock = clk
+	cfg.Progress = stderr
+	ctx, abort := context.WithCancel(ctx)
+	defer abort()
+	drain := make(chan struct{})
+	cfg.Drain = drain
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	sigDone := make(chan struct{})
+	defer close(sigDone)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-sigDone:
+				return
+			case <-sigs:
+				n++
+				if n == 1 {
+					fmt.Fprintln(stderr, "bench: interrupt: draining (interrupt again to abort)")
+					close(drain)
+					continue
+				}
+				fmt.Fprintln(stderr, "bench: interrupt: aborting")
+				abort()
+				return
+			}
+		}
+	}()
+
+	rep, err := Run(ctx, cfg, Systems(cfg))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout)
+	if err := WriteTable(stdout, rep); err != nil {
+		return fmt.Errorf("bench: summary: %w", err)
+	}
+	if cfg.GoBench {
+		fmt.Fprintln(stdout)
+		if err := WriteGoBench(stdout, rep); err != nil {
+			return fmt.Errorf("bench: gobench: %w", err)
+		}
+	}
+	if cfg.OutDir != "" {
+		paths, err := WriteFiles(cfg.OutDir, rep)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "bench: wrote %v\n", paths)
+	}
+	var failed []error
+	for _, r := range rep.Results {
+		if r.Err != "" {
+			failed = append(failed, fmt.Errorf("%s/%s: %s", r.Row, r.System, r.Err))
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("bench: %d rows failed: %w", len(failed), errors.Join(failed...))
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("bench: aborted: %w", ctx.Err())
+	}
+	return nil
+}

@@ -1,0 +1,335 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/leaseq/leaseq/bench/target"
+)
+
+// Ratio compares a leaseq row with the best row of one peer family in the
+// same durability class, from the same run.
+type Ratio struct {
+	Row    string  `json:"row"`
+	Leaseq string  `json:"leaseq"`
+	Peer   string  `json:"peer"`
+	Class  string  `json:"class"`
+	Metric string  `json:"metric"` // "items/s" (higher is better) or a latency in µs (lower is better)
+	Value  float64 `json:"leaseq_value"`
+	PeerV  float64 `json:"peer_value"`
+	Ratio  float64 `json:"ratio"` // leaseq / peer
+}
+
+// Goal is one target of the issue, checked on this run's numbers.
+type Goal struct {
+	Goal   string  `json:"goal"`
+	System string  `json:"system"`
+	Versus string  `json:"versus"`
+	Ratio  float64 `json:"ratio"`
+	Want   string  `json:"want"` // such as ">= 5" or "<= 1"
+	Met    bool    `json:"met"`
+}
+
+func ok(r Result) bool { return r.Err == "" && r.Items > 0 }
+
+func isLeaseq(r Result) bool { return r.Family == "leaseq" }
+
+// compare computes ratios and goal checks. Only rows that completed count.
+func compare(rs []Result) ([]Ratio, []Goal) {
+	var ratios []Ratio
+	byRow := map[string][]Result{}
+	var rows []string
+	for _, r := range rs {
+		if !ok(r) {
+			continue
+		}
+		if _, seen := byRow[r.Row]; !seen {
+			rows = append(rows, r.Row)
+		}
+		byRow[r.Row] = append(byRow[r.Row], r)
+	}
+	for _, row := range rows {
+		for _, l := range byRow[row] {
+			if !isLeaseq(l) || (l.Class != string(target.ClassDurable) && l.Class != string(target.ClassRelaxed)) {
+				continue
+			}
+			best := map[string]Result{}
+			var fams []string
+			for _, p := range byRow[row] {
+				if isLeaseq(p) || p.Class != l.Class {
+					continue
+				}
+				b, seen := best[p.Family]
+				if !seen {
+					fams = append(fams, p.Family)
+				}
+				if !seen || p.ItemsPerSec > b.ItemsPerSec {
+					best[p.Family] = p
+				}
+			}
+			for _, f := range fams {
+				p := best[f]
+				ratios = append(ratios, Ratio{Row: row, Leaseq: l.System, Peer: p.System, Class: l.Class, Metric: "items/s",
+					Value: l.ItemsPerSec, PeerV: p.ItemsPerSec, Ratio: div(l.ItemsPerSec, p.ItemsPerSec)})
+				if strings.HasPrefix(row, "latency") && l.Enqueue != nil && p.Enqueue != nil {
+					ratios = append(ratios, Ratio{Row: row, Leaseq: l.System, Peer: p.System, Class: l.Class, Metric: "enqueue p50 µs",
+						Value: l.Enqueue.P50, PeerV: p.Enqueue.P50, Ratio: div(l.Enqueue.P50, p.Enqueue.P50)})
+				}
+			}
+		}
+	}
+	return ratios, goals(byRow)
+}
+
+func div(a, b float64) float64 {
+	if b == 0 {
+		return 0 // JSON has no infinity; a zero peer value cannot happen for a completed row
+	}
+	return a / b
+}
+
+func goals(byRow map[string][]Result) []Goal {
+	var gs []Goal
+	find := func(row, system string) (Result, bool) {
+		for _, r := range byRow[row] {
+			if r.System == system {
+				return r, true
+			}
+		}
+		return Result{}, false
+	}
+	for _, l := range byRow["e2e"] {
+		if !isLeaseq(l) {
+			continue
+		}
+		switch l.Class {
+		case string(target.ClassDurable):
+			if p, found := find("e2e", "redis-always"); found {
+				r := div(l.ItemsPerSec, p.ItemsPerSec)
+				gs = append(gs, Goal{Goal: "e2e items/s vs Redis appendfsync always", System: l.System, Versus: p.System, Ratio: r, Want: ">= 5", Met: r >= 5})
+			}
+			if p, found := find("e2e", "redis-everysec"); found {
+				r := div(l.ItemsPerSec, p.ItemsPerSec)
+				gs = append(gs, Goal{Goal: "e2e items/s vs Redis everysec", System: l.System, Versus: p.System, Ratio: r, Want: ">= 1", Met: r >= 1})
+			}
+		case string(target.ClassRelaxed):
+			var best Result
+			for _, p := range byRow["e2e"] {
+				if !isLeaseq(p) && p.Class == string(target.ClassRelaxed) && p.ItemsPerSec > best.ItemsPerSec {
+					best = p
+				}
+			}
+			if best.System != "" {
+				r := div(l.ItemsPerSec, best.ItemsPerSec)
+				gs = append(gs, Goal{Goal: "e2e items/s vs best no-fsync peer", System: l.System, Versus: best.System, Ratio: r, Want: ">= 2", Met: r >= 2})
+			}
+		}
+	}
+	for _, l := range byRow["latency-max"] {
+		if !isLeaseq(l) || l.Class != string(target.ClassDurable) || l.Enqueue == nil {
+			continue
+		}
+		var best Result
+		for _, p := range byRow["latency-max"] {
+			if !isLeaseq(p) && p.Class == string(target.ClassDurable) && p.Enqueue != nil && (best.Enqueue == nil || p.Enqueue.P50 < best.Enqueue.P50) {
+				best = p
+			}
+		}
+		if best.Enqueue != nil {
+			r := div(l.Enqueue.P50, best.Enqueue.P50)
+			gs = append(gs, Goal{Goal: "single durable enqueue p50 vs best durable peer", System: l.System, Versus: best.System, Ratio: r, Want: "<= 1", Met: r <= 1})
+		}
+	}
+	for _, l := range byRow["churn"] {
+		if !isLeaseq(l) {
+			continue
+		}
+		if v, found := l.Extra["last_first_ratio"]; found {
+			gs = append(gs, Goal{Goal: "tombstone churn last/first interval", System: l.System, Versus: "itself", Ratio: v, Want: ">= 0.8", Met: v >= 0.8})
+		}
+	}
+	return gs
+}
+
+func ms(l *Latency, f func(*Latency) float64) string {
+	if l == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", f(l)/1000)
+}
+
+func p50(l *Latency) float64  { return l.P50 }
+func p99(l *Latency) float64  { return l.P99 }
+func p999(l *Latency) float64 { return l.P999 }
+
+// rowLine is the one-line summary printed after each row.
+func rowLine(r Result) string {
+	if r.Err != "" {
+		return fmt.Sprintf("%-14s %-22s FAILED: %s", r.Row, r.System, r.Err)
+	}
+	return fmt.Sprintf("%-14s %-22s %10.0f items/s  e2e p50/p99 %s/%s ms  enq p50/p99 %s/%s ms  cpu %.1fs  rss %.0fMB",
+		r.Row, r.System, r.ItemsPerSec, ms(r.E2E, p50), ms(r.E2E, p99), ms(r.Enqueue, p50), ms(r.Enqueue, p99), r.CPUSeconds, float64(r.PeakRSS)/(1<<20))
+}
+
+func note(r Result) string {
+	var n []string
+	if r.Err != "" {
+		n = append(n, "FAILED: "+r.Err)
+	}
+	if r.Interrupted {
+		n = append(n, "interrupted")
+	}
+	keys := make([]string, 0, len(r.Extra))
+	for k := range r.Extra {
+		if k == "enqueued" {
+			continue
+		}
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		n = append(n, fmt.Sprintf("%s=%.3g", k, r.Extra[k]))
+	}
+	if r.InProcess {
+		n = append(n, "cpu/rss include harness")
+	}
+	return strings.Join(n, "; ")
+}
+
+// WriteTable prints the summary table, the ratios and the goals as
+// aligned text.
+func WriteTable(w io.Writer, rep *Report) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "row\tsystem\tdurability\titems/s\te2e p50/p99/p999 ms\tenqueue p50/p99/p999 ms\tcpu s\tpeak rss MB\tnotes")
+	for _, r := range rep.Results {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%s/%s/%s\t%s/%s/%s\t%.1f\t%.0f\t%s\n", r.Row, r.System, r.Durability, r.ItemsPerSec,
+			ms(r.E2E, p50), ms(r.E2E, p99), ms(r.E2E, p999), ms(r.Enqueue, p50), ms(r.Enqueue, p99), ms(r.Enqueue, p999),
+			r.CPUSeconds, float64(r.PeakRSS)/(1<<20), note(r))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(rep.Ratios) > 0 {
+		fmt.Fprintln(w, "\nratios leaseq/peer (same run, same durability class):")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "row\tleaseq\tpeer\tclass\tmetric\tleaseq\tpeer\tratio")
+		for _, r := range rep.Ratios {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f\t%.0f\t%.2fx\n", r.Row, r.Leaseq, r.Peer, r.Class, r.Metric, r.Value, r.PeerV, r.Ratio)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if len(rep.Goals) > 0 {
+		fmt.Fprintln(w, "\ngoals:")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		for _, g := range rep.Goals {
+			met := "MET"
+			if !g.Met {
+				met = "SHORT"
+			}
+			fmt.Fprintf(tw, "%s\t%s\tvs %s\t%.2f\t(want %s)\t%s\n", g.Goal, g.System, g.Versus, g.Ratio, g.Want, met)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	for _, s := range rep.Skipped {
+		fmt.Fprintf(w, "skipped %s: %s\n", s.System, s.Reason)
+	}
+	return nil
+}
+
+// WriteMarkdown writes the table, ratios and goals as Markdown (what
+// docs/BENCHMARKS.md embeds).
+func WriteMarkdown(w io.Writer, rep *Report) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Run %s, seed %d, %d CPUs (%s), %s, %s.\n\n", rep.Started.Format("2006-01-02 15:04 UTC"), rep.Config.Seed,
+		rep.Machine.CPUs, rep.Machine.CPUModel, rep.Machine.Kernel, rep.Machine.GoVersion)
+	b.WriteString("| row | shape | system | durability | items/s | e2e p50 / p99 / p999 ms | enqueue p50 / p99 / p999 ms | CPU s | peak RSS MB | notes |\n")
+	b.WriteString("|---|---|---|---|--:|--:|--:|--:|--:|---|\n")
+	for _, r := range rep.Results {
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.0f | %s / %s / %s | %s / %s / %s | %.1f | %.0f | %s |\n", r.Row, r.Shape, r.System, r.Durability,
+			r.ItemsPerSec, ms(r.E2E, p50), ms(r.E2E, p99), ms(r.E2E, p999), ms(r.Enqueue, p50), ms(r.Enqueue, p99), ms(r.Enqueue, p999),
+			r.CPUSeconds, float64(r.PeakRSS)/(1<<20), strings.ReplaceAll(note(r), "|", "/"))
+	}
+	if len(rep.Ratios) > 0 {
+		b.WriteString("\n| row | leaseq | peer | class | metric | leaseq | peer | leaseq/peer |\n|---|---|---|---|---|--:|--:|--:|\n")
+		for _, r := range rep.Ratios {
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.0f | %.0f | %.2f× |\n", r.Row, r.Leaseq, r.Peer, r.Class, r.Metric, r.Value, r.PeerV, r.Ratio)
+		}
+	}
+	if len(rep.Goals) > 0 {
+		b.WriteString("\n| goal | leaseq | versus | ratio | want | |\n|---|---|---|--:|---|---|\n")
+		for _, g := range rep.Goals {
+			met := "met"
+			if !g.Met {
+				met = "**short**"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %.2f | %s | %s |\n", g.Goal, g.System, g.Versus, g.Ratio, g.Want, met)
+		}
+	}
+	for _, s := range rep.Skipped {
+		fmt.Fprintf(&b, "\nSkipped %s: %s\n", s.System, s.Reason)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteGoBench prints one Go benchmark line per completed row, so runs can
+// be compared with benchstat. ns/op is the wall time per completed item.
+func WriteGoBench(w io.Writer, rep *Report) error {
+	for _, r := range rep.Results {
+		if !ok(r) {
+			continue
+		}
+		line := fmt.Sprintf("BenchmarkLeaseqBench/row=%s/system=%s-%d\t%d\t%.1f ns/op\t%.0f items/s\t%.3f cpu-s\t%d peak-rss-B",
+			r.Row, r.System, runtime.GOMAXPROCS(0), r.Items, r.Seconds*1e9/float64(r.Items), r.ItemsPerSec, r.CPUSeconds, r.PeakRSS)
+		if r.E2E != nil {
+			line += fmt.Sprintf("\t%.0f e2e-p50-us\t%.0f e2e-p99-us\t%.0f e2e-p999-us", r.E2E.P50, r.E2E.P99, r.E2E.P999)
+		}
+		if r.Enqueue != nil {
+			line += fmt.Sprintf("\t%.0f enq-p50-us\t%.0f enq-p99-us\t%.0f enq-p999-us", r.Enqueue.P50, r.Enqueue.P99, r.Enqueue.P999)
+		}
+		if _, err := fmt.Fprintln(w, line); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WriteFiles writes results.json, results.md and chart.svg into dir.
+func WriteFiles(dir string, rep *Report) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("bench: output dir: %w", err)
+	}
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("bench: results json: %w", err)
+	}
+	var md strings.Builder
+	if err := WriteMarkdown(&md, rep); err != nil {
+		return nil, err
+	}
+	files := map[string][]byte{
+		"results.json": append(js, '\n'),
+		"results.md":   []byte(md.String()),
+		"chart.svg":    []byte(Chart(rep)),
+	}
+	var paths []string
+	for _, name := range []string{"results.json", "results.md", "chart.svg"} {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, files[name], 0o644); err != nil {
+			return paths, fmt.Errorf("bench: write %s: %w", p, err)
+		}
+		paths = append(paths, p)
+	}
+	return paths, nil
+}

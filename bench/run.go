@@ -1,0 +1,422 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/leaseq/leaseq/bench/procx"
+	"github.com/leaseq/leaseq/bench/target"
+)
+
+// defaultLease is the lease of every workload but the storm: long enough
+// that no item is redelivered during a run, so throughput is not inflated
+// or deflated by expiry work.
+const defaultLease = 30 * time.Second
+
+// Result is one row: one workload variant against one system.
+type Result struct {
+	Row         string   `json:"row"`      // workload variant, such as "produce-b1"
+	Workload    string   `json:"workload"` // workload it belongs to
+	Shape       string   `json:"shape"`    // producers, consumers, batches, ...
+	System      string   `json:"system"`
+	Family      string   `json:"family"`
+	Class       string   `json:"class"`
+	Durability  string   `json:"durability"`
+	Items       int64    `json:"items"`                     // items completed in the window (acked; enqueued for produce rows)
+	Seconds     float64  `json:"seconds"`                   // window length
+	ItemsPerSec float64  `json:"items_per_s"`               // Items / Seconds
+	E2E         *Latency `json:"e2e_latency,omitempty"`     // enqueue call start (or scheduled send) -> ack confirmed
+	Enqueue     *Latency `json:"enqueue_latency,omitempty"` // one enqueue call
+	CPUSeconds  float64  `json:"cpu_s"`                     // server process CPU (user+sys) during the row
+	PeakRSS     int64    `json:"peak_rss_bytes"`
+	InProcess   bool     `json:"in_process"` // CPU and RSS include the harness
+	// Intervals are items/s per equal interval (churn).
+	Intervals   []float64          `json:"intervals,omitempty"`
+	Extra       map[string]float64 `json:"extra,omitempty"`
+	Interrupted bool               `json:"interrupted,omitempty"`
+	Err         string             `json:"error,omitempty"`
+}
+
+// Skipped is a system that did not run, and why.
+type Skipped struct {
+	System string `json:"system"`
+	Reason string `json:"reason"`
+}
+
+// Report is the outcome of Run.
+type Report struct {
+	Started     time.Time `json:"started"`
+	Machine     Machine   `json:"machine"`
+	Config      ConfigDoc `json:"config"`
+	Results     []Result  `json:"results"`
+	Skipped     []Skipped `json:"skipped,omitempty"`
+	Ratios      []Ratio   `json:"ratios,omitempty"`
+	Goals       []Goal    `json:"goals,omitempty"`
+	Interrupted bool      `json:"interrupted,omitempty"`
+}
+
+// Machine describes where the run happened.
+type Machine struct {
+	CPUs      int    `json:"cpus"`
+	GoVersion string `json:"go"`
+	OS        string `json:"os"`
+	Kernel    string `json:"kernel"`
+	CPUModel  string `json:"cpu_model"`
+}
+
+// ConfigDoc is the part of Config that shapes numbers, for the record.
+type ConfigDoc struct {
+	Workloads     []string `json:"workloads"`
+	Systems       []string `json:"systems"`
+	Duration      string   `json:"duration"`
+	ChurnDuration string   `json:"churn_duration"`
+	Intervals     int      `json:"intervals"`
+	Producers     int      `json:"producers"`
+	Consumers     int      `json:"consumers"`
+	Batch         int      `json:"batch"`
+	AckPerItem    bool     `json:"ack_per_item"`
+	PayloadSize   int      `json:"payload_bytes"`
+	Rate          int      `json:"rate"`
+	MaxBacklog    int      `json:"max_backlog"`
+	DrainItems    int      `json:"drain_items"`
+	StormItems    int      `json:"storm_items"`
+	StormLease    string   `json:"storm_lease"`
+	Queues        int      `json:"queues"`
+	ZipfS         float64  `json:"zipf_s"`
+	Seed          int64    `json:"seed"`
+}
+
+func machine() Machine {
+	m := Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return m
+}
+
+// variant is one row shape of a workload.
+type variant struct {
+	workload string
+	row      string
+	shape    string
+	queues   []string
+	lease    time.Duration
+	planned  time.Duration // expected length, for the timeout
+	run      func(ctx context.Context, e *env, in target.Instance, r *Result) error
+}
+
+// oneQueue is the queue picker of single-queue workloads.
+func oneQueue(name string) func(*rand.Rand) string {
+	return func(*rand.Rand) string { return name }
+}
+
+func variants(c Config, workload string) []variant {
+	q := []string{"bench"}
+	pick := oneQueue("bench")
+	flow := func(row, shape string, s flowSpec, planned time.Duration, keepSamples bool) variant {
+		s.row = row
+		return variant{workload: workload, row: row, shape: shape, queues: q, lease: defaultLease, planned: planned,
+			run: func(ctx context.Context, e *env, in target.Instance, r *Result) error {
+				out, err := runFlow(ctx, e, in, s)
+				if err != nil {
+					return err
+				}
+				r.Interrupted = out.interrupted
+				r.Seconds = out.window.Seconds()
+				r.Items = out.acked
+				if s.consumers == 0 {
+					r.Items = out.enqueued
+				}
+				r.E2E = summarize(out.e2e)
+				r.Enqueue = summarize(out.enq)
+				r.Extra = map[string]float64{"enqueued": float64(out.enqueued)}
+				if s.consumers > 0 && r.Seconds > 0 {
+					r.Extra["enqueue_items_per_s"] = float64(out.enqueued) / r.Seconds
+				}
+				if keepSamples {
+					r.Intervals = intervals(out.samples, c.Intervals)
+					if n := len(r.Intervals); n >= 2 && r.Intervals[0] > 0 {
+						r.Extra["last_first_ratio"] = r.Intervals[n-1] / r.Intervals[0]
+					}
+				}
+				return nil
+			}}
+	}
+	e2e := flowSpec{producers: c.Producers, consumers: c.Consumers, enqBatch: c.Batch, pollMax: c.Batch,
+		ackPerItem: c.AckPerItem, duration: c.Duration, pickQueue: pick, pollQueue: pick, pollWait: consumerPollWait,
+		maxBacklog: int64(c.MaxBacklog)}
+	ack := "ack per batch"
+	if c.AckPerItem {
+		ack = "ack per item"
+	}
+	switch workload {
+	case WorkloadProduce:
+		p := flowSpec{producers: c.Producers, duration: c.Duration, pickQueue: pick}
+		p1, p100 := p, p
+		p1.enqBatch, p100.enqBatch = 1, 100
+		return []variant{
+			flow("produce-b1", fmt.Sprintf("%dP, batch 1", c.Producers), p1, c.Duration, false),
+			flow("produce-b100", fmt.Sprintf("%dP, batch 100", c.Producers), p100, c.Duration, false),
+		}
+	case WorkloadE2E:
+		return []variant{flow("e2e", fmt.Sprintf("%dP+%dC, batch %d, %s", c.Producers, c.Consumers, c.Batch, ack), e2e, c.Duration, false)}
+	case WorkloadLatency:
+		rate := e2e
+		rate.enqBatch, rate.rate = 1, float64(c.Rate)
+		max := e2e
+		max.enqBatch, max.producers = 1, 1
+		return []variant{
+			flow("latency-rate", fmt.Sprintf("%dP at %d items/s, batch 1; %dC", c.Producers, c.Rate, c.Consumers), rate, c.Duration, false),
+			flow("latency-max", fmt.Sprintf("1P flat out, batch 1; %dC", c.Consumers), max, c.Duration, false),
+		}
+	case WorkloadChurn:
+		ch := e2e
+		ch.duration = c.ChurnDuration
+		return []variant{flow("churn", fmt.Sprintf("%dP+%dC, batch %d, %v in %d intervals", c.Producers, c.Consumers, c.Batch, c.ChurnDuration, c.Intervals), ch, c.ChurnDuration, true)}
+	case WorkloadManyQueues:
+		names := make([]string, c.Queues)
+		for i := range names {
+			names[i] = fmt.Sprintf("q%04d", i)
+		}
+		// The cumulative weights are computed once per row and only read
+		// by the worker goroutines.
+		cdf := zipfCDF(c.ZipfS, c.Queues)
+		picker := func(r *rand.Rand) string { return names[zipfIndex(r, cdf)] }
+		mq := e2e
+		mq.pickQueue, mq.pollQueue = picker, picker
+		// Consumers poll without waiting and move on to another queue;
+		// after 64 empty polls in a row they pause briefly instead of
+		// spinning on cold queues.
+		mq.pollWait, mq.idleBackof = 0, time.Millisecond
+		v := flow("manyqueues", fmt.Sprintf("%d queues, zipf s=%.2f, %dP+%dC, batch %d", c.Queues, c.ZipfS, c.Producers, c.Consumers, c.Batch), mq, c.Duration, false)
+		v.queues = names
+		return []variant{v}
+	case WorkloadDrain:
+		return []variant{{workload: workload, row: "drain", queues: q, lease: defaultLease,
+			shape:   fmt.Sprintf("enqueue %d (%dP, batch %d), then drain with %dC", c.DrainItems, c.Producers, phaseBatch, c.Consumers),
+			planned: 0,
+			run: func(ctx context.Context, e *env, in target.Instance, r *Result) error {
+				out, err := runDrain(ctx, e, in, c.Producers, c.Consumers, c.DrainItems, "bench")
+				if err != nil {
+					return err
+				}
+				r.Items = int64(c.DrainItems)
+				r.Seconds = out.drainTook.Seconds()
+				r.Enqueue = summarize(out.enq)
+				r.E2E = summarize(out.e2e)
+				r.Extra = map[string]float64{
+					"enqueue_s":           out.enqueueTook.Seconds(),
+					"enqueue_items_per_s": float64(c.DrainItems) / out.enqueueTook.Seconds(),
+				}
+				return nil
+			}}}
+	case WorkloadStorm:
+		return []variant{{workload: workload, row: "storm", queues: q, lease: c.StormLease,
+			shape:   fmt.Sprintf("%d items leased by %dC that hang, lease %v; %dC redeliver", c.StormItems, c.Consumers, c.StormLease, c.Consumers),
+			planned: c.StormLease,
+			run: func(ctx context.Context, e *env, in target.Instance, r *Result) error {
+				out, err := runStorm(ctx, e, in, c.Producers, c.Consumers, c.StormItems, "bench", c.StormLease)
+				if err != nil {
+					return err
+				}
+				r.Items = int64(c.StormItems)
+				// Seconds: from the first lease that could expire to the last
+				// item acked by the rescuers.
+				r.Seconds = out.done.Sub(out.firstExpiry).Seconds()
+				r.E2E = summarize(out.e2e)
+				r.Extra = map[string]float64{
+					"after_last_expiry_s": out.done.Sub(out.lastExpiry).Seconds(),
+					"leasing_s":           out.lastExpiry.Sub(out.firstExpiry).Seconds(),
+				}
+				return nil
+			}}}
+	}
+	return nil
+}
+
+// zipfIndex draws an index in [0, len(cdf)) with P(k) ~ 1/(k+1)^s by
+// inverting the cumulative weights cdf (from zipfCDF).
+func zipfIndex(r *rand.Rand, cdf []float64) int {
+	u := r.Float64() * cdf[len(cdf)-1]
+	lo, hi := 0, len(cdf)-1
+	for lo < hi {
+		m := (lo + hi) / 2
+		if cdf[m] < u {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo
+}
+
+// intervals splits per-sample counts into k equal intervals and returns
+// items/s for each.
+func intervals(samples []int64, k int) []float64 {
+	if len(samples) < k || k < 1 {
+		return nil
+	}
+	per := len(samples) / k
+	out := make([]float64, k)
+	for i := 0; i < k; i++ {
+		var sum int64
+		for _, v := range samples[i*per : (i+1)*per] {
+			sum += v
+		}
+		out[i] = float64(sum) / (float64(per) * sampleEvery.Seconds())
+	}
+	return out
+}
+
+// Run executes the configured workloads against the selected systems, one
+// fresh instance per row, and returns the report. An error means the run
+// could not start (bad config, no system); a failing row is recorded in
+// its Result and the run goes on.
+func Run(ctx context.Context, c Config, systems []target.System) (*Report, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	wls := c.Workloads
+	if len(wls) == 0 {
+		wls = AllWorkloads()
+	}
+	rep := &Report{Started: c.Clock.Now().UTC(), Machine: machine(), Config: configDoc(c, wls)}
+	var run []target.System
+	for _, s := range selectSystems(systems, c.Systems) {
+		if err := s.Available(); err != nil {
+			rep.Skipped = append(rep.Skipped, Skipped{System: s.Name(), Reason: err.Error()})
+			continue
+		}
+		run = append(run, s)
+		rep.Config.Systems = append(rep.Config.Systems, s.Name())
+	}
+	if len(run) == 0 {
+		return rep, fmt.Errorf("bench: no system to run (selected %v; skipped %v)", c.Systems, rep.Skipped)
+	}
+	progress := c.Progress
+	logf := func(format string, a ...any) {
+		if progress != nil {
+			fmt.Fprintf(progress, format, a...)
+		}
+	}
+	logf("leaseq bench: seed=%d workloads=%s systems=%s\n", c.Seed, strings.Join(wls, ","), strings.Join(rep.Config.Systems, ","))
+	logf("config: P=%d C=%d batch=%d ack_per_item=%v payload=%dB duration=%v churn=%v/%d rate=%d/s drain=%d storm=%d lease=%v queues=%d zipf=%.2f timeout=+%v\n",
+		c.Producers, c.Consumers, c.Batch, c.AckPerItem, c.PayloadSize, c.Duration, c.ChurnDuration, c.Intervals, c.Rate,
+		c.DrainItems, c.StormItems, c.StormLease, c.Queues, c.ZipfS, c.Timeout)
+	for _, s := range rep.Skipped {
+		logf("skipped %s: %s\n", s.System, s.Reason)
+	}
+	drain := c.Drain
+	if drain == nil {
+		drain = make(chan struct{})
+	}
+	for _, w := range wls {
+		for _, v := range variants(c, w) {
+			for _, s := range run {
+				select {
+				case <-drain:
+					rep.Interrupted = true
+				default:
+				}
+				if rep.Interrupted || ctx.Err() != nil {
+					rep.Interrupted = true
+					break
+				}
+				r := runRow(ctx, c, drain, v, s)
+				if r.Interrupted {
+					rep.Interrupted = true
+				}
+				logf("%s\n", rowLine(r))
+				rep.Results = append(rep.Results, r)
+			}
+		}
+	}
+	rep.Ratios, rep.Goals = compare(rep.Results)
+	return rep, nil
+}
+
+func configDoc(c Config, wls []string) ConfigDoc {
+	return ConfigDoc{Workloads: wls, Duration: c.Duration.String(), ChurnDuration: c.ChurnDuration.String(),
+		Intervals: c.Intervals, Producers: c.Producers, Consumers: c.Consumers, Batch: c.Batch, AckPerItem: c.AckPerItem,
+		PayloadSize: c.PayloadSize, Rate: c.Rate, MaxBacklog: c.MaxBacklog, DrainItems: c.DrainItems, StormItems: c.StormItems,
+		StormLease: c.StormLease.String(), Queues: c.Queues, ZipfS: c.ZipfS, Seed: c.Seed}
+}
+
+// selectSystems keeps the systems named (by name, family, or the groups
+// "peers" and "all"); all of them when names is empty.
+func selectSystems(all []target.System, names []string) []target.System {
+	if len(names) == 0 {
+		return all
+	}
+	var out []target.System
+	for _, s := range all {
+		for _, n := range names {
+			if n == "all" || n == s.Name() || n == s.Family() || (n == "peers" && s.Family() != "leaseq") ||
+				strings.HasPrefix(s.Name(), n+"-") {
+				out = append(out, s)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// runRow starts a fresh instance of s, runs one variant, and tears down.
+func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s target.System) (r Result) {
+	d := s.Durability()
+	r = Result{Row: v.row, Workload: v.workload, Shape: v.shape, System: s.Name(), Family: s.Family(), Class: string(d.Class), Durability: d.Mode}
+	ctx, cancel := c.Clock.WithTimeout(ctx, v.planned+c.Timeout)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "leaseq-bench-"+s.Name()+"-")
+	if err != nil {
+		r.Err = err.Error()
+		return r
+	}
+	defer func() {
+		if c.KeepData {
+			return
+		}
+		if err := os.RemoveAll(dir); err != nil && r.Err == "" {
+			r.Err = fmt.Sprintf("cleanup: %v", err)
+		}
+	}()
+	in, err := s.Start(ctx, target.StartOptions{Dir: dir, Queues: v.queues, Lease: v.lease, Clock: c.Clock})
+	if err != nil {
+		r.Err = fmt.Sprintf("start: %v", err)
+		return r
+	}
+	pid := in.PID()
+	r.InProcess = pid == os.Getpid()
+	_ = procx.ResetPeak(pid) // best effort: without it the peak covers the process's life
+	u0, uerr := procx.ReadUsage(pid)
+	e := &env{clk: c.Clock, base: c.Clock.Now(), progress: c.Progress, label: s.Name() + " " + v.row,
+		drain: drain, seed: c.Seed, payload: c.PayloadSize}
+	runErr := v.run(ctx, e, in, &r)
+	u1, uerr1 := procx.ReadUsage(pid)
+	if err := errors.Join(uerr, uerr1); err == nil {
+		r.CPUSeconds = (u1.CPU - u0.CPU).Seconds()
+		r.PeakRSS = u1.PeakRSS
+	}
+	closeErr := in.Close()
+	if err := errors.Join(runErr, closeErr); err != nil {
+		r.Err = err.Error()
+	}
+	if r.Seconds > 0 {
+		r.ItemsPerSec = float64(r.Items) / r.Seconds
+	}
+	return r
+}

@@ -1,0 +1,116 @@
+// Package target defines what the benchmark harness drives: a System (one
+// queue implementation in one durability mode), the Instance it starts (a
+// server process or an in-process store with a fresh data directory), and
+// the per-worker Client that enqueues, polls and acks.
+//
+// The harness (package bench) owns workloads and measurement; systems live
+// in sub-packages (bench/peers for beanstalkd, Redis Streams and NATS
+// JetStream, bench/leaseqt for leaseq itself) and only implement these
+// interfaces, so a workload is written once and runs against every system
+// the same way.
+//
+// Concurrency: an Instance is shared by all workers of one run and must be
+// safe for concurrent Connect calls. A Client belongs to one worker
+// goroutine at a time (beanstalkd binds reservations to a connection, Redis
+// to a consumer name), so Clients need not be goroutine-safe.
+package target
+
+import (
+	"context"
+	"time"
+
+	"github.com/benbjohnson/clock"
+)
+
+// Class says when a system acknowledges a write relative to fsync. Rows are
+// only compared within one class: leaseq sync=always against peers that
+// fsync before they acknowledge, sync=none against peers that do not.
+type Class string
+
+const (
+	// ClassDurable: the write is fsynced before the client sees the
+	// acknowledgement (per operation or shared by a group commit).
+	ClassDurable Class = "durable"
+	// ClassRelaxed: the write is acknowledged before it is fsynced (no
+	// fsync, or a periodic one such as Redis everysec).
+	ClassRelaxed Class = "relaxed"
+)
+
+// Durability describes a system's configured durability for the report.
+type Durability struct {
+	Class Class
+	// Mode is the human description printed in every row, such as
+	// "fsync per op", "group commit", "fsync every 1s", "no fsync".
+	Mode string
+}
+
+// StartOptions configures one Instance.
+type StartOptions struct {
+	// Dir is a fresh, empty directory the instance owns for its data and
+	// logs; the harness removes it after Close.
+	Dir string
+	// Queues the workload will use; systems that need queues declared up
+	// front (Redis consumer groups, NATS consumers) create them in Start.
+	Queues []string
+	// Lease is how long a polled item stays invisible before it is handed
+	// out again (leaseq lease, beanstalkd TTR, Redis XAUTOCLAIM min-idle,
+	// NATS AckWait).
+	Lease time.Duration
+	// Clock is the harness's clock; systems use it for readiness back-off
+	// and for periodic work such as Redis's reclaim scans.
+	Clock clock.Clock
+}
+
+// System is one queue implementation in one durability mode, such as
+// "redis" with appendfsync always.
+type System interface {
+	// Name is short and unique within a run, such as "redis-always".
+	Name() string
+	// Family groups modes of one product ("leaseq", "redis", ...); ratios
+	// compare a leaseq row with each peer family's row of the same class.
+	Family() string
+	Durability() Durability
+	// Available returns nil when the system can run here (its binary is
+	// installed), else an error saying what is missing.
+	Available() error
+	// Start brings up a fresh instance. The caller must Close it.
+	Start(ctx context.Context, o StartOptions) (Instance, error)
+}
+
+// Instance is a running system with its own data directory.
+type Instance interface {
+	// Connect opens a client for one worker.
+	Connect(ctx context.Context) (Client, error)
+	// PID is the process whose CPU time and peak RSS the report shows: the
+	// server process, or os.Getpid() for in-process systems (whose numbers
+	// then include the harness itself).
+	PID() int
+	// Close stops the instance (killing a server that does not exit in
+	// time) and releases everything Start acquired. It is idempotent.
+	Close() error
+}
+
+// Delivery is one item handed to a consumer by Poll. Handle is the
+// system's own receipt (lease and id, stream entry id, job id, NATS
+// message) and is only passed back to Ack of the same Client.
+type Delivery struct {
+	Payload []byte
+	Handle  any
+}
+
+// Client is one worker's connection. Payload slices passed to Enqueue are
+// not retained after it returns.
+type Client interface {
+	// Enqueue writes payloads to queue and returns once the system has
+	// acknowledged every one of them under its durability mode.
+	Enqueue(ctx context.Context, queue string, payloads [][]byte) error
+	// Poll leases up to max ready items, waiting up to wait for the first
+	// one (0: return at once). No items is not an error.
+	Poll(ctx context.Context, queue string, max int, wait time.Duration) ([]Delivery, error)
+	// Ack completes deliveries; it returns once the system has confirmed
+	// them, so the harness counts acks seen by the client.
+	Ack(ctx context.Context, queue string, ds []Delivery) error
+	// Close releases the connection. Deliveries not acked are left to
+	// lease expiry (or, for beanstalkd, released by the server).
+	Close() error
+}
