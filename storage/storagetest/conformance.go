@@ -90,6 +90,7 @@ func conformanceCases() []testCase {
 		{"SweepReportsNextDeadlineAndReadyQueues", testSweepNextAndReadyQueues},
 		{"SweepHonoursLimitAndReportsMore", testSweepLimit},
 		{"SweepLimitAppliesToEachKindOfWork", testSweepLimitPerKind},
+		{"DeadlinesWrittenWithAnEarlierNowAreStillSwept", testDeadlinesBehindSweep},
 		{"CallsAfterCloseReturnErrClosed", testClosed},
 		{"UnknownQueueReadsAreEmpty", testUnknownQueue},
 		{"PayloadsAreCopied", testPayloadIsCopied},
@@ -1274,4 +1275,43 @@ func testSweepLimitPerKind(t *testing.T, f *fixture) {
 	require.Equal(t, 1, res.DedupDropped)
 	require.False(t, res.More)
 	require.Equal(t, counts{Ready: 6}, gauges(f.stats("q", at(time.Second))))
+}
+
+// testDeadlinesBehindSweep: concurrent callers read the clock before the
+// store orders their calls, so a call may carry a Now earlier than a Sweep
+// that already ran, and write a deadline that is already due. A store that
+// resumes sweeping from a cursor must still find it (RunHistory found this
+// with real concurrency; here it is exaggerated to seconds).
+func testDeadlinesBehindSweep(t *testing.T, f *fixture) {
+	c := storage.DefaultQueueConfig()
+	c.DedupWindow = time.Second
+	f.setConfig("q", c)
+	f.enqueueIDs("q", at(0),
+		storage.EnqueueItem{Payload: []byte("x")},
+		storage.EnqueueItem{Payload: []byte("w"), Delay: 2 * time.Second, DedupKey: "k1"},
+	)
+	f.poll("q", 1, time.Second, at(0))
+	res := f.sweep(at(5*time.Second), 100)
+	require.Equal(t, 1, res.LeasesExpired)
+	require.Equal(t, 1, res.Promoted)
+	require.Equal(t, 1, res.DedupDropped)
+	p := f.poll("q", 1, time.Minute, at(5*time.Second))
+	f.ack("q", p.Lease, at(5*time.Second), ids(p.Items)...)
+	p = f.poll("q", 1, time.Minute, at(5*time.Second))
+	f.ack("q", p.Lease, at(5*time.Second), ids(p.Items)...)
+
+	// Calls that read the clock before that sweep ran.
+	f.enqueueIDs("q", at(0),
+		storage.EnqueueItem{Payload: []byte("y")},
+		storage.EnqueueItem{Payload: []byte("z"), Delay: 50 * time.Millisecond, DedupKey: "k2"},
+	)
+	late := f.poll("q", 1, storage.DefaultLimits.MinLease, at(0))
+	require.Len(t, late.Items, 1)
+	res = f.sweep(at(6*time.Second), 100)
+	require.Equal(t, 1, res.LeasesExpired, "a lease that expired before the last sweep's instant")
+	require.Equal(t, 1, res.Promoted, "a delayed item visible before the last sweep's instant")
+	require.Equal(t, 1, res.DedupDropped, "a dedup key that expired before the last sweep's instant")
+	require.False(t, res.More)
+	require.True(t, res.Next.IsZero(), "nothing left: %v", res.Next)
+	require.Equal(t, counts{Ready: 2}, gauges(f.stats("q", at(6*time.Second))))
 }

@@ -51,6 +51,10 @@
 //     RunModel sweeps until More is false and compares totals, so a store
 //     may also report More when a limit was hit exactly.
 //   - A dedup key is not recorded when the queue's DedupWindow is 0.
+//   - Now need not increase from call to call: concurrent callers read the
+//     clock before the store orders their calls. A deadline written with a
+//     Now earlier than a Sweep that already ran (so already due) must still
+//     be found by the next Sweep.
 //   - Reasons longer than Limits.MaxReason are cut to MaxReason bytes (on a
 //     UTF-8 rune boundary in memstore; the suite only checks ASCII).
 package storagetest
