@@ -132,34 +132,23 @@ func New(opts Options) *Store {
 
 func fillLimits(l storage.Limits) storage.Limits {
 	d := storage.DefaultLimits
-	if l.MaxPayload <= 0 {
-		l.MaxPayload = d.MaxPayload
-	}
-	if l.MaxBatch <= 0 {
-		l.MaxBatch = d.MaxBatch
-	}
-	if l.MinLease <= 0 {
-		l.MinLease = d.MinLease
-	}
-	if l.MaxLease <= 0 {
-		l.MaxLease = d.MaxLease
-	}
-	if l.MaxWait <= 0 {
-		l.MaxWait = d.MaxWait
-	}
-	if l.MaxDelay <= 0 {
-		l.MaxDelay = d.MaxDelay
-	}
-	if l.MaxDedupKey <= 0 {
-		l.MaxDedupKey = d.MaxDedupKey
-	}
-	if l.MaxReason <= 0 {
-		l.MaxReason = d.MaxReason
-	}
-	if l.MaxQueueName <= 0 {
-		l.MaxQueueName = d.MaxQueueName
-	}
+	l.MaxPayload = orDefault(l.MaxPayload, d.MaxPayload)
+	l.MaxBatch = orDefault(l.MaxBatch, d.MaxBatch)
+	l.MinLease = orDefault(l.MinLease, d.MinLease)
+	l.MaxLease = orDefault(l.MaxLease, d.MaxLease)
+	l.MaxWait = orDefault(l.MaxWait, d.MaxWait)
+	l.MaxDelay = orDefault(l.MaxDelay, d.MaxDelay)
+	l.MaxDedupKey = orDefault(l.MaxDedupKey, d.MaxDedupKey)
+	l.MaxReason = orDefault(l.MaxReason, d.MaxReason)
+	l.MaxQueueName = orDefault(l.MaxQueueName, d.MaxQueueName)
 	return l
+}
+
+func orDefault[T int | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }
 
 // Limits returns the limits the store enforces.
