@@ -1,0 +1,217 @@
+package rpc
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/storage"
+	"github.com/leaseq/leaseq/storage/memstore"
+	"github.com/leaseq/leaseq/storage/rocksstore"
+)
+
+// benchBackends are the stores each benchmark runs on: rocks (sync=always)
+// is the target; mem isolates the cost of the RPC layer.
+var benchBackends = []string{"rocks", "mem"}
+
+// benchServer serves a store over real TCP loopback with the real clock.
+func benchServer(b *testing.B, backend string) (*Server, string) {
+	b.Helper()
+	var st storage.Store
+	var err error
+	if backend == "rocks" {
+		st, err = rocksstore.Open(b.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
+	} else {
+		st = memstore.New(memstore.Options{})
+	}
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = st.Close() })
+	srv, err := NewServer(ServerConfig{Store: st, Clock: clock.New()})
+	require.NoError(b, err)
+	b.Cleanup(srv.Stop)
+	ln, err := Listen("127.0.0.1:0")
+	require.NoError(b, err)
+	require.NoError(b, srv.Start(context.Background(), ln))
+	return srv, ln.Addr().String()
+}
+
+func benchDial(b *testing.B, addr string) *Client {
+	b.Helper()
+	c, err := Dial(context.Background(), addr, ClientOptions{})
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// reportPercentiles reports p50 and p99 of lat in milliseconds.
+func reportPercentiles(b *testing.B, prefix string, lat []time.Duration) {
+	if len(lat) == 0 {
+		return
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	at := func(q float64) float64 {
+		return float64(lat[min(len(lat)-1, int(q*float64(len(lat))))]) / float64(time.Millisecond)
+	}
+	b.ReportMetric(at(0.50), prefix+"p50-ms")
+	b.ReportMetric(at(0.99), prefix+"p99-ms")
+}
+
+// BenchmarkRPC_EnqueueRoundTrip: one 256-byte item per call, one call at a
+// time, fsync per call.
+func BenchmarkRPC_EnqueueRoundTrip(b *testing.B) {
+	for _, be := range benchBackends {
+		b.Run("backend="+be, func(b *testing.B) { benchmarkRPC_EnqueueRoundTrip(b, be) })
+	}
+}
+
+func benchmarkRPC_EnqueueRoundTrip(b *testing.B, backend string) {
+	_, addr := benchServer(b, backend)
+	c := benchDial(b, addr)
+	ctx := context.Background()
+	items := []storage.EnqueueItem{{Payload: make([]byte, 256)}}
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		if _, err := c.Enqueue(ctx, "rtt", items); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(start))
+	}
+	b.StopTimer()
+	reportPercentiles(b, "", lat)
+}
+
+// BenchmarkRPC_WakeLatency: a consumer parked in a long poll; a producer
+// enqueues one item; latency from the start of the enqueue call (fsync
+// included) to the poll's answer arriving at the consumer.
+func BenchmarkRPC_WakeLatency(b *testing.B) {
+	for _, be := range benchBackends {
+		b.Run("backend="+be, func(b *testing.B) { benchmarkRPC_WakeLatency(b, be) })
+	}
+}
+
+func benchmarkRPC_WakeLatency(b *testing.B, backend string) {
+	srv, addr := benchServer(b, backend)
+	consumer, producer := benchDial(b, addr), benchDial(b, addr)
+	ctx := context.Background()
+	items := []storage.EnqueueItem{{Payload: make([]byte, 256)}}
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		got := make(chan storage.PollResult, 1)
+		go func() {
+			pr, err := consumer.Poll(ctx, "wake", 1, time.Minute, 10*time.Second)
+			if err != nil {
+				b.Error(err)
+			}
+			got <- pr
+		}()
+		for srv.Metrics().Waiters == 0 {
+			time.Sleep(20 * time.Microsecond) // benchmark setup: wait until parked
+		}
+		start := time.Now()
+		if _, err := producer.Enqueue(ctx, "wake", items); err != nil {
+			b.Fatal(err)
+		}
+		pr := <-got
+		lat = append(lat, time.Since(start))
+		if len(pr.Items) != 1 {
+			b.Fatalf("poll returned %d items", len(pr.Items))
+		}
+		if _, err := consumer.Ack(ctx, "wake", pr.Lease, []storage.ItemID{pr.Items[0].ID}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	reportPercentiles(b, "", lat)
+}
+
+// BenchmarkRPC_4P4C: 4 producers (enqueue batch 32) and 4 consumers (poll
+// batch 32, one ack per batch), each on its own connection; b.N items
+// enqueued and fully acked.
+func BenchmarkRPC_4P4C(b *testing.B) {
+	for _, be := range benchBackends {
+		b.Run("backend="+be, func(b *testing.B) { benchmarkRPC_4P4C(b, be) })
+	}
+}
+
+func benchmarkRPC_4P4C(b *testing.B, backend string) {
+	_, addr := benchServer(b, backend)
+	const producers, consumers, batch = 4, 4, 32
+	prod := make([]*Client, producers)
+	cons := make([]*Client, consumers)
+	for i := range prod {
+		prod[i] = benchDial(b, addr)
+	}
+	for i := range cons {
+		cons[i] = benchDial(b, addr)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	total := int64((b.N + batch - 1) / batch * batch)
+	var enqueued, acked atomic.Int64
+	payload := make([]byte, 256)
+	items := make([]storage.EnqueueItem, batch)
+	for i := range items {
+		items[i] = storage.EnqueueItem{Payload: payload}
+	}
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, c := range prod {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for enqueued.Add(batch) <= total {
+				if _, err := c.Enqueue(ctx, "load", items); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	var once sync.Once
+	for _, c := range cons {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				pr, err := c.Poll(ctx, "load", batch, time.Minute, time.Second)
+				if err != nil {
+					if ctx.Err() == nil {
+						b.Error(err)
+					}
+					return
+				}
+				if len(pr.Items) == 0 {
+					continue
+				}
+				ids := make([]storage.ItemID, len(pr.Items))
+				for i, it := range pr.Items {
+					ids[i] = it.ID
+				}
+				if _, err := c.Ack(context.Background(), "load", pr.Lease, ids); err != nil {
+					b.Error(err)
+					return
+				}
+				if acked.Add(int64(len(ids))) >= total {
+					once.Do(func() { close(done) })
+				}
+			}
+		}()
+	}
+	<-done
+	elapsed := time.Since(start)
+	b.StopTimer()
+	cancel()
+	wg.Wait()
+	b.ReportMetric(float64(total)/elapsed.Seconds(), "items/s")
+}
