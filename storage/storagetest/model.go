@@ -62,7 +62,6 @@ func RunModel(t *testing.T, h Harness) {
 
 // side is one of the two stores with its id and token translation.
 type side struct {
-	name   string
 	store  func() storage.Store
 	ids    []storage.ItemID
 	idx    map[storage.ItemID]int
@@ -74,8 +73,8 @@ type side struct {
 	pendLeases []storage.LeaseID
 }
 
-func newSide(name string, store func() storage.Store) *side {
-	return &side{name: name, store: store, idx: map[storage.ItemID]int{}, lidx: map[storage.LeaseID]int{}}
+func newSide(store func() storage.Store) *side {
+	return &side{store: store, idx: map[storage.ItemID]int{}, lidx: map[storage.LeaseID]int{}}
 }
 
 // id translates an id to its position; -1 for the zero id.
@@ -275,8 +274,8 @@ func newModelRun(t *testing.T, h Harness, seed uint64) *modelRun {
 	m.sut = newFixture(t, h)
 	m.ref = memstore.New(memstore.Options{Limits: m.lim})
 	t.Cleanup(func() { _ = m.ref.Close() })
-	m.a = newSide("reference", func() storage.Store { return m.ref })
-	m.b = newSide("store", func() storage.Store { return m.sut.s })
+	m.a = newSide(func() storage.Store { return m.ref })
+	m.b = newSide(func() storage.Store { return m.sut.s })
 	return m
 }
 
@@ -284,7 +283,7 @@ func newModelRun(t *testing.T, h Harness, seed uint64) *modelRun {
 // the new ids and tokens.
 func (m *modelRun) compare(desc string, op func(sd *side) any) any {
 	m.t.Helper()
-	m.recent = append(m.recent, fmt.Sprintf("step %d @%v: %s", m.step, m.now.Sub(base), desc))
+	m.recent = append(m.recent, fmt.Sprintf("step %d (time %v): %s", m.step, m.now.Sub(base), desc))
 	if len(m.recent) > 25 {
 		m.recent = m.recent[1:]
 	}
@@ -349,6 +348,23 @@ func (m *modelRun) randomOp() {
 	}
 }
 
+// callNow is the Now of a call: usually the current time, sometimes a bit
+// earlier, as from a caller that read the clock before another call ran.
+func (m *modelRun) callNow() time.Time {
+	if m.rng.IntN(20) == 0 {
+		return m.now.Add(-time.Duration(m.rng.Int64N(int64(500 * time.Millisecond))))
+	}
+	return m.now
+}
+
+// nowNote describes a call's Now when it is not the current time.
+func (m *modelRun) nowNote(now time.Time) string {
+	if now.Equal(m.now) {
+		return ""
+	}
+	return fmt.Sprintf(" (called with now %v)", now.Sub(base))
+}
+
 func (m *modelRun) remember(t time.Time) {
 	if t.After(m.now) {
 		m.instants = append(m.instants, t)
@@ -390,8 +406,8 @@ func (m *modelRun) opEnqueue() {
 		}
 		items[i] = it
 	}
-	now := m.now
-	out := m.compare(fmt.Sprintf("enqueue %s %+v", q, items), func(sd *side) any {
+	now := m.callNow()
+	out := m.compare(fmt.Sprintf("enqueue %s %+v", q, items)+m.nowNote(now), func(sd *side) any {
 		res, err := sd.store().Enqueue(m.ctx, storage.EnqueueParams{Queue: q, Items: items, Now: now})
 		var out []nEnqueue
 		for _, r := range res {
@@ -445,8 +461,8 @@ func (m *modelRun) opPoll() {
 			lease = m.lim.MinLease - 1
 		}
 	}
-	now := m.now
-	out := m.compare(fmt.Sprintf("poll %s max=%d lease=%v", q, max, lease), func(sd *side) any {
+	now := m.callNow()
+	out := m.compare(fmt.Sprintf("poll %s max=%d lease=%v", q, max, lease)+m.nowNote(now), func(sd *side) any {
 		res, err := sd.store().Poll(m.ctx, storage.PollParams{Queue: q, Max: max, Lease: lease, Now: now})
 		np := nPoll{Lease: sd.lease(res.Lease), Items: sd.items(res.Items)}
 		if !res.Lease.IsZero() {
@@ -543,8 +559,8 @@ func (m *modelRun) pickIDs(l int) []int {
 func (m *modelRun) opAck() {
 	l, q := m.pickLease()
 	pos := m.pickIDs(l)
-	now := m.now
-	out := m.compare(fmt.Sprintf("ack %s lease#%d ids%v", q, l, pos), func(sd *side) any {
+	now := m.callNow()
+	out := m.compare(fmt.Sprintf("ack %s lease#%d ids%v", q, l, pos)+m.nowNote(now), func(sd *side) any {
 		codes, err := sd.store().Ack(m.ctx, storage.AckParams{Queue: q, Lease: sd.leaseAt(l), IDs: sd.idsAt(pos), Now: now})
 		return newCodes(codes, err)
 	}).(nCodes)
@@ -604,8 +620,8 @@ func (m *modelRun) opNack() {
 	if m.rng.IntN(40) == 0 {
 		reason = strings.Repeat("long", m.lim.MaxReason/4+3)
 	}
-	now := m.now
-	out := m.compare(fmt.Sprintf("nack %s lease#%d ids%v delay=%v reason=%.10q", q, l, pos, delay, reason), func(sd *side) any {
+	now := m.callNow()
+	out := m.compare(fmt.Sprintf("nack %s lease#%d ids%v delay=%v reason=%.10q", q, l, pos, delay, reason)+m.nowNote(now), func(sd *side) any {
 		codes, err := sd.store().Nack(m.ctx, storage.NackParams{Queue: q, Lease: sd.leaseAt(l), IDs: sd.idsAt(pos), Delay: &delay, Reason: reason, Now: now})
 		return newCodes(codes, err)
 	}).(nCodes)
@@ -621,12 +637,12 @@ func (m *modelRun) opExtend() {
 	if m.rng.IntN(20) == 0 {
 		d = m.lim.MinLease - 1
 	}
-	now := m.now
+	now := m.callNow()
 	type nExtend struct {
 		Exp time.Duration
 		Err string
 	}
-	out := m.compare(fmt.Sprintf("extend %s lease#%d %v", q, l, d), func(sd *side) any {
+	out := m.compare(fmt.Sprintf("extend %s lease#%d %v", q, l, d)+m.nowNote(now), func(sd *side) any {
 		exp, err := sd.store().ExtendLease(m.ctx, storage.ExtendParams{Queue: q, Lease: sd.leaseAt(l), Duration: d, Now: now})
 		if err != nil {
 			return nExtend{0, errClass(err)}
