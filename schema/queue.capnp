@@ -214,20 +214,23 @@ interface Queue {
   # queues lists queue names in byte order.
   queues @6 () -> (status :Status, queues :List(Text));
 
-  # peek lists up to limit items without leasing them, in id order after
-  # `after` (empty: from the start): available items, or inflight ones.
+  # peek lists up to limit (0: 100; at most 1000) items without leasing
+  # them, in id order after `after` (empty: from the start): available
+  # items, or inflight ones.
   peek @7 (queue :Text, inflight :Bool, after :Data, limit :UInt32)
        -> (status :Status, items :List(Item));
 
   # purge deletes every available and inflight item of a queue.
   purge @8 (queue :Text) -> (status :Status, purged :UInt64);
 
-  # deadList pages through dead items in id order after `after`.
+  # deadList pages through up to limit (0: 100) dead items in id order
+  # after `after` (empty: from the start).
   deadList @9 (queue :Text, after :Data, limit :UInt32)
            -> (status :Status, items :List(DeadItem));
 
   # redrive moves dead items back to ready with attempts reset: the listed
-  # ids (one code each), or, when ids is empty, up to limit dead items.
+  # ids (one code each, at most 1000), or, when ids is empty, up to limit
+  # (0: 100) dead items in id order.
   redrive @10 (queue :Text, ids :List(Data), limit :UInt32)
           -> (status :Status, codes :List(ResultCode), moved :UInt64);
 

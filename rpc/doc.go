@@ -1,0 +1,41 @@
+// Package rpc serves leaseq's Cap'n Proto protocol (schema/queue.capnp) over
+// a storage.Store, and holds the Go client (Client, Dial) and the consumer
+// helper (Client.Consume) built on it.
+//
+// Server. NewServer takes a ServerConfig (store, clock, logger, limits,
+// connection and waiter bounds, optional TLS). Serve or Start accept on a
+// listener from Listen ("host:port" or "unix:/path"); Stop stops accepting,
+// ends parked long polls and subscriptions, waits for running calls, then
+// closes every connection. Each connection gets its own bootstrap Queue
+// object; every handler calls call.Go() first so a blocking call (a long
+// poll, an fsync) never holds up the connection's other calls. Wake is the
+// hook for the sweeper's "queues gained ready items".
+//
+// Errors. Request-level failures travel as a Status (schema.ErrorCode) in
+// every result, mapped from the storage sentinels by the one table in
+// errors.go; the client turns them back into *StatusError values that wrap
+// the same sentinels. Cap'n Proto exceptions mean transport or internal
+// failure only.
+//
+// Limits. Every limit of storage.Limits is checked here before the store is
+// called: queue names, batch sizes, lease, wait and delay ranges are
+// request-level invalidArgument; payload size, per-item delay and dedup key
+// length reject only their item (ResultCode invalid). Transport bounds: a
+// maximum message size and traversal limit per incoming message, a
+// per-connection budget of unanswered incoming bytes (reading stops when it
+// is spent), MaxConns (an excess connection receives an RPC Abort saying
+// why), and MaxWaitersPerQueue.
+//
+// Long polls and subscriptions go through rpc/dispatch, which parks them in
+// a per-queue FIFO woken by enqueue, nack, redrive and Wake. A subscription's
+// pusher is a goroutine owned by the server; a shared lease tracker returns
+// its credit when its leases are acked or nacked (on any connection),
+// extended leases stay counted, and expired ones are freed by the clock.
+//
+// Concurrency: Server, Client and Subscription are safe for concurrent use.
+// Lock order: Server.mu and leaseTracker.mu are leaves (never held while
+// calling the store, the dispatcher or capnp); dispatch has its own leaf
+// lock. Ownership: everything a Client returns is copied out of capnp
+// buffers; server-side arguments are copied before they outlive a handler.
+// No time is read except through the injected clock.Clock.
+package rpc
