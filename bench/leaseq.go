@@ -1,7 +1,19 @@
 package bench
 
-import "github.com/leaseq/leaseq/bench/target"
+import (
+	"github.com/leaseq/leaseq/bench/leaseqt"
+	"github.com/leaseq/leaseq/bench/target"
+	"github.com/leaseq/leaseq/storage/rocksstore"
+)
 
-// leaseqSystems lists leaseq's own systems (in-process stores and the RPC
-// server).
-func leaseqSystems(Config) []target.System { return nil }
+// leaseqSystems lists leaseq's own systems: over RPC against a real
+// `leaseq serve` (the rows to compare with peers), then in process.
+func leaseqSystems(bin *leaseqt.Binary) []target.System {
+	return []target.System{
+		leaseqt.RPC{Sync: "always", Bin: bin},
+		leaseqt.RPC{Sync: "none", Bin: bin},
+		leaseqt.InProcess{Backend: leaseqt.BackendRocks, Sync: rocksstore.SyncAlways},
+		leaseqt.InProcess{Backend: leaseqt.BackendRocks, Sync: rocksstore.SyncNone},
+		leaseqt.InProcess{Backend: leaseqt.BackendMem},
+	}
+}

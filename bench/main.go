@@ -11,14 +11,17 @@ import (
 
 	"github.com/benbjohnson/clock"
 
+	"github.com/leaseq/leaseq/bench/leaseqt"
 	"github.com/leaseq/leaseq/bench/peers"
 	"github.com/leaseq/leaseq/bench/target"
 )
 
 // Systems returns every system the harness knows, leaseq's first, in the
-// order rows are run and drawn. Unavailable ones are skipped by Run.
-func Systems(c Config) []target.System {
-	return append(leaseqSystems(c),
+// order rows are run and drawn. Unavailable ones are skipped by Run. bin
+// locates (or builds) the leaseq binary for the RPC systems; the caller
+// closes it after the run.
+func Systems(bin *leaseqt.Binary) []target.System {
+	return append(leaseqSystems(bin),
 		peers.Redis{Fsync: "always"}, peers.Redis{Fsync: "everysec"},
 		peers.Beanstalkd{Fsync: true}, peers.Beanstalkd{Fsync: false},
 		peers.NATS{SyncAlways: true}, peers.NATS{SyncAlways: false},
@@ -69,7 +72,11 @@ func Main(ctx context.Context, clk clock.Clock, args []string, stdout, stderr io
 		}
 	}()
 
-	rep, err := Run(ctx, cfg, Systems(cfg))
+	bin := &leaseqt.Binary{Path: cfg.LeaseqBin}
+	rep, err := Run(ctx, cfg, Systems(bin))
+	if cerr := bin.Close(); cerr != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", cerr)
+	}
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,15 @@
+// Package leaseqt puts leaseq itself under the benchmark harness, in two
+// ways:
+//
+//   - in process: the storage.Store driven directly (rocksstore with
+//     sync=always or sync=none, and memstore as a no-persistence baseline),
+//     with a small deadline-driven sweep loop and an in-process wake-up for
+//     waiting polls standing in for the sweeper and the RPC dispatcher;
+//   - over RPC: a real `leaseq serve` process started by the harness with
+//     a fresh --data directory and --listen on a free loopback port, driven
+//     through the rpc package's Go client.
+//
+// The RPC rows are the ones to compare with peers (every peer is a server
+// reached over loopback TCP); the in-process rows show what the storage
+// engine alone can do, and so how much the RPC layer costs.
+package leaseqt

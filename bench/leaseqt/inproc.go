@@ -1,0 +1,289 @@
+package leaseqt
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/benbjohnson/clock"
+
+	"github.com/leaseq/leaseq/bench/target"
+	"github.com/leaseq/leaseq/storage"
+	"github.com/leaseq/leaseq/storage/memstore"
+	"github.com/leaseq/leaseq/storage/rocksstore"
+)
+
+// Backends of InProcess.
+const (
+	BackendRocks = "rocks"
+	BackendMem   = "mem"
+)
+
+// sweepCap bounds the sweep loop's sleep when no deadline is known, as the
+// real sweeper's SweepInterval does; deadlines normally wake it earlier.
+const sweepCap = 100 * time.Millisecond
+
+// sweepLimit is SweepParams.Limit: large enough that a lease storm of
+// thousands of leases drains in a few passes, small enough that one pass
+// is one modest transaction.
+const sweepLimit = 1000
+
+// InProcess is a leaseq Store in the harness's own process.
+type InProcess struct {
+	Backend string // BackendRocks or BackendMem
+	Sync    rocksstore.SyncMode
+}
+
+// Name implements target.System.
+func (p InProcess) Name() string {
+	if p.Backend == BackendMem {
+		return "leaseq-inproc-mem"
+	}
+	return "leaseq-inproc-" + p.Sync.String()
+}
+
+// Family implements target.System.
+func (InProcess) Family() string { return "leaseq" }
+
+// Durability implements target.System.
+func (p InProcess) Durability() target.Durability {
+	switch {
+	case p.Backend == BackendMem:
+		return target.Durability{Class: "memory", Mode: "memory only (baseline)"}
+	case p.Sync == rocksstore.SyncAlways:
+		return target.Durability{Class: target.ClassDurable, Mode: "WAL fsync, group commit"}
+	}
+	return target.Durability{Class: target.ClassRelaxed, Mode: "WAL, no fsync"}
+}
+
+// Available implements target.System: the store is linked in.
+func (InProcess) Available() error { return nil }
+
+// Start implements target.System.
+func (p InProcess) Start(ctx context.Context, o target.StartOptions) (target.Instance, error) {
+	in := &inprocInstance{clk: o.Clock, lease: o.Lease, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	in.ready.ch = make(chan struct{})
+	onDeadline := func(time.Time) {
+		select {
+		case in.wake <- struct{}{}:
+		default:
+		}
+	}
+	switch p.Backend {
+	case BackendMem:
+		in.store = memstore.New(memstore.Options{OnDeadline: onDeadline})
+	case BackendRocks:
+		dir := filepath.Join(o.Dir, "data")
+		s, err := rocksstore.Open(dir, rocksstore.Options{Sync: p.Sync, OnDeadline: onDeadline})
+		if err != nil {
+			return nil, fmt.Errorf("leaseqt: open rocksstore: %w", err)
+		}
+		in.store = s
+	default:
+		return nil, fmt.Errorf("leaseqt: unknown backend %q", p.Backend)
+	}
+	go in.sweepLoop()
+	return in, nil
+}
+
+type inprocInstance struct {
+	store storage.Store
+	clk   clock.Clock
+	lease time.Duration
+	wake  chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+	ready struct {
+		sync.Mutex
+		ch chan struct{} // closed and replaced when items may have become ready
+	}
+	sweepErr  error
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// readyCh returns the channel the next readiness broadcast closes.
+func (in *inprocInstance) readyCh() <-chan struct{} {
+	in.ready.Lock()
+	defer in.ready.Unlock()
+	return in.ready.ch
+}
+
+func (in *inprocInstance) broadcast() {
+	in.ready.Lock()
+	defer in.ready.Unlock()
+	close(in.ready.ch)
+	in.ready.ch = make(chan struct{})
+}
+
+// sweepLoop is a stand-in for the sweeper (which bench may not import):
+// one pass at each known deadline, capped at sweepCap.
+func (in *inprocInstance) sweepLoop() {
+	defer close(in.done)
+	ctx := context.Background()
+	for {
+		res, err := in.store.Sweep(ctx, storage.SweepParams{Now: in.clk.Now(), Limit: sweepLimit})
+		if err != nil {
+			if !errors.Is(err, storage.ErrClosed) {
+				in.sweepErr = fmt.Errorf("leaseqt: sweep: %w", err)
+			}
+			return
+		}
+		if len(res.ReadyQueues) > 0 {
+			in.broadcast()
+		}
+		if res.More {
+			continue
+		}
+		d := sweepCap
+		if !res.Next.IsZero() {
+			d = min(d, max(0, in.clk.Until(res.Next)))
+		}
+		select {
+		case <-in.stop:
+			return
+		case <-in.wake:
+		case <-in.clk.After(d):
+		}
+	}
+}
+
+func (in *inprocInstance) PID() int { return os.Getpid() }
+
+func (in *inprocInstance) Close() error {
+	in.closeOnce.Do(func() {
+		close(in.stop)
+		<-in.done
+		in.closeErr = errors.Join(in.sweepErr, in.store.Close())
+	})
+	return in.closeErr
+}
+
+func (in *inprocInstance) Connect(context.Context) (target.Client, error) {
+	return &inprocClient{in: in}, nil
+}
+
+type inprocClient struct {
+	in    *inprocInstance
+	items []storage.EnqueueItem
+}
+
+// handle is a leaseq delivery receipt: the poll's lease and the item id.
+type handle struct {
+	lease storage.LeaseID
+	id    storage.ItemID
+}
+
+func (c *inprocClient) Close() error { return nil }
+
+func (c *inprocClient) Enqueue(ctx context.Context, queue string, payloads [][]byte) error {
+	c.items = c.items[:0]
+	for _, p := range payloads {
+		// The harness reuses its payload buffers; a store may keep the
+		// slice (memstore does), so hand it a copy, as RPC would.
+		c.items = append(c.items, storage.EnqueueItem{Payload: bytes.Clone(p)})
+	}
+	res, err := c.in.store.Enqueue(ctx, storage.EnqueueParams{Queue: queue, Items: c.items, Now: c.in.clk.Now()})
+	if err != nil {
+		return fmt.Errorf("leaseqt: enqueue: %w", err)
+	}
+	if err := enqueueCodes(res); err != nil {
+		return err
+	}
+	c.in.broadcast()
+	return nil
+}
+
+func enqueueCodes(res []storage.EnqueueResult) error {
+	for i, r := range res {
+		if r.Code != storage.CodeOK {
+			return fmt.Errorf("leaseqt: enqueue item %d: %v: %s", i, r.Code, r.Err)
+		}
+	}
+	return nil
+}
+
+func (c *inprocClient) Poll(ctx context.Context, queue string, max int, wait time.Duration) ([]target.Delivery, error) {
+	var deadline time.Time
+	if wait > 0 {
+		deadline = c.in.clk.Now().Add(wait)
+	}
+	for {
+		// Take the wake-up channel before polling, so an enqueue between
+		// the poll and the wait is not missed.
+		ch := c.in.readyCh()
+		res, err := c.in.store.Poll(ctx, storage.PollParams{Queue: queue, Max: max, Lease: c.in.lease, Now: c.in.clk.Now()})
+		if err != nil {
+			return nil, fmt.Errorf("leaseqt: poll: %w", err)
+		}
+		if len(res.Items) > 0 || wait <= 0 {
+			return deliveries(res), nil
+		}
+		left := c.in.clk.Until(deadline)
+		if left <= 0 {
+			return nil, nil
+		}
+		select {
+		case <-ch:
+		case <-c.in.clk.After(left):
+		case <-ctx.Done():
+			return nil, fmt.Errorf("leaseqt: poll: %w", ctx.Err())
+		}
+	}
+}
+
+func deliveries(res storage.PollResult) []target.Delivery {
+	ds := make([]target.Delivery, len(res.Items))
+	for i, it := range res.Items {
+		ds[i] = target.Delivery{Payload: it.Payload, Handle: handle{lease: res.Lease, id: it.ID}}
+	}
+	return ds
+}
+
+// byLease groups ids by lease, keeping first-seen order; a poll batch
+// has one lease, so this is normally one group.
+func byLease(ds []target.Delivery) ([]storage.LeaseID, map[storage.LeaseID][]storage.ItemID) {
+	var order []storage.LeaseID
+	m := map[storage.LeaseID][]storage.ItemID{}
+	for _, d := range ds {
+		h := d.Handle.(handle)
+		if _, ok := m[h.lease]; !ok {
+			order = append(order, h.lease)
+		}
+		m[h.lease] = append(m[h.lease], h.id)
+	}
+	return order, m
+}
+
+// ackCodes accepts CodeOK and the codes an at-least-once consumer meets
+// when its lease ran out (the item went to someone else or was acked by
+// them); anything else is a harness or server bug.
+func ackCodes(codes []storage.Code) error {
+	for i, code := range codes {
+		switch code {
+		case storage.CodeOK, storage.CodeLeaseExpired, storage.CodeLeaseMismatch, storage.CodeNotFound:
+		default:
+			return fmt.Errorf("leaseqt: ack id %d: %v", i, code)
+		}
+	}
+	return nil
+}
+
+func (c *inprocClient) Ack(ctx context.Context, queue string, ds []target.Delivery) error {
+	order, m := byLease(ds)
+	for _, l := range order {
+		codes, err := c.in.store.Ack(ctx, storage.AckParams{Queue: queue, Lease: l, IDs: m[l], Now: c.in.clk.Now()})
+		if err != nil {
+			return fmt.Errorf("leaseqt: ack: %w", err)
+		}
+		if err := ackCodes(codes); err != nil {
+			return err
+		}
+	}
+	return nil
+}

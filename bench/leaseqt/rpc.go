@@ -1,0 +1,192 @@
+package leaseqt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/leaseq/leaseq/bench/procx"
+	"github.com/leaseq/leaseq/bench/target"
+	"github.com/leaseq/leaseq/rpc"
+	"github.com/leaseq/leaseq/storage"
+)
+
+// serveReadyWait bounds how long `leaseq serve` may take to listen on a
+// fresh data directory (RocksDB open is tens of milliseconds; the slack is
+// for a loaded machine).
+const serveReadyWait = 30 * time.Second
+
+// buildTimeout bounds `go build` of the leaseq binary (a cold cgo build
+// against RocksDB takes 15-60 s on two cores).
+const buildTimeout = 5 * time.Minute
+
+// Binary finds or builds the leaseq binary once per run and removes a
+// binary it built on Close. It is safe for concurrent use.
+type Binary struct {
+	// Path is the binary to use; "" means the running executable when it
+	// is leaseq itself (`leaseq bench`), else `go build` of the module
+	// into a temporary directory (under `go test`).
+	Path string
+
+	once sync.Once
+	path string
+	err  error
+	tmp  string
+}
+
+// Resolve returns the binary's path, building it on first use.
+func (b *Binary) Resolve() (string, error) {
+	b.once.Do(func() {
+		if b.Path != "" {
+			b.path, b.err = filepath.Abs(b.Path)
+			if b.err == nil {
+				_, b.err = os.Stat(b.path)
+			}
+			return
+		}
+		if exe, err := os.Executable(); err == nil && filepath.Base(exe) == "leaseq" {
+			b.path = exe
+			return
+		}
+		b.tmp, b.err = os.MkdirTemp("", "leaseq-bench-bin-")
+		if b.err != nil {
+			return
+		}
+		out := filepath.Join(b.tmp, "leaseq")
+		ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "github.com/leaseq/leaseq")
+		if msg, err := cmd.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("leaseqt: go build github.com/leaseq/leaseq (run from inside the module, or pass -leaseq-bin): %w: %s", err, msg)
+			return
+		}
+		b.path = out
+	})
+	return b.path, b.err
+}
+
+// Close removes a binary Resolve built.
+func (b *Binary) Close() error {
+	if b.tmp == "" {
+		return nil
+	}
+	return os.RemoveAll(b.tmp)
+}
+
+// RPC is a `leaseq serve` process driven over its Cap'n Proto RPC.
+type RPC struct {
+	Sync string // "always" or "none"
+	Bin  *Binary
+}
+
+// Name implements target.System.
+func (r RPC) Name() string { return "leaseq-rpc-" + r.Sync }
+
+// Family implements target.System.
+func (RPC) Family() string { return "leaseq" }
+
+// Durability implements target.System.
+func (r RPC) Durability() target.Durability {
+	if r.Sync == "always" {
+		return target.Durability{Class: target.ClassDurable, Mode: "WAL fsync, group commit (--sync=always)"}
+	}
+	return target.Durability{Class: target.ClassRelaxed, Mode: "WAL, no fsync (--sync=none)"}
+}
+
+// Available implements target.System; it builds the binary if needed.
+func (r RPC) Available() error {
+	_, err := r.Bin.Resolve()
+	return err
+}
+
+// Start implements target.System.
+func (r RPC) Start(ctx context.Context, o target.StartOptions) (target.Instance, error) {
+	bin, err := r.Bin.Resolve()
+	if err != nil {
+		return nil, err
+	}
+	port, err := procx.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	p, err := procx.Start(ctx, o.Clock, r.Name(), o.Dir, addr, serveReadyWait, bin, "serve",
+		"--data", filepath.Join(o.Dir, "data"), "--listen", addr, "--sync", r.Sync)
+	if err != nil {
+		return nil, err
+	}
+	return &rpcInstance{proc: p, addr: addr, lease: o.Lease}, nil
+}
+
+type rpcInstance struct {
+	proc   *procx.Process
+	addr   string
+	lease  time.Duration
+	closed atomic.Bool
+}
+
+func (in *rpcInstance) PID() int { return in.proc.PID() }
+
+func (in *rpcInstance) Close() error {
+	if in.closed.Swap(true) {
+		return nil
+	}
+	return in.proc.Stop()
+}
+
+func (in *rpcInstance) Connect(ctx context.Context) (target.Client, error) {
+	c, err := rpc.Dial(ctx, in.addr, rpc.ClientOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("leaseqt: dial %s: %w", in.addr, err)
+	}
+	return &rpcClient{c: c, lease: in.lease}, nil
+}
+
+type rpcClient struct {
+	c     *rpc.Client
+	lease time.Duration
+	items []storage.EnqueueItem
+}
+
+func (c *rpcClient) Close() error { return c.c.Close() }
+
+func (c *rpcClient) Enqueue(ctx context.Context, queue string, payloads [][]byte) error {
+	c.items = c.items[:0]
+	for _, p := range payloads {
+		c.items = append(c.items, storage.EnqueueItem{Payload: p})
+	}
+	res, err := c.c.Enqueue(ctx, queue, c.items)
+	if err != nil {
+		return fmt.Errorf("leaseqt: rpc enqueue: %w", err)
+	}
+	return enqueueCodes(res)
+}
+
+func (c *rpcClient) Poll(ctx context.Context, queue string, max int, wait time.Duration) ([]target.Delivery, error) {
+	res, err := c.c.Poll(ctx, queue, max, c.lease, wait)
+	if err != nil {
+		return nil, fmt.Errorf("leaseqt: rpc poll: %w", err)
+	}
+	return deliveries(res), nil
+}
+
+func (c *rpcClient) Ack(ctx context.Context, queue string, ds []target.Delivery) error {
+	order, m := byLease(ds)
+	var errs []error
+	for _, l := range order {
+		codes, err := c.c.Ack(ctx, queue, l, m[l])
+		if err != nil {
+			errs = append(errs, fmt.Errorf("leaseqt: rpc ack: %w", err))
+			continue
+		}
+		errs = append(errs, ackCodes(codes))
+	}
+	return errors.Join(errs...)
+}
