@@ -413,3 +413,21 @@ func TestServer_LocalHandlers(t *testing.T) {
 	require.Equal(t, []storage.Code{storage.CodeOK}, readCodes(cl))
 	release()
 }
+
+func TestWindowLimiter_OversizedMessageDoesNotPanic(t *testing.T) {
+	t.Parallel()
+	l := newWindowLimiter(1024)
+	defer l.Release()
+	done, err := l.StartMessage(context.Background(), 512)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	// Larger than the window: waits for the window to drain...
+	_, err = l.StartMessage(ctx, 1<<20)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	done()
+	// ...then goes alone.
+	big, err := l.StartMessage(context.Background(), 1<<20)
+	require.NoError(t, err)
+	big()
+}

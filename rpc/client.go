@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"capnproto.org/go/capnp/v3"
-	"capnproto.org/go/capnp/v3/flowcontrol"
 	capnprpc "capnproto.org/go/capnp/v3/rpc"
 	"capnproto.org/go/capnp/v3/rpc/transport"
 
@@ -116,7 +115,7 @@ func NewClient(ctx context.Context, conn net.Conn, opts ClientOptions) (*Client,
 		}
 		return nil, fmt.Errorf("rpc: bootstrap: %w", err)
 	}
-	q.SetFlowLimiter(flowcontrol.NewFixedLimiter(limit))
+	q.SetFlowLimiter(newWindowLimiter(limit))
 	return &Client{conn: conn, rc: rc, q: q, log: log, limit: limit, closed: make(chan struct{})}, nil
 }
 

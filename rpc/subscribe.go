@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"capnproto.org/go/capnp/v3/flowcontrol"
 
 	"github.com/leaseq/leaseq/rpc/dispatch"
 	"github.com/leaseq/leaseq/schema"
@@ -162,15 +161,16 @@ func (sub *subscription) Cancel(ctx context.Context, call schema.Subscription_ca
 // dies.
 func (sub *subscription) Shutdown() { sub.cancel() }
 
-// deliverWindow is the flow-limiter window for pushes: at least the largest
-// deliver message prefetch items can make (NewFixedLimiter panics on a
-// message bigger than its window), and at least the connection budget.
+// deliverWindow is the flow-limiter window (bytes in flight) for pushes to
+// one consumer: the most prefetch items can take, capped by the
+// per-connection budget. A delivery bigger than the window still goes,
+// alone (see newWindowLimiter).
 func (s *Server) deliverWindow(prefetch int) int64 {
 	l := s.limits
 	perItem := int64(l.MaxPayload + l.MaxDedupKey + l.MaxReason + l.MaxQueueName + 512)
 	w := int64(prefetch)*perItem + 64<<10
-	if s.cfg.ConnFlowLimitBytes > w {
-		w = s.cfg.ConnFlowLimitBytes
+	if limit := s.cfg.ConnFlowLimitBytes; limit > 0 && w > limit {
+		w = limit
 	}
 	return w
 }
@@ -207,7 +207,7 @@ func (q *queueServer) Subscribe(ctx context.Context, call schema.Queue_subscribe
 			credit:   make(chan struct{}, 1),
 			leases:   make(map[storage.LeaseID]*trackedLease),
 		}
-		sub.consumer.SetFlowLimiter(flowcontrol.NewFixedLimiter(q.s.deliverWindow(sub.prefetch)))
+		sub.consumer.SetFlowLimiter(newWindowLimiter(q.s.deliverWindow(sub.prefetch)))
 		sub.ctx, sub.cancel = context.WithCancel(q.s.subCtx)
 		if !q.s.startSub(sub) {
 			sub.cancel()

@@ -208,6 +208,32 @@ func TestSubscribe(t *testing.T) {
 		require.Equal(t, int64(45), st[0].Ready)
 	})
 
+	t.Run("DeliveryLargerThanWindow", func(t *testing.T) {
+		t.Parallel()
+		// A 4 KiB window and 10 KiB deliveries: pushes go one at a time
+		// instead of panicking in the flow limiter.
+		b := setup(t, bundleOpts{mutate: func(c *ServerConfig) { c.ConnFlowLimitBytes = 4 << 10 }})
+		c := b.dial()
+		ctx := ctxT(t)
+		_, err := c.Enqueue(ctx, "q", payloads(30, 1024))
+		require.NoError(t, err)
+		sub, err := c.Subscribe(ctx, SubscribeOptions{Queue: "q", Prefetch: 10, Lease: time.Minute})
+		require.NoError(t, err)
+		defer sub.Cancel()
+		got := 0
+		for got < 30 {
+			d := recvDelivery(t, sub)
+			ids := make([]storage.ItemID, len(d.Items))
+			for i, it := range d.Items {
+				ids[i] = it.ID
+			}
+			got += len(ids)
+			_, err := c.Ack(ctx, "q", d.Lease, ids)
+			require.NoError(t, err)
+		}
+		require.Equal(t, 30, got)
+	})
+
 	t.Run("TooManyWaiters", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, bundleOpts{mutate: func(c *ServerConfig) { c.MaxWaitersPerQueue = 1 }})

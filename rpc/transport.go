@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"capnproto.org/go/capnp/v3"
+	"capnproto.org/go/capnp/v3/flowcontrol"
 	capnprpc "capnproto.org/go/capnp/v3/rpc"
 	"capnproto.org/go/capnp/v3/rpc/transport"
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
@@ -160,3 +161,22 @@ func (t *abortWatch) aborted() (reason string, overloaded, ok bool) {
 	defer t.mu.Unlock()
 	return t.reason, t.overloaded, t.reason != ""
 }
+
+// newWindowLimiter returns a fixed-window flow limiter that never panics:
+// flowcontrol.NewFixedLimiter panics on a message larger than its window,
+// so a larger message is accounted as exactly the window (it waits until
+// nothing else is in flight, then goes alone).
+func newWindowLimiter(window int64) flowcontrol.FlowLimiter {
+	return clampLimiter{inner: flowcontrol.NewFixedLimiter(window), window: uint64(window)}
+}
+
+type clampLimiter struct {
+	inner  flowcontrol.FlowLimiter
+	window uint64
+}
+
+func (l clampLimiter) StartMessage(ctx context.Context, size uint64) (func(), error) {
+	return l.inner.StartMessage(ctx, min(size, l.window))
+}
+
+func (l clampLimiter) Release() { l.inner.Release() }
