@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-
 	"github.com/leaseq/leaseq/rpc/dispatch"
 	"github.com/leaseq/leaseq/schema"
 	"github.com/leaseq/leaseq/storage"
