@@ -158,3 +158,67 @@ func TestNewServer_Validates(t *testing.T) {
 	_, err = NewServer(ServerConfig{Store: memstore.New(memstore.Options{}), Clock: clock.NewMock(), MaxConns: -1})
 	require.Error(t, err)
 }
+
+// TestFlowTransport_StopsReadingWhenBudgetSpent: once the unreleased
+// incoming messages of a connection reach the budget, the next message is
+// not taken off the wire until one is released.
+func TestFlowTransport_StopsReadingWhenBudgetSpent(t *testing.T) {
+	t.Parallel()
+	srvSide, cliSide := net.Pipe()
+	defer cliSide.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	// Three Bootstrap messages of equal size; the budget fits two.
+	send := transportNewStream(cliSide)
+	sizes := make(chan uint64, 3)
+	go func() {
+		for i := 0; i < 3; i++ {
+			m, err := send.NewMessage()
+			if err != nil {
+				return
+			}
+			if _, err := m.Message().NewBootstrap(); err != nil {
+				return
+			}
+			n, _ := m.Message().Message().TotalSize()
+			sizes <- n
+			if err := m.Send(); err != nil {
+				return
+			}
+			m.Release()
+		}
+	}()
+	size := <-sizes
+	ft := newServerTransport(ctx, srvSide, 1<<20, int64(2*size))
+
+	in1, err := ft.RecvMessage()
+	require.NoError(t, err)
+	in2, err := ft.RecvMessage()
+	require.NoError(t, err)
+	got := make(chan error, 1)
+	go func() {
+		in3, err := ft.RecvMessage()
+		if err == nil {
+			in3.Release()
+		}
+		got <- err
+	}()
+	// The budget is spent: nothing more can be admitted until a release.
+	sem := ft.(*flowTransport).sem
+	require.False(t, sem.TryAcquire(1))
+	select {
+	case err := <-got:
+		t.Fatalf("read past the budget: %v", err)
+	default:
+	}
+	in1.Release()
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a released message did not unblock reading")
+	}
+	in2.Release()
+	require.NoError(t, ft.Close())
+}

@@ -2,7 +2,10 @@ package rpc
 
 import (
 	"errors"
+	"net"
 	"os"
+
+	"capnproto.org/go/capnp/v3/rpc/transport"
 )
 
 var (
@@ -11,3 +14,5 @@ var (
 )
 
 func errorsAs(err error, target any) bool { return errors.As(err, target) }
+
+func transportNewStream(c net.Conn) transport.Transport { return transport.NewStream(c) }
