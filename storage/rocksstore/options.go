@@ -71,6 +71,7 @@ type Options struct {
 	engine       engineKind // which transaction DB
 	inlineMax    int        // payloads up to this many bytes are stored inline; <0: never
 	noDelCompact bool       // disable the deletion-triggered compaction collector
+	noHeads      bool       // claim scans start at the index start (measurement only)
 }
 
 // DefaultCacheBytes is the block cache size when Options.CacheBytes is 0: a

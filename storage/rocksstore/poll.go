@@ -127,6 +127,9 @@ func (s *Store) claimPass(q *queueState, batch []*pollReq) {
 		touched [256]bool
 	)
 	heads := q.beginScan()
+	if s.opts.noHeads {
+		heads = [256][]byte{}
+	}
 	err := s.runTxn("poll", func(tx *txn) error {
 		got = make([][]claimed, len(batch))
 		stop, last, touched = [256][]byte{}, [256][]byte{}, [256]bool{}

@@ -492,3 +492,54 @@ func TestRocksStore_ConcurrentPollsCoalesce(t *testing.T) {
 		})
 	}
 }
+
+func TestRocksStore_OnDeadline(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var got []time.Time
+	b := setup(t, func(o *Options) {
+		o.OnDeadline = func(d time.Time) {
+			mu.Lock()
+			got = append(got, d)
+			mu.Unlock()
+		}
+	})
+	ids := b.enqueue("q", at(0), storage.EnqueueItem{}, storage.EnqueueItem{Delay: time.Minute})
+	r := b.poll("q", 1, 10*time.Second, at(0))
+	_, err := b.s.ExtendLease(b.ctx, storage.ExtendParams{Queue: "q", Lease: r.Lease, Duration: 20 * time.Second, Now: at(time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, []storage.Code{storage.CodeOK}, b.nack("q", r.Lease, dur(5*time.Second), at(2*time.Second), ids[0]))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []time.Time{at(time.Minute), at(10 * time.Second), at(21 * time.Second), at(7 * time.Second)}, got)
+}
+
+func TestRocksStore_ReopenKeepsLeasesAndIndexes(t *testing.T) {
+	t.Parallel()
+	for _, k := range engines() {
+		t.Run("engine="+k.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, withEngine(k))
+			ids := b.enqueueN("q", at(0), 5)
+			b.enqueue("q", at(0), storage.EnqueueItem{Delay: time.Hour, DedupKey: "d"})
+			r := b.poll("q", 2, time.Minute, at(0))
+			b.poll("q", 2, time.Minute, at(0))
+			before := b.stats("q", at(0))
+			b.reopen()
+			require.Equal(t, before, b.stats("q", at(0)))
+			require.Equal(t, []storage.Code{storage.CodeOK}, b.ack("q", r.Lease, at(time.Second), ids[0]))
+			res, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{DedupKey: "d"}}, Now: at(time.Minute)})
+			require.NoError(t, err)
+			require.True(t, res[0].Duplicate, "dedup keys survive reopen")
+			sw := b.sweep(at(time.Hour))
+			require.Equal(t, 2, sw.LeasesExpired)
+			require.Equal(t, 3, sw.Requeued)
+			require.Equal(t, 1, sw.Promoted)
+			require.Equal(t, 1, sw.DedupDropped)
+			got := b.poll("q", 10, time.Minute, at(time.Hour))
+			require.Len(t, got.Items, 5)
+			m := b.s.Metrics()
+			require.Positive(t, m.Commits)
+		})
+	}
+}

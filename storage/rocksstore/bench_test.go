@@ -1,0 +1,396 @@
+package rocksstore
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/storage"
+	"github.com/leaseq/leaseq/storage/storagetest"
+)
+
+// benchConfig selects the store variant a benchmark runs on.
+type benchConfig struct {
+	sync      SyncMode
+	engine    engineKind
+	inlineMax int
+	noHeads   bool
+	noDelComp bool
+	payload   int
+}
+
+func (c benchConfig) options() Options {
+	return Options{Sync: c.sync, engine: c.engine, inlineMax: c.inlineMax, noHeads: c.noHeads, noDelCompact: c.noDelComp}
+}
+
+func openBench(b *testing.B, dir string, c benchConfig) *Store {
+	b.Helper()
+	s, err := Open(dir, c.options())
+	require.NoError(b, err)
+	return s
+}
+
+func benchPayloadItems(n, size int) []storage.EnqueueItem {
+	p := make([]byte, size)
+	for i := range p {
+		p[i] = byte('a' + i%26)
+	}
+	items := make([]storage.EnqueueItem, n)
+	for i := range items {
+		items[i] = storage.EnqueueItem{Payload: p}
+	}
+	return items
+}
+
+// benchNow hands out increasing instants without reading a clock.
+type benchNow struct{ n atomic.Int64 }
+
+func (c *benchNow) now() time.Time { return t0.Add(time.Duration(c.n.Add(1)) * time.Microsecond) }
+
+func reportItems(b *testing.B, items int, d time.Duration) {
+	b.ReportMetric(float64(items)/d.Seconds(), "items/s")
+}
+
+func reportMetrics(b *testing.B, m Metrics) {
+	if m.Commits > 0 {
+		b.ReportMetric(float64(m.WALSyncs)/float64(m.Commits), "fsyncs/commit")
+	}
+	if m.ClaimPasses > 0 {
+		b.ReportMetric(float64(m.Polls)/float64(m.ClaimPasses), "polls/pass")
+	}
+}
+
+// BenchmarkEnqueue: batches of 100 x 256 B.
+func BenchmarkEnqueue(b *testing.B) {
+	for _, c := range []benchConfig{
+		{sync: SyncAlways, engine: enginePessimistic},
+		{sync: SyncNone, engine: enginePessimistic},
+		{sync: SyncAlways, engine: engineOptimistic},
+		{sync: SyncNone, engine: engineOptimistic},
+	} {
+		b.Run(fmt.Sprintf("sync=%s,engine=%s,batch=100", c.sync, c.engine), func(b *testing.B) {
+			s := openBench(b, b.TempDir(), c)
+			defer s.Close()
+			items := benchPayloadItems(100, 256)
+			var clk benchNow
+			ctx := context.Background()
+			before := s.Metrics()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: clk.now()}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			reportItems(b, b.N*100, b.Elapsed())
+			reportMetrics(b, s.Metrics().Sub(before))
+		})
+	}
+}
+
+// cycle runs one enqueue -> poll -> ack round of batch items.
+func cycle(ctx context.Context, s *Store, clk *benchNow, q string, items []storage.EnqueueItem) (int, error) {
+	if _, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: q, Items: items, Now: clk.now()}); err != nil {
+		return 0, err
+	}
+	r, err := s.Poll(ctx, storage.PollParams{Queue: q, Max: len(items), Lease: time.Minute, Now: clk.now()})
+	if err != nil || len(r.Items) == 0 {
+		return 0, err
+	}
+	ids := make([]storage.ItemID, len(r.Items))
+	for i, it := range r.Items {
+		ids[i] = it.ID
+	}
+	_, err = s.Ack(ctx, storage.AckParams{Queue: q, Lease: r.Lease, IDs: ids, Now: clk.now()})
+	return len(ids), err
+}
+
+// runCycle runs b.N cycles of batch items split over workers goroutines
+// on one shared queue and reports completed items/s.
+func runCycle(b *testing.B, s *Store, batch, workers int) {
+	items := benchPayloadItems(batch, 256)
+	var clk benchNow
+	ctx := context.Background()
+	var next, done atomic.Int64
+	before := s.Metrics()
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Go(func() {
+			for next.Add(1) <= int64(b.N) {
+				n, err := cycle(ctx, s, &clk, "q", items)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				done.Add(int64(n))
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	reportItems(b, int(done.Load()), b.Elapsed())
+	reportMetrics(b, s.Metrics().Sub(before))
+}
+
+// BenchmarkCycle: enqueue -> poll -> ack, batches of 32 x 256 B, 4 workers
+// on one queue.
+func BenchmarkCycle(b *testing.B) {
+	for _, c := range []benchConfig{
+		{sync: SyncAlways, engine: enginePessimistic},
+		{sync: SyncAlways, engine: engineOptimistic},
+		{sync: SyncNone, engine: enginePessimistic},
+		{sync: SyncNone, engine: engineOptimistic},
+	} {
+		for _, workers := range []int{1, 4} {
+			b.Run(fmt.Sprintf("sync=%s,engine=%s,batch=32,workers=%d", c.sync, c.engine, workers), func(b *testing.B) {
+				s := openBench(b, b.TempDir(), c)
+				defer s.Close()
+				runCycle(b, s, 32, workers)
+			})
+		}
+	}
+}
+
+// BenchmarkPayloadLayout compares inline and external payloads over a
+// full cycle with one nack (poll, nack, poll, ack): the state changes that
+// rewrite an inline payload.
+func BenchmarkPayloadLayout(b *testing.B) {
+	for _, size := range []int{256, 64 << 10} {
+		for _, inline := range []int{1 << 20, -1} {
+			layout := "inline"
+			if inline < 0 {
+				layout = "external"
+			}
+			b.Run(fmt.Sprintf("payload=%d,layout=%s,sync=none", size, layout), func(b *testing.B) {
+				s := openBench(b, b.TempDir(), benchConfig{sync: SyncNone, inlineMax: inline})
+				defer s.Close()
+				items := benchPayloadItems(32, size)
+				var clk benchNow
+				ctx := context.Background()
+				zero := time.Duration(0)
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if _, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: clk.now()}); err != nil {
+						b.Fatal(err)
+					}
+					for round := 0; round < 2; round++ {
+						r, err := s.Poll(ctx, storage.PollParams{Queue: "q", Max: 32, Lease: time.Minute, Now: clk.now()})
+						if err != nil {
+							b.Fatal(err)
+						}
+						ids := itemIDs(r.Items)
+						if round == 0 {
+							_, err = s.Nack(ctx, storage.NackParams{Queue: "q", Lease: r.Lease, IDs: ids, Delay: &zero, Now: clk.now()})
+						} else {
+							_, err = s.Ack(ctx, storage.AckParams{Queue: "q", Lease: r.Lease, IDs: ids, Now: clk.now()})
+						}
+						if err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				b.StopTimer()
+				reportItems(b, b.N*32, b.Elapsed())
+				b.ReportMetric(float64(size*32*b.N)/b.Elapsed().Seconds()/(1<<20), "payloadMiB/s")
+			})
+		}
+	}
+}
+
+// churned is a database built once per configuration and reused by every
+// run of BenchmarkPollAckAfterChurn (building it takes many seconds).
+var churned sync.Map // string -> *churnedDB
+
+type churnedDB struct {
+	once  sync.Once
+	fresh *Store
+	churn *Store
+	clk   benchNow
+	build time.Duration
+}
+
+const (
+	churnItems   = 1_000_000 // items completed before measuring
+	churnBacklog = 200_000   // ready items when measuring
+)
+
+// fill enqueues n ready items in batches of 1000.
+func fill(b *testing.B, s *Store, clk *benchNow, n int) {
+	items := benchPayloadItems(1000, 256)
+	for i := 0; i < n; i += 1000 {
+		if _, err := s.Enqueue(context.Background(), storage.EnqueueParams{Queue: "q", Items: items, Now: clk.now()}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// pollAck polls and acks batches of 32 until n batches are done.
+func pollAck(b *testing.B, s *Store, clk *benchNow, n int) {
+	ctx := context.Background()
+	for i := 0; i < n; i++ {
+		r, err := s.Poll(ctx, storage.PollParams{Queue: "q", Max: 32, Lease: time.Minute, Now: clk.now()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(r.Items) == 0 {
+			b.Fatal("backlog exhausted: use a smaller -benchtime")
+		}
+		if _, err := s.Ack(ctx, storage.AckParams{Queue: "q", Lease: r.Lease, IDs: itemIDs(r.Items), Now: clk.now()}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkPollAckAfterChurn measures poll+ack (batches of 32, sync=none,
+// so the LSM and not the fsync is measured) on a queue that has completed
+// 1M items, against a fresh database with the same backlog, and reports
+// the ratio. Run with a fixed count, e.g. -benchtime=2000x.
+func BenchmarkPollAckAfterChurn(b *testing.B) {
+	for _, c := range []benchConfig{
+		{sync: SyncNone},
+		{sync: SyncNone, noHeads: true, noDelComp: true},
+	} {
+		name := fmt.Sprintf("heads=%t,delcompact=%t", !c.noHeads, !c.noDelComp)
+		b.Run(name, func(b *testing.B) {
+			v, _ := churned.LoadOrStore(name, &churnedDB{})
+			db := v.(*churnedDB)
+			db.once.Do(func() {
+				start := time.Now()
+				dir, err := os.MkdirTemp("", "rocksstore-churn-")
+				require.NoError(b, err)
+				db.fresh = openBench(b, dir+"/fresh", c)
+				fill(b, db.fresh, &db.clk, churnBacklog)
+				db.churn = openBench(b, dir+"/churn", c)
+				for done := 0; done < churnItems; done += 100_000 {
+					fill(b, db.churn, &db.clk, 100_000)
+					pollAck(b, db.churn, &db.clk, 100_000/32+1)
+				}
+				fill(b, db.churn, &db.clk, churnBacklog)
+				db.build = time.Since(start)
+				b.Logf("built churned database in %v (%s)", db.build, dir)
+			})
+			b.ResetTimer()
+			pollAck(b, db.churn, &db.clk, b.N)
+			b.StopTimer()
+			churnRate := float64(b.N*32) / b.Elapsed().Seconds()
+			start := time.Now()
+			pollAck(b, db.fresh, &db.clk, b.N)
+			freshRate := float64(b.N*32) / time.Since(start).Seconds()
+			b.ReportMetric(churnRate, "items/s")
+			b.ReportMetric(freshRate, "fresh-items/s")
+			b.ReportMetric(churnRate/freshRate, "ratio")
+		})
+	}
+}
+
+// rssKiB reads the process's resident set size.
+func rssKiB(b *testing.B) int {
+	f, err := os.Open("/proc/self/status")
+	require.NoError(b, err)
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(rest), " kB"))
+			require.NoError(b, err)
+			return n
+		}
+	}
+	b.Fatal("no VmRSS")
+	return 0
+}
+
+var backlogDirs sync.Map // int -> string
+
+// BenchmarkOpenBacklog measures Open (then one poll) of a database holding
+// a backlog of ready items, and the RSS afterwards.
+func BenchmarkOpenBacklog(b *testing.B) {
+	for _, n := range []int{100_000, 1_000_000} {
+		b.Run(fmt.Sprintf("backlog=%d", n), func(b *testing.B) {
+			v, loaded := backlogDirs.Load(n)
+			if !loaded {
+				dir, err := os.MkdirTemp("", "rocksstore-backlog-")
+				require.NoError(b, err)
+				s := openBench(b, dir, benchConfig{sync: SyncNone})
+				var clk benchNow
+				fill(b, s, &clk, n)
+				require.NoError(b, s.Close())
+				backlogDirs.Store(n, dir)
+				v = dir
+			}
+			dir := v.(string)
+			var clk benchNow
+			var rss int
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				s := openBench(b, dir, benchConfig{sync: SyncNone})
+				b.StopTimer()
+				r, err := s.Poll(context.Background(), storage.PollParams{Queue: "q", Max: 32, Lease: time.Minute, Now: clk.now().Add(time.Hour)})
+				require.NoError(b, err)
+				require.Len(b, r.Items, 32)
+				st, err := s.Stats(context.Background(), storage.StatsParams{Queue: "q", Now: clk.now()})
+				require.NoError(b, err)
+				require.Equal(b, int64(n), st[0].Ready+st[0].Inflight)
+				rss = rssKiB(b)
+				require.NoError(b, s.Close())
+				b.StartTimer()
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "open-ms")
+			b.ReportMetric(float64(rss)/1024, "rss-MiB")
+		})
+	}
+}
+
+// BenchmarkGroupCommit: 16 goroutines each enqueue one item per commit with
+// sync=always; fsyncs/commit < 1 shows RocksDB write groups sharing fsyncs.
+func BenchmarkGroupCommit(b *testing.B) {
+	for _, workers := range []int{1, 16} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			s := openBench(b, b.TempDir(), benchConfig{sync: SyncAlways})
+			defer s.Close()
+			items := benchPayloadItems(1, 256)
+			var clk benchNow
+			ctx := context.Background()
+			_, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: clk.now()})
+			require.NoError(b, err)
+			var next atomic.Int64
+			before := s.Metrics()
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			for w := 0; w < workers; w++ {
+				wg.Go(func() {
+					for next.Add(1) <= int64(b.N) {
+						if _, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: clk.now()}); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			b.StopTimer()
+			reportItems(b, b.N, b.Elapsed())
+			m := s.Metrics().Sub(before)
+			reportMetrics(b, m)
+			if m.WALSyncs > 0 {
+				b.ReportMetric(float64(m.SyncTime.Microseconds())/float64(m.WALSyncs), "fsync-µs")
+			}
+		})
+	}
+}
+
+// BenchmarkStoragetest runs the shared Store benchmarks on rocksstore.
+func BenchmarkStoragetest(b *testing.B) {
+	storagetest.Bench(b, harness(conformanceOptions(enginePessimistic, SyncAlways)))
+}
