@@ -7,6 +7,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -221,4 +223,38 @@ func TestFlowTransport_StopsReadingWhenBudgetSpent(t *testing.T) {
 	}
 	in2.Release()
 	require.NoError(t, ft.Close())
+}
+
+// flakyListener fails its first Accept calls with EMFILE.
+type flakyListener struct {
+	net.Listener
+	fails atomic.Int32
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if l.fails.Add(-1) >= 0 {
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return l.Listener.Accept()
+}
+
+func TestServer_AcceptRetriesTemporaryErrors(t *testing.T) {
+	t.Parallel()
+	st := memstore.New(memstore.Options{})
+	defer st.Close()
+	// The real clock: the retry backoff is a few milliseconds.
+	srv, err := NewServer(ServerConfig{Store: st, Clock: clock.New(), Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer srv.Stop()
+	ln, err := Listen("127.0.0.1:0")
+	require.NoError(t, err)
+	fl := &flakyListener{Listener: ln}
+	fl.fails.Store(3)
+	require.NoError(t, srv.Start(context.Background(), fl))
+	c, err := Dial(ctxT(t), ln.Addr().String(), ClientOptions{Logger: testLogger(t)})
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.Queues(ctxT(t))
+	require.NoError(t, err)
+	require.Less(t, fl.fails.Load(), int32(0))
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"capnproto.org/go/capnp/v3"
@@ -221,16 +222,45 @@ func (s *Server) acceptLoop(ctx context.Context, ln net.Listener) error {
 		case <-stopWatch:
 		}
 	}()
+	var backoff time.Duration
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
 			if s.isStopping() || ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			return fmt.Errorf("rpc: accept on %s: %w", ln.Addr(), err)
+			if !retryableAccept(err) {
+				return fmt.Errorf("rpc: accept on %s: %w", ln.Addr(), err)
+			}
+			// Out of file descriptors or a connection reset before we
+			// got it: wait a little and go on, as net/http does.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Warn("accept failed; retrying", "addr", ln.Addr().String(), "err", err, "backoff", backoff)
+			t := s.cfg.Clock.Timer(backoff)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-s.closeAll:
+				t.Stop()
+				return nil
+			}
+			continue
 		}
+		backoff = 0
 		s.admit(conn)
 	}
+}
+
+// retryableAccept reports whether an Accept error is worth retrying.
+func retryableAccept(err error) bool {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true
+	}
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ECONNABORTED) ||
+		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }
 
 func (s *Server) removeListener(ln net.Listener) {
