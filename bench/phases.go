@@ -13,6 +13,13 @@ import (
 	"github.com/leaseq/leaseq/bench/target"
 )
 
+// stormWait is how long after the last lease could expire the rescuers
+// may take before the storm row is reported incomplete: every system here
+// redelivers thousands of items a second, so 30 s only runs out for a
+// system that does not redeliver (beanstalkd 1.12 returns the expired
+// jobs of a connected, idle consumer only a few at a time).
+const stormWait = 30 * time.Second
+
 // phaseBatch is the enqueue and poll batch of the backlog phases (drain,
 // storm): the "batch 100" produce row, large enough that the
 // backlog builds quickly on every system.
@@ -246,7 +253,9 @@ func runStorm(ctx context.Context, e *env, in target.Instance, producers, consum
 		return out, err
 	}
 	out.e2e = newHist()
-	done, err := consumeAll(ctx, e, rescuers, queue, n, out.e2e)
+	rctx, rcancel := e.clk.WithDeadline(ctx, out.lastExpiry.Add(stormWait))
+	defer rcancel()
+	done, err := consumeAll(rctx, e, rescuers, queue, n, out.e2e)
 	err = errors.Join(err, closeAll(rescuers))
 	if err != nil {
 		return out, fmt.Errorf("redeliver: %w", err)

@@ -1,0 +1,128 @@
+package bench
+
+import (
+	"bytes"
+	"math/rand"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func row(rowName, system, family, class string, perSec, enqP50 float64) Result {
+	return Result{Row: rowName, System: system, Family: family, Class: class, Durability: class, Items: 1000, Seconds: 1000 / perSec,
+		ItemsPerSec: perSec, Enqueue: &Latency{Count: 10, P50: enqP50, P99: enqP50 * 2, P999: enqP50 * 3}}
+}
+
+func TestCompare_RatiosAndGoals(t *testing.T) {
+	t.Parallel()
+	rs := []Result{
+		row("e2e", "leaseq-rpc-always", "leaseq", "durable", 60000, 0),
+		row("e2e", "leaseq-rpc-none", "leaseq", "relaxed", 90000, 0),
+		row("e2e", "redis-always", "redis", "durable", 10000, 0),
+		row("e2e", "redis-everysec", "redis", "relaxed", 50000, 0),
+		row("e2e", "nats-default", "nats", "relaxed", 40000, 0),
+		row("e2e", "beanstalkd-fsync", "beanstalkd", "durable", 3000, 0),
+		row("latency-max", "leaseq-rpc-always", "leaseq", "durable", 3000, 300),
+		row("latency-max", "redis-always", "redis", "durable", 3000, 250),
+		row("latency-max", "beanstalkd-fsync", "beanstalkd", "durable", 3000, 400),
+		{Row: "churn", System: "leaseq-rpc-always", Family: "leaseq", Class: "durable", Items: 10, Seconds: 1, ItemsPerSec: 10,
+			Extra: map[string]float64{"last_first_ratio": 0.7}},
+		{Row: "e2e", System: "nats-syncalways", Family: "nats", Class: "durable", Err: "start: boom"},
+	}
+	ratios, goals := compare(rs)
+	find := func(rowName, l, p, metric string) Ratio {
+		for _, r := range ratios {
+			if r.Row == rowName && r.Leaseq == l && r.Peer == p && r.Metric == metric {
+				return r
+			}
+		}
+		t.Fatalf("no ratio %s %s/%s %s in %+v", rowName, l, p, metric, ratios)
+		return Ratio{}
+	}
+	require.InDelta(t, 6.0, find("e2e", "leaseq-rpc-always", "redis-always", "items/s").Ratio, 1e-9)
+	require.InDelta(t, 20.0, find("e2e", "leaseq-rpc-always", "beanstalkd-fsync", "items/s").Ratio, 1e-9)
+	require.InDelta(t, 1.8, find("e2e", "leaseq-rpc-none", "redis-everysec", "items/s").Ratio, 1e-9)
+	require.InDelta(t, 1.2, find("latency-max", "leaseq-rpc-always", "redis-always", "enqueue p50 µs").Ratio, 1e-9)
+	for _, r := range ratios {
+		require.NotEqual(t, r.Class == "durable", r.Peer == "redis-everysec" || r.Peer == "nats-default", "classes are never mixed: %+v", r)
+		require.NotEqual(t, "nats-syncalways", r.Peer, "failed rows are not compared")
+	}
+
+	want := map[string]struct {
+		ratio float64
+		met   bool
+	}{
+		"e2e items/s vs Redis appendfsync always/leaseq-rpc-always":         {6, true},
+		"e2e items/s vs Redis everysec/leaseq-rpc-always":                   {1.2, true},
+		"e2e items/s vs best no-fsync peer/leaseq-rpc-none":                 {1.8, false},
+		"single durable enqueue p50 vs best durable peer/leaseq-rpc-always": {1.2, false},
+		"tombstone churn last/first interval/leaseq-rpc-always":             {0.7, false},
+	}
+	require.Len(t, goals, len(want))
+	for _, g := range goals {
+		w, found := want[g.Goal+"/"+g.System]
+		require.True(t, found, "unexpected goal %+v", g)
+		require.InDelta(t, w.ratio, g.Ratio, 1e-9, g.Goal)
+		require.Equal(t, w.met, g.Met, g.Goal)
+	}
+
+	rep := &Report{Results: rs, Ratios: ratios, Goals: goals}
+	var txt, md bytes.Buffer
+	require.NoError(t, WriteTable(&txt, rep))
+	require.Contains(t, txt.String(), "SHORT")
+	require.Contains(t, txt.String(), "FAILED: start: boom")
+	require.NoError(t, WriteMarkdown(&md, rep))
+	require.Contains(t, md.String(), "| e2e items/s vs Redis appendfsync always | leaseq-rpc-always | redis-always | 6.00 | >= 5 | met |")
+	svg := Chart(rep)
+	require.Equal(t, 1, strings.Count(svg, "<svg "))
+	require.Contains(t, svg, "failed", "a failed row is marked on the chart")
+}
+
+func TestIntervals(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		samples []int64
+		k       int
+		want    []float64
+	}{
+		{[]int64{10, 10, 20, 20}, 2, []float64{100, 200}},     // 0.1 s samples: 20 items per 0.2 s
+		{[]int64{10, 10, 20, 20, 99}, 2, []float64{100, 200}}, // a trailing partial sample is dropped
+		{[]int64{10}, 2, nil},
+	} {
+		require.Equal(t, tc.want, intervals(tc.samples, tc.k))
+	}
+}
+
+func TestZipfIndex_SkewedAndInRange(t *testing.T) {
+	t.Parallel()
+	cdf := zipfCDF(1.1, 100)
+	r := newTestRand()
+	counts := make([]int, 100)
+	for i := 0; i < 20000; i++ {
+		k := zipfIndex(r, cdf)
+		require.GreaterOrEqual(t, k, 0)
+		require.Less(t, k, 100)
+		counts[k]++
+	}
+	require.Greater(t, counts[0], 5*counts[50], "queue 0 is much hotter than queue 50")
+	require.Greater(t, counts[0], counts[1])
+}
+
+func TestPayloadStamp_RoundTrip(t *testing.T) {
+	t.Parallel()
+	pm := newPayloadMaker(64, 7)
+	ps := pm.batch(3, 12345, 100)
+	require.Len(t, ps, 3)
+	for i, p := range ps {
+		require.Len(t, p, 64)
+		sent, seq, ok := stamp(p)
+		require.True(t, ok)
+		require.EqualValues(t, 12345, sent)
+		require.EqualValues(t, 100+i, seq)
+	}
+	_, _, ok := stamp([]byte("short"))
+	require.False(t, ok)
+}
+
+func newTestRand() *rand.Rand { return rand.New(rand.NewSource(1)) }
