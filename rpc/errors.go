@@ -73,19 +73,19 @@ func errorOf(op string, code schema.ErrorCode, msg string) error {
 	}
 	for _, e := range errorTable {
 		if e.code == code {
-			return &StatusError{Op: op, Code: code, Message: msg, sentinel: e.err}
+			return &StatusError{Op: op, code: code, Message: msg, sentinel: e.err}
 		}
 	}
-	return &StatusError{Op: op, Code: code, Message: msg, sentinel: ErrInternal}
+	return &StatusError{Op: op, code: code, Message: msg, sentinel: ErrInternal}
 }
 
 // StatusError is a request-level error reported by the server. It wraps the
 // storage or rpc sentinel of its code, so errors.Is(err,
 // storage.ErrInvalidArgument) works.
 type StatusError struct {
-	Op       string           // the client method, e.g. "poll"
-	Code     schema.ErrorCode // the wire code
-	Message  string           // the server's explanation
+	Op       string // the client method, e.g. "poll"
+	Message  string // the server's explanation
+	code     schema.ErrorCode
 	sentinel error
 }
 
