@@ -64,6 +64,9 @@ type Config struct {
 	GoBench   bool   // print Go benchmark lines for benchstat
 	LeaseqBin string // leaseq binary for the RPC systems; "" builds one
 	KeepData  bool   // keep data directories (for debugging)
+	// CPUProfile, if set, is where Main writes a CPU profile of the
+	// harness process (which includes the in-process systems).
+	CPUProfile string
 
 	// Clock is the only time source (DESIGN: main.go creates it).
 	Clock clock.Clock
@@ -179,6 +182,7 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.BoolVar(&c.GoBench, "gobench", c.GoBench, "also print Go benchmark lines (for benchstat)")
 	fs.StringVar(&c.LeaseqBin, "leaseq-bin", c.LeaseqBin, "leaseq binary for the RPC systems (default: ./leaseq if present, else go build)")
 	fs.BoolVar(&c.KeepData, "keep-data", c.KeepData, "keep data directories")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", c.CPUProfile, "write a CPU profile of this process (in-process systems included) to `file`")
 	var rest []string
 	for {
 		if err := fs.Parse(args); err != nil {

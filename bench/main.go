@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/benbjohnson/clock"
@@ -72,6 +73,22 @@ func Main(ctx context.Context, clk clock.Clock, args []string, stdout, stderr io
 		}
 	}()
 
+	if cfg.CPUProfile != "" {
+		f, err := os.Create(cfg.CPUProfile)
+		if err != nil {
+			return fmt.Errorf("bench: cpu profile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return fmt.Errorf("bench: cpu profile: %w", err)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			if cerr := f.Close(); cerr != nil {
+				fmt.Fprintf(stderr, "bench: cpu profile: %v\n", cerr)
+			}
+		}()
+	}
 	bin := &leaseqt.Binary{Path: cfg.LeaseqBin}
 	rep, err := Run(ctx, cfg, Systems(bin))
 	if cerr := bin.Close(); cerr != nil {

@@ -54,7 +54,7 @@ func (InProcess) Family() string { return "leaseq" }
 func (p InProcess) Durability() target.Durability {
 	switch {
 	case p.Backend == BackendMem:
-		return target.Durability{Class: "memory", Mode: "memory only (baseline)"}
+		return target.Durability{Class: target.ClassMemory, Mode: "memory only (baseline)"}
 	case p.Sync == rocksstore.SyncAlways:
 		return target.Durability{Class: target.ClassDurable, Mode: "WAL fsync, group commit"}
 	}

@@ -34,6 +34,9 @@ const (
 	// ClassRelaxed: the write is acknowledged before it is fsynced (no
 	// fsync, or a periodic one such as Redis everysec).
 	ClassRelaxed Class = "relaxed"
+	// ClassMemory: nothing is persisted (leaseq's memstore baseline). Such
+	// rows are shown for scale and never compared.
+	ClassMemory Class = "memory"
 )
 
 // Durability describes a system's configured durability for the report.
