@@ -529,9 +529,23 @@ func setDeadParams(a deadParams, p storage.RedriveParams) error {
 	return writeIDs(l, p.IDs)
 }
 
-func readRedrive(op string, codes func() (schema.ResultCode_List, error), moved uint64) (storage.RedriveResult, error) {
-	rr := storage.RedriveResult{Moved: int(moved)}
-	l, err := codes()
+type deadAnswer interface {
+	Status() (schema.Status, error)
+	Codes() (schema.ResultCode_List, error)
+	Moved() uint64
+}
+
+// deadResult reads the answer of redrive or purgeDead.
+func deadResult[R deadAnswer](op string, get func() (R, error)) (storage.RedriveResult, error) {
+	res, err := get()
+	if err != nil {
+		return storage.RedriveResult{}, fmt.Errorf("leaseq %s: %w", op, err)
+	}
+	if err := status(op, res.Status); err != nil {
+		return storage.RedriveResult{}, err
+	}
+	rr := storage.RedriveResult{Moved: int(res.Moved())}
+	l, err := res.Codes()
 	if err != nil {
 		return rr, fmt.Errorf("leaseq %s: %w", op, err)
 	}
@@ -546,28 +560,14 @@ func readRedrive(op string, codes func() (schema.ResultCode_List, error), moved 
 func (c *Client) Redrive(ctx context.Context, p storage.RedriveParams) (storage.RedriveResult, error) {
 	f, release := c.q.Redrive(ctx, func(a schema.Queue_redrive_Params) error { return setDeadParams(a, p) })
 	defer release()
-	res, err := f.Struct()
-	if err != nil {
-		return storage.RedriveResult{}, fmt.Errorf("leaseq redrive: %w", err)
-	}
-	if err := status("redrive", res.Status); err != nil {
-		return storage.RedriveResult{}, err
-	}
-	return readRedrive("redrive", res.Codes, res.Moved())
+	return deadResult("redrive", f.Struct)
 }
 
 // PurgeDead deletes dead items, selected like Redrive.
 func (c *Client) PurgeDead(ctx context.Context, p storage.RedriveParams) (storage.RedriveResult, error) {
 	f, release := c.q.PurgeDead(ctx, func(a schema.Queue_purgeDead_Params) error { return setDeadParams(a, p) })
 	defer release()
-	res, err := f.Struct()
-	if err != nil {
-		return storage.RedriveResult{}, fmt.Errorf("leaseq purge dead: %w", err)
-	}
-	if err := status("purge dead", res.Status); err != nil {
-		return storage.RedriveResult{}, err
-	}
-	return readRedrive("purge dead", res.Codes, res.Moved())
+	return deadResult("purge dead", f.Struct)
 }
 
 // QueueConfig returns a queue's config (ErrNotFound for no such queue).

@@ -544,22 +544,57 @@ func (q *queueServer) DeadList(ctx context.Context, call schema.Queue_deadList) 
 	})
 }
 
-// deadSelection decodes the (ids, limit) pair of redrive and purgeDead.
-func (q *queueServer) deadSelection(queue string, idl func() (capnp.DataList, error), limit uint32) (storage.RedriveParams, error) {
-	l, err := idl()
+// deadArgs and deadResults are what redrive and purgeDead share.
+type deadArgs interface {
+	Queue() (string, error)
+	Ids() (capnp.DataList, error)
+	Limit() uint32
+}
+
+type deadResults interface {
+	statusResults
+	NewCodes(int32) (schema.ResultCode_List, error)
+	SetMoved(uint64)
+}
+
+// deadOp runs redrive or purgeDead: the listed ids (one code each), or, with
+// no ids, up to limit dead items in id order.
+func (q *queueServer) deadOp(ctx context.Context, args deadArgs, res deadResults,
+	run func(context.Context, storage.RedriveParams) (storage.RedriveResult, error), notify bool) error {
+	queue, err := q.queueName(args.Queue)
 	if err != nil {
-		return storage.RedriveParams{}, fmt.Errorf("%w: ids: %v", storage.ErrInvalidArgument, err)
+		return err
+	}
+	l, err := args.Ids()
+	if err != nil {
+		return fmt.Errorf("%w: ids: %v", storage.ErrInvalidArgument, err)
 	}
 	p := storage.RedriveParams{Queue: queue, Now: q.s.cfg.Clock.Now()}
 	if l.Len() > 0 {
 		if p.IDs, err = readIDs(l, q.s.limits); err != nil {
-			return p, err
+			return err
 		}
 		p.Limit = len(p.IDs)
-		return p, nil
+	} else if p.Limit, err = q.pageLimit(args.Limit()); err != nil {
+		return err
 	}
-	p.Limit, err = q.pageLimit(limit)
-	return p, err
+	rr, err := run(ctx, p)
+	if err != nil {
+		return err
+	}
+	if notify && rr.Moved > 0 {
+		q.s.disp.Notify(queue)
+	}
+	res.SetMoved(uint64(rr.Moved))
+	if rr.Codes == nil {
+		return nil
+	}
+	cl, err := res.NewCodes(int32(len(rr.Codes)))
+	if err != nil {
+		return err
+	}
+	writeCodes(cl, rr.Codes)
+	return nil
 }
 
 // Redrive implements schema.Queue_Server.
@@ -567,23 +602,7 @@ func (q *queueServer) Redrive(ctx context.Context, call schema.Queue_redrive) er
 	call.Go()
 	res, err := call.AllocResults()
 	return q.call(OpRedrive, res, err, func() error {
-		args := call.Args()
-		queue, err := q.queueName(args.Queue)
-		if err != nil {
-			return err
-		}
-		p, err := q.deadSelection(queue, args.Ids, args.Limit())
-		if err != nil {
-			return err
-		}
-		rr, err := q.s.cfg.Store.Redrive(ctx, p)
-		if err != nil {
-			return err
-		}
-		if rr.Moved > 0 {
-			q.s.disp.Notify(queue)
-		}
-		return writeRedrive(res.NewCodes, res.SetMoved, rr)
+		return q.deadOp(ctx, call.Args(), res, q.s.cfg.Store.Redrive, true)
 	})
 }
 
@@ -592,34 +611,8 @@ func (q *queueServer) PurgeDead(ctx context.Context, call schema.Queue_purgeDead
 	call.Go()
 	res, err := call.AllocResults()
 	return q.call(OpPurgeDead, res, err, func() error {
-		args := call.Args()
-		queue, err := q.queueName(args.Queue)
-		if err != nil {
-			return err
-		}
-		p, err := q.deadSelection(queue, args.Ids, args.Limit())
-		if err != nil {
-			return err
-		}
-		rr, err := q.s.cfg.Store.PurgeDead(ctx, p)
-		if err != nil {
-			return err
-		}
-		return writeRedrive(res.NewCodes, res.SetMoved, rr)
+		return q.deadOp(ctx, call.Args(), res, q.s.cfg.Store.PurgeDead, false)
 	})
-}
-
-func writeRedrive(newCodes func(int32) (schema.ResultCode_List, error), setMoved func(uint64), rr storage.RedriveResult) error {
-	setMoved(uint64(rr.Moved))
-	if rr.Codes == nil {
-		return nil
-	}
-	l, err := newCodes(int32(len(rr.Codes)))
-	if err != nil {
-		return err
-	}
-	writeCodes(l, rr.Codes)
-	return nil
 }
 
 // GetConfig implements schema.Queue_Server.
