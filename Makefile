@@ -1,0 +1,175 @@
+# leaseq build, test and tooling. `make help` lists the targets.
+#
+# Options (make VAR=value target):
+#   RACE=1        run every test package with -race (default: only RACE_PKGS)
+#   COUNT=N       go test -count (default 1: never use cached results)
+#   TIMEOUT=D     go test -timeout (default 20m)
+#   FUZZTIME=D    time per fuzz target for `make fuzz` (default 30s)
+#   ITERATIONS=N  `make bench`: run each benchmark exactly N times (-benchtime=Nx)
+#   BENCH=regex   `make bench`: which benchmarks (default .)
+#   PKGS=pattern  packages for `make bench` (default ./...)
+#   DATA=dir      database directory for `make run` (default ./data)
+#   ARGS=...      extra flags for `make run`, e.g. ARGS='--sync=none'
+#   STRESS_PKG=   package for `make stress` (default ./sweeper); STRESS_N=runs; RUN=regex
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+GO ?= go
+RACE ?=
+COUNT ?= 1
+TIMEOUT ?= 20m
+FUZZTIME ?= 30s
+ITERATIONS ?=
+BENCH ?= .
+PKGS ?= ./...
+DATA ?= ./data
+ARGS ?=
+STRESS_PKG ?= ./sweeper
+STRESS_N ?= 50
+RUN ?=
+
+# Build tags of every test run: invariants turns on the costly internal
+# consistency checks (STYLE.md §3).
+TEST_TAGS := invariants
+
+# Directories whose packages start goroutines or have concurrent tests;
+# `make test` runs them (and their sub-packages) with -race, the rest
+# without, to stay well inside CI's time on 2 cores. "." is the root package
+# (main: serve's signal handling). Missing directories are skipped.
+RACE_PKGS ?= . sweeper rpc storage/memstore storage/rocksstore fdbsync bench
+
+# Debian packages the build needs: RocksDB (shared and static libraries
+# and headers, and through it snappy, lz4, zstd, zlib, bz2), the capnp
+# compiler, and a C++ toolchain for cgo.
+APT_PKGS := librocksdb-dev capnproto g++
+# capnpc-go must match the capnp runtime in go.mod, or generated code differs.
+CAPNP_VERSION := v3.1.0-alpha.2
+
+# Tools installed with `go install` (capnpc-go) land here; put it on PATH.
+GO_BIN_DIR := $(or $(shell $(GO) env GOBIN 2>/dev/null),$(addsuffix /bin,$(shell $(GO) env GOPATH 2>/dev/null)))
+ifneq ($(GO_BIN_DIR),)
+export PATH := $(GO_BIN_DIR):$(PATH)
+endif
+
+# The fully static binary (VERSIONS.md): link RocksDB and its compression
+# libraries statically ourselves (grocksdb_no_link drops grocksdb's own
+# dynamic link flags); netgo and osusergo avoid glibc's NSS, which cannot be
+# linked statically.
+STATIC_CGO_LDFLAGS := -lrocksdb -lsnappy -llz4 -lzstd -lz -lbz2 -lstdc++ -lm -ldl -pthread
+STATIC_TAGS := grocksdb_no_link netgo osusergo
+STATIC_LDFLAGS := -s -w -linkmode external -extldflags "-static"
+
+# race_list prints the existing RACE_PKGS as go package patterns.
+race_list = for d in $(RACE_PKGS); do if [ "$$d" = . ]; then echo .; elif [ -d "$$d" ]; then echo "./$$d/..."; fi; done
+
+.PHONY: help deps build static run test test-race test-fdb stress fuzz bench generate verify lint build-fdb clean
+
+help: ## list the targets and options
+	@echo "Usage: make <target> [VAR=value ...]"
+	@echo
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z_-]+:.*## / { printf "  %-10s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@echo
+	@sed -n '/^# Options/,/^$$/p' $(MAKEFILE_LIST) | sed 's/^# \{0,1\}//'
+
+deps: ## install what is missing (Debian): librocksdb-dev, capnproto, g++ via apt; capnpc-go via go install
+	@command -v $(GO) >/dev/null || { echo "deps: Go 1.26 is required and not on PATH (install it from go.dev/dl)" >&2; exit 1; }
+	@missing=""; \
+	for p in $(APT_PKGS); do dpkg -s "$$p" >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+		echo "deps: installing$$missing"; \
+		$$sudo apt-get update; \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	fi
+	@if ! p=$$(command -v capnpc-go) || ! $(GO) version -m "$$p" | grep -q "capnproto.org/go/capnp/v3[[:space:]]*$(CAPNP_VERSION)"; then \
+		echo "deps: installing capnpc-go@$(CAPNP_VERSION)"; \
+		$(GO) install capnproto.org/go/capnp/v3/capnpc-go@$(CAPNP_VERSION); \
+	fi
+
+build: ## build ./leaseq (dynamically linked against librocksdb)
+	$(GO) build -o leaseq .
+
+static: deps ## build ./leaseq as one fully static binary and check that it is static and runs
+	CGO_LDFLAGS="$(STATIC_CGO_LDFLAGS)" $(GO) build -tags '$(STATIC_TAGS)' -ldflags '$(STATIC_LDFLAGS)' -o leaseq .
+	@if command -v file >/dev/null; then file leaseq; file leaseq | grep -q 'statically linked'; fi
+	@if out=$$(ldd leaseq 2>&1); then echo "static: leaseq is dynamically linked:"; echo "$$out"; exit 1; else echo "ldd: $$out"; fi
+	./leaseq help >/dev/null
+	@ls -l leaseq
+
+run: deps build ## install what is missing, build, and start a node on embedded RocksDB in ./data (Ctrl-C stops it)
+	./leaseq serve --data $(DATA) $(ARGS)
+
+test: deps ## go vet, then all tests (-tags invariants), with -race for RACE_PKGS
+	$(GO) vet ./...
+	$(GO) vet -tags '$(TEST_TAGS)' ./...
+	@race="$$($(race_list))"; \
+	if [ -n "$(RACE)" ]; then race="./..."; norace=""; \
+	else \
+		race_pkgs=$$($(GO) list $$race | sort); \
+		norace=$$(comm -23 <($(GO) list ./... | sort) <(echo "$$race_pkgs")); \
+	fi; \
+	if [ -n "$$norace" ]; then \
+		echo "$(GO) test -tags '$(TEST_TAGS)' -count=$(COUNT) -timeout $(TIMEOUT)" $$norace; \
+		$(GO) test -tags '$(TEST_TAGS)' -count=$(COUNT) -timeout $(TIMEOUT) $$norace; \
+	fi; \
+	echo "$(GO) test -race -tags '$(TEST_TAGS)' -count=$(COUNT) -timeout $(TIMEOUT)" $$race; \
+	$(GO) test -race -tags '$(TEST_TAGS)' -count=$(COUNT) -timeout $(TIMEOUT) $$race
+
+test-race: deps ## all tests with -race
+	$(MAKE) --no-print-directory test RACE=1
+
+test-fdb: ## fdbsync tests against a real cluster (needs libfdb_c and FDB_CLUSTER_FILE; not possible on this project's machines)
+	$(GO) test -tags 'fdb $(TEST_TAGS)' $(if $(RACE),-race) -count=$(COUNT) -timeout $(TIMEOUT) ./fdbsync/...
+
+stress: ## run one package's tests in a loop until they fail (STRESS_PKG=./sweeper, RUN=regex, STRESS_N=50; -race)
+	@mkdir -p bin; \
+	$(GO) test -c -race -tags '$(TEST_TAGS)' -o bin/stress.test $(STRESS_PKG); \
+	cd $(STRESS_PKG); \
+	for i in $$(seq 1 $(STRESS_N)); do \
+		echo "== stress run $$i/$(STRESS_N)"; \
+		$(CURDIR)/bin/stress.test -test.count=1 -test.timeout=$(TIMEOUT) $(if $(RUN),-test.run '$(RUN)') >$(CURDIR)/bin/stress.log 2>&1 || { cat $(CURDIR)/bin/stress.log; echo "stress: failed on run $$i"; exit 1; }; \
+	done; echo "stress: $(STRESS_N) runs passed"
+
+fuzz: deps ## run every Fuzz* target for FUZZTIME (default 30s) each
+	@dirs=$$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -r -n1 dirname | sort -u); \
+	if [ -z "$$dirs" ]; then echo "fuzz: no Fuzz targets"; exit 0; fi; \
+	for d in $$dirs; do \
+		for f in $$($(GO) test -tags '$(TEST_TAGS)' -list '^Fuzz' "$$d" | grep '^Fuzz'); do \
+			echo "== fuzz $$d $$f for $(FUZZTIME)"; \
+			$(GO) test -tags '$(TEST_TAGS)' -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) "$$d"; \
+		done; \
+	done
+
+bench: deps ## run Go benchmarks (ITERATIONS=N for N iterations each, COUNT=, BENCH=regex, PKGS=)
+	$(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '$(BENCH)' -benchmem $(if $(ITERATIONS),-benchtime=$(ITERATIONS)x) -count=$(COUNT) -timeout $(TIMEOUT) $(PKGS)
+
+# capnp compile runs inside schema/ (as schema/generate.go does): the
+# generated code embeds the schema's path ("queue.capnp:Queue"), so compiling
+# schema/queue.capnp from the root would change every interface name.
+generate: ## regenerate schema/*.capnp.go from schema/*.capnp (capnp + capnpc-go)
+	@if ! compgen -G 'schema/*.capnp' >/dev/null; then echo "generate: no schema/*.capnp, nothing to do"; exit 0; fi; \
+	$(GO) mod download capnproto.org/go/capnp/v3; \
+	std="$$($(GO) list -m -f '{{.Dir}}' capnproto.org/go/capnp/v3)/std"; \
+	cd schema; \
+	echo "(cd schema && capnp compile -I$$std -ogo" *.capnp")"; \
+	capnp compile -I"$$std" -ogo *.capnp
+
+verify: generate ## regenerate, then fail if the committed generated code differs
+	@git diff --exit-code --stat -- schema/ || { echo "verify: generated code in schema/ is out of date: run make generate and commit" >&2; exit 1; }
+	@untracked=$$(git ls-files --others --exclude-standard -- schema/); \
+	if [ -n "$$untracked" ]; then echo "verify: generated files not committed: $$untracked" >&2; exit 1; fi
+	@echo "verify: generated code is up to date"
+
+lint: ## gofmt, go vet, and the repo's import and clock/logger rules
+	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt: needs formatting:"; echo "$$bad"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) test -count=1 -run '^(TestImports|TestLint)' .
+
+build-fdb: ## build bin/leaseq-fdb with the FoundationDB backend (needs libfdb_c)
+	$(GO) build -tags fdb -o bin/leaseq-fdb .
+
+clean: ## remove built binaries and test artifacts (keeps ./data)
+	rm -f leaseq *.test *.prof
+	rm -rf bin/ bench-results/

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// syncBuffer is a bytes.Buffer safe for the logger and the test to share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// testEnv is an env whose output, environment and signals the test owns.
+type testEnv struct {
+	env
+	out, errOut *syncBuffer
+	vars        map[string]string
+	sigs        chan chan<- os.Signal // the channel serve registered
+	exits       chan int
+}
+
+func newTestEnv(vars map[string]string) *testEnv {
+	te := &testEnv{out: &syncBuffer{}, errOut: &syncBuffer{}, vars: vars, sigs: make(chan chan<- os.Signal, 1), exits: make(chan int, 1)}
+	te.env = env{
+		stdout: te.out,
+		stderr: te.errOut,
+		lookupEnv: func(k string) (string, bool) {
+			v, ok := te.vars[k]
+			return v, ok
+		},
+		notifySignals: func(c chan<- os.Signal) func() {
+			te.sigs <- c
+			return func() {}
+		},
+		exit: func(code int) { te.exits <- code },
+	}
+	return te
+}
+
+// eventually polls cond until it holds or timeout passes. The polling
+// interval is a retry delay, not synchronisation: the test fails only on
+// the timeout.
+func eventually(t *testing.T, timeout time.Duration, cond func() bool, msg string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out: "+msg, args...)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestParseArgs(t *testing.T) {
+	t.Parallel()
+	newFS := func() (*flag.FlagSet, *string, *bool, *int) {
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		fs.SetOutput(&bytes.Buffer{})
+		return fs, fs.String("data", "./data", ""), fs.Bool("verbose", false, ""), fs.Int("max-n", 1, "")
+	}
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		data    string
+		verbose bool
+		maxN    int
+		pos     []string
+		wantErr string
+	}{
+		{name: "Defaults", data: "./data", maxN: 1},
+		{name: "FlagsBeforeArgs", args: []string{"--data", "d", "-max-n=3", "q", "p"}, data: "d", maxN: 3, pos: []string{"q", "p"}},
+		{name: "FlagsAfterArgs", args: []string{"q", "--data", "d", "p", "--verbose", "--max-n", "4"}, data: "d", verbose: true, maxN: 4, pos: []string{"q", "p"}},
+		{name: "BoolDoesNotEatNextArg", args: []string{"--verbose", "q"}, data: "./data", verbose: true, maxN: 1, pos: []string{"q"}},
+		{name: "DashIsPositional", args: []string{"q", "-", "--data=d"}, data: "d", maxN: 1, pos: []string{"q", "-"}},
+		{name: "DoubleDashEndsFlags", args: []string{"--data", "d", "--", "--verbose", "-x"}, data: "d", maxN: 1, pos: []string{"--verbose", "-x"}},
+		{name: "EnvFillsUnsetFlags", args: []string{"q"}, env: map[string]string{"LEASEQ_DATA": "envd", "LEASEQ_MAX_N": "7", "LEASEQ_VERBOSE": "true"}, data: "envd", verbose: true, maxN: 7, pos: []string{"q"}},
+		{name: "FlagBeatsEnv", args: []string{"--data", "flagd"}, env: map[string]string{"LEASEQ_DATA": "envd"}, data: "flagd", maxN: 1},
+		{name: "BadEnvValue", env: map[string]string{"LEASEQ_MAX_N": "many"}, wantErr: `environment LEASEQ_MAX_N="many"`},
+		{name: "UnknownFlag", args: []string{"q", "--nope"}, wantErr: "flag provided but not defined: -nope"},
+		{name: "MissingValue", args: []string{"--data"}, wantErr: "flag needs an argument: -data"},
+		{name: "Help", args: []string{"q", "--help"}, wantErr: flag.ErrHelp.Error()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			fs, data, verbose, maxN := newFS()
+			pos, err := parseArgs(fs, tc.args, func(k string) (string, bool) {
+				v, ok := tc.env[k]
+				return v, ok
+			})
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.data, *data)
+			require.Equal(t, tc.verbose, *verbose)
+			require.Equal(t, tc.maxN, *maxN)
+			require.Equal(t, tc.pos, pos)
+		})
+	}
+}
+
+func TestRun_HelpAndUsageErrors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		args      []string
+		env       map[string]string
+		code      int
+		stdout    []string
+		stderr    []string
+		oneLineEr bool // stderr must be exactly one line
+	}{
+		{name: "NoArgs", code: exitUsage, stderr: []string{"Usage:", "serve", "check"}},
+		{name: "Help", args: []string{"help"}, code: exitOK, stdout: []string{"Commands:", "serve", "check", "LEASEQ_DATA"}},
+		{name: "DashDashHelp", args: []string{"--help"}, code: exitOK, stdout: []string{"Commands:"}},
+		{name: "HelpServe", args: []string{"help", "serve"}, code: exitOK, stdout: []string{"leaseq serve [flags]", "--data dir", "--sync mode", "[LEASEQ_SYNC]", "--log-level level", "--log-format format", "(default always)"}},
+		{name: "ServeDashH", args: []string{"serve", "-h"}, code: exitOK, stdout: []string{"leaseq serve [flags]"}},
+		{name: "HelpCheck", args: []string{"help", "check"}, code: exitOK, stdout: []string{"leaseq check [flags]", "--data dir"}},
+		{name: "HelpUnknown", args: []string{"help", "frob"}, code: exitUsage, stderr: []string{`unknown command "frob"`}, oneLineEr: true},
+		{name: "UnknownCommand", args: []string{"frob"}, code: exitUsage, stderr: []string{`leaseq: unknown command "frob"`}, oneLineEr: true},
+		{name: "UnknownFlag", args: []string{"serve", "--frob"}, code: exitUsage, stderr: []string{"leaseq serve: flag provided but not defined: -frob"}, oneLineEr: true},
+		{name: "BadSync", args: []string{"serve", "--sync", "sometimes"}, code: exitUsage, stderr: []string{"leaseq serve:", "sometimes"}, oneLineEr: true},
+		{name: "BadSyncEnv", args: []string{"serve"}, env: map[string]string{"LEASEQ_SYNC": "maybe"}, code: exitUsage, stderr: []string{"LEASEQ_SYNC", "maybe"}, oneLineEr: true},
+		{name: "BadLogLevel", args: []string{"serve", "--log-level", "loud"}, code: exitUsage, stderr: []string{"want debug, info, warn or error"}, oneLineEr: true},
+		{name: "BadLogFormat", args: []string{"check", "--log-format=xml"}, code: exitUsage, stderr: []string{"want text or json"}, oneLineEr: true},
+		{name: "ServeExtraArg", args: []string{"serve", "extra"}, code: exitUsage, stderr: []string{`unexpected argument "extra"`}, oneLineEr: true},
+		{name: "CheckConfigFromEnvAndFlags", args: []string{"serve", "--check-config", "--data", "/x"}, env: map[string]string{"LEASEQ_SYNC": "none", "LEASEQ_DATA": "/y"}, code: exitOK, stdout: []string{"data=/x\n", "sync=none\n", "log-level=info\n"}},
+		{name: "CheckMissingDir", args: []string{"check", "--data", "/nonexistent/leaseq"}, code: exitFailure, stderr: []string{"leaseq check: no database at /nonexistent/leaseq"}, oneLineEr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			te := newTestEnv(tc.env)
+			code := run(context.Background(), tc.args, &te.env)
+			require.Equal(t, tc.code, code, "stdout:\n%s\nstderr:\n%s", te.out, te.errOut)
+			for _, s := range tc.stdout {
+				require.Contains(t, te.out.String(), s)
+			}
+			for _, s := range tc.stderr {
+				require.Contains(t, te.errOut.String(), s)
+			}
+			if tc.oneLineEr {
+				require.Equal(t, 1, strings.Count(te.errOut.String(), "\n"), "stderr: %q", te.errOut)
+			}
+		})
+	}
+}
+
+// TestRun_ServeThenCheck runs `serve` on a real RocksDB directory in
+// process, stops it with SIGINT through the injected signal channel, then
+// runs `check` on the directory it left.
+func TestRun_ServeThenCheck(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "data")
+	te := newTestEnv(map[string]string{"LEASEQ_SYNC": "none"})
+	codes := make(chan int, 1)
+	go func() {
+		codes <- run(context.Background(), []string{"serve", "--data", dir, "--log-format", "json"}, &te.env)
+	}()
+	var sigc chan<- os.Signal
+	select {
+	case sigc = <-te.sigs:
+	case code := <-codes:
+		t.Fatalf("serve exited with %d before handling signals: %s", code, te.errOut)
+	case <-time.After(time.Minute):
+		t.Fatal("serve never registered for signals")
+	}
+	eventually(t, time.Minute, func() bool { return strings.Contains(te.errOut.String(), `"msg":"leaseq serving"`) },
+		"no startup log: %s", te.errOut)
+	require.Contains(t, te.errOut.String(), `"sync":"none"`)
+	sigc <- syscall.SIGINT
+	select {
+	case code := <-codes:
+		require.Equal(t, exitOK, code, te.errOut.String())
+	case <-time.After(time.Minute):
+		t.Fatal("serve did not stop after SIGINT")
+	}
+	logs := te.errOut.String()
+	require.Contains(t, logs, `"msg":"shutting down"`)
+	require.Contains(t, logs, `"msg":"sweeper stopped"`)
+	require.Contains(t, logs, `"msg":"leaseq stopped"`)
+	require.Less(t, strings.Index(logs, "sweeper stopped"), strings.Index(logs, "leaseq stopped"), "sweeper stops before the store closes")
+
+	ce := newTestEnv(nil)
+	require.Equal(t, exitOK, run(context.Background(), []string{"check", "--data", dir}, &ce.env), ce.errOut.String())
+	require.Contains(t, ce.out.String(), "all invariants hold")
+}
