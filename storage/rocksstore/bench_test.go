@@ -9,9 +9,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/linxGnu/grocksdb"
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/storage"
@@ -26,10 +28,11 @@ type benchConfig struct {
 	noHeads   bool
 	noDelComp bool
 	payload   int
+	memtable  int
 }
 
 func (c benchConfig) options() Options {
-	return Options{Sync: c.sync, engine: c.engine, inlineMax: c.inlineMax, noHeads: c.noHeads, noDelCompact: c.noDelComp}
+	return Options{Sync: c.sync, engine: c.engine, inlineMax: c.inlineMax, noHeads: c.noHeads, noDelCompact: c.noDelComp, memtable: c.memtable}
 }
 
 func openBench(b *testing.B, dir string, c benchConfig) *Store {
@@ -60,6 +63,20 @@ func reportItems(b *testing.B, items int, d time.Duration) {
 	b.ReportMetric(float64(items)/d.Seconds(), "items/s")
 }
 
+// cpuTime is the process's user+system CPU time: on a shared, loaded
+// machine CPU per item is a steadier comparison than items/s.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func reportCPU(b *testing.B, start time.Duration, items int) {
+	if items > 0 {
+		b.ReportMetric(float64((cpuTime()-start).Microseconds())/float64(items), "cpu-µs/item")
+	}
+}
+
 func reportMetrics(b *testing.B, m Metrics) {
 	if m.Commits > 0 {
 		b.ReportMetric(float64(m.WALSyncs)/float64(m.Commits), "fsyncs/commit")
@@ -84,6 +101,7 @@ func BenchmarkEnqueue(b *testing.B) {
 			var clk benchNow
 			ctx := context.Background()
 			before := s.Metrics()
+			cpu := cpuTime()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				if _, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: clk.now()}); err != nil {
@@ -91,6 +109,7 @@ func BenchmarkEnqueue(b *testing.B) {
 				}
 			}
 			b.StopTimer()
+			reportCPU(b, cpu, b.N*100)
 			reportItems(b, b.N*100, b.Elapsed())
 			reportMetrics(b, s.Metrics().Sub(before))
 		})
@@ -122,6 +141,7 @@ func runCycle(b *testing.B, s *Store, batch, workers int) {
 	ctx := context.Background()
 	var next, done atomic.Int64
 	before := s.Metrics()
+	cpu := cpuTime()
 	b.ResetTimer()
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
@@ -138,6 +158,7 @@ func runCycle(b *testing.B, s *Store, batch, workers int) {
 	}
 	wg.Wait()
 	b.StopTimer()
+	reportCPU(b, cpu, int(done.Load()))
 	reportItems(b, int(done.Load()), b.Elapsed())
 	reportMetrics(b, s.Metrics().Sub(before))
 }
@@ -161,6 +182,18 @@ func BenchmarkCycle(b *testing.B) {
 	}
 }
 
+// BenchmarkMemtableSize: the cycle with sync=none on memtables of several
+// sizes (skiplist height and cache misses against flush frequency).
+func BenchmarkMemtableSize(b *testing.B) {
+	for _, mb := range []int{4, 8, 32, 64} {
+		b.Run(fmt.Sprintf("memtable=%dMiB", mb), func(b *testing.B) {
+			s := openBench(b, b.TempDir(), benchConfig{sync: SyncNone, memtable: mb << 20})
+			defer s.Close()
+			runCycle(b, s, 32, 1)
+		})
+	}
+}
+
 // BenchmarkPayloadLayout compares inline and external payloads over a
 // full cycle with one nack (poll, nack, poll, ack): the state changes that
 // rewrite an inline payload.
@@ -178,6 +211,7 @@ func BenchmarkPayloadLayout(b *testing.B) {
 				var clk benchNow
 				ctx := context.Background()
 				zero := time.Duration(0)
+				cpu := cpuTime()
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {
 					if _, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: clk.now()}); err != nil {
@@ -200,6 +234,7 @@ func BenchmarkPayloadLayout(b *testing.B) {
 					}
 				}
 				b.StopTimer()
+				reportCPU(b, cpu, b.N*32)
 				reportItems(b, b.N*32, b.Elapsed())
 				b.ReportMetric(float64(size*32*b.N)/b.Elapsed().Seconds()/(1<<20), "payloadMiB/s")
 			})
@@ -279,13 +314,19 @@ func BenchmarkPollAckAfterChurn(b *testing.B) {
 				db.build = time.Since(start)
 				b.Logf("built churned database in %v (%s)", db.build, dir)
 			})
+			cpu := cpuTime()
 			b.ResetTimer()
 			pollAck(b, db.churn, &db.clk, b.N)
 			b.StopTimer()
+			churnCPU := cpuTime() - cpu
 			churnRate := float64(b.N*32) / b.Elapsed().Seconds()
-			start := time.Now()
+			start, cpu := time.Now(), cpuTime()
 			pollAck(b, db.fresh, &db.clk, b.N)
 			freshRate := float64(b.N*32) / time.Since(start).Seconds()
+			freshCPU := cpuTime() - cpu
+			b.ReportMetric(float64(churnCPU.Microseconds())/float64(b.N*32), "cpu-µs/item")
+			b.ReportMetric(float64(freshCPU.Microseconds())/float64(b.N*32), "fresh-cpu-µs/item")
+			b.ReportMetric(float64(freshCPU)/float64(churnCPU), "cpu-ratio")
 			b.ReportMetric(churnRate, "items/s")
 			b.ReportMetric(freshRate, "fresh-items/s")
 			b.ReportMetric(churnRate/freshRate, "ratio")
@@ -393,4 +434,33 @@ func BenchmarkGroupCommit(b *testing.B) {
 // BenchmarkStoragetest runs the shared Store benchmarks on rocksstore.
 func BenchmarkStoragetest(b *testing.B) {
 	storagetest.Bench(b, harness(conformanceOptions(enginePessimistic, SyncAlways)))
+}
+
+// BenchmarkRawRocksDB calibrates the machine: a plain RocksDB WriteBatch of
+// 100 x 256 B values (one key per item), outside any transaction, with the
+// same options as the store. Compare the store's numbers with this floor.
+func BenchmarkRawRocksDB(b *testing.B) {
+	for _, sync := range []SyncMode{SyncAlways, SyncNone} {
+		b.Run(fmt.Sprintf("sync=%s,batch=100", sync), func(b *testing.B) {
+			s := openBench(b, b.TempDir(), benchConfig{sync: sync})
+			defer s.Close()
+			db := s.eng.(*pessimisticEngine).db
+			val := make([]byte, 256)
+			cpu := cpuTime()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				wb := grocksdb.NewWriteBatch()
+				for j := 0; j < 100; j++ {
+					wb.Put([]byte(fmt.Sprintf("\xff/raw/%012d/%03d", i, j)), val)
+				}
+				if err := db.Write(s.wo, wb); err != nil {
+					b.Fatal(err)
+				}
+				wb.Destroy()
+			}
+			b.StopTimer()
+			reportCPU(b, cpu, b.N*100)
+			reportItems(b, b.N*100, b.Elapsed())
+		})
+	}
 }

@@ -72,6 +72,7 @@ type Options struct {
 	inlineMax    int        // payloads up to this many bytes are stored inline; <0: never
 	noDelCompact bool       // disable the deletion-triggered compaction collector
 	noHeads      bool       // claim scans start at the index start (measurement only)
+	memtable     int        // memtable bytes; 0: defaultMemtable
 }
 
 // DefaultCacheBytes is the block cache size when Options.CacheBytes is 0: a
