@@ -83,6 +83,13 @@ type seenSet struct {
 
 func newSeenSet(n int) *seenSet { return &seenSet{bits: make([]uint64, (n+63)/64)} }
 
+// count returns the number of distinct items seen.
+func (s *seenSet) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n
+}
+
 // add marks seqs and returns the number of distinct items seen so far.
 func (s *seenSet) add(seqs []uint64) int {
 	s.mu.Lock()
@@ -155,7 +162,7 @@ func consumeAll(ctx context.Context, e *env, cs []target.Client, queue string, w
 		return time.Time{}, fail.err
 	}
 	if doneAt.Load() == 0 {
-		return time.Time{}, fmt.Errorf("consumed %d of %d items before stopping: %w", seen.n, want, context.Cause(ctx))
+		return time.Time{}, fmt.Errorf("consumed %d of %d items before stopping: %w", seen.count(), want, context.Cause(ctx))
 	}
 	return e.base.Add(time.Duration(doneAt.Load())), nil
 }
@@ -214,7 +221,9 @@ func runStorm(ctx context.Context, e *env, in target.Instance, producers, consum
 	// one that disconnects (beanstalkd would release a closed
 	// connection's jobs at once, which is not lease expiry).
 	defer func() { err = errors.Join(err, closeAll(ghosts)) }()
-	var taken atomic.Int64
+	// Ghosts count distinct items: on a slow machine leasing everything can
+	// outlast the lease, and a ghost may then take an expired item again.
+	taken := newSeenSet(n)
 	var first atomic.Int64
 	var fail errOnce
 	gctx, cancel := context.WithCancel(ctx)
@@ -224,7 +233,7 @@ func runStorm(ctx context.Context, e *env, in target.Instance, producers, consum
 		wg.Add(1)
 		go func(i int, c target.Client) {
 			defer wg.Done()
-			for gctx.Err() == nil && taken.Load() < int64(n) {
+			for gctx.Err() == nil {
 				ds, err := c.Poll(gctx, queue, phaseBatch, 0)
 				if err != nil {
 					if !isStop(gctx, err) {
@@ -232,9 +241,19 @@ func runStorm(ctx context.Context, e *env, in target.Instance, producers, consum
 					}
 					return
 				}
-				if len(ds) > 0 {
-					first.CompareAndSwap(0, e.since())
-					taken.Add(int64(len(ds)))
+				if len(ds) == 0 {
+					continue
+				}
+				first.CompareAndSwap(0, e.since())
+				seqs := make([]uint64, 0, len(ds))
+				for _, d := range ds {
+					if _, seq, ok := stamp(d.Payload); ok {
+						seqs = append(seqs, seq)
+					}
+				}
+				if taken.add(seqs) >= n {
+					cancel()
+					return
 				}
 			}
 		}(i, c)
@@ -243,8 +262,8 @@ func runStorm(ctx context.Context, e *env, in target.Instance, producers, consum
 	if fail.err != nil {
 		return out, fail.err
 	}
-	if taken.Load() < int64(n) {
-		return out, fmt.Errorf("vanishing consumers leased %d of %d items: %w", taken.Load(), n, gctx.Err())
+	if got := taken.count(); got < n {
+		return out, fmt.Errorf("vanishing consumers leased %d of %d items: %w", got, n, ctx.Err())
 	}
 	out.firstExpiry = e.base.Add(time.Duration(first.Load())).Add(lease)
 	out.lastExpiry = e.clk.Now().Add(lease)
