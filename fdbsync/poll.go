@@ -75,13 +75,15 @@ func (s *Store) Poll(ctx context.Context, p storage.PollParams) (storage.PollRes
 	mu.Lock()
 	defer mu.Unlock()
 
+	if err := s.heartbeat(ctx, p.Queue, p.Now); err != nil {
+		return storage.PollResult{}, fmt.Errorf("fdbsync: poll %q: %w", p.Queue, err)
+	}
 	s.polls.Add(1)
-	heartbeat := s.heartbeatDue(p.Queue, p.Now)
 	v, _, rep, err := s.mutate(ctx, p.Now, func(tx kv.Tx, c *call) (any, error) {
 		if c.prior != nil {
 			return s.replayPoll(tx, p.Queue, lease, c)
 		}
-		return s.claim(tx, c, p, lease, heartbeat)
+		return s.claim(tx, c, p, lease)
 	})
 	s.pollAttempts.Add(int64(rep.Attempts))
 	s.pollRetries.Add(int64(rep.Retries))
@@ -92,50 +94,67 @@ func (s *Store) Poll(ctx context.Context, p storage.PollParams) (storage.PollRes
 	if len(out.items) == 0 {
 		return storage.PollResult{}, nil
 	}
-	if heartbeat {
-		s.mu.Lock()
-		s.mu.heartbeat[p.Queue] = p.Now
-		s.mu.Unlock()
-	}
 	s.claimed.Add(int64(len(out.items)))
 	s.nonEmpty.Add(1)
 	s.deadline(out.expires)
 	return storage.PollResult{Lease: out.lease, ExpiresAt: out.expires, Items: out.items}, nil
 }
 
-// heartbeatDue reports whether this node should (re)write its poller entry
-// for q with the next claim.
-func (s *Store) heartbeatDue(q string, now time.Time) bool {
+// heartbeat (re)writes this node's poller entry for q when it is older than
+// heartbeatEvery, in its own small transaction before the claim: a node
+// must be visible to the others before its first claim, or nodes starting
+// together disagree on who polls and collide (measured: a start-up storm of
+// up to 11 attempts per poll when the entry rode on the first claim). A
+// blind set of a key only this node writes: no conflicts, safe to apply
+// twice.
+func (s *Store) heartbeat(ctx context.Context, q string, now time.Time) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	last, ok := s.mu.heartbeat[q]
-	return !ok || now.Sub(last) >= heartbeatEvery || now.Before(last)
+	s.mu.Unlock()
+	if ok && now.Sub(last) < heartbeatEvery && !now.Before(last) {
+		return nil
+	}
+	_, err := s.r.Transact(ctx, func(tx kv.Tx) (any, error) {
+		tx.Set(s.k.poller(q, s.node), appendTime(nil, now))
+		return nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("heartbeat: %w", err)
+	}
+	s.heartbeats.Add(1)
+	s.mu.Lock()
+	s.mu.heartbeat[q] = now
+	s.mu.Unlock()
+	return nil
 }
 
 // activePollers counts nodes that claimed from q within pollerTTL of now
-// (snapshot read: heartbeats never cause conflicts). This node counts
-// itself.
-func (s *Store) activePollers(tx kv.Tx, q string, now time.Time) (int, error) {
+// (snapshot read: heartbeats never cause conflicts) and this node's rank
+// among them by node id. This node counts itself.
+func (s *Store) activePollers(tx kv.Tx, q string, now time.Time) (n, rank int, err error) {
 	pre := s.k.pollersPrefix(q)
 	rows, err := tx.GetRange(pre, kv.PrefixEnd(pre), kv.RangeOptions{Snapshot: true, Limit: 1000})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	n, self := 0, false
+	self := false
 	for _, r := range rows {
 		t, _, err := readTime(r.Value)
 		if err != nil || now.Sub(t) > pollerTTL {
 			continue
 		}
-		n++
-		if bytes.Equal(r.Key[len(pre):], s.node[:]) {
+		switch c := bytes.Compare(r.Key[len(pre):], s.node[:]); {
+		case c < 0:
+			rank++
+		case c == 0:
 			self = true
 		}
+		n++
 	}
 	if !self {
 		n++
 	}
-	return n, nil
+	return n, rank, nil
 }
 
 // readyHead returns up to window ready candidates of q at now in serve
@@ -143,26 +162,37 @@ func (s *Store) activePollers(tx kv.Tx, q string, now time.Time) (int, error) {
 // but which the sweeper has not promoted yet. Snapshot reads only.
 func (s *Store) readyHead(tx kv.Tx, q string, now time.Time, window int) ([]candidate, error) {
 	rp := s.k.readyPrefix(q)
-	rows, err := tx.GetRange(rp, kv.PrefixEnd(rp), kv.RangeOptions{Snapshot: true, Limit: window})
-	if err != nil {
-		return nil, err
-	}
 	var out []candidate
-	for _, r := range rows {
-		rest := r.Key[len(rp):]
-		if len(rest) != 1+8+16 {
-			return nil, errBadKey
-		}
-		vis, _, err := readTime(rest[1:])
+	// Entries not yet visible at now (written by a node whose clock is
+	// ahead, or a caller whose now went back) are skipped; keep reading
+	// until the window is full, within a bound.
+	from, end := rp, kv.PrefixEnd(rp)
+	for scanned := 0; len(out) < window && scanned < 4*headCap; {
+		rows, err := tx.GetRange(from, end, kv.RangeOptions{Snapshot: true, Limit: window})
 		if err != nil {
 			return nil, err
 		}
-		if vis.After(now) {
-			continue // written by a node whose clock is ahead of ours
+		scanned += len(rows)
+		for _, r := range rows {
+			rest := r.Key[len(rp):]
+			if len(rest) != 1+8+16 {
+				return nil, errBadKey
+			}
+			vis, _, err := readTime(rest[1:])
+			if err != nil {
+				return nil, err
+			}
+			if vis.After(now) {
+				continue
+			}
+			c := candidate{prio: rest[0], vis: vis}
+			copy(c.id[:], rest[9:])
+			out = append(out, c)
 		}
-		c := candidate{prio: rest[0], vis: vis}
-		copy(c.id[:], rest[9:])
-		out = append(out, c)
+		if len(rows) < window {
+			break
+		}
+		from = kv.KeyAfter(rows[len(rows)-1].Key)
 	}
 	// Due delayed items are in visibility order, not serve order, so read
 	// all of them (up to headCap): normally few, since the sweeper
@@ -195,8 +225,48 @@ func (s *Store) readyHead(tx kv.Tx, q string, now time.Time, window int) ([]cand
 	return out, nil
 }
 
+// choose picks up to max candidates to claim. Alone, a node takes the
+// head in serve order. With n active nodes, node rank k takes, in serve
+// order, the candidates whose id hashes to k mod n: nodes claim disjoint
+// items whatever read version each one has, so they do not conflict; each
+// node still serves its share in order, so the queue stays FIFO within a
+// window of about max*n items. If its share of the window is short (short
+// queue, or a node just joined), it fills up at a random offset among the
+// rest, accepting some conflicts. A node that stops polling drops out of n
+// after pollerTTL, and its share passes to the others.
+func (s *Store) choose(cands []candidate, max, n, rank int) []candidate {
+	if n <= 1 || len(cands) <= max {
+		return cands[:min(max, len(cands))]
+	}
+	pick := make([]candidate, 0, max)
+	var rest []candidate
+	for _, c := range cands {
+		if len(pick) < max && share(c.id, n) == rank {
+			pick = append(pick, c)
+		} else {
+			rest = append(rest, c)
+		}
+	}
+	if need := max - len(pick); need > 0 && len(rest) > 0 {
+		start := s.intN(len(rest) - min(need, len(rest)) + 1)
+		pick = append(pick, rest[start:start+min(need, len(rest))]...)
+		sort.Slice(pick, func(i, j int) bool { return pick[i].less(pick[j]) })
+	}
+	return pick
+}
+
+// share maps an item to one of n pollers (FNV-1a over the id).
+func share(id storage.ItemID, n int) int {
+	h := uint32(2166136261)
+	for _, b := range id {
+		h ^= uint32(b)
+		h *= 16777619
+	}
+	return int(h % uint32(n))
+}
+
 // claim is the body of a poll transaction.
-func (s *Store) claim(tx kv.Tx, c *call, p storage.PollParams, lease storage.LeaseID, heartbeat bool) (any, error) {
+func (s *Store) claim(tx kv.Tx, c *call, p storage.PollParams, lease storage.LeaseID) (any, error) {
 	q := p.Queue
 	cfg, ok, err := s.config(tx, q)
 	if err != nil || !ok {
@@ -207,13 +277,16 @@ func (s *Store) claim(tx kv.Tx, c *call, p storage.PollParams, lease storage.Lea
 		dur = cfg.LeaseDuration
 	}
 	exp := p.Now.Add(dur)
-	n, err := s.activePollers(tx, q, p.Now)
+	n, rank, err := s.activePollers(tx, q, p.Now)
 	if err != nil {
 		return nil, err
 	}
+	if s.spread < 0 {
+		n = 1 // measurement mode: always the strict head
+	}
 	window := p.Max
 	if n > 1 {
-		window = min(p.Max*n*spread, headCap)
+		window = min(p.Max*n*s.spread, headCap)
 	}
 	cands, err := s.readyHead(tx, q, p.Now, window)
 	if err != nil {
@@ -222,11 +295,7 @@ func (s *Store) claim(tx kv.Tx, c *call, p storage.PollParams, lease storage.Lea
 	if len(cands) == 0 {
 		return pollOut{}, nil
 	}
-	start := 0
-	if n > 1 && len(cands) > p.Max {
-		start = s.intN(len(cands) - p.Max + 1)
-	}
-	pick := cands[start:min(start+p.Max, len(cands))]
+	pick := s.choose(cands, p.Max, n, rank)
 	keys := make([][]byte, len(pick))
 	for i, cd := range pick {
 		keys[i] = s.k.available(q, cd.id)
@@ -272,9 +341,6 @@ func (s *Store) claim(tx kv.Tx, c *call, p storage.PollParams, lease storage.Lea
 	lr := leaseRec{queue: q, expiry: exp, ids: ids}
 	tx.Set(s.k.lease(lease), lr.encode())
 	tx.Set(s.k.expiry(exp, lease), nil)
-	if heartbeat {
-		tx.Set(s.k.poller(q, s.node), appendTime(nil, p.Now))
-	}
 	c.set(tx, lr.encode())
 	pay, err := s.payloads(tx, recs)
 	if err != nil {

@@ -79,7 +79,16 @@ type Options struct {
 	MaxAttempts int
 	// Seed seeds the claim-window and backoff randomness; random when 0.
 	Seed uint64
+	// ClaimSpread tunes how wide a poll spreads its claims when n nodes
+	// poll one queue: it picks its batch at a random offset within the
+	// first Max*n*ClaimSpread ready items. 0 means the measured default
+	// (DefaultClaimSpread); a negative value always claims the strict head
+	// (for measurements: it conflict-storms with several nodes).
+	ClaimSpread int
 }
+
+// DefaultClaimSpread is the claim spread chosen by measurement (doc.go).
+const DefaultClaimSpread = spread
 
 // Metrics is a snapshot of a Store's counters. Counters only increase.
 type Metrics struct {
@@ -91,6 +100,7 @@ type Metrics struct {
 	NonEmptyPolls int64             // polls that claimed at least one item
 	Enqueued      int64
 	UploadTxns    int64 // chunk upload transactions
+	Heartbeats    int64 // poller heartbeat transactions (at most one per queue per second)
 }
 
 // Sub returns m - prev.
@@ -104,6 +114,7 @@ func (m Metrics) Sub(prev Metrics) Metrics {
 		NonEmptyPolls: m.NonEmptyPolls - prev.NonEmptyPolls,
 		Enqueued:      m.Enqueued - prev.Enqueued,
 		UploadTxns:    m.UploadTxns - prev.UploadTxns,
+		Heartbeats:    m.Heartbeats - prev.Heartbeats,
 	}
 }
 
@@ -118,6 +129,7 @@ type Store struct {
 	log    *slog.Logger
 	onDL   storage.DeadlineFunc
 	node   [16]byte
+	spread int
 
 	closed atomic.Bool
 	ctx    context.Context // cancelled by Close: ends watch goroutines
@@ -132,7 +144,7 @@ type Store struct {
 		heartbeat map[string]time.Time // queue -> last heartbeat written
 	}
 
-	polls, pollAttempts, pollRetries, claimed, nonEmpty, enqueued, uploads atomic.Int64
+	polls, pollAttempts, pollRetries, claimed, nonEmpty, enqueued, uploads, heartbeats atomic.Int64
 }
 
 // New returns a Store over db. It writes nothing until the first call.
@@ -156,6 +168,10 @@ func New(db kv.DB, o Options) (*Store, error) {
 		limits: o.Limits,
 		log:    o.Logger.With("svc", "fdbsync"),
 		onDL:   o.OnDeadline,
+		spread: o.ClaimSpread,
+	}
+	if s.spread == 0 {
+		s.spread = spread
 	}
 	if _, err := crand.Read(s.node[:]); err != nil {
 		return nil, fmt.Errorf("fdbsync: node id: %w", err)
@@ -179,7 +195,7 @@ func (s *Store) Metrics() Metrics {
 	return Metrics{
 		Txn: s.r.Metrics(), Polls: s.polls.Load(), PollAttempts: s.pollAttempts.Load(),
 		PollRetries: s.pollRetries.Load(), Claimed: s.claimed.Load(), NonEmptyPolls: s.nonEmpty.Load(),
-		Enqueued: s.enqueued.Load(), UploadTxns: s.uploads.Load(),
+		Enqueued: s.enqueued.Load(), UploadTxns: s.uploads.Load(), Heartbeats: s.heartbeats.Load(),
 	}
 }
 
@@ -249,8 +265,9 @@ func randomToken() ([16]byte, error) {
 // on an attempt after commit_unknown_result, the marker's value if an
 // earlier attempt committed.
 type call struct {
-	key   []byte
-	prior []byte // non-nil: an earlier attempt committed with this result
+	key     []byte
+	prior   []byte // non-nil: an earlier attempt committed with this result
+	attempt int    // 1 for the first attempt
 }
 
 // set records the call's result; it commits with the call's writes.
@@ -290,7 +307,7 @@ func (s *Store) mutate(ctx context.Context, now time.Time, fn func(tx kv.Tx, c *
 	var last kv.Tx
 	v, rep, err := s.r.Run(ctx, func(tx kv.Tx, cl kv.Call) (any, error) {
 		last = tx
-		c := &call{key: mk}
+		c := &call{key: mk, attempt: cl.Attempt}
 		if cl.MaybeCommitted {
 			prior, err := tx.Get(mk, false)
 			if err != nil {
