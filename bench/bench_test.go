@@ -172,6 +172,9 @@ func TestSelectSystems(t *testing.T) {
 	require.Equal(t, []string{"redis-always", "redis-everysec"}, names(selectSystems(all, []string{"redis"})))
 	require.Equal(t, []string{"leaseq-inproc-none", "leaseq-inproc-mem"}, names(selectSystems(all, []string{"leaseq-inproc"})))
 	require.Len(t, selectSystems(all, nil), 4)
+	withDiag := append(all, leaseqt.Loopback{Sync: rocksstore.SyncNone})
+	require.Len(t, selectSystems(withDiag, nil), 4, "diagnostics run only when named")
+	require.Equal(t, []string{"leaseq-loopback-none"}, names(selectSystems(withDiag, []string{"leaseq-loopback"})))
 }
 
 func TestRun_SkipsUnavailableSystemsAndSaysWhy(t *testing.T) {

@@ -7,7 +7,8 @@ import (
 )
 
 // leaseqSystems lists leaseq's own systems: over RPC against a real
-// `leaseq serve` (the rows to compare with peers), then in process.
+// `leaseq serve` (the rows to compare with peers), then in process, then
+// the loopback diagnostics (run only when named).
 func leaseqSystems(bin *leaseqt.Binary) []target.System {
 	return []target.System{
 		leaseqt.RPC{Sync: "always", Bin: bin},
@@ -15,5 +16,7 @@ func leaseqSystems(bin *leaseqt.Binary) []target.System {
 		leaseqt.InProcess{Backend: leaseqt.BackendRocks, Sync: rocksstore.SyncAlways},
 		leaseqt.InProcess{Backend: leaseqt.BackendRocks, Sync: rocksstore.SyncNone},
 		leaseqt.InProcess{Backend: leaseqt.BackendMem},
+		leaseqt.Loopback{Sync: rocksstore.SyncAlways},
+		leaseqt.Loopback{Sync: rocksstore.SyncNone},
 	}
 }

@@ -356,13 +356,19 @@ func configDoc(c Config, wls []string) ConfigDoc {
 		StormLease: c.StormLease.String(), Queues: c.Queues, ZipfS: c.ZipfS, Seed: c.Seed}
 }
 
-// selectSystems keeps the systems named (by name, family, or the groups
-// "peers" and "all"); all of them when names is empty.
+// selectSystems keeps the systems named (by name, name prefix, family, or
+// the groups "peers" and "all"); when names is empty, every system except
+// those that run only when named (the loopback diagnostics).
 func selectSystems(all []target.System, names []string) []target.System {
-	if len(names) == 0 {
-		return all
-	}
 	var out []target.System
+	if len(names) == 0 {
+		for _, s := range all {
+			if o, ok := s.(interface{ OnlyWhenNamed() bool }); !ok || !o.OnlyWhenNamed() {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
 	for _, s := range all {
 		for _, n := range names {
 			if n == "all" || n == s.Name() || n == s.Family() || (n == "peers" && s.Family() != "leaseq") ||

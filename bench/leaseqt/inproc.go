@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/benbjohnson/clock"
@@ -102,7 +103,10 @@ type inprocInstance struct {
 		sync.Mutex
 		ch chan struct{} // closed and replaced when items may have become ready
 	}
-	sweepErr  error
+	sweepErr error
+	// onReady, when set, is also told which queues the sweep loop made
+	// ready (the loopback RPC server's dispatcher).
+	onReady   atomic.Pointer[func([]string)]
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -136,6 +140,9 @@ func (in *inprocInstance) sweepLoop() {
 		}
 		if len(res.ReadyQueues) > 0 {
 			in.broadcast()
+			if f := in.onReady.Load(); f != nil {
+				(*f)(res.ReadyQueues)
+			}
 		}
 		if res.More {
 			continue
@@ -152,6 +159,8 @@ func (in *inprocInstance) sweepLoop() {
 		}
 	}
 }
+
+func (in *inprocInstance) setOnReady(f func([]string)) { in.onReady.Store(&f) }
 
 func (in *inprocInstance) PID() int { return os.Getpid() }
 

@@ -127,3 +127,31 @@ func TestInProcess_Describes(t *testing.T) {
 	_, err := InProcess{Backend: "tape"}.Start(context.Background(), target.StartOptions{Dir: t.TempDir(), Clock: clock.New()})
 	require.ErrorContains(t, err, "unknown backend")
 }
+
+func TestLoopback_RPCClientOverAServerInProcess(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := Loopback{Sync: rocksstore.SyncNone}
+	require.True(t, s.OnlyWhenNamed())
+	_, a, b := start(t, s, 100*time.Millisecond)
+	require.NoError(t, a.Enqueue(ctx, "q", [][]byte{[]byte("x"), []byte("y"), []byte("z")}))
+	first, err := a.Poll(ctx, "q", 2, time.Second)
+	require.NoError(t, err)
+	require.Len(t, first, 2)
+	require.Equal(t, "x", string(first[0].Payload))
+	require.NoError(t, a.Ack(ctx, "q", first[:1]))
+	// first[1] is abandoned: the sweep loop expires its lease and wakes
+	// b's long poll through the server's dispatcher.
+	var got []string
+	for len(got) < 2 {
+		ds, err := b.Poll(ctx, "q", 10, 5*time.Second)
+		require.NoError(t, err)
+		require.NotEmpty(t, ds)
+		for _, d := range ds {
+			got = append(got, string(d.Payload))
+		}
+		require.NoError(t, b.Ack(ctx, "q", ds))
+	}
+	require.ElementsMatch(t, []string{"y", "z"}, got)
+	require.NoError(t, a.Ack(ctx, "q", first[1:]), "a stale lease's ack is tolerated")
+}

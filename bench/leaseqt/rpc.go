@@ -142,11 +142,16 @@ func (in *rpcInstance) Close() error {
 }
 
 func (in *rpcInstance) Connect(ctx context.Context) (target.Client, error) {
-	c, err := rpc.Dial(ctx, in.addr, rpc.ClientOptions{})
+	return dialRPC(ctx, in.addr, in.lease)
+}
+
+// dialRPC opens one rpc client connection for one worker.
+func dialRPC(ctx context.Context, addr string, lease time.Duration) (target.Client, error) {
+	c, err := rpc.Dial(ctx, addr, rpc.ClientOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("leaseqt: dial %s: %w", in.addr, err)
+		return nil, fmt.Errorf("leaseqt: dial %s: %w", addr, err)
 	}
-	return &rpcClient{c: c, lease: in.lease}, nil
+	return &rpcClient{c: c, lease: lease}, nil
 }
 
 type rpcClient struct {
