@@ -308,7 +308,7 @@ func BenchmarkPollAckAfterChurn(b *testing.B) {
 				db.churn = openBench(b, dir+"/churn", c)
 				for done := 0; done < churnItems; done += 100_000 {
 					fill(b, db.churn, &db.clk, 100_000)
-					pollAck(b, db.churn, &db.clk, 100_000/32+1)
+					pollAck(b, db.churn, &db.clk, 100_000/32)
 				}
 				fill(b, db.churn, &db.clk, churnBacklog)
 				db.build = time.Since(start)

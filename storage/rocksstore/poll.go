@@ -79,10 +79,19 @@ func (s *Store) poll(ctx context.Context, p storage.PollParams) (storage.PollRes
 		q.claim.Unlock()
 	}
 
-	// This poller leads one pass over everything pending.
+	// This poller leads one pass over the pending requests, in arrival
+	// order, up to maxPassItems items. A leader is always the first
+	// pending request (the first poller on an idle queue, or the head of
+	// the queue a finished leader hands over to), so its own request is
+	// always in its pass.
 	q.claim.Lock()
-	batch := q.claim.pending
-	q.claim.pending = nil
+	n, items := 0, 0
+	for n < len(q.claim.pending) && (n == 0 || items+q.claim.pending[n].p.Max <= maxPassItems) {
+		items += q.claim.pending[n].p.Max
+		n++
+	}
+	batch := q.claim.pending[:n:n]
+	q.claim.pending = append([]*pollReq(nil), q.claim.pending[n:]...)
 	q.claim.Unlock()
 
 	s.claimPass(q, batch)
@@ -102,7 +111,10 @@ func (s *Store) poll(ctx context.Context, p storage.PollParams) (storage.PollRes
 	return r.res, r.err
 }
 
-// claimed is one item taken by a claim pass.
+// maxPassItems caps the items one claim pass may hand out, so a crowd of
+// pollers does not build one huge transaction; the rest wait for the next
+// pass, which starts as soon as this one commits.
+const maxPassItems = 4 * 1000
 type claimed struct {
 	id  storage.ItemID
 	rec dbkeys.ItemRecord

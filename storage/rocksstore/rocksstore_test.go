@@ -438,13 +438,19 @@ func TestRocksStore_HeadCursor(t *testing.T) {
 
 func TestRocksStore_ConcurrentPollsCoalesce(t *testing.T) {
 	t.Parallel()
-	for _, k := range engines() {
-		t.Run("engine="+k.String(), func(t *testing.T) {
+	for _, c := range []struct {
+		k   engineKind
+		max int
+	}{{enginePessimistic, 7}, {engineOptimistic, 7}, {enginePessimistic, 1000}} {
+		t.Run(fmt.Sprintf("engine=%s,max=%d", c.k, c.max), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, withEngine(k), func(o *Options) { o.Sync = SyncAlways })
-			const n, workers = 2000, 8
-			for i := 0; i < n; i += 500 {
-				b.enqueueN("q", at(0), 500)
+			b := setup(t, withEngine(c.k), func(o *Options) { o.Sync = SyncAlways })
+			n, workers := 2000, 8
+			if c.max == 1000 {
+				n = 12000 // more than one capped pass (maxPassItems) of 8 polls
+			}
+			for i := 0; i < n; i += 1000 {
+				b.enqueueN("q", at(0), 1000)
 			}
 			var mu sync.Mutex
 			seen := map[storage.ItemID]bool{}
@@ -452,10 +458,13 @@ func TestRocksStore_ConcurrentPollsCoalesce(t *testing.T) {
 			for w := 0; w < workers; w++ {
 				wg.Go(func() {
 					for {
-						r, err := b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 7, Lease: time.Minute, Now: at(time.Second)})
+						r, err := b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: c.max, Lease: time.Minute, Now: at(time.Second)})
 						if err != nil {
 							t.Error(err)
 							return
+						}
+						if len(r.Items) > c.max {
+							t.Errorf("poll of max %d got %d items", c.max, len(r.Items))
 						}
 						if len(r.Items) == 0 {
 							return
