@@ -115,6 +115,7 @@ func (s *Store) poll(ctx context.Context, p storage.PollParams) (storage.PollRes
 // pollers does not build one huge transaction; the rest wait for the next
 // pass, which starts as soon as this one commits.
 const maxPassItems = 4 * 1000
+
 type claimed struct {
 	id  storage.ItemID
 	rec dbkeys.ItemRecord
