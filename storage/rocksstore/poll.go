@@ -116,6 +116,7 @@ func (s *Store) poll(ctx context.Context, p storage.PollParams) (storage.PollRes
 // pass, which starts as soon as this one commits.
 const maxPassItems = 4 * 1000
 
+// claimed is one item taken by a claim pass.
 type claimed struct {
 	id  storage.ItemID
 	rec dbkeys.ItemRecord
