@@ -64,7 +64,7 @@ func (s *Store) Stats(ctx context.Context, p storage.StatsParams) ([]storage.Que
 // visibility entries of each priority.
 func (s *Store) oldestVisible(queue string, heads *[256][]byte, now int64) (int64, bool, error) {
 	prefix := dbkeys.VisibilityPrefix(queue)
-	it, ro := s.newIter(s.ro, prefix, dbkeys.PrefixEnd(prefix))
+	it, ro := s.newIter(nil, prefix, dbkeys.PrefixEnd(prefix))
 	defer func() {
 		it.Close()
 		ro.Destroy()
@@ -125,7 +125,7 @@ func (s *Store) validatePage(queue string, limit int) error {
 func (s *Store) pageRecords(prefix []byte, after storage.ItemID, limit int, fn func(id storage.ItemID, rec *dbkeys.ItemRecord) error) error {
 	seek := append(bytes.Clone(prefix), after[:]...)
 	n := 0
-	return s.scan(s.ro, prefix, dbkeys.PrefixEnd(prefix), seek, func(k, v []byte) (bool, error) {
+	return s.scan(nil, prefix, dbkeys.PrefixEnd(prefix), seek, func(k, v []byte) (bool, error) {
 		var id storage.ItemID
 		copy(id[:], k[len(prefix):])
 		if id == after {
@@ -240,7 +240,7 @@ func (s *Store) Purge(ctx context.Context, p storage.PurgeParams) (int, error) {
 				return total, err
 			}
 			var ids []storage.ItemID
-			err := s.scan(s.ro, prefix, dbkeys.PrefixEnd(prefix), nil, func(k, _ []byte) (bool, error) {
+			err := s.scan(nil, prefix, dbkeys.PrefixEnd(prefix), nil, func(k, _ []byte) (bool, error) {
 				var id storage.ItemID
 				copy(id[:], k[len(prefix):])
 				ids = append(ids, id)
@@ -382,7 +382,7 @@ func (s *Store) deadOp(ctx context.Context, op string, p storage.RedriveParams, 
 			return res, nil
 		}
 		prefix := dbkeys.DLQPrefix(q.name)
-		err := s.scan(s.ro, prefix, dbkeys.PrefixEnd(prefix), nil, func(k, _ []byte) (bool, error) {
+		err := s.scan(nil, prefix, dbkeys.PrefixEnd(prefix), nil, func(k, _ []byte) (bool, error) {
 			var id storage.ItemID
 			copy(id[:], k[len(prefix):])
 			ids = append(ids, id)

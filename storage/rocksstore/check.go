@@ -44,13 +44,11 @@ func (s *Store) Check(ctx context.Context) (storage.CheckReport, error) {
 	snap := s.eng.snapshot()
 	ro := grocksdb.NewDefaultReadOptions()
 	ro.SetSnapshot(snap)
-	snapshots.Store(ro, snap)
 	defer func() {
-		snapshots.Delete(ro)
 		ro.Destroy()
 		s.eng.releaseSnapshot(snap)
 	}()
-	c := &checker{s: s, ro: ro, items: map[checkKey]*checkEntry{}, counts: map[string]*dbkeys.Counters{}, queues: map[string]bool{}}
+	c := &checker{s: s, ro: ro, snap: snap, items: map[checkKey]*checkEntry{}, counts: map[string]*dbkeys.Counters{}, queues: map[string]bool{}}
 	if err := c.run(ctx); err != nil {
 		return storage.CheckReport{}, fmt.Errorf("rocksstore: check: %w", err)
 	}
@@ -59,7 +57,8 @@ func (s *Store) Check(ctx context.Context) (storage.CheckReport, error) {
 
 type checker struct {
 	s      *Store
-	ro     *grocksdb.ReadOptions
+	ro     *grocksdb.ReadOptions // point reads at snap
+	snap   *grocksdb.Snapshot
 	rep    storage.CheckReport
 	items  map[checkKey]*checkEntry
 	counts map[string]*dbkeys.Counters
@@ -83,7 +82,7 @@ func (c *checker) count(q string) *dbkeys.Counters {
 
 func (c *checker) ns(ctx context.Context, ns byte, fn func(k, v []byte) error) error {
 	lower := dbkeys.NamespacePrefix(ns)
-	return c.s.scan(c.ro, lower, dbkeys.PrefixEnd(lower), nil, func(k, v []byte) (bool, error) {
+	return c.s.scan(c.snap, lower, dbkeys.PrefixEnd(lower), nil, func(k, v []byte) (bool, error) {
 		if err := ctx.Err(); err != nil {
 			return false, err
 		}
@@ -94,7 +93,7 @@ func (c *checker) ns(ctx context.Context, ns byte, fn func(k, v []byte) error) e
 func (c *checker) run(ctx context.Context) error {
 	// Queues and their configs.
 	cfgs := map[string]storage.QueueConfig{}
-	if err := c.s.scan(c.ro, dbkeys.QueueConfigPrefix(), dbkeys.PrefixEnd(dbkeys.QueueConfigPrefix()), nil, func(k, v []byte) (bool, error) {
+	if err := c.s.scan(c.snap, dbkeys.QueueConfigPrefix(), dbkeys.PrefixEnd(dbkeys.QueueConfigPrefix()), nil, func(k, v []byte) (bool, error) {
 		q, err := dbkeys.DecodeQueueConfigKey(k)
 		if err != nil {
 			c.bad("meta: bad queue config key %x: %v", k, err)

@@ -152,7 +152,7 @@ func (s *Store) claimPass(q *queueState, batch []*pollReq) {
 			need += r.p.Max
 		}
 		prefix := dbkeys.VisibilityPrefix(q.name)
-		it, ro := s.newIter(s.ro, prefix, dbkeys.PrefixEnd(prefix))
+		it, ro := s.newIter(nil, prefix, dbkeys.PrefixEnd(prefix))
 		defer func() {
 			it.Close()
 			ro.Destroy()

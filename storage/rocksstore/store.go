@@ -211,7 +211,7 @@ func (s *Store) load() error {
 	}
 	var names []string
 	var cfgs []storage.QueueConfig
-	err = s.scan(s.ro, dbkeys.QueueConfigPrefix(), dbkeys.PrefixEnd(dbkeys.QueueConfigPrefix()), nil, func(k, v []byte) (bool, error) {
+	err = s.scan(nil, dbkeys.QueueConfigPrefix(), dbkeys.PrefixEnd(dbkeys.QueueConfigPrefix()), nil, func(k, v []byte) (bool, error) {
 		name, err := dbkeys.DecodeQueueConfigKey(k)
 		if err != nil {
 			return false, fmt.Errorf("rocksstore: open: %w: %v", storage.ErrCorrupt, err)
@@ -360,11 +360,11 @@ func (s *Store) putRaw(op string, key, value []byte) error {
 }
 
 // scan iterates [lower, upper) (upper nil: unbounded) starting at seek (nil:
-// lower), calling fn with copies of each key and value until fn returns
-// false. The iterator has explicit bounds so it never wanders into other
-// namespaces' tombstones.
-func (s *Store) scan(base *grocksdb.ReadOptions, lower, upper, seek []byte, fn func(k, v []byte) (bool, error)) error {
-	it, ro := s.newIter(base, lower, upper)
+// lower), at snap (nil: the latest state), calling fn with copies of each
+// key and value until fn returns false. The iterator has explicit bounds so
+// it never wanders into other namespaces' tombstones.
+func (s *Store) scan(snap *grocksdb.Snapshot, lower, upper, seek []byte, fn func(k, v []byte) (bool, error)) error {
+	it, ro := s.newIter(snap, lower, upper)
 	defer func() {
 		it.Close()
 		ro.Destroy()
@@ -387,14 +387,13 @@ func (s *Store) scan(base *grocksdb.ReadOptions, lower, upper, seek []byte, fn f
 	return nil
 }
 
-// newIter returns an iterator bounded to [lower, upper) and the read
-// options it uses, which the caller destroys after closing the iterator.
-// base, when it carries a snapshot, is ignored except for it: iterators
-// that need a snapshot get one through snapOpts.
-func (s *Store) newIter(base *grocksdb.ReadOptions, lower, upper []byte) (*grocksdb.Iterator, *grocksdb.ReadOptions) {
+// newIter returns an iterator bounded to [lower, upper), reading at snap
+// (nil: the latest state), and the read options it uses, which the caller
+// destroys after closing the iterator.
+func (s *Store) newIter(snap *grocksdb.Snapshot, lower, upper []byte) (*grocksdb.Iterator, *grocksdb.ReadOptions) {
 	ro := grocksdb.NewDefaultReadOptions()
-	if snap, ok := snapshots.Load(base); ok {
-		ro.SetSnapshot(snap.(*grocksdb.Snapshot))
+	if snap != nil {
+		ro.SetSnapshot(snap)
 	}
 	// The bound slices are referenced by C until ro is destroyed; they are
 	// fresh allocations the caller never mutates.
@@ -404,10 +403,6 @@ func (s *Store) newIter(base *grocksdb.ReadOptions, lower, upper []byte) (*grock
 	}
 	return s.eng.iterator(ro), ro
 }
-
-// snapshots remembers which shared ReadOptions carry a snapshot, because
-// grocksdb cannot read it back; Check registers its snapshot here.
-var snapshots sync.Map // *grocksdb.ReadOptions -> *grocksdb.Snapshot
 
 // copySlice copies an iterator slice (owned by the iterator, so there is
 // nothing to free) into Go memory.

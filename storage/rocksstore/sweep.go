@@ -152,7 +152,7 @@ func (s *Store) sweepIndex(ctx context.Context, acc *sweepAcc, cur *cursor, ns b
 		}
 		start := cur.begin()
 		var keys [][]byte
-		err := s.scan(s.ro, lower, upper, start, func(k, _ []byte) (bool, error) {
+		err := s.scan(nil, lower, upper, start, func(k, _ []byte) (bool, error) {
 			keys = append(keys, k)
 			return len(keys) < min(sweepChunk, limit-done), nil
 		})
@@ -202,7 +202,7 @@ func (s *Store) firstInstant(cur *cursor, ns byte) (time.Time, bool, error) {
 	lower := dbkeys.NamespacePrefix(ns)
 	var t time.Time
 	found := false
-	err := s.scan(s.ro, lower, dbkeys.PrefixEnd(lower), cur.get(), func(k, _ []byte) (bool, error) {
+	err := s.scan(nil, lower, dbkeys.PrefixEnd(lower), cur.get(), func(k, _ []byte) (bool, error) {
 		if len(k) < 9 {
 			return false, corrupt("sweep", k, dbkeys.ErrMalformed)
 		}
