@@ -301,11 +301,10 @@ func BenchmarkPollAckAfterChurn(b *testing.B) {
 			db := v.(*churnedDB)
 			db.once.Do(func() {
 				start := time.Now()
-				dir, err := os.MkdirTemp("", "rocksstore-churn-")
-				require.NoError(b, err)
-				db.fresh = openBench(b, dir+"/fresh", c)
+				dir := benchDir(b, "rocksstore-churn-")
+				db.fresh = keepStore(openBench(b, dir+"/fresh", c))
 				fill(b, db.fresh, &db.clk, churnBacklog)
-				db.churn = openBench(b, dir+"/churn", c)
+				db.churn = keepStore(openBench(b, dir+"/churn", c))
 				for done := 0; done < churnItems; done += 100_000 {
 					fill(b, db.churn, &db.clk, 100_000)
 					pollAck(b, db.churn, &db.clk, 100_000/32)
@@ -360,8 +359,7 @@ func BenchmarkOpenBacklog(b *testing.B) {
 		b.Run(fmt.Sprintf("backlog=%d", n), func(b *testing.B) {
 			v, loaded := backlogDirs.Load(n)
 			if !loaded {
-				dir, err := os.MkdirTemp("", "rocksstore-backlog-")
-				require.NoError(b, err)
+				dir := benchDir(b, "rocksstore-backlog-")
 				s := openBench(b, dir, benchConfig{sync: SyncNone})
 				var clk benchNow
 				fill(b, s, &clk, n)
