@@ -52,4 +52,3 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(code)
 }
-
