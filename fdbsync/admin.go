@@ -547,7 +547,8 @@ func (s *Store) QueueConfig(ctx context.Context, queue string) (storage.QueueCon
 }
 
 // SetQueueConfig implements storage.Store. A plain set of a fixed value:
-// safe to apply twice.
+// safe to apply twice. The call has no Now, so its marker is filed at the
+// Unix epoch: the sweeper's next garbage pass drops it.
 func (s *Store) SetQueueConfig(ctx context.Context, queue string, c storage.QueueConfig) error {
 	if err := s.checkOpen(); err != nil {
 		return err
@@ -558,9 +559,8 @@ func (s *Store) SetQueueConfig(ctx context.Context, queue string, c storage.Queu
 	if err := s.limits.ValidateQueueConfig(c); err != nil {
 		return err
 	}
-	_, err := s.r.Transact(ctx, func(tx kv.Tx) (any, error) {
+	err := s.blind(ctx, time.Unix(0, 0), func(tx kv.Tx) {
 		tx.Set(s.k.queue(queue), encodeConfig(c))
-		return nil, nil
 	})
 	if err != nil {
 		return fmt.Errorf("fdbsync: set config %q: %w", queue, err)

@@ -99,7 +99,7 @@ func (s *Store) upload(ctx context.Context, now time.Time, r *record, payload []
 	r.nchunks = uint16((len(payload) + chunkSize - 1) / chunkSize)
 	for first := 0; first < int(r.nchunks); {
 		last := first
-		_, err := s.r.Transact(ctx, func(tx kv.Tx) (any, error) {
+		err := s.blind(ctx, now, func(tx kv.Tx) {
 			tx.Set(s.k.upload(now, pid), nil)
 			n, bytes := first, 0
 			for ; n < int(r.nchunks) && bytes < uploadBudget; n++ {
@@ -108,7 +108,6 @@ func (s *Store) upload(ctx context.Context, now time.Time, r *record, payload []
 				bytes += hi - lo
 			}
 			last = n
-			return nil, nil
 		})
 		s.uploads.Add(1)
 		if err != nil {

@@ -114,9 +114,8 @@ func (s *Store) heartbeat(ctx context.Context, q string, now time.Time) error {
 	if ok && now.Sub(last) < heartbeatEvery && !now.Before(last) {
 		return nil
 	}
-	_, err := s.r.Transact(ctx, func(tx kv.Tx) (any, error) {
+	err := s.blind(ctx, now, func(tx kv.Tx) {
 		tx.Set(s.k.poller(q, s.node), appendTime(nil, now))
-		return nil, nil
 	})
 	if err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
@@ -124,6 +123,9 @@ func (s *Store) heartbeat(ctx context.Context, q string, now time.Time) error {
 	s.heartbeats.Add(1)
 	s.mu.Lock()
 	s.mu.heartbeat[q] = now
+	if now.After(s.mu.lastSeen) {
+		s.mu.lastSeen = now
+	}
 	s.mu.Unlock()
 	return nil
 }

@@ -55,6 +55,9 @@ const (
 	spread = 4
 	// headCap caps the ready-head snapshot read of one poll.
 	headCap = 4000
+	// gcEvery spaces garbage collection passes (old markers, orphan
+	// uploads) on one node: their keys are harmless for markerTTL anyway.
+	gcEvery = 10 * time.Second
 	// defaultSweepLimit is used when SweepParams.Limit is 0.
 	defaultSweepLimit = 100
 )
@@ -142,6 +145,8 @@ type Store struct {
 		sync.Mutex
 		rng       *rand.Rand
 		heartbeat map[string]time.Time // queue -> last heartbeat written
+		lastGC    time.Time            // last collectGarbage, caller time
+		lastSeen  time.Time            // latest caller time seen by a heartbeat (for Close's marker)
 	}
 
 	polls, pollAttempts, pollRetries, claimed, nonEmpty, enqueued, uploads, heartbeats atomic.Int64
@@ -221,11 +226,13 @@ func (s *Store) Close() error {
 	}
 	// Forget this node as a poller so a single remaining node serves in
 	// strict order at once rather than after pollerTTL.
-	_, err := s.r.Transact(context.Background(), func(tx kv.Tx) (any, error) {
+	s.mu.Lock()
+	now := s.mu.lastSeen
+	s.mu.Unlock()
+	err := s.blind(context.Background(), now, func(tx kv.Tx) {
 		for _, q := range queues {
 			tx.Clear(s.k.poller(q, s.node))
 		}
-		return nil, nil
 	})
 	if err != nil {
 		return fmt.Errorf("fdbsync: close: %w", err)
@@ -320,6 +327,22 @@ func (s *Store) mutate(ctx context.Context, now time.Time, fn func(tx kv.Tx, c *
 		return fn(tx, c)
 	})
 	return v, last, rep, err
+}
+
+// blind runs fn, a transaction of plain writes that are safe to apply
+// twice, with a marker so that a retry after commit_unknown_result can tell
+// the write landed and stop (without it, a run of unknown results would
+// retry until the limit).
+func (s *Store) blind(ctx context.Context, now time.Time, fn func(tx kv.Tx)) error {
+	_, _, _, err := s.mutate(ctx, now, func(tx kv.Tx, c *call) (any, error) {
+		if c.prior != nil {
+			return nil, nil
+		}
+		fn(tx)
+		c.set(tx, nil)
+		return nil, nil
+	})
+	return err
 }
 
 // view runs a read-only transaction.

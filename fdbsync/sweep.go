@@ -38,7 +38,7 @@ func (s *Store) Sweep(ctx context.Context, p storage.SweepParams) (storage.Sweep
 	if err := s.dropDedup(ctx, p.Now, limit, &res); err != nil {
 		return res, fmt.Errorf("fdbsync: sweep dedup: %w", err)
 	}
-	if err := s.collectGarbage(ctx, p.Now, limit); err != nil {
+	if err := s.maybeCollectGarbage(ctx, p.Now, limit); err != nil {
 		return res, fmt.Errorf("fdbsync: sweep garbage: %w", err)
 	}
 	for q := range readyQ {
@@ -59,6 +59,7 @@ type stepOut struct {
 	a, b, c int // expire: leases, requeued, dead; promote, dedup: count
 	queues  []string
 	more    bool
+	wrote   bool // the step wrote something, even if it counts nothing
 }
 
 func (o stepOut) encode() []byte {
@@ -105,7 +106,7 @@ func (s *Store) sweepStep(ctx context.Context, now time.Time, fn func(tx kv.Tx) 
 		if err != nil {
 			return nil, err
 		}
-		if out.a > 0 || out.b > 0 || out.c > 0 {
+		if out.wrote || out.a > 0 || out.b > 0 || out.c > 0 {
 			c.set(tx, out.encode())
 		}
 		return out, nil
@@ -346,7 +347,7 @@ func (s *Store) dropDedup(ctx context.Context, now time.Time, limit int, res *st
 				n++
 			}
 		}
-		return stepOut{a: n, more: more}, nil
+		return stepOut{a: n, more: more, wrote: len(due) > 0}, nil
 	})
 	if err != nil {
 		return err
@@ -356,11 +357,34 @@ func (s *Store) dropDedup(ctx context.Context, now time.Time, limit int, res *st
 	return nil
 }
 
+// maybeCollectGarbage runs collectGarbage at most once per gcEvery of
+// caller time on this node, so an idle sweeper does not write.
+func (s *Store) maybeCollectGarbage(ctx context.Context, now time.Time, limit int) error {
+	s.mu.Lock()
+	due := s.mu.lastGC.IsZero() || now.Sub(s.mu.lastGC) >= gcEvery || now.Before(s.mu.lastGC)
+	s.mu.Unlock()
+	if !due {
+		return nil
+	}
+	if err := s.collectGarbage(ctx, now, limit); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.mu.lastGC = now
+	s.mu.Unlock()
+	return nil
+}
+
 // collectGarbage drops idempotency markers older than markerTTL and chunk
-// uploads whose enqueue never committed. Blind range clears of keys nobody
-// reads any more: safe to apply twice and on every node.
+// uploads whose enqueue never committed. Range clears of keys nobody reads
+// any more: safe to apply twice and on every node (its own marker only
+// ends the retry loop after commit_unknown_result).
 func (s *Store) collectGarbage(ctx context.Context, now time.Time, limit int) error {
-	_, err := s.r.Transact(ctx, func(tx kv.Tx) (any, error) {
+	_, _, _, err := s.mutate(ctx, now, func(tx kv.Tx, c *call) (any, error) {
+		if c.prior != nil {
+			return nil, nil
+		}
+		c.set(tx, nil)
 		tx.ClearRange(s.k.ns(nsMarker), s.k.timeBound(nsMarker, now.Add(-markerTTL)))
 		old, err := tx.GetRange(s.k.ns(nsUpload), s.k.timeBound(nsUpload, now.Add(-uploadTTL)), kv.RangeOptions{Snapshot: true, Limit: limit})
 		if err != nil {
