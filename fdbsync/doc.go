@@ -1,0 +1,159 @@
+// Package fdbsync is the FoundationDB backend: a storage.Store whose items,
+// indexes, leases and counters live in one FDB subspace, so any number of
+// stateless leaseq nodes serve the same queues with the cluster's
+// durability and serializable transactions.
+//
+// # Three layers
+//
+//   - fdbsync/kv: the narrow transaction interface this package is written
+//     against (gets, range reads, set/clear, atomic add, versionstamps,
+//     watches, conflict ranges) and the Retrier, FDB's retry loop with a
+//     bound, per-call Reports and metrics, that never drops an error.
+//   - fdbsync/fdbmodel: an in-memory model of FDB's transaction semantics
+//     (MVCC reads, optimistic conflicts, snapshot reads, versionstamps,
+//     watches, the size and 5 s limits, seeded fault injection). Every test
+//     in the default build runs the Store on it.
+//   - fdb_real.go (build tag fdb): the adapter over the real bindings, API
+//     version 730. It only translates calls; OpenCluster is the entry point.
+//     Without the tag, OpenCluster returns ErrNoFDB.
+//
+// # Key layout
+//
+// Every key is Prefix + a namespace byte + components, mirroring the
+// RocksDB namespaces. Strings use the tuple layer's byte-string rule (0x00
+// escaped as 0x00 0xff, terminated by 0x00) so queue names are never prefix
+// traps; times are big-endian unix nanoseconds with the sign bit flipped;
+// ids and leases are 16 raw bytes. So byte order is component order.
+//
+//	q <queue>                      queue config (exists = queue exists)
+//	c <queue> <ctr>                counters, little-endian int64, atomic ADD only
+//	w <queue>                      wake key: ADD 1 whenever items become ready; watched
+//	a <queue> <id>                 available item record
+//	r <queue> <prio> <visible> <id>  ready index (serve order)
+//	d <queue> <visible> <id>       delayed index per queue (value: priority)
+//	D <visible> <queue> <id>       delayed index, global (the sweeper's)
+//	i <queue> <id>                 inflight item record, with its lease token
+//	l <lease>                      lease: queue, expiry, ids
+//	e <expiry> <lease>             lease expiry index
+//	x <queue> <id>                 dead item record with reason and time
+//	u <queue> <key>                dedup key: first id, expiry
+//	U <expires> <queue> <key>      dedup expiry index
+//	p <payload id> <n>             payload chunk n (payloads over 16 KiB)
+//	P <created> <payload id>       chunks not yet referenced by an item
+//	t <created> <token>            idempotency marker: result of a committed call
+//	n <queue> <node>               poller heartbeat: who claims from this queue
+//
+// # Item ids
+//
+// An id is the 10-byte versionstamp of the enqueue's commit, the item's
+// 2-byte order within that commit, and 4 zero bytes (storage.ItemID is 16
+// bytes). Keys containing a new id are written with SetVersionstampedKey
+// (the dedup value with SetVersionstampedValue), so ids are unique across
+// every node and increase in commit order with no coordination; the caller
+// learns them from the committed transaction's versionstamp.
+//
+// # Claims without conflict storms
+//
+// One Poll is one transaction claiming the whole batch. It snapshot-reads
+// the ready head (no read conflict on the index range, so enqueues and
+// claims elsewhere in the queue never abort it), picks its items, and reads
+// exactly their records without snapshot: it conflicts only with a
+// transaction that touched one of those items. Which items: alone, the
+// strict head in serve order. With n nodes polling the queue (known from
+// the heartbeat keys, read by snapshot; each node writes its own at most
+// once a second, before its first claim), node k takes, in serve order, the
+// items of the first Max*n*4 whose id hashes to k mod n, and tops up at a
+// random offset among the rest only if its share is short. Nodes at
+// different read versions still claim disjoint items, so they do not
+// conflict, and each node serves its share in order: the queue stays FIFO
+// within a window of about Max*n items. Polls on one node and queue are
+// serialized (coalesced), so they never conflict with each other.
+//
+// Measured with BenchmarkFDBModelHotQueue (8 nodes, batch 32, 200 µs
+// simulated read latency and 800 µs commit latency so transactions overlap
+// as on a cluster; 2 shared cores, noisy):
+//
+//	strict head for everyone:             0.19           retries per claimed item, 7.1 transactions per poll batch
+//	random offset in first Max*n*4 (*):   0.012,         1.39
+//	node slots in first Max*n*4 (*):      0.0055,        1.18
+//	hash share, window Max*n:             0.031-0.040,   2.0-2.3 (share often short: top-ups collide)
+//	hash share, window Max*n*2:           0.0013-0.0019, 1.04-1.06
+//	hash share, window Max*n*4:           0.0000-0.0003, 1.00-1.01 (chosen)
+//
+// (*) measured before the heartbeat fix below and with the final drain
+// included, so they flatter the hash share somewhat; its reason to win is
+// structural: disjoint items whatever the read versions.
+//
+// Before the heartbeat moved into its own transaction ahead of the first
+// claim, nodes starting together disagreed on n and a start-up poll took up
+// to 11 attempts. A node that stops polling leaves the share count after 5 s
+// (at once on Close); its share waits at most that long.
+//
+// # Counters, payloads, sizes
+//
+// Counters change only by atomic ADD, which adds no read conflict, so hot
+// counters never serialize claims. Payloads over 16 KiB go to chunk keys of
+// at most 90,000 bytes (FDB's value limit is 100 kB), written in their own
+// transactions before the item's record; the record is rewritten on each
+// state change, the chunks never. Every transaction is planned against a
+// 256 KiB budget of mutation and conflict-range bytes (enqueue groups, poll
+// batches, sweeps) and a poll reads at most 8 MiB of payload, far below
+// FDB's 10 MB and 5 s limits; the model records the largest transaction and
+// the tests assert none exceeds 1 MB.
+//
+// # Safe to apply twice
+//
+// commit_unknown_result means the previous attempt may have committed.
+// Every Store call runs through mutate: the call gets a marker key
+// (t/<now>/<random>); every attempt declares a read conflict on it and the
+// committing attempt writes it with the call's result, so at most one
+// attempt of a call can ever commit (two attempts would conflict on the
+// marker). An attempt after commit_unknown_result first reads the marker:
+// if it is there, the earlier attempt committed, and the call returns the
+// stored result (enqueue ids rebuilt from the versionstamp stored in it,
+// poll items re-read under the call's lease token) without writing again.
+// Counter ADDs, versionstamped inserts and blind sets are therefore applied
+// once. The sweeper's transactions are also conditional on what they read
+// (a lease is expired only if its record still exists and is due), which
+// makes two sweepers on one lease conflict and the loser's retry a no-op.
+// Markers are dropped by the sweeper after 10 minutes, far beyond any retry
+// loop.
+//
+// # Sweeping on every node
+//
+// Each sweep step snapshot-reads a due index (lease expiry, global delayed
+// index, dedup expiry), then reads without snapshot each record it changes
+// and writes only if the record says the work is still due. All nodes may
+// sweep at once: duplicates conflict and retry into no-ops.
+//
+// # Long-poll wake-ups
+//
+// WatchReady (storage.ReadyWatcher) sets an FDB watch on the queue's wake
+// key, which enqueue, nack, lease expiry, promotion and redrive bump with
+// ADD; the watch fires on every node. The same transaction snapshot-reads
+// the ready index and returns an already-closed channel when items are
+// ready, so an enqueue between an empty poll and the watch is not lost.
+//
+// # Leases
+//
+// Ack, nack and extend follow storage/doc.go's token rules exactly, judging
+// the ids of a batch in order (once a lease's last item is settled the
+// lease is gone and no longer live). A lease is live while Now < expiry by
+// the caller's clock, before or after the sweeper ran.
+//
+// # Time, concurrency, ownership
+//
+// The Store reads no clock: instants come in Params. (Options.Clock only
+// bounds the time one call may spend retrying.) All methods are safe for
+// concurrent use. Lock order: per-queue poll lock -> s.mu; s.mu guards only
+// the random source and per-node bookkeeping and is never held across a
+// transaction. Returned slices belong to the caller. Close ends watch
+// goroutines and removes this node's heartbeats.
+//
+// # What the model cannot show
+//
+// A real cluster adds latency (so longer conflict windows; the benchmark
+// simulates it), commits that land after commit_unknown_result was
+// returned (the marker read conflict covers them), shard moves, throttling,
+// and the 5 s limit on wall time. docs/FDB.md says how to run a cluster.
+package fdbsync
