@@ -73,3 +73,9 @@ func TestConformanceFDBModelAgainstMemstoreNoFaults(t *testing.T) {
 	t.Parallel()
 	storagetest.RunModel(t, modelHarness(fdbmodel.Faults{}))
 }
+
+// BenchmarkFDBModelStore runs the shared Store benchmarks on the model
+// (no latency: it measures the layer's CPU cost, not a cluster's speed).
+func BenchmarkFDBModelStore(b *testing.B) {
+	storagetest.Bench(b, modelHarness(fdbmodel.Faults{}))
+}
