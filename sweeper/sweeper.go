@@ -40,6 +40,12 @@ const (
 	errorLogThreshold = 5
 )
 
+// ErrNoProgress is reported (through logs, Metrics.FailedPasses and
+// TestSignals.PassDone) when a Sweep call reported More but expired,
+// promoted and dropped nothing: a store that cannot get past some entry. The
+// loop backs off instead of spinning.
+var ErrNoProgress = errors.New("sweeper: store reported more work but made no progress")
+
 // Store is the part of storage.Store the sweeper needs. Every
 // storage.Store implements it.
 type Store interface {
@@ -354,6 +360,13 @@ func (s *Sweeper) runOnce(ctx context.Context) (storage.SweepResult, error) {
 		total.More = res.More
 		total.Next = res.Next
 		if !res.More {
+			break
+		}
+		if res.LeasesExpired+res.Promoted+res.DedupDropped == 0 {
+			// Calling again at once would spin on a store that cannot get
+			// past some entry; fail the pass so the loop backs off and
+			// says so.
+			err = ErrNoProgress
 			break
 		}
 	}

@@ -279,3 +279,25 @@ func TestSweeper_StartStopStress(t *testing.T) {
 		})
 	}
 }
+
+// stuckStore always reports More without doing anything: a store that
+// cannot get past some entry.
+type stuckStore struct{}
+
+func (stuckStore) Sweep(context.Context, storage.SweepParams) (storage.SweepResult, error) {
+	return storage.SweepResult{More: true}, nil
+}
+
+func TestSweeper_NoProgressBacksOff(t *testing.T) {
+	t.Parallel()
+	b := setup(t, stuckStore{}, Config{})
+	b.start(t)
+	ev := b.nextPass(t)
+	require.ErrorIs(t, ev.err, ErrNoProgress)
+	b.waitArmed(t, b.at(minErrorBackoff))
+	b.clock.Add(minErrorBackoff)
+	ev = b.nextPass(t)
+	require.ErrorIs(t, ev.err, ErrNoProgress)
+	b.waitArmed(t, b.at(3*minErrorBackoff))
+	require.Equal(t, 2, b.logs.count(slog.LevelWarn, "sweep failed"))
+}
