@@ -34,6 +34,7 @@ type Result struct {
 	E2E         *Latency `json:"e2e_latency,omitempty"`     // enqueue call start (or scheduled send) -> ack confirmed
 	Enqueue     *Latency `json:"enqueue_latency,omitempty"` // one enqueue call
 	CPUSeconds  float64  `json:"cpu_s"`                     // server process CPU (user+sys) during the row
+	CPUPerItem  float64  `json:"cpu_us_per_item"`           // CPUSeconds per completed item, in µs
 	PeakRSS     int64    `json:"peak_rss_bytes"`
 	InProcess   bool     `json:"in_process"` // CPU and RSS include the harness
 	// Intervals are items/s per equal interval (churn).
@@ -423,6 +424,9 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 	}
 	if r.Seconds > 0 {
 		r.ItemsPerSec = float64(r.Items) / r.Seconds
+	}
+	if r.Items > 0 {
+		r.CPUPerItem = r.CPUSeconds * 1e6 / float64(r.Items)
 	}
 	return r
 }
