@@ -2,36 +2,54 @@
 //
 // main.go is wiring only: it parses flags and LEASEQ_* environment
 // variables, builds the slog logger, creates the one real clock
-// (clock.New()), opens the storage backend, starts the sweeper, waits for
-// signals, and shuts down in reverse order. It is the only place that
-// chooses concrete implementations; it holds no queue logic.
+// (clock.New()), opens the storage backend, starts the sweeper and the RPC
+// server, exports metrics, waits for signals, and shuts down in reverse
+// order. It is the only place that chooses concrete implementations; it
+// holds no queue logic. The client commands (enqueue, poll, ack, ...) are
+// thin wrappers over rpc.Client that format its results for a terminal or
+// a script.
 //
 // Subcommands live in the commands table. Each one defines its flags on its
 // own flag.FlagSet and returns the function that runs it, so a new command
-// (enqueue, poll, ...) or a new serve flag (--listen) is one table entry or
-// one line in its setup function.
+// or a new flag is one table entry or one line in its setup function.
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/leaseq/leaseq/bench"
+	"github.com/leaseq/leaseq/fdbsync"
+	"github.com/leaseq/leaseq/rpc"
+	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/rocksstore"
 	"github.com/leaseq/leaseq/sweeper"
 )
@@ -47,12 +65,21 @@ const (
 // --data is LEASEQ_DATA, --log-level is LEASEQ_LOG_LEVEL.
 const envPrefix = "LEASEQ_"
 
+// defaultAddr is where serve listens and clients connect by default:
+// loopback only, so a node is never exposed by accident.
+const defaultAddr = "127.0.0.1:7700"
+
+// timeFormat is how the CLI prints instants: RFC 3339 in UTC with
+// milliseconds, the resolution of every time on the wire.
+const timeFormat = "2006-01-02T15:04:05.000Z07:00"
+
 func main() {
 	os.Exit(run(context.Background(), os.Args[1:], newEnv()))
 }
 
 // env is what a command may touch of the outside world. Tests replace it.
 type env struct {
+	stdin          io.Reader
 	stdout, stderr io.Writer
 	lookupEnv      func(string) (string, bool)
 	// notifySignals delivers SIGINT/SIGTERM to c until the returned stop
@@ -64,6 +91,7 @@ type env struct {
 
 func newEnv() *env {
 	return &env{
+		stdin:     os.Stdin,
 		stdout:    os.Stdout,
 		stderr:    os.Stderr,
 		lookupEnv: os.LookupEnv,
@@ -85,10 +113,17 @@ type command struct {
 	// that runs it with the positional arguments. Errors it returns are
 	// printed as one line; wrap them in usageError for a bad invocation.
 	setup func(fs *flag.FlagSet, e *env) func(ctx context.Context, args []string) error
+	// raw commands parse their own arguments (bench): run passes them
+	// through untouched and setup's fs stays empty.
+	raw bool
 }
 
 // commands is the subcommand table, in the order help lists them.
-var commands = []*command{serveCommand, checkCommand}
+var commands = []*command{
+	serveCommand, enqueueCommand, pollCommand, ackCommand, nackCommand, extendCommand,
+	statsCommand, queuesCommand, peekCommand, purgeCommand, dlqCommand, configCommand,
+	checkCommand, benchCommand,
+}
 
 // usageError marks an error in how the command was invoked (exit 2).
 type usageError struct{ err error }
@@ -125,6 +160,9 @@ func run(ctx context.Context, args []string, e *env) int {
 				fmt.Fprintf(e.stderr, "leaseq help: unknown command %q (run 'leaseq help')\n", args[1])
 				return exitUsage
 			}
+			if cmd.raw {
+				return run(ctx, []string{cmd.name, "-h"}, e)
+			}
 			fs, _ := newFlagSet(cmd, e)
 			printCommandUsage(e.stdout, cmd, fs)
 			return exitOK
@@ -138,31 +176,53 @@ func run(ctx context.Context, args []string, e *env) int {
 		return exitUsage
 	}
 	fs, runCmd := newFlagSet(cmd, e)
-	pos, err := parseArgs(fs, args[1:], e.lookupEnv)
-	if errors.Is(err, flag.ErrHelp) {
-		printCommandUsage(e.stdout, cmd, fs)
-		return exitOK
+	pos := args[1:]
+	if !cmd.raw {
+		var err error
+		pos, err = parseArgs(fs, args[1:], e.lookupEnv)
+		if errors.Is(err, flag.ErrHelp) {
+			printCommandUsage(e.stdout, cmd, fs)
+			return exitOK
+		}
+		if err != nil {
+			fmt.Fprintf(e.stderr, "leaseq %s: %s (run 'leaseq help %s')\n", cmd.name, oneLine(err), cmd.name)
+			return exitUsage
+		}
 	}
-	if err != nil {
-		fmt.Fprintf(e.stderr, "leaseq %s: %v (run 'leaseq help %s')\n", cmd.name, err, cmd.name)
-		return exitUsage
-	}
-	err = runCmd(ctx, pos)
+	err := runCmd(ctx, pos)
 	var ue usageError
 	var xe exitError
 	switch {
 	case err == nil:
 		return exitOK
+	case cmd.raw && errors.Is(err, flag.ErrHelp):
+		return exitOK
 	case errors.As(err, &ue):
-		fmt.Fprintf(e.stderr, "leaseq %s: %v (run 'leaseq help %s')\n", cmd.name, err, cmd.name)
+		fmt.Fprintf(e.stderr, "leaseq %s: %s (run 'leaseq help %s')\n", cmd.name, oneLine(err), cmd.name)
 		return exitUsage
 	case errors.As(err, &xe):
-		fmt.Fprintf(e.stderr, "leaseq %s: %v\n", cmd.name, err)
+		fmt.Fprintf(e.stderr, "leaseq %s: %s\n", cmd.name, oneLine(err))
 		return xe.code
 	default:
-		fmt.Fprintf(e.stderr, "leaseq %s: %v\n", cmd.name, err)
+		fmt.Fprintf(e.stderr, "leaseq %s: %s\n", cmd.name, oneLine(err))
 		return exitFailure
 	}
+}
+
+// oneLine renders err for the one stderr line every failure gets. A
+// request-level error from the node is shown as the node's explanation and
+// its class, without the client's own "leaseq <op>:" prefix (run adds the
+// command name).
+func oneLine(err error) string {
+	msg := err.Error()
+	var se *rpc.StatusError
+	if errors.As(err, &se) && se.Error() == msg {
+		msg = se.Message
+		if s := se.Unwrap(); s != nil && !strings.Contains(msg, s.Error()) {
+			msg = fmt.Sprintf("%s (%v)", msg, s)
+		}
+	}
+	return strings.Join(strings.Fields(msg), " ")
 }
 
 func lookupCommand(name string) *command {
@@ -258,7 +318,10 @@ Commands:
 Flags may stand before or after the arguments. Every flag can also be set
 from the environment as LEASEQ_<FLAG>, upper case with dashes as
 underscores (--data is LEASEQ_DATA, --log-level is LEASEQ_LOG_LEVEL); a
-flag given on the command line wins over the environment.
+flag given on the command line wins over the environment. Client commands
+connect to --addr (default 127.0.0.1:7700, or LEASEQ_ADDR; unix:/path for a
+unix socket). Errors are one line on stderr and a non-zero exit code (2 for
+a bad command line).
 `)
 }
 
@@ -282,7 +345,7 @@ func printCommandUsage(w io.Writer, cmd *command, fs *flag.FlagSet) {
 			head += " " + typ
 		}
 		fmt.Fprintf(w, "  %s\n      %s", head, usage)
-		if f.DefValue != "" && f.DefValue != "false" {
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0s" {
 			fmt.Fprintf(w, " (default %s)", f.DefValue)
 		}
 		fmt.Fprintf(w, " [%s]\n", envName(f.Name))
@@ -295,6 +358,7 @@ type choice[T any] struct {
 	text  string
 	val   T
 	parse func(string) (T, error)
+	set   bool // Set was called (the flag or its variable was given)
 }
 
 func newChoice[T any](def string, parse func(string) (T, error)) *choice[T] {
@@ -317,8 +381,58 @@ func (c *choice[T]) Set(s string) error {
 	if err != nil {
 		return err
 	}
-	c.text, c.val = s, v
+	c.text, c.val, c.set = s, v, true
 	return nil
+}
+
+// parseSize parses a byte count: a plain number, or one with a KiB, MiB or
+// GiB suffix (1MiB = 1048576).
+func parseSize(s string) (int, error) {
+	mult := 1
+	num := s
+	for _, u := range []struct {
+		suffix string
+		mult   int
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			num, mult = n, u.mult
+			break
+		}
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(num))
+	if err != nil || n <= 0 || n > (1<<40)/mult {
+		return 0, fmt.Errorf("want a positive size in bytes (e.g. 1048576 or 1MiB), got %q", s)
+	}
+	return n * mult, nil
+}
+
+// positiveDuration parses a duration that must be > 0.
+func positiveDuration(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("want a positive duration such as 500ms or 30s, got %q", s)
+	}
+	return d, nil
+}
+
+// nonNegDuration parses a duration that must be >= 0.
+func nonNegDuration(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("want a duration >= 0 such as 0, 500ms or 30s, got %q", s)
+	}
+	return d, nil
+}
+
+// intRange returns a parser for an integer in [lo, hi].
+func intRange(lo, hi int) func(string) (int, error) {
+	return func(s string) (int, error) {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < lo || n > hi {
+			return 0, fmt.Errorf("want an integer from %d to %d, got %q", lo, hi, s)
+		}
+		return n, nil
+	}
 }
 
 // logFlags are the logging flags shared by commands that log.
@@ -379,21 +493,74 @@ func version() string {
 
 var serveCommand = &command{
 	name:    "serve",
-	summary: "run a queue node on embedded RocksDB",
+	summary: "run a queue node (embedded RocksDB, or FoundationDB)",
 	help: `
 Run a leaseq node: open (or create) the RocksDB database in --data, start
 the sweeper that expires leases and wakes delayed items at their deadlines,
-and run until SIGINT or SIGTERM. The first signal shuts down in order (stop
-the sweeper, close the store); a second signal exits at once.
+serve the Cap'n Proto RPC interface on --listen, and run until SIGINT or
+SIGTERM. The first signal shuts down in order: stop accepting connections,
+let running calls finish (parked long polls return empty), stop the
+sweeper, close the store. A second signal exits at once.
 
 --sync=always (the default) fsyncs the write-ahead log before any enqueue,
 ack, nack or poll returns; --sync=none writes the log without fsync, which
 survives a process crash but not a power loss. The startup log says which
-is on.`,
+is on, and the address it listens on.
+
+--listen takes host:port or unix:/path/to/socket. The default is loopback
+only. With --tls-cert and --tls-key the node speaks TLS; adding
+--tls-client-ca requires every client to present a certificate signed by
+that CA (mutual TLS).
+
+--metrics ADDR serves Prometheus metrics on http://ADDR/metrics (queue
+depth by state, oldest ready age, per-operation counts and latency
+histograms, commit and fsync latency, sweeper lag), /healthz (the process
+is up) and /readyz (200 once the store is open and the RPC listener
+accepts; 503 before that and while shutting down).
+
+The --max-* and --min-lease flags set the limits every request is checked
+against; a request over a limit gets a clear error naming it.
+
+--backend=fdb serves from a FoundationDB cluster (--fdb-cluster-file)
+instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 		data := fs.String("data", "./data", "`dir`ectory of the RocksDB database (created if missing)")
+		listen := fs.String("listen", defaultAddr, "RPC listen `address`: host:port or unix:/path")
+		backend := newChoice("rocksdb", func(s string) (string, error) {
+			if s != "rocksdb" && s != "fdb" {
+				return "", fmt.Errorf("want rocksdb or fdb, got %q", s)
+			}
+			return s, nil
+		})
+		fs.Var(backend, "backend", "storage `backend`: rocksdb or fdb")
+		clusterFile := fs.String("fdb-cluster-file", "", "FoundationDB cluster `file` for --backend=fdb (empty: the client library's default)")
 		syncMode := newChoice("always", parseSyncMode)
 		fs.Var(syncMode, "sync", "WAL durability `mode`: always or none")
+		metricsAddr := fs.String("metrics", "", "serve /metrics, /healthz and /readyz over HTTP on `host:port` (empty: off)")
+		tlsCert := fs.String("tls-cert", "", "server certificate `file` (PEM); enables TLS with --tls-key")
+		tlsKey := fs.String("tls-key", "", "server private key `file` (PEM)")
+		tlsClientCA := fs.String("tls-client-ca", "", "CA bundle `file` (PEM): require client certificates signed by it (mutual TLS)")
+		maxConns := fs.Int("max-conns", rpc.DefaultMaxConns, "maximum open client connections")
+		maxWaiters := fs.Int("max-waiters", 0, "maximum parked long polls plus subscriptions per queue (0: the rpc default)")
+		d := storage.DefaultLimits
+		maxPayload := newChoice(strconv.Itoa(d.MaxPayload), parseSize)
+		fs.Var(maxPayload, "max-payload", "largest item payload, in `bytes` (KiB/MiB suffixes allowed)")
+		maxMessage := newChoice(strconv.Itoa(rpc.DefaultMaxMessageBytes), parseSize)
+		fs.Var(maxMessage, "max-message", "largest incoming RPC message, in `bytes`")
+		maxBatch := newChoice(strconv.Itoa(d.MaxBatch), intRange(1, 100000))
+		fs.Var(maxBatch, "max-batch", "most items or ids in one call")
+		minLease := newChoice(d.MinLease.String(), positiveDuration)
+		fs.Var(minLease, "min-lease", "shortest lease a poll or extend may ask for")
+		maxLease := newChoice(d.MaxLease.String(), positiveDuration)
+		fs.Var(maxLease, "max-lease", "longest lease a poll or extend may ask for")
+		maxWait := newChoice(d.MaxWait.String(), positiveDuration)
+		fs.Var(maxWait, "max-wait", "longest long-poll wait")
+		maxDelay := newChoice(d.MaxDelay.String(), positiveDuration)
+		fs.Var(maxDelay, "max-delay", "longest enqueue or nack delay")
+		maxDedupKey := newChoice(strconv.Itoa(d.MaxDedupKey), parseSize)
+		fs.Var(maxDedupKey, "max-dedup-key", "longest dedup key, in `bytes`")
+		maxReason := newChoice(strconv.Itoa(d.MaxReason), parseSize)
+		fs.Var(maxReason, "max-reason", "longest nack reason kept, in `bytes` (longer ones are truncated)")
 		sweepInterval := fs.Duration("sweep-interval", sweeper.DefaultSweepInterval, "longest sleep of the sweeper when no deadline is known")
 		sweepBatch := fs.Int("sweep-batch", sweeper.DefaultBatchLimit, "leases expired per sweep transaction")
 		checkConfig := fs.Bool("check-config", false, "validate flags and environment, print the effective settings, and exit")
@@ -405,6 +572,24 @@ is on.`,
 			if *sweepInterval <= 0 || *sweepBatch <= 0 {
 				return usagef("--sweep-interval and --sweep-batch must be positive")
 			}
+			if *maxConns <= 0 {
+				return usagef("--max-conns must be positive, got %d", *maxConns)
+			}
+			if *maxWaiters < 0 {
+				return usagef("--max-waiters must be >= 0, got %d", *maxWaiters)
+			}
+			if minLease.val > maxLease.val {
+				return usagef("--min-lease %v is longer than --max-lease %v", minLease.val, maxLease.val)
+			}
+			if (*tlsCert == "") != (*tlsKey == "") {
+				return usagef("--tls-cert and --tls-key go together")
+			}
+			if *tlsClientCA != "" && *tlsCert == "" {
+				return usagef("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
+			}
+			if backend.val == "fdb" && syncMode.set {
+				return usagef("--sync applies to --backend=rocksdb only (FoundationDB commits are always durable)")
+			}
 			if *checkConfig {
 				fs.VisitAll(func(f *flag.Flag) {
 					if f.Name != "check-config" {
@@ -413,10 +598,37 @@ is on.`,
 				})
 				return nil
 			}
+			var tc *tls.Config
+			if *tlsCert != "" {
+				var err error
+				if tc, err = serverTLS(*tlsCert, *tlsKey, *tlsClientCA); err != nil {
+					return err
+				}
+			}
 			return serve(ctx, e, serveConfig{
-				data:          *data,
-				sync:          syncMode.val,
-				syncText:      syncMode.text,
+				data:        *data,
+				listen:      *listen,
+				backend:     backend.val,
+				clusterFile: *clusterFile,
+				sync:        syncMode.val,
+				syncText:    syncMode.text,
+				metrics:     *metricsAddr,
+				tls:         tc,
+				mutualTLS:   *tlsClientCA != "",
+				maxConns:    *maxConns,
+				maxWaiters:  *maxWaiters,
+				maxMessage:  int64(maxMessage.val),
+				limits: storage.Limits{
+					MaxPayload:   maxPayload.val,
+					MaxBatch:     maxBatch.val,
+					MinLease:     minLease.val,
+					MaxLease:     maxLease.val,
+					MaxWait:      maxWait.val,
+					MaxDelay:     maxDelay.val,
+					MaxDedupKey:  maxDedupKey.val,
+					MaxReason:    maxReason.val,
+					MaxQueueName: d.MaxQueueName,
+				},
 				sweepInterval: *sweepInterval,
 				sweepBatch:    *sweepBatch,
 				log:           lf.logger(e.stderr),
@@ -425,30 +637,140 @@ is on.`,
 	},
 }
 
+// serverTLS builds the node's TLS config; with a client CA, clients must
+// present a certificate it signed.
+func serverTLS(certFile, keyFile, clientCAFile string) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("load TLS certificate %s and key %s: %w", certFile, keyFile, err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if clientCAFile != "" {
+		pool, err := loadCertPool(clientCAFile)
+		if err != nil {
+			return nil, err
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
+}
+
+func loadCertPool(file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("read CA bundle: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("CA bundle %s: no PEM certificates in it", file)
+	}
+	return pool, nil
+}
+
 type serveConfig struct {
 	data          string
+	listen        string
+	backend       string
+	clusterFile   string
 	sync          rocksstore.SyncMode
 	syncText      string
+	metrics       string
+	tls           *tls.Config
+	mutualTLS     bool
+	maxConns      int
+	maxWaiters    int
+	maxMessage    int64
+	limits        storage.Limits
 	sweepInterval time.Duration
 	sweepBatch    int
 	log           *slog.Logger
 }
 
-func serve(ctx context.Context, e *env, c serveConfig) error {
+// openBackend opens the configured store. rocks is the same store when it
+// is RocksDB (for its write-path metrics), else nil.
+func openBackend(c serveConfig, clk clock.Clock, onDeadline storage.DeadlineFunc) (store storage.Store, rocks *rocksstore.Store, err error) {
+	if c.backend == "fdb" {
+		fs, err := fdbsync.OpenCluster(c.clusterFile, fdbsync.Options{
+			Limits:     c.limits,
+			Logger:     c.log.With("svc", "fdbsync"),
+			OnDeadline: onDeadline,
+			Clock:      clk,
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("open FoundationDB cluster: %w", err)
+		}
+		return fs, nil, nil
+	}
+	rs, err := rocksstore.Open(c.data, rocksstore.Options{
+		Sync:       c.sync,
+		Limits:     c.limits,
+		Logger:     c.log.With("svc", "rocksstore"),
+		OnDeadline: onDeadline,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("open store in %s: %w", c.data, err)
+	}
+	return rs, rs, nil
+}
+
+func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	log := c.log
 	clk := clock.New()
+
+	// Undo whatever was started, in reverse order, if startup fails.
+	var undo []func() error
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				err = errors.Join(err, undo[i]())
+			}
+		}
+	}()
+
+	// The metrics endpoint comes up first, so /readyz can say "not yet"
+	// while a large database opens.
+	var ready atomic.Bool
+	collector := newNodeCollector()
+	var httpSrv *http.Server
+	var httpWG sync.WaitGroup
+	if c.metrics != "" {
+		mln, err := net.Listen("tcp", c.metrics)
+		if err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		c.metrics = mln.Addr().String() // the real port when given :0
+		httpSrv = metricsServer(collector, &ready, log)
+		httpWG.Go(func() {
+			if err := httpSrv.Serve(mln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics server failed", "err", err)
+			}
+		})
+		undo = append(undo, func() error { _ = httpSrv.Close(); httpWG.Wait(); return nil })
+	}
 
 	// The store reports new deadlines from its first commit on, possibly
 	// from other goroutines; the sweeper exists only after the store is
 	// open. Notify is a no-op on a nil *Sweeper, so load it atomically.
 	var sw atomic.Pointer[sweeper.Sweeper]
-	store, err := rocksstore.Open(c.data, rocksstore.Options{
-		Sync:       c.sync,
-		Logger:     log,
-		OnDeadline: func(t time.Time) { sw.Load().Notify(t) },
+	store, rocks, err := openBackend(c, clk, func(t time.Time) { sw.Load().Notify(t) })
+	if err != nil {
+		return err
+	}
+	undo = append(undo, func() error { return closeStore(store) })
+
+	srv, err := rpc.NewServer(rpc.ServerConfig{
+		Store:              store,
+		Clock:              clk,
+		Logger:             log.With("svc", "rpc"),
+		Limits:             c.limits,
+		MaxConns:           c.maxConns,
+		MaxWaitersPerQueue: c.maxWaiters,
+		MaxMessageBytes:    c.maxMessage,
+		TLS:                c.tls,
 	})
 	if err != nil {
-		return fmt.Errorf("open store in %s: %w", c.data, err)
+		return fmt.Errorf("rpc server: %w", err)
 	}
 	s, err := sweeper.New(sweeper.Config{
 		Store:         store,
@@ -456,28 +778,55 @@ func serve(ctx context.Context, e *env, c serveConfig) error {
 		Logger:        log,
 		BatchLimit:    c.sweepBatch,
 		SweepInterval: c.sweepInterval,
-		// OnReady stays nil until the RPC dispatcher exists to wake.
+		// Items the sweeper made ready (expired leases, delayed items
+		// come due) wake parked long polls at once.
+		OnReady: srv.Wake,
 	})
 	if err != nil {
-		return errors.Join(fmt.Errorf("sweeper: %w", err), closeStore(store))
+		return fmt.Errorf("sweeper: %w", err)
 	}
 	sw.Store(s)
+
+	ln, err := rpc.Listen(c.listen)
+	if err != nil {
+		return err
+	}
+	undo = append(undo, func() error { _ = ln.Close(); return nil })
 
 	sigs := make(chan os.Signal, 2)
 	stopSignals := e.notifySignals(sigs)
 	defer stopSignals()
 
 	if err := s.Start(ctx); err != nil {
-		return errors.Join(fmt.Errorf("start sweeper: %w", err), closeStore(store))
+		return fmt.Errorf("start sweeper: %w", err)
+	}
+	undo = append(undo, func() error { s.Stop(); return nil })
+	if err := srv.Start(ctx, ln); err != nil {
+		return fmt.Errorf("start rpc server: %w", err)
+	}
+	collector.node.Store(&nodeParts{store: store, rocks: rocks, srv: srv, sw: s, clk: clk})
+	ready.Store(true)
+
+	addr := ln.Addr().String()
+	if ln.Addr().Network() == "unix" {
+		addr = "unix:" + addr
 	}
 	dir, _ := filepath.Abs(c.data)
-	log.Info("leaseq serving",
+	attrs := []any{
 		"version", version(),
-		"backend", "rocksdb",
-		"data", dir,
-		"sync", c.syncText,
+		"backend", c.backend,
+		"listen", addr,
+		"tls", tlsMode(c),
+		"metrics", c.metrics,
 		"sweep_interval", c.sweepInterval,
-		"pid", os.Getpid())
+		"pid", os.Getpid(),
+	}
+	if c.backend == "rocksdb" {
+		attrs = append(attrs, "data", dir, "sync", c.syncText)
+	} else {
+		attrs = append(attrs, "fdb_cluster_file", c.clusterFile)
+	}
+	log.Info("leaseq serving", attrs...)
 
 	select {
 	case sig := <-sigs:
@@ -485,6 +834,7 @@ func serve(ctx context.Context, e *env, c serveConfig) error {
 	case <-ctx.Done():
 		log.Info("shutting down", "reason", context.Cause(ctx))
 	}
+	ready.Store(false)
 
 	// A second signal during shutdown exits at once.
 	done := make(chan struct{})
@@ -500,20 +850,229 @@ func serve(ctx context.Context, e *env, c serveConfig) error {
 	defer wg.Wait()
 	defer close(done)
 
-	// Reverse order of start.
+	// Reverse order of start: no new connections or calls, running calls
+	// finish (their writes are durable before they answer), then no more
+	// sweeps, then the store.
+	srv.Stop()
+	log.Info("rpc server stopped")
 	s.Stop()
-	if err := closeStore(store); err != nil {
+	collector.node.Store(nil)
+	err = closeStore(store)
+	if httpSrv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if herr := httpSrv.Shutdown(sctx); herr != nil {
+			_ = httpSrv.Close()
+		}
+		cancel()
+		httpWG.Wait()
+	}
+	if err != nil {
 		return err
 	}
 	log.Info("leaseq stopped")
 	return nil
 }
 
-func closeStore(s *rocksstore.Store) error {
+func tlsMode(c serveConfig) string {
+	switch {
+	case c.tls == nil:
+		return "off"
+	case c.mutualTLS:
+		return "mutual"
+	}
+	return "on"
+}
+
+func closeStore(s storage.Store) error {
 	if err := s.Close(); err != nil {
 		return fmt.Errorf("close store: %w", err)
 	}
 	return nil
+}
+
+// metricsServer serves /metrics from a private registry (the node's
+// collector plus the Go runtime and process collectors), /healthz, and
+// /readyz from ready.
+func metricsServer(c prometheus.Collector, ready *atomic.Bool, log *slog.Logger) *http.Server {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorLog:      slog.NewLogLogger(log.With("svc", "metrics").Handler(), slog.LevelWarn),
+		ErrorHandling: promhttp.ContinueOnError,
+	}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	// Timeouts keep a stuck scraper from holding connections forever.
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
+}
+
+// nodeParts are what the collector reads on each scrape; nil before the
+// node is up and after it stopped.
+type nodeParts struct {
+	store storage.Store
+	rocks *rocksstore.Store // nil for other backends
+	srv   *rpc.Server
+	sw    *sweeper.Sweeper
+	clk   clock.Clock
+}
+
+// nodeCollector turns the components' snapshot structs (Store.Stats,
+// rpc.Server.Metrics, rocksstore and sweeper Metrics) into Prometheus
+// metrics at scrape time, so the libraries stay free of a metrics system
+// and queue depth is never stale.
+type nodeCollector struct {
+	node atomic.Pointer[nodeParts]
+
+	depth, leases, oldest, itemsTotal                     *prometheus.Desc
+	opCount, opErrors, opLatency                          *prometheus.Desc
+	connsOpen, connsAccepted, connsRefused, waiters, subs *prometheus.Desc
+	pushed                                                *prometheus.Desc
+	commits, syncCommits, commitLatency, fsyncLatency     *prometheus.Desc
+	retries, claimPasses, polls, claimed                  *prometheus.Desc
+	sweeps, sweepFails, sweepItems, sweepLag, sweepMaxLag *prometheus.Desc
+	sweepDuration                                         *prometheus.Desc
+}
+
+func newNodeCollector() *nodeCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("leaseq_"+name, help, labels, nil)
+	}
+	return &nodeCollector{
+		depth:         d("queue_depth", "Items in a queue by state (ready, delayed, inflight, dead).", "queue", "state"),
+		leases:        d("queue_leases_active", "Lease records of a queue not yet acked, nacked or swept.", "queue"),
+		oldest:        d("queue_oldest_ready_age_seconds", "Age of the oldest ready item of a queue (0 when none is ready).", "queue"),
+		itemsTotal:    d("queue_items_total", "Lifetime item events of a queue (enqueued, duplicate, delivered, acked, nacked, expired, dead_lettered, redriven, purged).", "queue", "event"),
+		opCount:       d("rpc_requests_total", "RPC calls handled, by operation.", "op"),
+		opErrors:      d("rpc_request_errors_total", "RPC calls answered with an error status or exception, by operation.", "op"),
+		opLatency:     d("rpc_request_duration_seconds", "RPC call latency by operation (a long poll includes its wait).", "op"),
+		connsOpen:     d("rpc_connections_open", "Open client connections."),
+		connsAccepted: d("rpc_connections_accepted_total", "Client connections served."),
+		connsRefused:  d("rpc_connections_refused_total", "Connections refused at --max-conns or failing the TLS handshake."),
+		waiters:       d("rpc_waiters", "Parked long polls and idle subscriptions."),
+		subs:          d("rpc_subscriptions", "Open subscriptions."),
+		pushed:        d("rpc_items_pushed_total", "Items delivered to subscriptions."),
+		commits:       d("store_commits_total", "Committed write transactions (RocksDB)."),
+		syncCommits:   d("store_sync_commits_total", "Commits that waited for a WAL fsync (RocksDB)."),
+		commitLatency: d("store_commit_seconds", "Time RocksDB spent committing writes, fsync included (count: commits)."),
+		fsyncLatency:  d("store_wal_fsync_seconds", "WAL fsync latency (count: fsyncs; concurrent commits share one)."),
+		retries:       d("store_txn_retries_total", "Transactions rerun after a conflict (RocksDB)."),
+		claimPasses:   d("store_claim_passes_total", "Poll claim transactions (RocksDB); polls_total/claim_passes_total > 1 shows coalescing."),
+		polls:         d("store_polls_total", "Poll calls served by claim passes (RocksDB)."),
+		claimed:       d("store_claimed_items_total", "Items handed out by polls (RocksDB)."),
+		sweeps:        d("sweeper_passes_total", "Sweeper passes."),
+		sweepFails:    d("sweeper_failed_passes_total", "Sweeper passes that failed."),
+		sweepItems:    d("sweeper_events_total", "Sweeper work (leases_expired, requeued, dead_lettered, promoted, dedup_dropped).", "event"),
+		sweepLag:      d("sweeper_lag_seconds", "How late the last timer-driven sweep started after its deadline."),
+		sweepMaxLag:   d("sweeper_max_lag_seconds", "Largest sweeper lag seen."),
+		sweepDuration: d("sweeper_last_pass_seconds", "Duration of the last sweeper pass."),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		c.depth, c.leases, c.oldest, c.itemsTotal, c.opCount, c.opErrors, c.opLatency,
+		c.connsOpen, c.connsAccepted, c.connsRefused, c.waiters, c.subs, c.pushed,
+		c.commits, c.syncCommits, c.commitLatency, c.fsyncLatency, c.retries, c.claimPasses, c.polls, c.claimed,
+		c.sweeps, c.sweepFails, c.sweepItems, c.sweepLag, c.sweepMaxLag, c.sweepDuration,
+	} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
+	p := c.node.Load()
+	if p == nil {
+		return
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+
+	// A scrape must not hang on a stuck store.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stats, err := p.store.Stats(ctx, storage.StatsParams{Now: p.clk.Now()})
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.depth, fmt.Errorf("stats: %w", err))
+	}
+	for _, q := range stats {
+		gauge(c.depth, float64(q.Ready), q.Queue, "ready")
+		gauge(c.depth, float64(q.Delayed), q.Queue, "delayed")
+		gauge(c.depth, float64(q.Inflight), q.Queue, "inflight")
+		gauge(c.depth, float64(q.Dead), q.Queue, "dead")
+		gauge(c.leases, float64(q.Leases), q.Queue)
+		gauge(c.oldest, q.OldestReadyAge.Seconds(), q.Queue)
+		for _, ev := range []struct {
+			name string
+			v    uint64
+		}{
+			{"enqueued", q.Enqueued}, {"duplicate", q.Duplicates}, {"delivered", q.Delivered},
+			{"acked", q.Acked}, {"nacked", q.Nacked}, {"expired", q.Expired},
+			{"dead_lettered", q.DeadLettered}, {"redriven", q.Redriven}, {"purged", q.Purged},
+		} {
+			counter(c.itemsTotal, ev.v, q.Queue, ev.name)
+		}
+	}
+
+	m := p.srv.Metrics()
+	for _, o := range m.Ops {
+		name := o.Op.String()
+		counter(c.opCount, o.Count, name)
+		counter(c.opErrors, o.Errors, name)
+		buckets := make(map[float64]uint64, len(rpc.LatencyBounds))
+		var cum uint64
+		for i, b := range rpc.LatencyBounds {
+			if i < len(o.Buckets) {
+				cum += o.Buckets[i]
+			}
+			buckets[b.Seconds()] = cum
+		}
+		ch <- prometheus.MustNewConstHistogram(c.opLatency, o.Count, o.Sum.Seconds(), buckets, name)
+	}
+	gauge(c.connsOpen, float64(m.ConnsOpen))
+	counter(c.connsAccepted, m.ConnsAccepted)
+	counter(c.connsRefused, m.ConnsRefused)
+	gauge(c.waiters, float64(m.Waiters))
+	gauge(c.subs, float64(m.Subscriptions))
+	counter(c.pushed, m.ItemsPushed)
+
+	if p.rocks != nil {
+		r := p.rocks.Metrics()
+		counter(c.commits, r.Commits)
+		counter(c.syncCommits, r.SyncCommits)
+		ch <- prometheus.MustNewConstSummary(c.commitLatency, r.Commits, r.CommitTime.Seconds(), nil)
+		ch <- prometheus.MustNewConstSummary(c.fsyncLatency, r.WALSyncs, r.SyncTime.Seconds(), nil)
+		counter(c.retries, r.Retries)
+		counter(c.claimPasses, r.ClaimPasses)
+		counter(c.polls, r.Polls)
+		counter(c.claimed, r.Claimed)
+	}
+
+	s := p.sw.Metrics()
+	counter(c.sweeps, s.Passes)
+	counter(c.sweepFails, s.FailedPasses)
+	counter(c.sweepItems, s.LeasesExpired, "leases_expired")
+	counter(c.sweepItems, s.Requeued, "requeued")
+	counter(c.sweepItems, s.DeadLettered, "dead_lettered")
+	counter(c.sweepItems, s.Promoted, "promoted")
+	counter(c.sweepItems, s.DedupDropped, "dedup_dropped")
+	gauge(c.sweepLag, s.LastLag.Seconds())
+	gauge(c.sweepMaxLag, s.MaxLag.Seconds())
+	gauge(c.sweepDuration, s.LastPassDuration.Seconds())
 }
 
 var checkCommand = &command{
@@ -559,4 +1118,838 @@ func check(ctx context.Context, e *env, data string, log *slog.Logger) (err erro
 	}
 	fmt.Fprintf(e.stdout, "ok: %s: %d items, %d leases, all invariants hold\n", data, rep.Items, rep.Leases)
 	return nil
+}
+
+var benchCommand = &command{
+	name:    "bench",
+	args:    "[WORKLOAD...] [flags]",
+	summary: "run benchmark workloads against leaseq (and peers when installed)",
+	help:    `Run the benchmark harness; 'leaseq bench -h' lists its workloads and flags.`,
+	raw:     true,
+	setup: func(_ *flag.FlagSet, e *env) func(context.Context, []string) error {
+		return func(ctx context.Context, args []string) error {
+			return bench.Main(ctx, clock.New(), args, e.stdout, e.stderr)
+		}
+	},
+}
+
+// clientFlags are the connection flags of every client command.
+type clientFlags struct {
+	addr       *string
+	tlsCert    *string
+	tlsKey     *string
+	tlsCA      *string
+	serverName *string
+	timeout    *time.Duration
+}
+
+func addClientFlags(fs *flag.FlagSet) *clientFlags {
+	return &clientFlags{
+		addr:       fs.String("addr", defaultAddr, "node `address`: host:port or unix:/path"),
+		tlsCA:      fs.String("tls-ca", "", "CA bundle `file` (PEM) to verify the node; enables TLS"),
+		tlsCert:    fs.String("tls-cert", "", "client certificate `file` (PEM) for mutual TLS; enables TLS"),
+		tlsKey:     fs.String("tls-key", "", "client private key `file` (PEM)"),
+		serverName: fs.String("tls-server-name", "", "`name` expected in the node's certificate (default: the host of --addr)"),
+		timeout:    fs.Duration("timeout", 10*time.Second, "give up on the node after this long (a poll's --wait comes on top)"),
+	}
+}
+
+func (cf *clientFlags) tlsConfig() (*tls.Config, error) {
+	if *cf.tlsCA == "" && *cf.tlsCert == "" && *cf.tlsKey == "" {
+		return nil, nil
+	}
+	if (*cf.tlsCert == "") != (*cf.tlsKey == "") {
+		return nil, usagef("--tls-cert and --tls-key go together")
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: *cf.serverName}
+	if *cf.tlsCA != "" {
+		pool, err := loadCertPool(*cf.tlsCA)
+		if err != nil {
+			return nil, err
+		}
+		tc.RootCAs = pool
+	}
+	if *cf.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(*cf.tlsCert, *cf.tlsKey)
+		if err != nil {
+			return nil, fmt.Errorf("load TLS client certificate %s and key %s: %w", *cf.tlsCert, *cf.tlsKey, err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+// with dials the node, runs fn with a context bounded by --timeout plus
+// extra, and closes the connection.
+func (cf *clientFlags) with(ctx context.Context, extra time.Duration, fn func(ctx context.Context, c *rpc.Client) error) error {
+	if *cf.timeout <= 0 {
+		return usagef("--timeout must be positive")
+	}
+	tc, err := cf.tlsConfig()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, *cf.timeout+extra)
+	defer cancel()
+	c, err := rpc.Dial(ctx, *cf.addr, rpc.ClientOptions{TLS: tc})
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("cannot reach a leaseq node at %s within %v (is 'leaseq serve' running there?)", *cf.addr, *cf.timeout)
+		}
+		return fmt.Errorf("cannot connect to a leaseq node at %s (is 'leaseq serve' running there?): %w", *cf.addr, err)
+	}
+	defer c.Close()
+	if err := fn(ctx, c); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("no answer from %s within %v: %w", *cf.addr, *cf.timeout+extra, err)
+		}
+		return err
+	}
+	return nil
+}
+
+// argsBetween checks the number of positional arguments.
+func argsBetween(args []string, lo, hi int, what string) error {
+	switch {
+	case len(args) < lo:
+		return usagef("missing arguments: want %s", what)
+	case hi >= 0 && len(args) > hi:
+		return usagef("unexpected argument %q (want %s)", args[hi], what)
+	}
+	return nil
+}
+
+func parseLease(s string) (storage.LeaseID, error) {
+	l, err := storage.ParseLeaseID(s)
+	if err != nil {
+		return l, usagef("bad lease %q: want the 32 hex digits printed by poll", s)
+	}
+	return l, nil
+}
+
+func parseIDs(ss []string) ([]storage.ItemID, error) {
+	ids := make([]storage.ItemID, 0, len(ss))
+	for _, s := range ss {
+		id, err := storage.ParseItemID(s)
+		if err != nil {
+			return nil, usagef("bad item id %q: want 32 hex digits", s)
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+// itemJSON is one line of poll, peek and dlq ls output. Times are RFC 3339
+// in UTC with milliseconds; payload is standard base64 (encoding/json's
+// []byte).
+type itemJSON struct {
+	ID          string `json:"id"`
+	Queue       string `json:"queue"`
+	Lease       string `json:"lease,omitempty"`
+	ExpiresAt   string `json:"expires_at,omitempty"`
+	State       string `json:"state,omitempty"`
+	Attempts    uint32 `json:"attempts"`
+	MaxAttempts uint32 `json:"max_attempts,omitempty"`
+	Priority    uint8  `json:"priority"`
+	EnqueuedAt  string `json:"enqueued_at"`
+	VisibleAt   string `json:"visible_at,omitempty"`
+	DedupKey    string `json:"dedup_key,omitempty"`
+	LastError   string `json:"last_error,omitempty"`
+	Reason      string `json:"reason,omitempty"`
+	DeadAt      string `json:"dead_at,omitempty"`
+	Payload     []byte `json:"payload"`
+}
+
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(timeFormat)
+}
+
+func toJSON(it storage.Item) itemJSON {
+	j := itemJSON{
+		ID:          it.ID.String(),
+		Queue:       it.Queue,
+		Attempts:    it.Attempts,
+		MaxAttempts: it.MaxAttempts,
+		Priority:    it.Priority,
+		EnqueuedAt:  fmtTime(it.EnqueuedAt),
+		VisibleAt:   fmtTime(it.VisibleAt),
+		DedupKey:    it.DedupKey,
+		LastError:   it.LastError,
+		Payload:     it.Payload,
+	}
+	if it.State != storage.StateUnknown {
+		j.State = it.State.String()
+	}
+	if j.Payload == nil {
+		j.Payload = []byte{}
+	}
+	return j
+}
+
+// printCodes prints one "ID RESULT" line per id and fails if any id did
+// not succeed.
+func printCodes(w io.Writer, verb string, ids []storage.ItemID, codes []storage.Code) error {
+	bad := 0
+	for i, id := range ids {
+		c := storage.CodeInvalid
+		if i < len(codes) {
+			c = codes[i]
+		}
+		if c != storage.CodeOK {
+			bad++
+		}
+		fmt.Fprintf(w, "%s %s\n", id, c)
+	}
+	if bad > 0 {
+		return fmt.Errorf("%d of %d ids not %s", bad, len(ids), verb)
+	}
+	return nil
+}
+
+var enqueueCommand = &command{
+	name:    "enqueue",
+	args:    "QUEUE [PAYLOAD|-]",
+	summary: "add an item to a queue and print its id",
+	help: `
+Enqueue one item into QUEUE (created on first use) and print its id (32 hex
+digits). PAYLOAD is taken literally; "-" reads the payload from stdin (raw
+bytes, up to the node's --max-payload); no PAYLOAD enqueues an empty one.
+With --lines, every line of stdin becomes one item (sent in batches) and one
+id is printed per line. When --key matches an item enqueued within the
+queue's dedup window, nothing is written and the first item's id is printed
+followed by "duplicate".`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addClientFlags(fs)
+		delay := newChoice("0s", nonNegDuration)
+		fs.Var(delay, "delay", "make the item ready only after this `duration`")
+		prio := newChoice("0", intRange(0, 255))
+		fs.Var(prio, "priority", "`priority` 0-255; lower is served first")
+		key := fs.String("key", "", "dedup `key`: a repeat within the queue's dedup window is not enqueued again")
+		maxAttempts := newChoice("0", intRange(0, 1<<31-1))
+		fs.Var(maxAttempts, "max-attempts", "deliveries before the item is dead-lettered (0: the queue's setting)")
+		lines := fs.Bool("lines", false, "enqueue every line of stdin as one item")
+		return func(ctx context.Context, args []string) error {
+			if err := argsBetween(args, 1, 2, "QUEUE [PAYLOAD|-]"); err != nil {
+				return err
+			}
+			queue := args[0]
+			base := storage.EnqueueItem{Delay: delay.val, Priority: uint8(prio.val), DedupKey: *key, MaxAttempts: uint32(maxAttempts.val)}
+			var payloads [][]byte
+			switch {
+			case *lines:
+				if len(args) > 1 {
+					return usagef("--lines reads stdin; drop the PAYLOAD argument")
+				}
+				if *key != "" {
+					return usagef("--key applies to one item; it cannot be used with --lines")
+				}
+				sc := bufio.NewScanner(e.stdin)
+				sc.Buffer(make([]byte, 64<<10), 64<<20)
+				for sc.Scan() {
+					payloads = append(payloads, bytes.Clone(sc.Bytes()))
+				}
+				if err := sc.Err(); err != nil {
+					return fmt.Errorf("read stdin: %w", err)
+				}
+			case len(args) == 2 && args[1] == "-":
+				b, err := io.ReadAll(e.stdin)
+				if err != nil {
+					return fmt.Errorf("read stdin: %w", err)
+				}
+				payloads = [][]byte{b}
+			case len(args) == 2:
+				payloads = [][]byte{[]byte(args[1])}
+			default:
+				payloads = [][]byte{{}}
+			}
+			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+				// Batches stay well under the default limit of 1000.
+				const batch = 500
+				for len(payloads) > 0 {
+					n := min(batch, len(payloads))
+					items := make([]storage.EnqueueItem, n)
+					for i := range items {
+						items[i] = base
+						items[i].Payload = payloads[i]
+					}
+					payloads = payloads[n:]
+					res, err := c.Enqueue(ctx, queue, items)
+					if err != nil {
+						return err
+					}
+					for _, r := range res {
+						switch {
+						case r.Code != storage.CodeOK:
+							return fmt.Errorf("item rejected: %s", r.Err)
+						case r.Duplicate:
+							fmt.Fprintf(e.stdout, "%s duplicate\n", r.ID)
+						default:
+							fmt.Fprintln(e.stdout, r.ID)
+						}
+					}
+				}
+				return nil
+			})
+		}
+	},
+}
+
+var pollCommand = &command{
+	name:    "poll",
+	args:    "QUEUE",
+	summary: "lease ready items and print them as JSON lines",
+	help: `
+Claim up to -n ready items of QUEUE under one new lease and print one JSON
+object per item and line:
+
+  {"id":"…","queue":"jobs","lease":"…","expires_at":"2026-01-02T15:04:05.123Z",
+   "state":"inflight","attempts":1,"priority":0,"enqueued_at":"…","visible_at":"…",
+   "payload":"aGVsbG8="}
+
+ids and leases are 32 hex digits; times are RFC 3339 UTC with milliseconds;
+payload is standard base64; dedup_key and last_error appear when set. All
+items of one poll share the lease: ack, nack or extend them with it before
+expires_at, or they are delivered again. --wait blocks until an item is
+ready or the wait ends (nothing is printed then, exit code 0).`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addClientFlags(fs)
+		n := fs.Int("n", 1, "most items to lease")
+		lease := newChoice("0s", nonNegDuration)
+		fs.Var(lease, "lease", "lease `duration` (0: the queue's default lease)")
+		wait := newChoice("0s", nonNegDuration)
+		fs.Var(wait, "wait", "wait up to this `duration` for an item (long poll; at most 60s by default)")
+		return func(ctx context.Context, args []string) error {
+			if err := argsBetween(args, 1, 1, "QUEUE"); err != nil {
+				return err
+			}
+			if *n <= 0 {
+				return usagef("-n must be positive, got %d", *n)
+			}
+			return cf.with(ctx, wait.val, func(ctx context.Context, c *rpc.Client) error {
+				res, err := c.Poll(ctx, args[0], *n, lease.val, wait.val)
+				if err != nil {
+					return err
+				}
+				enc := json.NewEncoder(e.stdout)
+				for _, it := range res.Items {
+					j := toJSON(it)
+					j.Lease = res.Lease.String()
+					j.ExpiresAt = fmtTime(res.ExpiresAt)
+					if err := enc.Encode(j); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		}
+	},
+}
+
+var ackCommand = &command{
+	name:    "ack",
+	args:    "QUEUE LEASE ID...",
+	summary: "acknowledge leased items (they are deleted)",
+	help: `
+Acknowledge the items ID... that poll handed out under LEASE: they are done
+and never come back. Prints "ID RESULT" per id, RESULT one of ok,
+not_found (already acked or gone), lease_mismatch (held under another
+lease), lease_expired (the lease ran out; the item was or will be
+delivered again). Exits 1 if any id was not ok.`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addClientFlags(fs)
+		return func(ctx context.Context, args []string) error {
+			if err := argsBetween(args, 3, -1, "QUEUE LEASE ID..."); err != nil {
+				return err
+			}
+			lease, err := parseLease(args[1])
+			if err != nil {
+				return err
+			}
+			ids, err := parseIDs(args[2:])
+			if err != nil {
+				return err
+			}
+			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+				codes, err := c.Ack(ctx, args[0], lease, ids)
+				if err != nil {
+					return err
+				}
+				return printCodes(e.stdout, "acked", ids, codes)
+			})
+		}
+	},
+}
+
+// optDuration is a duration flag that remembers whether it was given.
+type optDuration struct {
+	d   time.Duration
+	set bool
+}
+
+func (o *optDuration) String() string {
+	if o == nil || !o.set {
+		return ""
+	}
+	return o.d.String()
+}
+
+func (o *optDuration) Set(s string) error {
+	d, err := nonNegDuration(s)
+	if err != nil {
+		return err
+	}
+	o.d, o.set = d, true
+	return nil
+}
+
+var nackCommand = &command{
+	name:    "nack",
+	args:    "QUEUE LEASE ID...",
+	summary: "give leased items back (retry later, or dead-letter)",
+	help: `
+End the delivery of ID... under LEASE without success. Each item is ready
+again after --delay (without --delay: the queue's exponential backoff with
+jitter), or goes to the dead-letter queue if it has used its max attempts;
+--reason is kept as its last error (and dead-letter reason). Prints
+"ID RESULT" per id as ack does; exits 1 if any id was not ok.`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addClientFlags(fs)
+		delay := &optDuration{}
+		fs.Var(delay, "delay", "ready again after this `duration` (default: the queue's backoff)")
+		reason := fs.String("reason", "", "why the item failed (kept as last error and dead-letter reason)")
+		return func(ctx context.Context, args []string) error {
+			if err := argsBetween(args, 3, -1, "QUEUE LEASE ID..."); err != nil {
+				return err
+			}
+			lease, err := parseLease(args[1])
+			if err != nil {
+				return err
+			}
+			ids, err := parseIDs(args[2:])
+			if err != nil {
+				return err
+			}
+			var d *time.Duration
+			if delay.set {
+				d = &delay.d
+			}
+			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+				codes, err := c.Nack(ctx, args[0], lease, ids, d, *reason)
+				if err != nil {
+					return err
+				}
+				return printCodes(e.stdout, "nacked", ids, codes)
+			})
+		}
+	},
+}
+
+var extendCommand = &command{
+	name:    "extend",
+	args:    "QUEUE LEASE",
+	summary: "extend a lease and print its new expiry",
+	help: `
+Set LEASE's expiry to now + --lease (it may also shorten it) and print the
+new expiry (RFC 3339 UTC, milliseconds). A lease covers every item of its
+poll, so there are no ids to give. Fails if the lease already expired.`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addClientFlags(fs)
+		lease := newChoice(storage.DefaultLeaseDuration.String(), positiveDuration)
+		fs.Var(lease, "lease", "new lease `duration`, from now")
+		return func(ctx context.Context, args []string) error {
+			if len(args) > 2 {
+				if _, err := storage.ParseItemID(args[2]); err == nil {
+					return usagef("extend applies to the whole lease; drop the ids")
+				}
+			}
+			if err := argsBetween(args, 2, 2, "QUEUE LEASE"); err != nil {
+				return err
+			}
+			l, err := parseLease(args[1])
+			if err != nil {
+				return err
+			}
+			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+				exp, err := c.Extend(ctx, args[0], l, lease.val)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(e.stdout, fmtTime(exp))
+				return nil
+			})
+		}
+	},
+}
+
+// statsJSON is one queue in `stats --json`. Durations are milliseconds.
+type statsJSON struct {
+	Queue            string     `json:"queue"`
+	Ready            int64      `json:"ready"`
+	Delayed          int64      `json:"delayed"`
+	Inflight         int64      `json:"inflight"`
+	Dead             int64      `json:"dead"`
+	Leases           int64      `json:"leases"`
+	OldestReadyAgeMs int64      `json:"oldest_ready_age_ms"`
+	Enqueued         uint64     `json:"enqueued"`
+	Duplicates       uint64     `json:"duplicates"`
+	Delivered        uint64     `json:"delivered"`
+	Acked            uint64     `json:"acked"`
+	Nacked           uint64     `json:"nacked"`
+	Expired          uint64     `json:"expired"`
+	DeadLettered     uint64     `json:"dead_lettered"`
+	Redriven         uint64     `json:"redriven"`
+	Purged           uint64     `json:"purged"`
+	Config           configJSON `json:"config"`
+}
+
+// configJSON is a queue config in JSON output. Durations are milliseconds.
+type configJSON struct {
+	MaxAttempts   uint32 `json:"max_attempts"`
+	LeaseMs       int64  `json:"lease_ms"`
+	DedupWindowMs int64  `json:"dedup_window_ms"`
+	BackoffBaseMs int64  `json:"backoff_base_ms"`
+	BackoffMaxMs  int64  `json:"backoff_max_ms"`
+}
+
+func toConfigJSON(c storage.QueueConfig) configJSON {
+	return configJSON{
+		MaxAttempts:   c.MaxAttempts,
+		LeaseMs:       c.LeaseDuration.Milliseconds(),
+		DedupWindowMs: c.DedupWindow.Milliseconds(),
+		BackoffBaseMs: c.BackoffBase.Milliseconds(),
+		BackoffMaxMs:  c.BackoffMax.Milliseconds(),
+	}
+}
+
+var statsCommand = &command{
+	name:    "stats",
+	args:    "[QUEUE]",
+	summary: "show queue depths and counters",
+	help: `
+Show, for QUEUE or every queue, the items by state (ready, delayed,
+inflight, dead), live leases, the age of the oldest ready item, and the
+lifetime counters (enqueued, acked, nacked, expired, dead-lettered, ...).
+--json prints one JSON object per queue and line instead of a table
+(durations in milliseconds).`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addClientFlags(fs)
+		asJSON := fs.Bool("json", false, "print JSON lines instead of a table")
+		return func(ctx context.Context, args []string) error {
+			if err := argsBetween(args, 0, 1, "[QUEUE]"); err != nil {
+				return err
+			}
+			queue := ""
+			if len(args) == 1 {
+				queue = args[0]
+			}
+			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+				stats, err := c.Stats(ctx, queue)
+				if err != nil {
+					return err
+				}
+				if *asJSON {
+					enc := json.NewEncoder(e.stdout)
+					for _, q := range stats {
+						if err := enc.Encode(statsJSON{
+							Queue: q.Queue, Ready: q.Ready, Delayed: q.Delayed, Inflight: q.Inflight, Dead: q.Dead,
+							Leases: q.Leases, OldestReadyAgeMs: q.OldestReadyAge.Milliseconds(),
+							Enqueued: q.Enqueued, Duplicates: q.Duplicates, Delivered: q.Delivered, Acked: q.Acked,
+							Nacked: q.Nacked, Expired: q.Expired, DeadLettered: q.DeadLettered, Redriven: q.Redriven,
+							Purged: q.Purged, Config: toConfigJSON(q.Config),
+						}); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "QUEUE\tREADY\tDELAYED\tINFLIGHT\tDEAD\tLEASES\tOLDEST\tENQUEUED\tACKED\tNACKED\tEXPIRED\tDEAD_LETTERED")
+				for _, q := range stats {
+					fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\n",
+						q.Queue, q.Ready, q.Delayed, q.Inflight, q.Dead, q.Leases, q.OldestReadyAge.Round(time.Millisecond),
+						q.Enqueued, q.Acked, q.Nacked, q.Expired, q.DeadLettered)
+				}
+				return tw.Flush()
+			})
+		}
+	},
+}
+
+var queuesCommand = &command{
+	name:    "queues",
+	summary: "list queue names",
+	help:    `Print the name of every queue, one per line, in byte order.`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addClientFlags(fs)
+		return func(ctx context.Context, args []string) error {
+			if err := argsBetween(args, 0, 0, "no arguments"); err != nil {
+				return err
+			}
+			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+				qs, err := c.Queues(ctx)
+				if err != nil {
+					return err
+				}
+				for _, q := range qs {
+					fmt.Fprintln(e.stdout, q)
+				}
+				return nil
+			})
+		}
+	},
+}
+
+// pageFlags page through items in id order.
+type pageFlags struct {
+	n     *int
+	after *string
+}
+
+func addPageFlags(fs *flag.FlagSet) *pageFlags {
+	return &pageFlags{
+		n:     fs.Int("n", rpc.DefaultPageLimit, "most items to list"),
+		after: fs.String("after", "", "list items after this `id` (for paging)"),
+	}
+}
+
+func (p *pageFlags) parse() (after storage.ItemID, limit int, err error) {
+	if *p.n <= 0 {
+		return after, 0, usagef("-n must be positive, got %d", *p.n)
+	}
+	if *p.after != "" {
+		if after, err = storage.ParseItemID(*p.after); err != nil {
+			return after, 0, usagef("bad --after id %q: want 32 hex digits", *p.after)
+		}
+	}
+	return after, *p.n, nil
+}
+
+var peekCommand = &command{
+	name:    "peek",
+	args:    "QUEUE",
+	summary: "list items without leasing them (JSON lines)",
+	help: `
+List QUEUE's ready and delayed items (with --inflight: its leased items) in
+id order without leasing them, as JSON lines in the format of poll (without
+lease fields; state says ready, delayed or inflight). Page with -n and
+--after ID.`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addClientFlags(fs)
+		inflight := fs.Bool("inflight", false, "list leased (inflight) items instead")
+		pf := addPageFlags(fs)
+		return func(ctx context.Context, args []string) error {
+			if err := argsBetween(args, 1, 1, "QUEUE"); err != nil {
+				return err
+			}
+			after, limit, err := pf.parse()
+			if err != nil {
+				return err
+			}
+			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+				items, err := c.Peek(ctx, storage.PeekParams{Queue: args[0], Inflight: *inflight, After: after, Limit: limit})
+				if err != nil {
+					return err
+				}
+				enc := json.NewEncoder(e.stdout)
+				for _, it := range items {
+					if err := enc.Encode(toJSON(it)); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		}
+	},
+}
+
+var purgeCommand = &command{
+	name:    "purge",
+	args:    "QUEUE",
+	summary: "delete every ready, delayed and inflight item of a queue",
+	help: `
+Delete every available and inflight item of QUEUE and print how many went.
+Dead items stay (see 'leaseq dlq purge'); the queue and its config remain.`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addClientFlags(fs)
+		return func(ctx context.Context, args []string) error {
+			if err := argsBetween(args, 1, 1, "QUEUE"); err != nil {
+				return err
+			}
+			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+				n, err := c.Purge(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(e.stdout, "purged %d\n", n)
+				return nil
+			})
+		}
+	},
+}
+
+var dlqCommand = &command{
+	name:    "dlq",
+	args:    "ls|redrive|purge QUEUE [ID...]",
+	summary: "list, redrive or purge dead-lettered items",
+	help: `
+  dlq ls QUEUE [-n N] [--after ID]
+      print dead items as JSON lines (poll's format plus reason and dead_at)
+  dlq redrive QUEUE ID... | --all
+      move dead items back to ready with attempts reset; prints "ID RESULT"
+      per id, or "redriven N" with --all
+  dlq purge QUEUE ID... | --all
+      delete dead items; prints "ID RESULT" per id, or "purged N" with --all`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addClientFlags(fs)
+		pf := addPageFlags(fs)
+		all := fs.Bool("all", false, "redrive or purge every dead item of the queue")
+		return func(ctx context.Context, args []string) error {
+			if len(args) == 0 {
+				return usagef("missing sub-command: want ls, redrive or purge")
+			}
+			sub, args := args[0], args[1:]
+			switch sub {
+			case "ls", "list":
+				if err := argsBetween(args, 1, 1, "dlq ls QUEUE"); err != nil {
+					return err
+				}
+				after, limit, err := pf.parse()
+				if err != nil {
+					return err
+				}
+				return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+					items, err := c.DeadList(ctx, storage.DeadListParams{Queue: args[0], After: after, Limit: limit})
+					if err != nil {
+						return err
+					}
+					enc := json.NewEncoder(e.stdout)
+					for _, d := range items {
+						j := toJSON(d.Item)
+						j.State = storage.StateDead.String()
+						j.Reason = d.Reason
+						j.DeadAt = fmtTime(d.DeadAt)
+						if err := enc.Encode(j); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+			case "redrive", "purge":
+				if err := argsBetween(args, 1, -1, "dlq "+sub+" QUEUE ID... | --all"); err != nil {
+					return err
+				}
+				if *all == (len(args) > 1) {
+					return usagef("dlq %s: give either ids or --all", sub)
+				}
+				ids, err := parseIDs(args[1:])
+				if err != nil {
+					return err
+				}
+				op, verb := (*rpc.Client).Redrive, "redriven"
+				if sub == "purge" {
+					op, verb = (*rpc.Client).PurgeDead, "purged"
+				}
+				return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+					if !*all {
+						res, err := op(c, ctx, storage.RedriveParams{Queue: args[0], IDs: ids})
+						if err != nil {
+							return err
+						}
+						return printCodes(e.stdout, verb, ids, res.Codes)
+					}
+					// Page by page until a page comes back short: each
+					// call is one bounded transaction on the node.
+					total := 0
+					for {
+						res, err := op(c, ctx, storage.RedriveParams{Queue: args[0], Limit: rpc.DefaultPageLimit})
+						if err != nil {
+							return err
+						}
+						total += res.Moved
+						if res.Moved < rpc.DefaultPageLimit {
+							break
+						}
+					}
+					fmt.Fprintf(e.stdout, "%s %d\n", verb, total)
+					return nil
+				})
+			default:
+				return usagef("unknown dlq sub-command %q: want ls, redrive or purge", sub)
+			}
+		}
+	},
+}
+
+var configCommand = &command{
+	name:    "config",
+	args:    "QUEUE",
+	summary: "show or change a queue's configuration",
+	help: `
+Print QUEUE's configuration. With any of the setting flags, change those
+settings first (creating the queue if needed) and print the result. Note
+that the flags, like every flag, are also read from LEASEQ_* variables.`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addClientFlags(fs)
+		asJSON := fs.Bool("json", false, "print JSON instead of name=value lines")
+		maxAttempts := newChoice("5", intRange(1, 1<<31-1))
+		fs.Var(maxAttempts, "max-attempts", "set deliveries before an item is dead-lettered")
+		lease := newChoice(storage.DefaultLeaseDuration.String(), positiveDuration)
+		fs.Var(lease, "lease", "set the default lease `duration` of a poll")
+		dedup := newChoice(storage.DefaultDedupWindow.String(), positiveDuration)
+		fs.Var(dedup, "dedup-window", "set how long a dedup key suppresses repeats")
+		base := newChoice(storage.DefaultBackoffBase.String(), positiveDuration)
+		fs.Var(base, "backoff-base", "set the nack backoff base")
+		bmax := newChoice(storage.DefaultBackoffMax.String(), positiveDuration)
+		fs.Var(bmax, "backoff-max", "set the nack backoff cap")
+		return func(ctx context.Context, args []string) error {
+			if err := argsBetween(args, 1, 1, "QUEUE"); err != nil {
+				return err
+			}
+			queue := args[0]
+			change := maxAttempts.set || lease.set || dedup.set || base.set || bmax.set
+			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+				cfg, err := c.QueueConfig(ctx, queue)
+				switch {
+				case errors.Is(err, storage.ErrNotFound) && change:
+					cfg = storage.DefaultQueueConfig()
+				case errors.Is(err, storage.ErrNotFound):
+					return fmt.Errorf("no queue %q (a queue exists after its first enqueue or config change)", queue)
+				case err != nil:
+					return err
+				}
+				if change {
+					if maxAttempts.set {
+						cfg.MaxAttempts = uint32(maxAttempts.val)
+					}
+					if lease.set {
+						cfg.LeaseDuration = lease.val
+					}
+					if dedup.set {
+						cfg.DedupWindow = dedup.val
+					}
+					if base.set {
+						cfg.BackoffBase = base.val
+					}
+					if bmax.set {
+						cfg.BackoffMax = bmax.val
+					}
+					if err := c.SetQueueConfig(ctx, queue, cfg); err != nil {
+						return err
+					}
+					if cfg, err = c.QueueConfig(ctx, queue); err != nil {
+						return err
+					}
+				}
+				if *asJSON {
+					return json.NewEncoder(e.stdout).Encode(toConfigJSON(cfg))
+				}
+				fmt.Fprintf(e.stdout, "max-attempts=%d\nlease=%v\ndedup-window=%v\nbackoff-base=%v\nbackoff-max=%v\n",
+					cfg.MaxAttempts, cfg.LeaseDuration, cfg.DedupWindow, cfg.BackoffBase, cfg.BackoffMax)
+				return nil
+			})
+		}
+	},
 }

@@ -179,7 +179,7 @@ func TestRun_ServeThenCheck(t *testing.T) {
 	te := newTestEnv(map[string]string{"LEASEQ_SYNC": "none"})
 	codes := make(chan int, 1)
 	go func() {
-		codes <- run(context.Background(), []string{"serve", "--data", dir, "--log-format", "json"}, &te.env)
+		codes <- run(context.Background(), []string{"serve", "--data", dir, "--log-format", "json", "--listen", "unix:" + filepath.Join(filepath.Dir(dir), "s.sock")}, &te.env)
 	}()
 	var sigc chan<- os.Signal
 	select {
