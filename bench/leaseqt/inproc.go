@@ -69,7 +69,13 @@ func (InProcess) Available() error { return nil }
 func (p InProcess) Start(ctx context.Context, o target.StartOptions) (target.Instance, error) {
 	in := &inprocInstance{clk: o.Clock, lease: o.Lease, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	in.ready.ch = make(chan struct{})
-	onDeadline := func(time.Time) {
+	// Wake the sweep loop only for a deadline earlier than the one it
+	// sleeps towards, as the real sweeper re-arms: every poll creates a
+	// lease expiry, and sweeping after each would tax the steady state.
+	onDeadline := func(t time.Time) {
+		if t.UnixNano() >= in.armed.Load() {
+			return
+		}
 		select {
 		case in.wake <- struct{}{}:
 		default:
@@ -97,6 +103,7 @@ type inprocInstance struct {
 	clk   clock.Clock
 	lease time.Duration
 	wake  chan struct{}
+	armed atomic.Int64 // unix ns the sweep loop sleeps until
 	stop  chan struct{}
 	done  chan struct{}
 	ready struct {
@@ -151,6 +158,7 @@ func (in *inprocInstance) sweepLoop() {
 		if !res.Next.IsZero() {
 			d = min(d, max(0, in.clk.Until(res.Next)))
 		}
+		in.armed.Store(in.clk.Now().Add(d).UnixNano())
 		select {
 		case <-in.stop:
 			return
