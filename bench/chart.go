@@ -68,8 +68,13 @@ func Chart(rep *Report) string {
 		fmt.Fprintf(&b, `<text x="10" y="%d" font-weight="bold">%s</text>`+"\n", y+12, html.EscapeString(row))
 		fmt.Fprintf(&b, `<text x="10" y="%d" fill="#555" font-size="9">%s</text>`+"\n", y+22, html.EscapeString(trim(rs[0].Shape, 38)))
 		y += 26
+		// The memory-only baseline would flatten every other bar: scale by
+		// the persisted systems and clip it (its value is still printed).
 		var maxT, maxL float64
 		for _, r := range rs {
+			if r.Class == "memory" && len(rs) > 1 {
+				continue
+			}
 			maxT = max(maxT, r.ItemsPerSec)
 			if l := chartLatency(r); l != nil {
 				maxL = max(maxL, l.P99)
@@ -130,7 +135,7 @@ func scale(v, maxV float64, width int) float64 {
 	if maxV <= 0 || v <= 0 {
 		return 0
 	}
-	return v / maxV * float64(width)
+	return min(v/maxV, 1.08) * float64(width)
 }
 
 func human(v float64) string {
