@@ -762,7 +762,7 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	srv, err := rpc.NewServer(rpc.ServerConfig{
 		Store:              store,
 		Clock:              clk,
-		Logger:             log.With("svc", "rpc"),
+		Logger:             log, // rpc adds svc=rpc
 		Limits:             c.limits,
 		MaxConns:           c.maxConns,
 		MaxWaitersPerQueue: c.maxWaiters,
@@ -854,7 +854,6 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	// finish (their writes are durable before they answer), then no more
 	// sweeps, then the store.
 	srv.Stop()
-	log.Info("rpc server stopped")
 	s.Stop()
 	collector.node.Store(nil)
 	err = closeStore(store)

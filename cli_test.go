@@ -1,0 +1,428 @@
+package main
+
+import (
+	"encoding/base64"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestCLI_EnqueuePollAck walks one item through enqueue, poll and ack with
+// the real binary, checking stats after each step.
+func TestCLI_EnqueuePollAck(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, filepath.Join(t.TempDir(), "data"))
+
+	id := strings.TrimSpace(n.cli("enqueue", "jobs", "hello").stdout)
+	require.Len(t, id, 32)
+	s := n.stats("jobs")
+	require.Equal(t, queueStats{Ready: 1, Enqueued: 1}, s)
+
+	// A payload from stdin, with flags after the arguments.
+	r := runCLI(t, []string{"LEASEQ_ADDR=" + n.addr}, "from\nstdin", "enqueue", "jobs", "-", "--priority", "7")
+	require.Equal(t, 0, r.code, r.stderr)
+	id2 := strings.TrimSpace(r.stdout)
+
+	// A repeated dedup key returns the first id and says so.
+	first := strings.TrimSpace(n.cli("enqueue", "jobs", "x", "--key", "k").stdout)
+	require.Equal(t, first+" duplicate", strings.TrimSpace(n.cli("enqueue", "jobs", "y", "--key", "k").stdout))
+	require.Equal(t, []string{"jobs"}, n.cli("queues").lines())
+
+	items := parsePolled(t, n.cli("poll", "jobs", "-n", "2"))
+	require.Len(t, items, 2)
+	require.Equal(t, id, items[0].ID, "priority 0 before the dedup item in id order")
+	require.Equal(t, "hello", string(items[0].Payload))
+	require.Equal(t, first, items[1].ID)
+	for _, it := range items {
+		require.Len(t, it.Lease, 32)
+		require.Equal(t, items[0].Lease, it.Lease, "one lease per poll")
+		require.Equal(t, 1, it.Attempts)
+		_, err := time.Parse(time.RFC3339Nano, it.EnqueuedAt)
+		require.NoError(t, err)
+		exp, err := time.Parse(time.RFC3339Nano, it.ExpiresAt)
+		require.NoError(t, err)
+		require.WithinDuration(t, time.Now().Add(30*time.Second), exp, 10*time.Second, "default lease 30s")
+	}
+	// The raw line carries standard base64.
+	require.Contains(t, n.cli("peek", "jobs", "--inflight").stdout, `"payload":"`+base64.StdEncoding.EncodeToString([]byte("hello"))+`"`)
+	s = n.stats("jobs")
+	require.Equal(t, queueStats{Ready: 1, Inflight: 2, Leases: 1, Enqueued: 3, Delivered: 2}, s)
+
+	lease := items[0].Lease
+	r = n.cli("ack", "jobs", lease, items[0].ID, items[1].ID)
+	require.Equal(t, []string{items[0].ID + " ok", items[1].ID + " ok"}, r.lines())
+	s = n.stats("jobs")
+	require.Equal(t, queueStats{Ready: 1, Enqueued: 3, Delivered: 2, Acked: 2}, s)
+
+	// Acking again: the items are gone.
+	r = n.cliCode("ack", "jobs", lease, items[0].ID)
+	require.Equal(t, 1, r.code)
+	require.Equal(t, []string{items[0].ID + " not_found"}, r.lines())
+	require.Equal(t, "leaseq ack: 1 of 1 ids not acked\n", r.stderr)
+
+	// The stdin item is left, with its priority.
+	items = parsePolled(t, n.cli("poll", "jobs", "-n", "10", "--lease", "1m"))
+	require.Len(t, items, 1)
+	require.Equal(t, id2, items[0].ID)
+	require.Equal(t, "from\nstdin", string(items[0].Payload))
+	require.Equal(t, 7, items[0].Priority)
+	exp, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(n.cli("extend", "jobs", items[0].Lease, "--lease", "2m").stdout))
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now().Add(2*time.Minute), exp, 10*time.Second)
+	n.cli("ack", "jobs", items[0].Lease, id2)
+	require.Equal(t, queueStats{Enqueued: 3, Delivered: 3, Acked: 3}, n.stats("jobs"))
+
+	// The table form names every column.
+	table := n.cli("stats").lines()
+	require.Len(t, table, 2)
+	require.Equal(t, []string{"QUEUE", "READY", "DELAYED", "INFLIGHT", "DEAD", "LEASES", "OLDEST", "ENQUEUED", "ACKED", "NACKED", "EXPIRED", "DEAD_LETTERED"}, strings.Fields(table[0]))
+	require.Equal(t, []string{"jobs", "0", "0", "0", "0", "0", "0s", "3", "3", "0", "0", "0"}, strings.Fields(table[1]))
+}
+
+// TestCLI_LongPollWakeUp parks `poll --wait` and checks that an enqueue
+// from another process releases it at once.
+func TestCLI_LongPollWakeUp(t *testing.T) {
+	t.Parallel()
+	metrics := freePort(t)
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--metrics", metrics)
+
+	type res struct {
+		r       cliResult
+		elapsed time.Duration
+	}
+	done := make(chan res, 1)
+	start := time.Now()
+	go func() {
+		r := n.cliCode("poll", "jobs", "--wait", "20s")
+		done <- res{r, time.Since(start)}
+	}()
+	// The poll is parked once the node counts a waiter.
+	eventually(t, 30*time.Second, func() bool {
+		_, page := httpGet(t, "http://"+metrics+"/metrics")
+		return metricValue(page, "leaseq_rpc_waiters") == "1"
+	}, "the long poll never parked")
+	parked := time.Since(start)
+	id := strings.TrimSpace(n.cli("enqueue", "jobs", "wake").stdout)
+	got := <-done
+	require.Equal(t, 0, got.r.code, got.r.stderr)
+	items := parsePolled(t, got.r)
+	require.Len(t, items, 1)
+	require.Equal(t, id, items[0].ID)
+	require.Less(t, got.elapsed, parked+10*time.Second, "woken by the enqueue, not by the 20s wait running out")
+
+	// An empty long poll ends at its wait with no output and exit 0.
+	start = time.Now()
+	r := n.cliCode("poll", "jobs", "--wait", "300ms")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Empty(t, r.stdout)
+	require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
+}
+
+// TestCLI_ExpiredLeaseIsRedelivered lets a 200 ms lease run out: the item
+// goes to the next poller with attempts 2, and the old lease is fenced off.
+func TestCLI_ExpiredLeaseIsRedelivered(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, filepath.Join(t.TempDir(), "data"))
+	id := strings.TrimSpace(n.cli("enqueue", "jobs", "p").stdout)
+	first := parsePolled(t, n.cli("poll", "jobs", "--lease", "200ms"))
+	require.Len(t, first, 1)
+	require.Equal(t, 1, first[0].Attempts)
+	require.Equal(t, queueStats{Inflight: 1, Leases: 1, Enqueued: 1, Delivered: 1}, n.stats("jobs"))
+
+	// A second consumer waits; the sweeper hands the item back at the
+	// deadline and wakes it.
+	second := parsePolled(t, n.cli("poll", "jobs", "--wait", "10s"))
+	require.Len(t, second, 1)
+	require.Equal(t, id, second[0].ID)
+	require.Equal(t, 2, second[0].Attempts)
+	require.NotEqual(t, first[0].Lease, second[0].Lease)
+	require.Equal(t, queueStats{Inflight: 1, Leases: 1, Enqueued: 1, Delivered: 2, Expired: 1}, n.stats("jobs"))
+
+	// The first consumer's late ack is refused and changes nothing.
+	r := n.cliCode("ack", "jobs", first[0].Lease, id)
+	require.Equal(t, 1, r.code)
+	require.Equal(t, []string{id + " lease_mismatch"}, r.lines())
+	r = n.cliCode("extend", "jobs", first[0].Lease)
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "lease expired")
+	n.cli("ack", "jobs", second[0].Lease, id)
+	require.Equal(t, queueStats{Enqueued: 1, Delivered: 2, Expired: 1, Acked: 1}, n.stats("jobs"))
+}
+
+// TestCLI_NackBackoffDeadLetterRedrive: nack with backoff, then explicit
+// delays until max attempts sends the item to the DLQ; redrive brings it
+// back with attempts reset.
+func TestCLI_NackBackoffDeadLetterRedrive(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, filepath.Join(t.TempDir(), "data"))
+	cfg := n.cli("config", "jobs", "--max-attempts", "3", "--backoff-base", "100ms", "--backoff-max", "200ms").lines()
+	require.Contains(t, cfg, "max-attempts=3")
+	require.Contains(t, cfg, "backoff-base=100ms")
+	id := strings.TrimSpace(n.cli("enqueue", "jobs", "job").stdout)
+
+	// Nack without --delay: the queue's backoff (at most 200ms here).
+	it := parsePolled(t, n.cli("poll", "jobs"))
+	require.Len(t, it, 1)
+	require.Equal(t, []string{id + " ok"}, n.cli("nack", "jobs", it[0].Lease, id, "--reason", "first").lines())
+	s := n.stats("jobs")
+	require.Equal(t, int64(1), s.Ready+s.Delayed)
+	require.Equal(t, uint64(1), s.Nacked)
+	it = parsePolled(t, n.cli("poll", "jobs", "--wait", "10s"))
+	require.Len(t, it, 1)
+	require.Equal(t, 2, it[0].Attempts)
+	require.Equal(t, "first", it[0].LastError)
+
+	// Nack with --delay 0: ready again at once.
+	n.cli("nack", "jobs", it[0].Lease, id, "--delay", "0", "--reason", "second")
+	require.Equal(t, queueStats{Ready: 1, Enqueued: 1, Delivered: 2, Nacked: 2}, n.stats("jobs"))
+	it = parsePolled(t, n.cli("poll", "jobs"))
+	require.Len(t, it, 1)
+	require.Equal(t, 3, it[0].Attempts)
+
+	// The last attempt fails: dead, with the reason.
+	n.cli("nack", "jobs", it[0].Lease, id, "--delay", "0", "--reason", "third")
+	require.Equal(t, queueStats{Dead: 1, Enqueued: 1, Delivered: 3, Nacked: 3, DeadLettered: 1}, n.stats("jobs"))
+	require.Empty(t, n.cli("poll", "jobs").stdout)
+	dead := parsePolled(t, n.cli("dlq", "ls", "jobs"))
+	require.Len(t, dead, 1)
+	require.Equal(t, id, dead[0].ID)
+	require.Equal(t, "dead", dead[0].State)
+	require.Equal(t, "nack: third", dead[0].Reason)
+	require.NotEmpty(t, dead[0].DeadAt)
+
+	require.Equal(t, []string{id + " ok"}, n.cli("dlq", "redrive", "jobs", id).lines())
+	require.Equal(t, queueStats{Ready: 1, Enqueued: 1, Delivered: 3, Nacked: 3, DeadLettered: 1, Redriven: 1}, n.stats("jobs"))
+	it = parsePolled(t, n.cli("poll", "jobs"))
+	require.Len(t, it, 1)
+	require.Equal(t, id, it[0].ID)
+	require.Equal(t, 1, it[0].Attempts, "redrive resets attempts")
+
+	// A second item dies the same way; dlq purge --all removes it, and a
+	// redrive of an id no longer dead says so.
+	n.cli("ack", "jobs", it[0].Lease, id)
+	n.cli("config", "jobs", "--max-attempts", "1")
+	id2 := strings.TrimSpace(n.cli("enqueue", "jobs", "job2").stdout)
+	it = parsePolled(t, n.cli("poll", "jobs"))
+	n.cli("nack", "jobs", it[0].Lease, id2, "--delay", "0")
+	require.Equal(t, int64(1), n.stats("jobs").Dead)
+	require.Equal(t, "purged 1\n", n.cli("dlq", "purge", "jobs", "--all").stdout)
+	require.Equal(t, int64(0), n.stats("jobs").Dead)
+	r := n.cliCode("dlq", "redrive", "jobs", id2)
+	require.Equal(t, 1, r.code)
+	require.Equal(t, []string{id2 + " not_found"}, r.lines())
+
+	// purge empties the live part of a queue.
+	n.cli("enqueue", "jobs", "a")
+	n.cli("enqueue", "jobs", "b")
+	require.Equal(t, "purged 2\n", n.cli("purge", "jobs").stdout)
+	require.Equal(t, int64(0), n.stats("jobs").Ready)
+}
+
+// TestCLI_BadInput: every kind of bad invocation exits non-zero with one
+// clear line on stderr.
+func TestCLI_BadInput(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--max-payload", "1KiB")
+	lease := "0123456789abcdef0123456789abcdef"
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		stdin string
+		code  int
+		want  string
+	}{
+		{"UnknownCommand", []string{"frob"}, "", exitUsage, `unknown command "frob"`},
+		{"UnknownFlag", []string{"poll", "jobs", "--frob"}, "", exitUsage, "flag provided but not defined: -frob"},
+		{"MissingQueue", []string{"poll"}, "", exitUsage, "missing arguments: want QUEUE"},
+		{"BadQueueName", []string{"enqueue", "no spaces", "x"}, "", exitFailure, `queue name "no spaces"`},
+		{"LongQueueName", []string{"poll", strings.Repeat("q", 201)}, "", exitFailure, "queue name"},
+		{"BadLeaseHex", []string{"ack", "jobs", "nothex", lease}, "", exitUsage, `bad lease "nothex"`},
+		{"BadIDHex", []string{"ack", "jobs", lease, "xyz"}, "", exitUsage, `bad item id "xyz"`},
+		{"AckWithoutIDs", []string{"ack", "jobs", lease}, "", exitUsage, "missing arguments"},
+		{"UnknownLease", []string{"extend", "jobs", lease}, "", exitFailure, "lease expired"},
+		{"BadDuration", []string{"poll", "jobs", "--wait", "soon"}, "", exitUsage, "want a duration"},
+		{"WaitOverLimit", []string{"poll", "jobs", "--wait", "2m"}, "", exitFailure, "wait"},
+		{"LeaseUnderLimit", []string{"poll", "jobs", "--lease", "1ms"}, "", exitFailure, "lease"},
+		{"PayloadOverLimit", []string{"enqueue", "jobs", "-"}, strings.Repeat("x", 2000), exitFailure, "item rejected"},
+		{"BadPriority", []string{"enqueue", "jobs", "x", "--priority", "300"}, "", exitUsage, "want an integer from 0 to 255"},
+		{"NZero", []string{"poll", "jobs", "-n", "0"}, "", exitUsage, "-n must be positive"},
+		{"DlqNoSub", []string{"dlq"}, "", exitUsage, "missing sub-command"},
+		{"DlqIdsAndAll", []string{"dlq", "redrive", "jobs", "--all", lease}, "", exitUsage, "either ids or --all"},
+		{"ConfigNoQueue", []string{"config", "nosuchqueue"}, "", exitFailure, `no queue "nosuchqueue"`},
+		{"StatsNoQueue", []string{"stats", "nosuchqueue"}, "", exitFailure, "not found"},
+		{"ExtendWithIDs", []string{"extend", "jobs", lease, lease}, "", exitUsage, "drop the ids"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := runCLI(t, []string{"LEASEQ_ADDR=" + n.addr}, tc.stdin, tc.args...)
+			require.Equal(t, tc.code, r.code, "stdout %q stderr %q", r.stdout, r.stderr)
+			require.Contains(t, r.stderr, tc.want)
+			require.Equal(t, 1, strings.Count(r.stderr, "\n"), "one stderr line: %q", r.stderr)
+			require.True(t, strings.HasPrefix(r.stderr, "leaseq"), "%q", r.stderr)
+		})
+	}
+
+	t.Run("ConnectionRefused", func(t *testing.T) {
+		t.Parallel()
+		for _, addr := range []string{freePort(t), "unix:" + filepath.Join(t.TempDir(), "none.sock")} {
+			r := runCLI(t, nil, "", "stats", "--addr", addr)
+			require.Equal(t, exitFailure, r.code)
+			require.Contains(t, r.stderr, "cannot connect to a leaseq node at "+addr)
+			require.Equal(t, 1, strings.Count(r.stderr, "\n"), "%q", r.stderr)
+		}
+	})
+	t.Run("BadAddrFromEnv", func(t *testing.T) {
+		t.Parallel()
+		r := runCLI(t, []string{"LEASEQ_ADDR=nonsense", "LEASEQ_TIMEOUT=2s"}, "", "queues")
+		require.Equal(t, exitFailure, r.code)
+		require.Contains(t, r.stderr, "nonsense")
+		require.Equal(t, 1, strings.Count(r.stderr, "\n"), "%q", r.stderr)
+	})
+	t.Run("ServeBadLimit", func(t *testing.T) {
+		t.Parallel()
+		r := runCLI(t, nil, "", "serve", "--max-payload", "lots")
+		require.Equal(t, exitUsage, r.code)
+		require.Contains(t, r.stderr, "want a positive size")
+		r = runCLI(t, nil, "", "serve", "--min-lease", "1h", "--max-lease", "1m")
+		require.Equal(t, exitUsage, r.code)
+		require.Contains(t, r.stderr, "--min-lease 1h0m0s is longer than --max-lease 1m0s")
+	})
+	t.Run("ServeFDBWithoutTag", func(t *testing.T) {
+		t.Parallel()
+		r := runCLI(t, nil, "", "serve", "--backend", "fdb", "--listen", "unix:"+filepath.Join(t.TempDir(), "s.sock"))
+		require.Equal(t, exitFailure, r.code)
+		require.Contains(t, r.stderr, "make build-fdb")
+		require.Equal(t, 1, strings.Count(r.stderr, "\n"), "%q", r.stderr)
+	})
+	t.Run("ServeAddressInUse", func(t *testing.T) {
+		t.Parallel()
+		r := runCLI(t, nil, "", "serve", "--data", filepath.Join(t.TempDir(), "d"), "--listen", n.addr, "--log-level", "error")
+		require.Equal(t, exitFailure, r.code)
+		require.Contains(t, r.stderr, "leaseq serve:")
+	})
+}
+
+// TestCLI_Help: the command list and each command's flags with their
+// environment variables.
+func TestCLI_Help(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, nil, "", "--help")
+	require.Equal(t, 0, r.code)
+	for _, c := range commands {
+		require.Contains(t, r.stdout, "\n  "+c.name+" ")
+	}
+	for _, tc := range []struct {
+		cmd  string
+		want []string
+	}{
+		{"serve", []string{"--listen address", "[LEASEQ_LISTEN]", "--metrics", "--tls-client-ca", "--max-payload", "--backend", "--fdb-cluster-file", "--max-conns", "--max-waiters"}},
+		{"enqueue", []string{"QUEUE [PAYLOAD|-]", "--delay", "--priority", "--key", "--max-attempts", "--addr address", "[LEASEQ_ADDR]", "(default 127.0.0.1:7700)"}},
+		{"poll", []string{"-n int", "--lease", "--wait", "--tls-ca", "--timeout", "base64"}},
+		{"nack", []string{"--delay", "--reason"}},
+		{"dlq", []string{"ls|redrive|purge", "--all"}},
+	} {
+		r := runCLI(t, nil, "", tc.cmd, "--help")
+		require.Equal(t, 0, r.code, r.stderr)
+		for _, w := range tc.want {
+			require.Contains(t, r.stdout, w, "help for %s", tc.cmd)
+		}
+	}
+}
+
+// TestCLI_MetricsEndpoints: /metrics carries per-queue depth, operation
+// counts and latency, store and sweeper metrics; /healthz and /readyz
+// answer; SIGTERM shuts down cleanly and leaves a clean database.
+func TestCLI_MetricsEndpoints(t *testing.T) {
+	t.Parallel()
+	metrics := freePort(t)
+	data := filepath.Join(t.TempDir(), "data")
+	n := startNode(t, data, "--metrics", metrics, "--log-format", "json")
+	require.Contains(t, n.logs.String(), `"sync":"always"`)
+	require.Contains(t, n.logs.String(), `"listen":"`+n.addr+`"`)
+
+	n.cli("enqueue", "jobs", "a")
+	n.cli("enqueue", "jobs", "b")
+	n.cli("enqueue", "other", "c")
+	parsePolled(t, n.cli("poll", "jobs"))
+
+	code, body := httpGet(t, "http://"+metrics+"/healthz")
+	require.Equal(t, 200, code)
+	require.Equal(t, "ok\n", body)
+	code, _ = httpGet(t, "http://"+metrics+"/readyz")
+	require.Equal(t, 200, code)
+	code, page := httpGet(t, "http://"+metrics+"/metrics")
+	require.Equal(t, 200, code)
+	for series, want := range map[string]string{
+		`leaseq_queue_depth{queue="jobs",state="ready"}`:          "1",
+		`leaseq_queue_depth{queue="jobs",state="inflight"}`:       "1",
+		`leaseq_queue_depth{queue="jobs",state="dead"}`:           "0",
+		`leaseq_queue_depth{queue="other",state="ready"}`:         "1",
+		`leaseq_queue_items_total{event="enqueued",queue="jobs"}`: "2",
+		`leaseq_queue_leases_active{queue="jobs"}`:                "1",
+		`leaseq_rpc_requests_total{op="enqueue"}`:                 "3",
+		`leaseq_rpc_request_duration_seconds_count{op="enqueue"}`: "3",
+		`leaseq_rpc_request_duration_seconds_count{op="poll"}`:    "1",
+	} {
+		require.Equal(t, want, metricValue(page, series), "%s in:\n%s", series, page)
+	}
+	for _, name := range []string{
+		`leaseq_queue_oldest_ready_age_seconds{queue="jobs"}`,
+		`leaseq_rpc_request_duration_seconds_bucket{op="enqueue",le="0.001"}`,
+		"leaseq_store_wal_fsync_seconds_count", "leaseq_store_commit_seconds_sum",
+		"leaseq_sweeper_lag_seconds", "leaseq_sweeper_passes_total", "leaseq_rpc_connections_open",
+	} {
+		require.NotEmpty(t, metricValue(page, name), "%s missing", name)
+	}
+
+	require.Equal(t, 0, n.stop())
+	logs := n.logs.String()
+	for _, msg := range []string{"shutting down", "rpc server stopped", "sweeper stopped", "leaseq stopped"} {
+		require.Contains(t, logs, `"msg":"`+msg+`"`)
+	}
+	require.Less(t, strings.Index(logs, "rpc server stopped"), strings.Index(logs, "sweeper stopped"))
+	r := runCLI(t, nil, "", "check", "--data", data)
+	require.Equal(t, 0, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, "3 items")
+}
+
+// TestCLI_EnvAndLines: every flag comes from LEASEQ_*, and --lines
+// enqueues a batch from stdin.
+func TestCLI_EnvAndLines(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, filepath.Join(t.TempDir(), "data"))
+	env := []string{"LEASEQ_ADDR=" + n.addr, "LEASEQ_PRIORITY=3"}
+	r := runCLI(t, env, "one\ntwo\nthree\n", "enqueue", "batch", "--lines")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Len(t, r.lines(), 3)
+	r = runCLI(t, []string{"LEASEQ_ADDR=" + n.addr, "LEASEQ_N=10"}, "", "poll", "batch")
+	require.Equal(t, 0, r.code, r.stderr)
+	items := parsePolled(t, r)
+	require.Len(t, items, 3)
+	for i, w := range []string{"one", "two", "three"} {
+		require.Equal(t, w, string(items[i].Payload))
+		require.Equal(t, 3, items[i].Priority)
+	}
+}
+
+// TestCLI_CheckAfterKill: after a SIGKILL the database passes check
+// (every write is one atomic transaction).
+func TestCLI_CheckAfterKill(t *testing.T) {
+	t.Parallel()
+	data := filepath.Join(t.TempDir(), "data")
+	n := startNode(t, data)
+	for i := range 5 {
+		n.cli("enqueue", "jobs", fmt.Sprint(i))
+	}
+	parsePolled(t, n.cli("poll", "jobs", "-n", "2"))
+	n.kill()
+	r := runCLI(t, nil, "", "check", "--data", data)
+	require.Equal(t, 0, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, "5 items, 1 leases")
+	_, err := os.Stat(data)
+	require.NoError(t, err)
+}
