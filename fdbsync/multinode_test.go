@@ -92,8 +92,8 @@ func TestFDBMultiNodeHistory(t *testing.T) {
 		nodes     = 6
 		producers = 3
 		consumers = 9
-		batch     = 100
-		maxPoll   = 32
+		batch     = 250
+		maxPoll   = 100
 		queue     = "hot"
 	)
 	seed := uint64(time.Now().UnixNano())
