@@ -12,6 +12,7 @@ import (
 
 	"github.com/leaseq/leaseq/fdbsync"
 	"github.com/leaseq/leaseq/fdbsync/fdbmodel"
+	"github.com/leaseq/leaseq/fdbsync/kv"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -236,4 +237,36 @@ func TestFDBClosedStoreReturnsErrClosed(t *testing.T) {
 	require.NoError(t, s.Close(), "Close is idempotent")
 	_, err = s.Poll(context.Background(), storage.PollParams{Queue: "q", Max: 1, Now: base})
 	require.True(t, errors.Is(err, storage.ErrClosed))
+}
+
+// countKeys counts the keys under prefix in the model.
+func countKeys(t *testing.T, db kv.DB, prefix []byte) int {
+	t.Helper()
+	v, err := kv.NewRetrier(db, kv.RetrierOptions{}).Transact(context.Background(), func(tx kv.Tx) (any, error) {
+		rows, err := tx.GetRange(prefix, kv.PrefixEnd(prefix), kv.RangeOptions{Snapshot: true})
+		return len(rows), err
+	})
+	require.NoError(t, err)
+	return v.(int)
+}
+
+func TestFDBSweepCollectsGarbage(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, 1, fdbmodel.Faults{})
+	s := c.stores[0]
+	ctx := context.Background()
+	now := base
+	// A poll on a queue that never existed still registers the node as a
+	// poller; every call leaves a marker.
+	_, err := s.Poll(ctx, storage.PollParams{Queue: "ghost", Max: 1, Now: now})
+	require.NoError(t, err)
+	_, err = s.Enqueue(ctx, storage.EnqueueParams{Queue: "real", Items: []storage.EnqueueItem{{Payload: []byte("x")}}, Now: now})
+	require.NoError(t, err)
+	pre := []byte(fdbsync.DefaultPrefix)
+	require.Equal(t, 1, countKeys(t, c.db, append(pre, 'n')))
+	require.Equal(t, 2, countKeys(t, c.db, append(pre, 't')), "heartbeat and enqueue markers")
+	_, err = s.Sweep(ctx, storage.SweepParams{Now: now.Add(2 * time.Hour)})
+	require.NoError(t, err)
+	require.Zero(t, countKeys(t, c.db, append(pre, 'n')), "stale heartbeat dropped")
+	require.Equal(t, 1, countKeys(t, c.db, append(pre, 't')), "old markers dropped; only the sweep's own is left")
 }

@@ -48,6 +48,10 @@ const (
 	// last heartbeat; heartbeatEvery is how often a node rewrites it.
 	pollerTTL      = 5 * time.Second
 	heartbeatEvery = time.Second
+	// heartbeatTTL is when the sweeper deletes a heartbeat: long after it
+	// stopped counting, so clock skew between nodes cannot delete a live
+	// one.
+	heartbeatTTL = time.Hour
 	// spread widens the claim window per active poller: with n nodes, a
 	// poll picks its Max items at a random offset within the first
 	// Max*n*spread ready items. Measured (see doc.go): 4 keeps retries per

@@ -397,6 +397,19 @@ func (s *Store) collectGarbage(ctx context.Context, now time.Time, limit int) er
 			tx.ClearRange(p, kv.PrefixEnd(p))
 			tx.Clear(row.Key)
 		}
+		// Heartbeats of nodes that crashed, or of polls on queue names that
+		// never existed. Read without snapshot: a node that refreshes its
+		// entry meanwhile aborts this clear instead of losing the entry.
+		hb := s.k.ns(nsPoller)
+		rows, err := tx.GetRange(hb, kv.PrefixEnd(hb), kv.RangeOptions{Limit: 10 * limit})
+		if err != nil {
+			return nil, err
+		}
+		for _, row := range rows {
+			if t, _, err := readTime(row.Value); err != nil || now.Sub(t) > heartbeatTTL {
+				tx.Clear(row.Key)
+			}
+		}
 		return nil, nil
 	})
 	return err
