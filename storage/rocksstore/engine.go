@@ -19,7 +19,17 @@ type engine interface {
 	put(wo *grocksdb.WriteOptions, key, value []byte) error
 	snapshot() *grocksdb.Snapshot
 	releaseSnapshot(*grocksdb.Snapshot)
+	// flush writes the memtables to SST files, so the next Open replays
+	// no WAL.
+	flush() error
 	close()
+}
+
+func flushWith(f func(*grocksdb.FlushOptions) error) error {
+	fo := grocksdb.NewDefaultFlushOptions()
+	defer fo.Destroy()
+	fo.SetWait(true)
+	return f(fo)
 }
 
 type pessimisticEngine struct {
@@ -69,6 +79,8 @@ func (e *pessimisticEngine) snapshot() *grocksdb.Snapshot { return e.db.NewSnaps
 
 func (e *pessimisticEngine) releaseSnapshot(s *grocksdb.Snapshot) { e.db.ReleaseSnapshot(s) }
 
+func (e *pessimisticEngine) flush() error { return flushWith(e.db.Flush) }
+
 func (e *pessimisticEngine) close() {
 	e.db.Close()
 	e.txo.Destroy()
@@ -108,6 +120,8 @@ func (e *optimisticEngine) put(wo *grocksdb.WriteOptions, key, value []byte) err
 func (e *optimisticEngine) snapshot() *grocksdb.Snapshot { return e.base.NewSnapshot() }
 
 func (e *optimisticEngine) releaseSnapshot(s *grocksdb.Snapshot) { e.base.ReleaseSnapshot(s) }
+
+func (e *optimisticEngine) flush() error { return flushWith(e.base.Flush) }
 
 func (e *optimisticEngine) close() {
 	e.db.CloseBaseDB(e.base)
