@@ -114,6 +114,9 @@ func Main(ctx context.Context, clk clock.Clock, args []string, stdout, stderr io
 		}
 		fmt.Fprintf(stderr, "bench: wrote %v\n", paths)
 	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("aborted by a second interrupt; partial results above: %w", ctx.Err())
+	}
 	var failed []error
 	for _, r := range rep.Results {
 		if r.Err != "" {
@@ -121,10 +124,7 @@ func Main(ctx context.Context, clk clock.Clock, args []string, stdout, stderr io
 		}
 	}
 	if len(failed) > 0 {
-		return fmt.Errorf("bench: %d rows failed: %w", len(failed), errors.Join(failed...))
-	}
-	if ctx.Err() != nil {
-		return fmt.Errorf("bench: aborted: %w", ctx.Err())
+		return fmt.Errorf("%d rows failed: %w", len(failed), errors.Join(failed...))
 	}
 	return nil
 }

@@ -1,0 +1,41 @@
+package bench
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/bench/leaseqt"
+	"github.com/leaseq/leaseq/bench/target"
+)
+
+// TestRun_LeaseqServeOverRPC drives real `leaseq serve` processes (built
+// from this module by go build, once) through the steady, backlog and
+// lease-storm workloads. Rows that need the sweeper and the long-poll
+// dispatcher of the real server are the point: the storm only completes if
+// the server expires the hung consumers' leases and wakes the waiters.
+func TestRun_LeaseqServeOverRPC(t *testing.T) {
+	t.Parallel()
+	c := tinyConfig(t)
+	c.Workloads = []string{WorkloadE2E, WorkloadDrain, WorkloadStorm}
+	bin := &leaseqt.Binary{}
+	t.Cleanup(func() { require.NoError(t, bin.Close()) })
+	sys := []target.System{leaseqt.RPC{Sync: "always", Bin: bin}, leaseqt.RPC{Sync: "none", Bin: bin}}
+	rep, err := Run(context.Background(), c, sys)
+	require.NoError(t, err)
+	require.Empty(t, rep.Skipped)
+	require.Len(t, rep.Results, 3*len(sys))
+	for _, r := range rep.Results {
+		require.Empty(t, r.Err, "%s/%s", r.Row, r.System)
+		require.Positive(t, r.Items, "%s/%s", r.Row, r.System)
+		require.False(t, r.InProcess, "CPU and RSS are the server process's")
+		require.Positive(t, r.PeakRSS, "%s/%s", r.Row, r.System)
+		require.NotNil(t, r.E2E)
+	}
+	storm := rep.Results[4]
+	require.Equal(t, "storm", storm.Row)
+	require.EqualValues(t, c.StormItems, storm.Items)
+	require.Less(t, storm.Extra["after_last_expiry_s"], (30 * time.Second).Seconds())
+}
