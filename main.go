@@ -1192,10 +1192,7 @@ func (cf *clientFlags) with(ctx context.Context, extra time.Duration, fn func(ct
 	defer cancel()
 	c, err := rpc.Dial(ctx, *cf.addr, rpc.ClientOptions{TLS: tc})
 	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("cannot reach a leaseq node at %s within %v (is 'leaseq serve' running there?)", *cf.addr, *cf.timeout)
-		}
-		return fmt.Errorf("cannot connect to a leaseq node at %s (is 'leaseq serve' running there?): %w", *cf.addr, err)
+		return cf.dialError(tc, err)
 	}
 	defer c.Close()
 	if err := fn(ctx, c); err != nil {
@@ -1205,6 +1202,34 @@ func (cf *clientFlags) with(ctx context.Context, extra time.Duration, fn func(ct
 		return err
 	}
 	return nil
+}
+
+// dialError explains a failed Dial: nothing listening, a TLS certificate
+// the client cannot verify, or a node that hung up during setup (most
+// often a TLS mismatch, which the client only learns as a closed
+// connection under TLS 1.3).
+func (cf *clientFlags) dialError(tc *tls.Config, err error) error {
+	addr := *cf.addr
+	var opErr *net.OpError
+	var verifyErr *tls.CertificateVerificationError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("cannot reach a leaseq node at %s within %v (is 'leaseq serve' running there?)", addr, *cf.timeout)
+	case errors.Is(err, rpc.ErrTooManyConns):
+		return fmt.Errorf("the node at %s refused the connection: it is at its --max-conns limit: %w", addr, err)
+	case errors.As(err, &verifyErr):
+		return fmt.Errorf("cannot verify the TLS certificate of the node at %s (give --tls-ca with the CA that signed it): %w", addr, err)
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		return fmt.Errorf("cannot connect to a leaseq node at %s (is 'leaseq serve' running there?): %w", addr, err)
+	}
+	hint := "does the node require TLS? then give --tls-ca"
+	switch {
+	case tc != nil && len(tc.Certificates) == 0:
+		hint = "does the node require client certificates (--tls-client-ca)? then give --tls-cert and --tls-key"
+	case tc != nil:
+		hint = "is the client certificate signed by the CA of the node's --tls-client-ca?"
+	}
+	return fmt.Errorf("the node at %s closed the connection during setup (%s): %w", addr, hint, err)
 }
 
 // argsBetween checks the number of positional arguments.
