@@ -148,7 +148,7 @@ func TestFDBLargePayloadsAreChunkedAndTransactionsStaySmall(t *testing.T) {
 	require.True(t, rep.OK(), "%v", rep.Violations)
 	st := c.db.Stats()
 	require.Zero(t, st.TxnsOver1MB)
-	require.Less(t, st.MaxTxnSize, 1<<20)
+	require.Less(t, st.MaxTxnSize, 300_000, "every transaction is planned within a 256 KiB budget")
 	m := s.Metrics()
 	require.Greater(t, m.UploadTxns, int64(40), "large payloads go through upload transactions")
 	t.Logf("max transaction %d bytes, %d upload transactions, %d keys left", st.MaxTxnSize, m.UploadTxns, st.Keys)

@@ -214,7 +214,7 @@ func TestFDBMultiNodeHistory(t *testing.T) {
 		swg.Add(1)
 		go func(s *fdbsync.Store) {
 			defer swg.Done()
-			tick := time.NewTicker(time.Millisecond)
+			tick := time.NewTicker(10 * time.Millisecond)
 			defer tick.Stop()
 			for {
 				select {

@@ -35,8 +35,9 @@ const (
 	inlineMax = 16 << 10
 	// chunkSize keeps each chunk value under FDB's 100 kB value limit.
 	chunkSize = 90_000
-	// uploadBudget is the chunk bytes per upload transaction.
-	uploadBudget = 5 * chunkSize
+	// uploadBudget is the chunk bytes per upload transaction: two chunks,
+	// inside txnBudget like every other transaction.
+	uploadBudget = 2 * chunkSize
 	// markerTTL is how long a call's idempotency marker is kept: far longer
 	// than any retry loop can run (transactions live 5 s, retries are
 	// bounded), so a retry after commit_unknown_result always finds it.
@@ -57,8 +58,11 @@ const (
 	// Max*n*spread ready items. Measured (see doc.go): 4 keeps retries per
 	// claimed item under 0.05 with 8 nodes.
 	spread = 4
-	// headCap caps the ready-head snapshot read of one poll.
-	headCap = 4000
+	// headCap caps the ready-head snapshot read of one poll (and the due
+	// delayed items it considers): a few hundred kB of keys at most. With
+	// n nodes the window is min(Max*n*spread, headCap); past that (very
+	// large batches on many nodes) shares run short and top-ups conflict.
+	headCap = 2048
 	// gcEvery spaces garbage collection passes (old markers, orphan
 	// uploads) on one node: their keys are harmless for markerTTL anyway.
 	gcEvery = 10 * time.Second
@@ -483,10 +487,13 @@ func (s *Store) deadline(t time.Time) {
 	}
 }
 
-// recordSize estimates the commit bytes of writing r under a key of about
-// keyLen bytes, including index entries and conflict ranges.
+// recordSize estimates the commit bytes of moving r between namespaces
+// under keys of about keyLen bytes: the record set, an index entry set, the
+// old key and index entry cleared, each with its write conflict range
+// (about twice the key again), as FDB counts them. Checked against the
+// model's exact count: within the budget in every test.
 func recordSize(r *record, keyLen int) int {
-	return 4*keyLen + 96 + len(r.inline) + len(r.dedupKey) + len(r.lastError) + len(r.reason)
+	return 12*keyLen + 160 + len(r.inline) + len(r.dedupKey) + len(r.lastError) + len(r.reason)
 }
 
 func truncate(s string, n int) string {

@@ -194,6 +194,7 @@ func (s *Store) expireLeases(ctx context.Context, now time.Time, limit int, res 
 				out.b++
 				requeued = true
 			}
+			size += 512 // counters, lease and expiry entry
 			s.add(tx, q, ctrInflight, -int64(n))
 			s.add(tx, q, ctrExpired, int64(n))
 			s.add(tx, q, ctrLeases, -1)

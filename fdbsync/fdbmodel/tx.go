@@ -264,14 +264,20 @@ func (t *Tx) GetRange(begin, end []byte, o kv.RangeOptions) ([]kv.KeyValue, erro
 		default:
 			goto done
 		}
+		var stop bool
 		if fromLocal {
 			li++
+			var err error
+			if stop, err = emit(next); err != nil {
+				return nil, err
+			}
 		} else {
+			// A committed key with no local write: its value is the
+			// node's version at rv (no second lookup).
+			v, _ := n.at(rv)
+			out = append(out, kv.KeyValue{Key: []byte(next), Value: append([]byte{}, v...)})
+			stop = forwardLimit > 0 && len(out) >= forwardLimit
 			n = n.next[0]
-		}
-		stop, err := emit(next)
-		if err != nil {
-			return nil, err
 		}
 		if stop {
 			break
@@ -577,6 +583,7 @@ func (t *Tx) commitLocked() error {
 	if t.size > db.mu.stats.MaxTxnSize {
 		db.mu.stats.MaxTxnSize = t.size
 	}
+
 	if t.size > 1<<20 {
 		db.mu.stats.TxnsOver1MB++
 	}
