@@ -62,8 +62,9 @@
 // strict head in serve order. With n nodes polling the queue (known from
 // the heartbeat keys, read by snapshot; each node writes its own at most
 // once a second, before its first claim), node k takes, in serve order, the
-// items of the first Max*n*4 whose id hashes to k mod n, and tops up at a
-// random offset among the rest only if its share is short. Nodes at
+// items of the first Max*n*4 (at most 2048) whose id hashes to k mod n, and
+// tops up at a random offset among the rest only if its share is short
+// (a short queue, or batches too large for the window). Nodes at
 // different read versions still claim disjoint items, so they do not
 // conflict, and each node serves its share in order: the queue stays FIFO
 // within a window of about Max*n items. Polls on one node and queue are
