@@ -173,3 +173,11 @@ build-fdb: ## build bin/leaseq-fdb with the FoundationDB backend (needs libfdb_c
 clean: ## remove built binaries and test artifacts (keeps ./data)
 	rm -f leaseq *.test *.prof
 	rm -rf bin/ bench-results/
+
+.PHONY: cpp-example
+cpp-example: ## build bin/leaseq-cpp-client from docs/cpp/client.c++ (C++ client example; needs libcapnp-dev)
+	@mkdir -p bin/cpp
+	std="$$($(GO) list -m -f '{{.Dir}}' capnproto.org/go/capnp/v3)/std"; \
+	cd schema && capnp compile -I"$$std" -oc++:../bin/cpp queue.capnp
+	g++ -std=c++17 -O1 -Ibin/cpp docs/cpp/client.c++ bin/cpp/queue.capnp.c++ $$(pkg-config --cflags --libs capnp-rpc) -o bin/leaseq-cpp-client
+	@echo "run: bin/leaseq-cpp-client [127.0.0.1:7700 | unix:/path]"
