@@ -1,7 +1,6 @@
 package fdbsync
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"time"
@@ -212,6 +211,3 @@ func withOffset(b []byte, off int) []byte {
 func vsKey(key []byte) []byte {
 	return withOffset(key, len(key)-len(storage.ItemID{}))
 }
-
-// hasPrefix is bytes.HasPrefix, named for readability at call sites.
-func hasPrefix(b, p []byte) bool { return bytes.HasPrefix(b, p) }
