@@ -341,11 +341,14 @@ func printCommandUsage(w io.Writer, cmd *command, fs *flag.FlagSet) {
 	for _, f := range flags {
 		typ, usage := flag.UnquoteUsage(f)
 		head := "--" + f.Name
+		if len(f.Name) == 1 {
+			head = "-" + f.Name // -n, as the synopses write it
+		}
 		if typ != "" {
 			head += " " + typ
 		}
 		fmt.Fprintf(w, "  %s\n      %s", head, usage)
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0s" {
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0s" && f.DefValue != "0" {
 			fmt.Fprintf(w, " (default %s)", f.DefValue)
 		}
 		fmt.Fprintf(w, " [%s]\n", envName(f.Name))
@@ -548,15 +551,15 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 		maxMessage := newChoice(strconv.Itoa(rpc.DefaultMaxMessageBytes), parseSize)
 		fs.Var(maxMessage, "max-message", "largest incoming RPC message, in `bytes`")
 		maxBatch := newChoice(strconv.Itoa(d.MaxBatch), intRange(1, 100000))
-		fs.Var(maxBatch, "max-batch", "most items or ids in one call")
+		fs.Var(maxBatch, "max-batch", "most `items` or ids in one call")
 		minLease := newChoice(d.MinLease.String(), positiveDuration)
-		fs.Var(minLease, "min-lease", "shortest lease a poll or extend may ask for")
+		fs.Var(minLease, "min-lease", "shortest lease (a `duration`) a poll or extend may ask for")
 		maxLease := newChoice(d.MaxLease.String(), positiveDuration)
-		fs.Var(maxLease, "max-lease", "longest lease a poll or extend may ask for")
+		fs.Var(maxLease, "max-lease", "longest lease (a `duration`) a poll or extend may ask for")
 		maxWait := newChoice(d.MaxWait.String(), positiveDuration)
-		fs.Var(maxWait, "max-wait", "longest long-poll wait")
+		fs.Var(maxWait, "max-wait", "longest long-poll wait (a `duration`)")
 		maxDelay := newChoice(d.MaxDelay.String(), positiveDuration)
-		fs.Var(maxDelay, "max-delay", "longest enqueue or nack delay")
+		fs.Var(maxDelay, "max-delay", "longest enqueue or nack delay (a `duration`)")
 		maxDedupKey := newChoice(strconv.Itoa(d.MaxDedupKey), parseSize)
 		fs.Var(maxDedupKey, "max-dedup-key", "longest dedup key, in `bytes`")
 		maxReason := newChoice(strconv.Itoa(d.MaxReason), parseSize)
@@ -1350,10 +1353,10 @@ followed by "duplicate".`,
 		delay := newChoice("0s", nonNegDuration)
 		fs.Var(delay, "delay", "make the item ready only after this `duration`")
 		prio := newChoice("0", intRange(0, 255))
-		fs.Var(prio, "priority", "`priority` 0-255; lower is served first")
+		fs.Var(prio, "priority", "`priority` 0-255; lower is served first (default 0)")
 		key := fs.String("key", "", "dedup `key`: a repeat within the queue's dedup window is not enqueued again")
 		maxAttempts := newChoice("0", intRange(0, 1<<31-1))
-		fs.Var(maxAttempts, "max-attempts", "deliveries before the item is dead-lettered (0: the queue's setting)")
+		fs.Var(maxAttempts, "max-attempts", "`deliveries` before the item is dead-lettered (0: the queue's setting)")
 		lines := fs.Bool("lines", false, "enqueue every line of stdin as one item")
 		return func(ctx context.Context, args []string) error {
 			if err := argsBetween(args, 1, 2, "QUEUE [PAYLOAD|-]"); err != nil {
@@ -1919,15 +1922,15 @@ that the flags, like every flag, are also read from LEASEQ_* variables.`,
 		cf := addClientFlags(fs)
 		asJSON := fs.Bool("json", false, "print JSON instead of name=value lines")
 		maxAttempts := newChoice("5", intRange(1, 1<<31-1))
-		fs.Var(maxAttempts, "max-attempts", "set deliveries before an item is dead-lettered")
+		fs.Var(maxAttempts, "max-attempts", "set deliveries before an item is dead-lettered (`n`)")
 		lease := newChoice(storage.DefaultLeaseDuration.String(), positiveDuration)
 		fs.Var(lease, "lease", "set the default lease `duration` of a poll")
 		dedup := newChoice(storage.DefaultDedupWindow.String(), positiveDuration)
-		fs.Var(dedup, "dedup-window", "set how long a dedup key suppresses repeats")
+		fs.Var(dedup, "dedup-window", "set how long a dedup key suppresses repeats (a `duration`)")
 		base := newChoice(storage.DefaultBackoffBase.String(), positiveDuration)
-		fs.Var(base, "backoff-base", "set the nack backoff base")
+		fs.Var(base, "backoff-base", "set the nack backoff base (a `duration`)")
 		bmax := newChoice(storage.DefaultBackoffMax.String(), positiveDuration)
-		fs.Var(bmax, "backoff-max", "set the nack backoff cap")
+		fs.Var(bmax, "backoff-max", "set the nack backoff cap (a `duration`)")
 		return func(ctx context.Context, args []string) error {
 			if err := argsBetween(args, 1, 1, "QUEUE"); err != nil {
 				return err
