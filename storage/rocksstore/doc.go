@@ -103,12 +103,17 @@
 // costs 1643 against 631 external (the payload is rewritten by every
 // poll and nack). Hence inline up to 4 KiB, external above.
 //
-// Head cursor and compaction: BenchmarkPollAckAfterChurn. With heads and
-// deletion compaction, poll+ack after 1M completed items ran at 1.87x the
-// rate of a fresh database with the same 200k backlog (CPU per item 1.23x
-// lower): flat. Without heads the claim scan is quadratic: a profile of
-// that variant shows 97% of the time in DBIter::FindNextUserEntry walking
-// tombstones, and building its 1M churn did not finish in 8 minutes.
+// Head cursor and compaction: BenchmarkPollAckAfterChurn (poll+ack,
+// batches of 32, sync=none, 200k ready backlog). With heads and deletion
+// compaction, poll+ack after 1M completed items ran at 1.87x the rate of a
+// fresh database (CPU per item 1.23x lower); after 200k, 0.87x (CPU 0.93x):
+// flat within the noise. Without heads but with deletion compaction, the
+// claim scan walks the tombstones still in the memtable and L0: 576
+// items/s against 4769 with heads (594 against 76 cpu-µs/item), building
+// the 200k churn took 4m13s against 46s, and a profile shows 97% of the
+// time in DBIter::FindNextUserEntry. So compaction alone does not keep
+// poll cost flat; the heads do (the collector stays on to shed tombstones
+// from SSTs; its own effect with heads on was not measured separately).
 //
 // Group commit: BenchmarkGroupCommit, one-item synced enqueues: 1 worker
 // 1.0 fsync per commit (1960 items/s, fsync ~390 µs); 16 workers 0.14

@@ -268,7 +268,10 @@ func (s *Store) Close() error {
 	s.life.closed = true
 	// A clean close flushes the memtables so the next Open does not
 	// replay up to max_total_wal_size of WAL (see BenchmarkOpenBacklog).
-	err := s.eng.flush()
+	var err error
+	if !s.opts.noCloseFlush {
+		err = s.eng.flush()
+	}
 	s.closeDB()
 	if err != nil {
 		return translate("close: flush", err)
