@@ -28,7 +28,11 @@ type pending struct {
 // payloads are uploaded to chunk keys first, in their own transactions, and
 // referenced by the item's record. Item ids are the commit's versionstamp
 // plus the item's order in that commit, so ids from every node are unique
-// and increase in commit order without coordination.
+// and increase in commit order without coordination. A batch too large for
+// one transaction is written in several, in order; if one of them fails,
+// the earlier ones stay written and the error means "outcome unknown", as
+// storage.Store allows for I/O errors (retry with dedup keys to avoid
+// duplicates).
 func (s *Store) Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage.EnqueueResult, error) {
 	if err := s.checkOpen(); err != nil {
 		return nil, err
