@@ -332,6 +332,13 @@ func TestCLI_Help(t *testing.T) {
 			require.Contains(t, r.stdout, w, "help for %s", tc.cmd)
 		}
 	}
+	// bench passes its arguments to the harness, which prints its own
+	// flags (on stderr, as the flag package does).
+	r = runCLI(t, nil, "", "bench", "-h")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stderr, "-systems")
+	r = runCLI(t, nil, "", "bench", "--no-such-flag")
+	require.NotEqual(t, 0, r.code)
 }
 
 // TestCLI_MetricsEndpoints: /metrics carries per-queue depth, operation
