@@ -76,6 +76,9 @@ func TestServe_RedeliveryLatency(t *testing.T) {
 	p50, p90, maxD := latencySummary(redelivery)
 	t.Logf("expired lease redelivered to a parked poll, after its deadline (%d rounds, sync=always, 256 B): p50 %v p90 %v max %v",
 		rounds, p50, p90, maxD)
+	_, page := httpGet(t, "http://"+metrics+"/metrics")
+	t.Logf("node's sweeper: max timer lag %ss, last lag %ss (a late timer on a loaded box explains slow outliers)",
+		metricValue(page, "leaseq_sweeper_max_lag_seconds"), metricValue(page, "leaseq_sweeper_lag_seconds"))
 	w50, w90, wmax := latencySummary(wakeup)
 	t.Logf("parked long poll woken by an enqueue (enqueue call start to poll return): p50 %v p90 %v max %v", w50, w90, wmax)
 	require.Less(t, p50, 250*time.Millisecond, "redelivery after the deadline is timer-driven, not a 1 s tick")
