@@ -53,10 +53,10 @@ const (
 	// stopped counting, so clock skew between nodes cannot delete a live
 	// one.
 	heartbeatTTL = time.Hour
-	// spread widens the claim window per active poller: with n nodes, a
-	// poll picks its Max items at a random offset within the first
-	// Max*n*spread ready items. Measured (see doc.go): 4 keeps retries per
-	// claimed item under 0.05 with 8 nodes.
+	// spread sizes the claim window per active poller: with n nodes a
+	// poll looks at the first Max*n*spread ready items and takes its hash
+	// share. Measured (doc.go): 4 gives ~0.0003 retries per claimed item
+	// and 1.01 transactions per poll with 8 nodes; 2 gives 0.002 and 1.06.
 	spread = 4
 	// headCap caps the ready-head snapshot read of one poll (and the due
 	// delayed items it considers): a few hundred kB of keys at most. With
@@ -90,11 +90,11 @@ type Options struct {
 	MaxAttempts int
 	// Seed seeds the claim-window and backoff randomness; random when 0.
 	Seed uint64
-	// ClaimSpread tunes how wide a poll spreads its claims when n nodes
-	// poll one queue: it picks its batch at a random offset within the
-	// first Max*n*ClaimSpread ready items. 0 means the measured default
-	// (DefaultClaimSpread); a negative value always claims the strict head
-	// (for measurements: it conflict-storms with several nodes).
+	// ClaimSpread sizes the claim window when n nodes poll one queue: a
+	// poll takes its hash share of the first Max*n*ClaimSpread ready items
+	// (at most 2048). 0 means the measured default (DefaultClaimSpread); a
+	// negative value always claims the strict head (for measurements: it
+	// conflict-storms with several nodes).
 	ClaimSpread int
 }
 
