@@ -414,6 +414,15 @@ func TestCLI_EnvAndLines(t *testing.T) {
 		require.Equal(t, w, string(items[i].Payload))
 		require.Equal(t, 3, items[i].Priority)
 	}
+
+	// poll's output piped into ack settles the whole poll.
+	r = runCLI(t, []string{"LEASEQ_ADDR=" + n.addr}, r.stdout, "ack", "batch", "-")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, []string{items[0].ID + " ok", items[1].ID + " ok", items[2].ID + " ok"}, r.lines())
+	require.Equal(t, queueStats{Enqueued: 3, Delivered: 3, Acked: 3}, n.stats("batch"))
+	r = runCLI(t, []string{"LEASEQ_ADDR=" + n.addr}, "not json", "nack", "batch", "-")
+	require.Equal(t, exitUsage, r.code)
+	require.Contains(t, r.stderr, "want poll's JSON lines")
 }
 
 // TestCLI_CheckAfterKill: after a SIGKILL the database passes check

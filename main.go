@@ -1316,10 +1316,9 @@ func toJSON(it storage.Item) itemJSON {
 	return j
 }
 
-// printCodes prints one "ID RESULT" line per id and fails if any id did
-// not succeed.
-func printCodes(w io.Writer, verb string, ids []storage.ItemID, codes []storage.Code) error {
-	bad := 0
+// printCodes prints one "ID RESULT" line per id and returns how many ids
+// did not succeed.
+func printCodes(w io.Writer, ids []storage.ItemID, codes []storage.Code) (bad int) {
 	for i, id := range ids {
 		c := storage.CodeInvalid
 		if i < len(codes) {
@@ -1330,10 +1329,69 @@ func printCodes(w io.Writer, verb string, ids []storage.ItemID, codes []storage.
 		}
 		fmt.Fprintf(w, "%s %s\n", id, c)
 	}
+	return bad
+}
+
+// notAll is the error of a batch command some of whose ids failed.
+func notAll(bad, total int, verb string) error {
 	if bad > 0 {
-		return fmt.Errorf("%d of %d ids not %s", bad, len(ids), verb)
+		return fmt.Errorf("%d of %d ids not %s", bad, total, verb)
 	}
 	return nil
+}
+
+// leased is one lease and the ids to settle under it.
+type leased struct {
+	lease storage.LeaseID
+	ids   []storage.ItemID
+}
+
+// parseLeased reads the "LEASE ID..." arguments of ack and nack, or, when
+// they are just "-", poll's JSON lines from stdin (so `leaseq poll q -n 10 |
+// leaseq ack q -` acks a whole poll), grouped by lease in input order.
+func parseLeased(args []string, stdin io.Reader) ([]leased, error) {
+	if len(args) == 1 && args[0] == "-" {
+		var out []leased
+		dec := json.NewDecoder(stdin)
+		for {
+			var it itemJSON
+			err := dec.Decode(&it)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return nil, usagef("stdin: want poll's JSON lines: %v", err)
+			}
+			l, err := parseLease(it.Lease)
+			if err != nil {
+				return nil, err
+			}
+			ids, err := parseIDs([]string{it.ID})
+			if err != nil {
+				return nil, err
+			}
+			if len(out) == 0 || out[len(out)-1].lease != l {
+				out = append(out, leased{lease: l})
+			}
+			out[len(out)-1].ids = append(out[len(out)-1].ids, ids[0])
+		}
+		if len(out) == 0 {
+			return nil, usagef("stdin: no items (pipe in the output of poll)")
+		}
+		return out, nil
+	}
+	if len(args) < 2 {
+		return nil, usagef("missing arguments: want QUEUE LEASE ID... (or QUEUE - to read poll output from stdin)")
+	}
+	l, err := parseLease(args[0])
+	if err != nil {
+		return nil, err
+	}
+	ids, err := parseIDs(args[1:])
+	if err != nil {
+		return nil, err
+	}
+	return []leased{{lease: l, ids: ids}}, nil
 }
 
 var enqueueCommand = &command{
@@ -1477,34 +1535,38 @@ ready or the wait ends (nothing is printed then, exit code 0).`,
 
 var ackCommand = &command{
 	name:    "ack",
-	args:    "QUEUE LEASE ID...",
+	args:    "QUEUE LEASE ID... | QUEUE -",
 	summary: "acknowledge leased items (they are deleted)",
 	help: `
 Acknowledge the items ID... that poll handed out under LEASE: they are done
 and never come back. Prints "ID RESULT" per id, RESULT one of ok,
 not_found (already acked or gone), lease_mismatch (held under another
 lease), lease_expired (the lease ran out; the item was or will be
-delivered again). Exits 1 if any id was not ok.`,
+delivered again). Exits 1 if any id was not ok.
+
+With "-" instead of LEASE and ids, the items are read from stdin in poll's
+output format: leaseq poll jobs -n 10 | leaseq ack jobs -`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 		cf := addClientFlags(fs)
 		return func(ctx context.Context, args []string) error {
-			if err := argsBetween(args, 3, -1, "QUEUE LEASE ID..."); err != nil {
+			if err := argsBetween(args, 2, -1, "QUEUE LEASE ID... or QUEUE -"); err != nil {
 				return err
 			}
-			lease, err := parseLease(args[1])
-			if err != nil {
-				return err
-			}
-			ids, err := parseIDs(args[2:])
+			batches, err := parseLeased(args[1:], e.stdin)
 			if err != nil {
 				return err
 			}
 			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
-				codes, err := c.Ack(ctx, args[0], lease, ids)
-				if err != nil {
-					return err
+				bad, total := 0, 0
+				for _, b := range batches {
+					codes, err := c.Ack(ctx, args[0], b.lease, b.ids)
+					if err != nil {
+						return err
+					}
+					bad += printCodes(e.stdout, b.ids, codes)
+					total += len(b.ids)
 				}
-				return printCodes(e.stdout, "acked", ids, codes)
+				return notAll(bad, total, "acked")
 			})
 		}
 	},
@@ -1534,28 +1596,25 @@ func (o *optDuration) Set(s string) error {
 
 var nackCommand = &command{
 	name:    "nack",
-	args:    "QUEUE LEASE ID...",
+	args:    "QUEUE LEASE ID... | QUEUE -",
 	summary: "give leased items back (retry later, or dead-letter)",
 	help: `
 End the delivery of ID... under LEASE without success. Each item is ready
 again after --delay (without --delay: the queue's exponential backoff with
 jitter), or goes to the dead-letter queue if it has used its max attempts;
 --reason is kept as its last error (and dead-letter reason). Prints
-"ID RESULT" per id as ack does; exits 1 if any id was not ok.`,
+"ID RESULT" per id as ack does; exits 1 if any id was not ok. "-" reads
+the items from poll's output on stdin, as for ack.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 		cf := addClientFlags(fs)
 		delay := &optDuration{}
 		fs.Var(delay, "delay", "ready again after this `duration` (default: the queue's backoff)")
 		reason := fs.String("reason", "", "why the item failed (kept as last error and dead-letter reason)")
 		return func(ctx context.Context, args []string) error {
-			if err := argsBetween(args, 3, -1, "QUEUE LEASE ID..."); err != nil {
+			if err := argsBetween(args, 2, -1, "QUEUE LEASE ID... or QUEUE -"); err != nil {
 				return err
 			}
-			lease, err := parseLease(args[1])
-			if err != nil {
-				return err
-			}
-			ids, err := parseIDs(args[2:])
+			batches, err := parseLeased(args[1:], e.stdin)
 			if err != nil {
 				return err
 			}
@@ -1564,11 +1623,16 @@ jitter), or goes to the dead-letter queue if it has used its max attempts;
 				d = &delay.d
 			}
 			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
-				codes, err := c.Nack(ctx, args[0], lease, ids, d, *reason)
-				if err != nil {
-					return err
+				bad, total := 0, 0
+				for _, b := range batches {
+					codes, err := c.Nack(ctx, args[0], b.lease, b.ids, d, *reason)
+					if err != nil {
+						return err
+					}
+					bad += printCodes(e.stdout, b.ids, codes)
+					total += len(b.ids)
 				}
-				return printCodes(e.stdout, "nacked", ids, codes)
+				return notAll(bad, total, "nacked")
 			})
 		}
 	},
@@ -1885,7 +1949,7 @@ var dlqCommand = &command{
 						if err != nil {
 							return err
 						}
-						return printCodes(e.stdout, verb, ids, res.Codes)
+						return notAll(printCodes(e.stdout, ids, res.Codes), len(ids), verb)
 					}
 					// Page by page until a page comes back short: each
 					// call is one bounded transaction on the node.
