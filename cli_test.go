@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/base64"
 	"fmt"
 	"os"
@@ -441,4 +442,20 @@ func TestCLI_CheckAfterKill(t *testing.T) {
 	require.Contains(t, r.stdout, "5 items, 1 leases")
 	_, err := os.Stat(data)
 	require.NoError(t, err)
+}
+
+// TestCLI_MaxConns: a node at --max-conns refuses one more client with a
+// clear line.
+func TestCLI_MaxConns(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--max-conns", "1")
+	c := dialNode(t, n.addr)
+	_, err := c.Queues(context.Background())
+	require.NoError(t, err)
+	r := n.cliCode("queues")
+	require.Equal(t, exitFailure, r.code, r.stdout)
+	require.Contains(t, r.stderr, "at its --max-conns limit")
+	require.Equal(t, 1, strings.Count(r.stderr, "\n"), "%q", r.stderr)
+	require.NoError(t, c.Close())
+	eventually(t, 30*time.Second, func() bool { return n.cliCode("queues").code == 0 }, "the slot was not freed")
 }
