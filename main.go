@@ -809,6 +809,7 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	}
 	collector.node.Store(&nodeParts{store: store, rocks: rocks, srv: srv, sw: s, clk: clk})
 	ready.Store(true)
+	undo = nil // from here on, the shutdown below stops everything in order
 
 	addr := ln.Addr().String()
 	if ln.Addr().Network() == "unix" {
