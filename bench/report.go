@@ -148,7 +148,7 @@ func goals(byRow map[string][]Result) []Goal {
 		}
 	}
 	for _, l := range byRow["churn"] {
-		if !isLeaseq(l) {
+		if !isLeaseq(l) || l.Class == string(target.ClassMemory) {
 			continue
 		}
 		if v, found := l.Extra["last_first_ratio"]; found {
