@@ -251,8 +251,8 @@ func WriteTable(w io.Writer, rep *Report) error {
 // docs/BENCHMARKS.md embeds).
 func WriteMarkdown(w io.Writer, rep *Report) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Run %s, seed %d, %d CPUs (%s), %s, %s.\n\n", rep.Started.Format("2006-01-02 15:04 UTC"), rep.Config.Seed,
-		rep.Machine.CPUs, rep.Machine.CPUModel, rep.Machine.Kernel, rep.Machine.GoVersion)
+	fmt.Fprintf(&b, "Run %s, seed %d, %d CPUs (%s), %s, %s, load average %.1f at start and %.1f at end.\n\n", rep.Started.Format("2006-01-02 15:04 UTC"), rep.Config.Seed,
+		rep.Machine.CPUs, rep.Machine.CPUModel, rep.Machine.Kernel, rep.Machine.GoVersion, rep.LoadAvg[0], rep.LoadAvg[1])
 	b.WriteString("| row | system | durability | items/s | e2e p50 / p99 / p999 ms | enqueue p50 / p99 / p999 ms | CPU s | CPU µs/item | peak RSS MB | notes |\n")
 	b.WriteString("|---|---|---|--:|--:|--:|--:|--:|--:|---|\n")
 	shape := ""

@@ -7,6 +7,7 @@ import (
 	"math/rand"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -60,6 +61,26 @@ type Report struct {
 	Ratios      []Ratio   `json:"ratios,omitempty"`
 	Goals       []Goal    `json:"goals,omitempty"`
 	Interrupted bool      `json:"interrupted,omitempty"`
+	// LoadAvg is /proc/loadavg's 1-minute average at the start and end
+	// of the run: on a shared machine, how busy it was besides us.
+	LoadAvg [2]float64 `json:"loadavg_start_end"`
+}
+
+// loadAvg1 returns the 1-minute load average, or 0 when unknown.
+func loadAvg1() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return 0
+	}
+	return v
 }
 
 // Machine describes where the run happened.
@@ -296,6 +317,8 @@ func Run(ctx context.Context, c Config, systems []target.System) (*Report, error
 		wls = AllWorkloads()
 	}
 	rep := &Report{Started: c.Clock.Now().UTC(), Machine: machine(), Config: configDoc(c, wls)}
+	rep.LoadAvg[0] = loadAvg1()
+	defer func() { rep.LoadAvg[1] = loadAvg1() }()
 	var run []target.System
 	for _, s := range selectSystems(systems, c.Systems) {
 		if err := s.Available(); err != nil {
@@ -314,7 +337,7 @@ func Run(ctx context.Context, c Config, systems []target.System) (*Report, error
 			fmt.Fprintf(progress, format, a...)
 		}
 	}
-	logf("leaseq bench: seed=%d workloads=%s systems=%s\n", c.Seed, strings.Join(wls, ","), strings.Join(rep.Config.Systems, ","))
+	logf("leaseq bench: load average %.2f; seed=%d workloads=%s systems=%s\n", rep.LoadAvg[0], c.Seed, strings.Join(wls, ","), strings.Join(rep.Config.Systems, ","))
 	logf("config: P=%d C=%d batch=%d ack_per_item=%v payload=%dB duration=%v churn=%v/%d rate=%d/s drain=%d storm=%d lease=%v queues=%d zipf=%.2f timeout=+%v\n",
 		c.Producers, c.Consumers, c.Batch, c.AckPerItem, c.PayloadSize, c.Duration, c.ChurnDuration, c.Intervals, c.Rate,
 		c.DrainItems, c.StormItems, c.StormLease, c.Queues, c.ZipfS, c.Timeout)
