@@ -1887,6 +1887,9 @@ var dlqCommand = &command{
 	args:    "ls|redrive|purge QUEUE [ID...]",
 	summary: "list, redrive or purge dead-lettered items",
 	help: `
+Inspect and act on a queue's dead-letter items (items that used up their
+max attempts):
+
   dlq ls QUEUE [-n N] [--after ID]
       print dead items as JSON lines (poll's format plus reason and dead_at)
   dlq redrive QUEUE ID... | --all
