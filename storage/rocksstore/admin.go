@@ -235,12 +235,17 @@ func (s *Store) Purge(ctx context.Context, p storage.PurgeParams) (int, error) {
 		if inflight {
 			prefix = dbkeys.InProgressPrefix(q.name)
 		}
+		// Each chunk resumes after the last key of the previous one: a
+		// rescan from the prefix would walk the tombstones the previous
+		// chunks just wrote (quadratic in the queue length).
+		var resume []byte
 		for {
 			if err := checkCtx(ctx, "purge"); err != nil {
 				return total, err
 			}
 			var ids []storage.ItemID
-			err := s.scan(nil, prefix, dbkeys.PrefixEnd(prefix), nil, func(k, _ []byte) (bool, error) {
+			err := s.scan(nil, prefix, dbkeys.PrefixEnd(prefix), resume, func(k, _ []byte) (bool, error) {
+				resume = successor(k)
 				var id storage.ItemID
 				copy(id[:], k[len(prefix):])
 				ids = append(ids, id)
