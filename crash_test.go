@@ -134,6 +134,14 @@ func TestCrash_KillRestart(t *testing.T) {
 	c := dialNode(t, n.addr)
 	present := map[storage.ItemID]string{}
 	ctx := context.Background()
+	// Let the leases of the last round's consumers run out and be swept
+	// first: an item moving from inflight to ready between the two peeks
+	// below would be seen by neither.
+	eventually(t, time.Minute, func() bool {
+		st, err := c.Stats(ctx, queue)
+		require.NoError(t, err)
+		return len(st) == 1 && st[0].Inflight == 0 && st[0].Leases == 0
+	}, "leases of killed consumers never expired")
 	for _, inflight := range []bool{false, true} {
 		var after storage.ItemID
 		for {
