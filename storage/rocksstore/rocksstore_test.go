@@ -393,6 +393,13 @@ func TestRocksStore_SyncModes(t *testing.T) {
 	require.Equal(t, uint64(1), d.SyncCommits)
 	require.Equal(t, uint64(1), d.WALSyncs, "one commit, one fsync")
 	require.Positive(t, d.SyncTime)
+	require.Positive(t, d.CommitTime)
+	last := b.s.Metrics()
+	require.NoError(t, b.s.Close())
+	require.Equal(t, last, b.s.Metrics(), "metrics survive Close and never go backwards")
+	s, err := Open(b.dir, b.opts)
+	require.NoError(t, err)
+	b.s = s
 }
 
 func TestRocksStore_HeadCursor(t *testing.T) {

@@ -64,6 +64,11 @@ type Store struct {
 	expiryCur, delayedCur, dedupCur cursor
 	sweepMu                         sync.Mutex
 
+	lastStats struct {
+		sync.Mutex
+		st rocksStatistics
+	}
+
 	m struct {
 		commits, syncCommits, retries atomic.Uint64
 		claimPasses, polls, claimed   atomic.Uint64
@@ -272,6 +277,7 @@ func (s *Store) Close() error {
 	if !s.opts.noCloseFlush {
 		err = s.eng.flush()
 	}
+	s.saveStats()
 	s.closeDB()
 	if err != nil {
 		return translate("close: flush", err)
@@ -321,11 +327,15 @@ func (s *Store) exit() { s.life.RUnlock() }
 
 // Metrics returns a snapshot of the write-path counters.
 func (s *Store) Metrics() Metrics {
-	if err := s.enter("metrics"); err != nil {
-		return Metrics{}
+	// After Close the statistics are gone: report the last ones read, so
+	// counters never go backwards (Sub would wrap).
+	if s.enter("metrics") == nil {
+		s.saveStats()
+		s.exit()
 	}
-	st := parseStatistics(s.dbOpts.GetStatisticsString())
-	s.exit()
+	s.lastStats.Lock()
+	st := s.lastStats.st
+	s.lastStats.Unlock()
 	return Metrics{
 		Commits:     s.m.commits.Load(),
 		SyncCommits: s.m.syncCommits.Load(),
@@ -337,6 +347,15 @@ func (s *Store) Metrics() Metrics {
 		Polls:       s.m.polls.Load(),
 		Claimed:     s.m.claimed.Load(),
 	}
+}
+
+// saveStats reads RocksDB's statistics into lastStats. REQUIRES: s.life
+// held (shared or exclusive) and the database open.
+func (s *Store) saveStats() {
+	st := parseStatistics(s.dbOpts.GetStatisticsString())
+	s.lastStats.Lock()
+	s.lastStats.st = st
+	s.lastStats.Unlock()
 }
 
 func (s *Store) recordCommit() {
