@@ -94,6 +94,7 @@ const (
 	engineOptimistic                    // OptimisticTransactionDB
 )
 
+// String names the engine in logs and benchmark names.
 func (k engineKind) String() string {
 	if k == engineOptimistic {
 		return "optimistic"

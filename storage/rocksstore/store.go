@@ -903,7 +903,10 @@ func corrupt(op string, key []byte, err error) error {
 // deltas, merging adds them.
 type countersMerge struct{}
 
+// Name is recorded in RocksDB's OPTIONS file: part of the on-disk format.
 func (countersMerge) Name() string { return "leaseq.counters.v1" }
+
+// FullMerge adds the operands to the existing value (absent: zero).
 
 func (countersMerge) FullMerge(_, existing []byte, operands [][]byte) ([]byte, bool) {
 	var sum dbkeys.Counters
@@ -924,6 +927,7 @@ func (countersMerge) FullMerge(_, existing []byte, operands [][]byte) ([]byte, b
 	return dbkeys.EncodeCounters(sum), true
 }
 
+// PartialMerge adds two operands, so compactions fold long operand runs.
 func (countersMerge) PartialMerge(_, left, right []byte) ([]byte, bool) {
 	l, err := dbkeys.DecodeCounters(left)
 	if err != nil {
