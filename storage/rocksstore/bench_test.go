@@ -195,6 +195,21 @@ func BenchmarkMemtableSize(b *testing.B) {
 	}
 }
 
+// BenchmarkStatisticsCost: the cycle with and without RocksDB statistics
+// (which Metrics uses for fsync and write latency).
+func BenchmarkStatisticsCost(b *testing.B) {
+	for _, off := range []bool{false, true} {
+		b.Run(fmt.Sprintf("stats=%t", !off), func(b *testing.B) {
+			o := benchConfig{sync: SyncNone}.options()
+			o.noStats = off
+			s, err := Open(b.TempDir(), o)
+			require.NoError(b, err)
+			defer s.Close()
+			runCycle(b, s, 32, 1)
+		})
+	}
+}
+
 // BenchmarkPayloadLayout compares inline and external payloads over a
 // full cycle with one nack (poll, nack, poll, ack): the state changes that
 // rewrite an inline payload.

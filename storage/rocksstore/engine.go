@@ -17,6 +17,9 @@ type engine interface {
 	get(ro *grocksdb.ReadOptions, key []byte) (*grocksdb.Slice, error)
 	iterator(ro *grocksdb.ReadOptions) *grocksdb.Iterator
 	put(wo *grocksdb.WriteOptions, key, value []byte) error
+	// write commits a batch of blind writes (keys no transaction can be
+	// holding: fresh ids) without a transaction's indexing.
+	write(wo *grocksdb.WriteOptions, wb *grocksdb.WriteBatch) error
 	snapshot() *grocksdb.Snapshot
 	releaseSnapshot(*grocksdb.Snapshot)
 	// flush writes the memtables to SST files, so the next Open replays
@@ -75,6 +78,12 @@ func (e *pessimisticEngine) put(wo *grocksdb.WriteOptions, key, value []byte) er
 	return e.db.Put(wo, key, value)
 }
 
+func (e *pessimisticEngine) write(wo *grocksdb.WriteOptions, wb *grocksdb.WriteBatch) error {
+	// TransactionDB still locks the batch's keys (briefly, no waiting on
+	// fresh keys) but skips the transaction's write-batch index.
+	return e.db.Write(wo, wb)
+}
+
 func (e *pessimisticEngine) snapshot() *grocksdb.Snapshot { return e.db.NewSnapshot() }
 
 func (e *pessimisticEngine) releaseSnapshot(s *grocksdb.Snapshot) { e.db.ReleaseSnapshot(s) }
@@ -115,6 +124,10 @@ func (e *optimisticEngine) iterator(ro *grocksdb.ReadOptions) *grocksdb.Iterator
 
 func (e *optimisticEngine) put(wo *grocksdb.WriteOptions, key, value []byte) error {
 	return e.base.Put(wo, key, value)
+}
+
+func (e *optimisticEngine) write(wo *grocksdb.WriteOptions, wb *grocksdb.WriteBatch) error {
+	return e.base.Write(wo, wb)
 }
 
 func (e *optimisticEngine) snapshot() *grocksdb.Snapshot { return e.base.NewSnapshot() }

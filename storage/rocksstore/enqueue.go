@@ -54,7 +54,15 @@ func (s *Store) enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 		return nil, err
 	}
 	cfg := q.config()
-	err = s.runTxn("enqueue", func(tx *txn) error {
+	run := s.runBlind
+	for _, in := range p.Items {
+		if in.DedupKey != "" {
+			// Dedup keys are read and must be locked: a transaction.
+			run = s.runTxn
+			break
+		}
+	}
+	err = run("enqueue", func(tx *txn) error {
 		d := tx.delta(q)
 		next := 0
 		for i, in := range p.Items {

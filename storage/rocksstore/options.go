@@ -73,6 +73,7 @@ type Options struct {
 	noDelCompact bool       // disable the deletion-triggered compaction collector
 	noHeads      bool       // claim scans start at the index start (measurement only)
 	memtable     int        // memtable bytes; 0: defaultMemtable
+	noStats      bool       // RocksDB statistics off (measurement only: Metrics times stay zero)
 	noCloseFlush bool       // Close leaves the memtables to WAL replay, as a crash does (measurement only)
 }
 

@@ -148,7 +148,9 @@ func Open(dir string, opts Options) (*Store, error) {
 	o.SetMaxTotalWalSize(128 << 20)
 	// RocksDB's statistics time the WAL fsyncs and writes for Metrics:
 	// the store itself never reads a clock.
-	o.EnableStatistics()
+	if !opts.noStats {
+		o.EnableStatistics()
+	}
 	if !opts.noDelCompact {
 		// A queue deletes from its head forever. Mark an SST for
 		// compaction when any window of 1000 entries holds 500
@@ -454,7 +456,7 @@ type pooledTxn struct {
 // apply once it commits.
 type txn struct {
 	s      *Store
-	p      *pooledTxn
+	p      *pooledTxn // nil for a blind batch (runBlind)
 	deltas []queueDelta
 	next   time.Time // earliest new deadline (OnDeadline)
 	notes  []noteRef // index entries noted to cursors, done when the attempt ends
@@ -521,6 +523,49 @@ func (s *Store) releaseTxn(p *pooledTxn) {
 	s.txns.Unlock()
 }
 
+// runBlind runs fn, which only writes keys no other call can touch (new
+// items under fresh ids, their index entries) and reads nothing, and
+// commits its writes as one plain write batch: the same atomicity and
+// durability as a transaction without its per-key indexing. Counter deltas
+// and cursor notes work as in runTxn.
+func (s *Store) runBlind(op string, fn func(tx *txn) error) error {
+	tx := &txn{s: s, writes: make(map[string][]byte)}
+	defer tx.endNotes()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	wb := grocksdb.NewWriteBatch()
+	defer wb.Destroy()
+	for _, k := range tx.sortedKeys() {
+		if v := tx.writes[k]; v != nil {
+			wb.Put([]byte(k), v)
+		} else {
+			wb.Delete([]byte(k))
+		}
+	}
+	for _, d := range tx.deltas {
+		if !d.d.IsZero() {
+			wb.Merge(dbkeys.CountersKey(d.q.name), dbkeys.EncodeCounters(d.d))
+		}
+	}
+	if err := s.eng.write(s.wo, wb); err != nil {
+		return translate(op+": write", err)
+	}
+	s.recordCommit()
+	tx.endNotes()
+	tx.apply()
+	return nil
+}
+
+func (tx *txn) sortedKeys() []string {
+	keys := make([]string, 0, len(tx.writes))
+	for k := range tx.writes {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
 // runTxn runs fn in a transaction and commits it, retrying on conflicts.
 // fn may run several times; it must keep its effects inside tx.
 func (s *Store) runTxn(op string, fn func(tx *txn) error) error {
@@ -550,12 +595,7 @@ func (s *Store) runTxn(op string, fn func(tx *txn) error) error {
 }
 
 func (tx *txn) commit(op string) error {
-	keys := make([]string, 0, len(tx.writes))
-	for k := range tx.writes {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range tx.sortedKeys() {
 		var err error
 		if v := tx.writes[k]; v != nil {
 			err = tx.p.t.Put([]byte(k), v)
@@ -618,6 +658,9 @@ func (tx *txn) deadline(t time.Time) {
 // getForUpdate reads key under the transaction's lock (pessimistic) or
 // conflict tracking (optimistic). The value is a copy.
 func (tx *txn) getForUpdate(key []byte) ([]byte, bool, error) {
+	if tx.p == nil {
+		return nil, false, errBlindRead
+	}
 	if v, ok := tx.writes[string(key)]; ok {
 		// Written by this transaction: either a fresh key nobody else
 		// can know yet, or one it locked (or, optimistic, tracked) when
@@ -640,6 +683,9 @@ func (tx *txn) getForUpdate(key []byte) ([]byte, bool, error) {
 func (tx *txn) get(key []byte) ([]byte, bool, error) {
 	if v, ok := tx.writes[string(key)]; ok {
 		return v, v != nil, nil
+	}
+	if tx.p == nil {
+		return nil, false, errBlindRead
 	}
 	sl, err := tx.p.t.Get(tx.s.ro, key)
 	if err != nil {
@@ -671,6 +717,9 @@ func (tx *txn) del(key []byte) error {
 	tx.writes[string(key)] = nil
 	return nil
 }
+
+// errBlindRead reports a read inside runBlind: a bug.
+var errBlindRead = errors.New("rocksstore: read in a blind batch")
 
 // cursor is a lower bound for scans of an index whose head is deleted
 // over and over (a global time index): every key below bound is known to
