@@ -122,6 +122,9 @@ test: deps ## go vet, then all tests (-tags invariants), with -race for RACE_PKG
 	fi; \
 	echo "$(GO) test -race -tags '$(TEST_TAGS)' -count=$(COUNT) -timeout $(TIMEOUT)" $$race; \
 	$(GO) test -race -tags '$(TEST_TAGS)' -count=$(COUNT) -timeout $(TIMEOUT) $$race
+	@# Under -race the multi-node FDB history test runs 10k items; issue 5
+	@# asks for >= 100k, which only a plain build finishes in time.
+	$(GO) test -tags '$(TEST_TAGS)' -count=$(COUNT) -timeout $(TIMEOUT) -run '^TestFDBMultiNodeHistory$$' ./fdbsync/
 
 test-race: deps ## all tests with -race
 	$(MAKE) --no-print-directory test RACE=1
