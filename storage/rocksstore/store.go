@@ -534,6 +534,43 @@ func (s *Store) runBlind(op string, fn func(tx *txn) error) error {
 	if err := fn(tx); err != nil {
 		return err
 	}
+	if err := s.commitBlind(op, tx); err != nil {
+		return err
+	}
+	tx.endNotes()
+	tx.apply()
+	return nil
+}
+
+// commitBlind writes tx's buffered writes and counter deltas atomically
+// without locking any key. A TransactionDB write batch would lock every key
+// in it, the counters key included, for the whole commit, fsync included:
+// concurrent enqueues on one queue would then queue up behind each other's
+// fsync instead of sharing it. So on TransactionDB the batch goes into a
+// transaction's write batch directly (untracked, as the counter deltas of
+// every transaction do); the optimistic base DB writes it as it is.
+func (s *Store) commitBlind(op string, tx *txn) error {
+	if _, ok := s.eng.(*pessimisticEngine); ok {
+		bt := s.beginTxn()
+		for _, k := range tx.sortedKeys() {
+			if v := tx.writes[k]; v != nil {
+				bt.p.wb.Put([]byte(k), v)
+			} else {
+				bt.p.wb.Delete([]byte(k))
+			}
+		}
+		bt.deltas = tx.deltas
+		if err := bt.commit(op); err != nil {
+			rbErr := bt.p.t.Rollback()
+			s.releaseTxn(bt.p)
+			if rbErr != nil {
+				return errors.Join(err, translate(op+": rollback", rbErr))
+			}
+			return err
+		}
+		s.releaseTxn(bt.p)
+		return nil
+	}
 	wb := grocksdb.NewWriteBatch()
 	defer wb.Destroy()
 	for _, k := range tx.sortedKeys() {
@@ -552,8 +589,6 @@ func (s *Store) runBlind(op string, fn func(tx *txn) error) error {
 		return translate(op+": write", err)
 	}
 	s.recordCommit()
-	tx.endNotes()
-	tx.apply()
 	return nil
 }
 
