@@ -629,16 +629,19 @@ func (s *Store) runTxn(op string, fn func(tx *txn) error) error {
 	}
 }
 
+// commit hands the buffered writes to RocksDB in key order and commits.
+// The writes go into the transaction's batch untracked (no row lock, no
+// conflict tracking): every key a transaction writes is either fresh (a new
+// id, lease token or index entry of one) or belongs to a key it read with
+// GetForUpdate first (the item's record, the lease, the dedup key), so
+// those reads already exclude every concurrent writer. Skipping the lock
+// manager for the rest saves a lock per written key.
 func (tx *txn) commit(op string) error {
 	for _, k := range tx.sortedKeys() {
-		var err error
 		if v := tx.writes[k]; v != nil {
-			err = tx.p.t.Put([]byte(k), v)
+			tx.p.wb.Put([]byte(k), v)
 		} else {
-			err = tx.p.t.Delete([]byte(k))
-		}
-		if err != nil {
-			return translate(op+": write", err)
+			tx.p.wb.Delete([]byte(k))
 		}
 	}
 	for _, d := range tx.deltas {
