@@ -398,13 +398,17 @@ func TestCLI_MetricsEndpoints(t *testing.T) {
 	require.Contains(t, r.stdout, "3 items")
 }
 
-// TestCLI_EnvAndLines: every flag comes from LEASEQ_*, and --lines
-// enqueues a batch from stdin.
+// TestCLI_EnvAndLines: connection and request flags come from LEASEQ_*,
+// flags stored in the node (item fields, queue config) only from the
+// command line, and --lines enqueues a batch from stdin.
 func TestCLI_EnvAndLines(t *testing.T) {
 	t.Parallel()
 	n := startNode(t, filepath.Join(t.TempDir(), "data"))
-	env := []string{"LEASEQ_ADDR=" + n.addr, "LEASEQ_PRIORITY=3"}
-	r := runCLI(t, env, "one\ntwo\nthree\n", "enqueue", "batch", "--lines")
+	// Leftover item and config variables must change nothing.
+	stored := []string{"LEASEQ_PRIORITY=9", "LEASEQ_KEY=k", "LEASEQ_DELAY=1h", "LEASEQ_MAX_ATTEMPTS=9",
+		"LEASEQ_LEASE=1h", "LEASEQ_DEDUP_WINDOW=1s", "LEASEQ_BACKOFF_BASE=1s", "LEASEQ_BACKOFF_MAX=2s"}
+	env := append([]string{"LEASEQ_ADDR=" + n.addr}, stored...)
+	r := runCLI(t, env, "one\ntwo\nthree\n", "enqueue", "batch", "--lines", "--priority", "3")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Len(t, r.lines(), 3)
 	r = runCLI(t, []string{"LEASEQ_ADDR=" + n.addr, "LEASEQ_N=10"}, "", "poll", "batch")
@@ -414,7 +418,18 @@ func TestCLI_EnvAndLines(t *testing.T) {
 	for i, w := range []string{"one", "two", "three"} {
 		require.Equal(t, w, string(items[i].Payload))
 		require.Equal(t, 3, items[i].Priority)
+		require.Equal(t, 1, items[i].Attempts)
 	}
+	cr := runCLI(t, env, "", "config", "batch", "--json")
+	require.Equal(t, 0, cr.code, cr.stderr)
+	require.JSONEq(t, `{"max_attempts":5,"lease_ms":30000,"dedup_window_ms":300000,"backoff_base_ms":500,"backoff_max_ms":30000}`, cr.stdout)
+	cr = runCLI(t, env, "", "config", "batch", "--max-attempts", "7")
+	require.Equal(t, 0, cr.code, cr.stderr)
+	require.Equal(t, []string{"max-attempts=7", "lease=30s", "dedup-window=5m0s", "backoff-base=500ms", "backoff-max=30s"}, cr.lines())
+	cr = runCLI(t, env, "", "help", "config")
+	require.Contains(t, cr.stdout, "--max-attempts n\n      set deliveries before an item is dead-lettered (n) (default 5) [command line only]")
+	require.Contains(t, cr.stdout, "--addr address")
+	require.Contains(t, cr.stdout, "[LEASEQ_ADDR]")
 
 	// poll's output piped into ack settles the whole poll.
 	r = runCLI(t, []string{"LEASEQ_ADDR=" + n.addr}, r.stdout, "ack", "batch", "-")

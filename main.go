@@ -282,7 +282,7 @@ func parseArgs(fs *flag.FlagSet, args []string, lookupEnv func(string) (string, 
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
-		if set[f.Name] || envErr != nil {
+		if set[f.Name] || envErr != nil || isCLIOnly(f) {
 			return
 		}
 		name := envName(f.Name)
@@ -295,6 +295,38 @@ func parseArgs(fs *flag.FlagSet, args []string, lookupEnv func(string) (string, 
 		}
 	})
 	return pos, envErr
+}
+
+// cliOnlyValue marks a flag that parseArgs never fills from the
+// environment. Flags whose values end up stored in the node (a queue's
+// config, an item's delay, priority, dedup key or max attempts, a nack's
+// delay and reason) are command-line only: an exported LEASEQ_MAX_ATTEMPTS
+// or LEASEQ_KEY, meant for one command or left over in a shell, would
+// otherwise silently change queues and items for every later command.
+// The environment stays the place for where and how to connect, log, wait
+// and print, which a shell session legitimately sets once.
+type cliOnlyValue struct{ flag.Value }
+
+// IsBoolFlag keeps a wrapped bool flag usable without a value.
+func (v cliOnlyValue) IsBoolFlag() bool {
+	bf, ok := v.Value.(interface{ IsBoolFlag() bool })
+	return ok && bf.IsBoolFlag()
+}
+
+// cliOnly marks the named flags of fs as command-line only.
+func cliOnly(fs *flag.FlagSet, names ...string) {
+	for _, name := range names {
+		f := fs.Lookup(name)
+		if f == nil {
+			panic("cliOnly: no flag " + name) // programming error in a setup func
+		}
+		f.Value = cliOnlyValue{f.Value}
+	}
+}
+
+func isCLIOnly(f *flag.Flag) bool {
+	_, ok := f.Value.(cliOnlyValue)
+	return ok
 }
 
 // envName is the environment variable for a flag name.
@@ -315,10 +347,14 @@ Commands:
 	}
 	fmt.Fprintf(w, "  %-8s %s\n", "help", "show help for a command: leaseq help <command>")
 	fmt.Fprint(w, `
-Flags may stand before or after the arguments. Every flag can also be set
+Flags may stand before or after the arguments. A flag can also be set
 from the environment as LEASEQ_<FLAG>, upper case with dashes as
 underscores (--data is LEASEQ_DATA, --log-level is LEASEQ_LOG_LEVEL); a
-flag given on the command line wins over the environment. Client commands
+flag given on the command line wins over the environment. Flags whose
+values are stored in the node (config's settings; enqueue's --delay,
+--priority, --key and --max-attempts; nack's --delay and --reason) are
+read from the command line only, so a leftover variable cannot change
+queues or items. Client commands
 connect to --addr (default 127.0.0.1:7700, or LEASEQ_ADDR; unix:/path for a
 unix socket). Errors are one line on stderr and a non-zero exit code (2 for
 a bad command line).
@@ -337,7 +373,7 @@ func printCommandUsage(w io.Writer, cmd *command, fs *flag.FlagSet) {
 		return
 	}
 	sort.Slice(flags, func(i, j int) bool { return flags[i].Name < flags[j].Name })
-	fmt.Fprint(w, "\nFlags (each also read from the environment variable shown):\n")
+	fmt.Fprint(w, "\nFlags (each also read from the environment variable shown, unless marked\ncommand line only):\n")
 	for _, f := range flags {
 		typ, usage := flag.UnquoteUsage(f)
 		head := "--" + f.Name
@@ -350,6 +386,10 @@ func printCommandUsage(w io.Writer, cmd *command, fs *flag.FlagSet) {
 		fmt.Fprintf(w, "  %s\n      %s", head, usage)
 		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0s" && f.DefValue != "0" {
 			fmt.Fprintf(w, " (default %s)", f.DefValue)
+		}
+		if isCLIOnly(f) {
+			fmt.Fprint(w, " [command line only]\n")
+			continue
 		}
 		fmt.Fprintf(w, " [%s]\n", envName(f.Name))
 	}
@@ -1136,7 +1176,13 @@ var benchCommand = &command{
 	},
 }
 
-// clientFlags are the connection flags of every client command.
+// clientFlags are the connection flags of every client command. The
+// client certificate flags are --tls-client-cert/--tls-client-key, not
+// serve's --tls-cert/--tls-key: each flag reads the variable named after
+// it, and LEASEQ_TLS_CERT exported for a node (its server certificate) must
+// not also become the certificate every client command in the same shell
+// presents. --tls-ca (verify the node) and serve's --tls-client-ca (verify
+// clients) are distinct for the same reason.
 type clientFlags struct {
 	addr       *string
 	tlsCert    *string
@@ -1150,8 +1196,8 @@ func addClientFlags(fs *flag.FlagSet) *clientFlags {
 	return &clientFlags{
 		addr:       fs.String("addr", defaultAddr, "node `address`: host:port or unix:/path"),
 		tlsCA:      fs.String("tls-ca", "", "CA bundle `file` (PEM) to verify the node; enables TLS"),
-		tlsCert:    fs.String("tls-cert", "", "client certificate `file` (PEM) for mutual TLS; enables TLS"),
-		tlsKey:     fs.String("tls-key", "", "client private key `file` (PEM)"),
+		tlsCert:    fs.String("tls-client-cert", "", "client certificate `file` (PEM) for mutual TLS; enables TLS"),
+		tlsKey:     fs.String("tls-client-key", "", "client private key `file` (PEM)"),
 		serverName: fs.String("tls-server-name", "", "`name` expected in the node's certificate (default: the host of --addr)"),
 		timeout:    fs.Duration("timeout", 10*time.Second, "give up on the node after this long (a poll's --wait comes on top)"),
 	}
@@ -1162,7 +1208,7 @@ func (cf *clientFlags) tlsConfig() (*tls.Config, error) {
 		return nil, nil
 	}
 	if (*cf.tlsCert == "") != (*cf.tlsKey == "") {
-		return nil, usagef("--tls-cert and --tls-key go together")
+		return nil, usagef("--tls-client-cert and --tls-client-key go together")
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: *cf.serverName}
 	if *cf.tlsCA != "" {
@@ -1229,7 +1275,7 @@ func (cf *clientFlags) dialError(tc *tls.Config, err error) error {
 	hint := "does the node require TLS? then give --tls-ca"
 	switch {
 	case tc != nil && len(tc.Certificates) == 0:
-		hint = "does the node require client certificates (--tls-client-ca)? then give --tls-cert and --tls-key"
+		hint = "does the node require client certificates (--tls-client-ca)? then give --tls-client-cert and --tls-client-key"
 	case tc != nil:
 		hint = "is the client certificate signed by the CA of the node's --tls-client-ca?"
 	}
@@ -1417,6 +1463,7 @@ followed by "duplicate".`,
 		maxAttempts := newChoice("0", intRange(0, 1<<31-1))
 		fs.Var(maxAttempts, "max-attempts", "`deliveries` before the item is dead-lettered (0: the queue's setting)")
 		lines := fs.Bool("lines", false, "enqueue every line of stdin as one item")
+		cliOnly(fs, "delay", "priority", "key", "max-attempts")
 		return func(ctx context.Context, args []string) error {
 			if err := argsBetween(args, 1, 2, "QUEUE [PAYLOAD|-]"); err != nil {
 				return err
@@ -1610,7 +1657,8 @@ the items from poll's output on stdin, as for ack.`,
 		cf := addClientFlags(fs)
 		delay := &optDuration{}
 		fs.Var(delay, "delay", "ready again after this `duration` (default: the queue's backoff)")
-		reason := fs.String("reason", "", "why the item failed (kept as last error and dead-letter reason)")
+		reason := fs.String("reason", "", "why the item failed, as `text` (kept as last error and dead-letter reason)")
+		cliOnly(fs, "delay", "reason")
 		return func(ctx context.Context, args []string) error {
 			if err := argsBetween(args, 2, -1, "QUEUE LEASE ID... or QUEUE -"); err != nil {
 				return err
@@ -1984,8 +2032,10 @@ var configCommand = &command{
 	summary: "show or change a queue's configuration",
 	help: `
 Print QUEUE's configuration. With any of the setting flags, change those
-settings first (creating the queue if needed) and print the result. Note
-that the flags, like every flag, are also read from LEASEQ_* variables.`,
+settings first (creating the queue if needed) and print the result. The
+setting flags are read from the command line only, never from LEASEQ_*
+variables: an exported LEASEQ_MAX_ATTEMPTS must not turn a look at a
+queue into a change of it.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 		cf := addClientFlags(fs)
 		asJSON := fs.Bool("json", false, "print JSON instead of name=value lines")
@@ -1999,6 +2049,7 @@ that the flags, like every flag, are also read from LEASEQ_* variables.`,
 		fs.Var(base, "backoff-base", "set the nack backoff base (a `duration`)")
 		bmax := newChoice(storage.DefaultBackoffMax.String(), positiveDuration)
 		fs.Var(bmax, "backoff-max", "set the nack backoff cap (a `duration`)")
+		cliOnly(fs, "max-attempts", "lease", "dedup-window", "backoff-base", "backoff-max")
 		return func(ctx context.Context, args []string) error {
 			if err := argsBetween(args, 1, 1, "QUEUE"); err != nil {
 				return err

@@ -89,6 +89,7 @@ func TestParseArgs(t *testing.T) {
 		verbose bool
 		maxN    int
 		pos     []string
+		cliOnly []string
 		wantErr string
 	}{
 		{name: "Defaults", data: "./data", maxN: 1},
@@ -103,10 +104,13 @@ func TestParseArgs(t *testing.T) {
 		{name: "UnknownFlag", args: []string{"q", "--nope"}, wantErr: "flag provided but not defined: -nope"},
 		{name: "MissingValue", args: []string{"--data"}, wantErr: "flag needs an argument: -data"},
 		{name: "Help", args: []string{"q", "--help"}, wantErr: flag.ErrHelp.Error()},
+		{name: "CommandLineOnlyIgnoresEnv", args: []string{"q"}, cliOnly: []string{"data", "verbose"}, env: map[string]string{"LEASEQ_DATA": "envd", "LEASEQ_VERBOSE": "true", "LEASEQ_MAX_N": "7"}, data: "./data", maxN: 7, pos: []string{"q"}},
+		{name: "CommandLineOnlyFromFlags", args: []string{"--verbose", "q", "--data", "d"}, cliOnly: []string{"data", "verbose"}, env: map[string]string{"LEASEQ_DATA": "envd"}, data: "d", verbose: true, maxN: 1, pos: []string{"q"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			fs, data, verbose, maxN := newFS()
+			cliOnly(fs, tc.cliOnly...)
 			pos, err := parseArgs(fs, tc.args, func(k string) (string, bool) {
 				v, ok := tc.env[k]
 				return v, ok

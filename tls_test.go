@@ -106,9 +106,9 @@ func TestCLI_MutualTLS(t *testing.T) {
 		want string
 	}{
 		{"NoTLS", nil, "does the node require TLS? then give --tls-ca"},
-		{"NoClientCert", []string{"LEASEQ_TLS_CA=" + ca.file}, "then give --tls-cert and --tls-key"},
-		{"CertFromOtherCA", []string{"LEASEQ_TLS_CA=" + ca.file, "LEASEQ_TLS_CERT=" + badCert, "LEASEQ_TLS_KEY=" + badKey}, "is the client certificate signed by the CA"},
-		{"UnknownServerCA", []string{"LEASEQ_TLS_CA=" + other.file, "LEASEQ_TLS_CERT=" + cliCert, "LEASEQ_TLS_KEY=" + cliKey}, "cannot verify the TLS certificate of the node"},
+		{"NoClientCert", []string{"LEASEQ_TLS_CA=" + ca.file}, "then give --tls-client-cert and --tls-client-key"},
+		{"CertFromOtherCA", []string{"LEASEQ_TLS_CA=" + ca.file, "LEASEQ_TLS_CLIENT_CERT=" + badCert, "LEASEQ_TLS_CLIENT_KEY=" + badKey}, "is the client certificate signed by the CA"},
+		{"UnknownServerCA", []string{"LEASEQ_TLS_CA=" + other.file, "LEASEQ_TLS_CLIENT_CERT=" + cliCert, "LEASEQ_TLS_CLIENT_KEY=" + cliKey}, "cannot verify the TLS certificate of the node"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -124,10 +124,13 @@ func TestCLI_MutualTLS(t *testing.T) {
 
 	t.Run("WithClientCert", func(t *testing.T) {
 		t.Parallel()
-		r := runCLI(t, base, "", "enqueue", "secure", "x", "--tls-ca", ca.file, "--tls-cert", cliCert, "--tls-key", cliKey)
+		// serve's certificate variables, exported in the same shell, are
+		// not the client's: the client commands read LEASEQ_TLS_CLIENT_*.
+		base := append([]string{"LEASEQ_TLS_CERT=" + srvCert, "LEASEQ_TLS_KEY=" + srvKey}, base...)
+		r := runCLI(t, base, "", "enqueue", "secure", "x", "--tls-ca", ca.file, "--tls-client-cert", cliCert, "--tls-client-key", cliKey)
 		require.Equal(t, 0, r.code, r.stderr)
 		require.Len(t, strings.TrimSpace(r.stdout), 32)
-		r = runCLI(t, base, "", "stats", "secure", "--json", "--tls-ca", ca.file, "--tls-cert", cliCert, "--tls-key", cliKey)
+		r = runCLI(t, base, "", "stats", "secure", "--json", "--tls-ca", ca.file, "--tls-client-cert", cliCert, "--tls-client-key", cliKey)
 		require.Equal(t, 0, r.code, r.stderr)
 		require.Contains(t, r.stdout, `"ready":1`)
 	})
