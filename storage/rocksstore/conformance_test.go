@@ -61,3 +61,13 @@ func TestConformanceRocksHistory(t *testing.T) {
 	t.Parallel()
 	storagetest.RunHistory(t, harness(conformanceOptions(enginePessimistic, SyncAlways)), storagetest.HistoryConfig{})
 }
+
+func TestConformanceRocksOptimisticModel(t *testing.T) {
+	t.Parallel()
+	storagetest.RunModel(t, harness(conformanceOptions(engineOptimistic, SyncNone)))
+}
+
+func TestConformanceRocksOptimisticHistory(t *testing.T) {
+	t.Parallel()
+	storagetest.RunHistory(t, harness(conformanceOptions(engineOptimistic, SyncAlways)), storagetest.HistoryConfig{})
+}
