@@ -44,7 +44,7 @@ func TestServe_RedeliveryLatency(t *testing.T) {
 		require.Len(t, first.Items, 1)
 
 		// Already parked when the deadline passes (200 ms from the poll).
-		got, err := waiter.Poll(ctx, q, 1, time.Minute, 5*time.Second)
+		got, err := waiter.Poll(ctx, q, 1, time.Minute, 30*time.Second)
 		arrived := time.Now()
 		require.NoError(t, err)
 		require.Len(t, got.Items, 1)
@@ -59,7 +59,7 @@ func TestServe_RedeliveryLatency(t *testing.T) {
 		wq := q + "w"
 		done := make(chan time.Time, 1)
 		go func() {
-			r, err := waiter.Poll(ctx, wq, 1, time.Minute, 5*time.Second)
+			r, err := waiter.Poll(ctx, wq, 1, time.Minute, 30*time.Second)
 			if err == nil && len(r.Items) == 1 {
 				done <- time.Now()
 			}

@@ -87,6 +87,11 @@ type env struct {
 	notifySignals func(c chan<- os.Signal) (stop func())
 	// exit ends the process at once (second signal during shutdown).
 	exit func(code int)
+	// shutdownStarted, when set, runs after the first signal is handled
+	// and the second-signal watcher is armed, before anything stops. A
+	// test blocks in it to hold shutdown up deterministically; nil in
+	// production.
+	shutdownStarted func()
 }
 
 func newEnv() *env {
@@ -577,6 +582,8 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 		})
 		fs.Var(backend, "backend", "storage `backend`: rocksdb or fdb")
 		clusterFile := fs.String("fdb-cluster-file", "", "FoundationDB cluster `file` for --backend=fdb (empty: the client library's default)")
+		subspace := newChoice("", parseSubspace)
+		fs.Var(subspace, "fdb-subspace", "`name` of this deployment's subspace for --backend=fdb: deployments sharing one cluster need distinct names (empty: the default subspace)")
 		syncMode := newChoice("always", parseSyncMode)
 		fs.Var(syncMode, "sync", "WAL durability `mode`: always or none")
 		metricsAddr := fs.String("metrics", "", "serve /metrics, /healthz and /readyz over HTTP on `host:port` (empty: off)")
@@ -653,6 +660,7 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 				listen:      *listen,
 				backend:     backend.val,
 				clusterFile: *clusterFile,
+				subspace:    subspace.val,
 				sync:        syncMode.val,
 				syncText:    syncMode.text,
 				metrics:     *metricsAddr,
@@ -716,6 +724,7 @@ type serveConfig struct {
 	listen        string
 	backend       string
 	clusterFile   string
+	subspace      string
 	sync          rocksstore.SyncMode
 	syncText      string
 	metrics       string
@@ -735,6 +744,7 @@ type serveConfig struct {
 func openBackend(c serveConfig, clk clock.Clock, onDeadline storage.DeadlineFunc) (store storage.Store, rocks *rocksstore.Store, err error) {
 	if c.backend == "fdb" {
 		fs, err := fdbsync.OpenCluster(c.clusterFile, fdbsync.Options{
+			Prefix:     fdbPrefix(c.subspace),
 			Limits:     c.limits,
 			Logger:     c.log.With("svc", "fdbsync"),
 			OnDeadline: onDeadline,
@@ -755,6 +765,35 @@ func openBackend(c serveConfig, clk clock.Clock, onDeadline storage.DeadlineFunc
 		return nil, nil, fmt.Errorf("open store in %s: %w", c.data, err)
 	}
 	return rs, rs, nil
+}
+
+// fdbPrefix is the key prefix of the FoundationDB subspace named name (a
+// valid subspace name, see parseSubspace): fdbsync's default prefix for "",
+// else the default prefix followed by the name as a tuple-layer string
+// (0x02, the bytes, a 0x00 terminator). Names hold no 0x00, so the
+// terminator makes the prefixes of two names disjoint even when one name
+// starts with the other ("jobs" and "jobs2"), and 0x02 is none of
+// fdbsync's namespace tags, so a named subspace never overlaps the
+// default one either.
+func fdbPrefix(name string) []byte {
+	if name == "" {
+		return nil // fdbsync.DefaultPrefix
+	}
+	p := append([]byte(fdbsync.DefaultPrefix), 0x02)
+	p = append(p, name...)
+	return append(p, 0x00)
+}
+
+// parseSubspace accepts an FDB subspace name: empty (the default) or, like
+// a queue name, 1-200 bytes of [A-Za-z0-9._-].
+func parseSubspace(s string) (string, error) {
+	if s == "" {
+		return s, nil
+	}
+	if err := storage.DefaultLimits.ValidateQueueName(s); err != nil {
+		return "", fmt.Errorf("want a subspace name of 1-200 bytes of [A-Za-z0-9._-], got %q", s)
+	}
+	return s, nil
 }
 
 func serve(ctx context.Context, e *env, c serveConfig) (err error) {
@@ -868,7 +907,7 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	if c.backend == "rocksdb" {
 		attrs = append(attrs, "data", dir, "sync", c.syncText)
 	} else {
-		attrs = append(attrs, "fdb_cluster_file", c.clusterFile)
+		attrs = append(attrs, "fdb_cluster_file", c.clusterFile, "fdb_subspace", c.subspace)
 	}
 	log.Info("leaseq serving", attrs...)
 
@@ -893,6 +932,9 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	})
 	defer wg.Wait()
 	defer close(done)
+	if e.shutdownStarted != nil {
+		e.shutdownStarted()
+	}
 
 	// Reverse order of start: no new connections or calls, running calls
 	// finish (their writes are durable before they answer), then no more
@@ -1126,13 +1168,30 @@ Open the database in --data (which must exist; stop the node first) and
 verify every invariant with a full scan: each item in exactly one state,
 index entries match items, leases and their expiry entries match, counters
 equal what the scan counts, attempts within max_attempts. Prints each
-violation and exits 1 if there is any; otherwise prints a one-line summary.`,
+violation and exits 1 if there is any; otherwise prints a one-line summary.
+
+With --backend=fdb it checks a FoundationDB deployment's subspace
+(--fdb-cluster-file, --fdb-subspace) in one consistent read, while the
+nodes run; it needs a 'make build-fdb' binary.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 		data := fs.String("data", "./data", "`dir`ectory of the RocksDB database")
+		backend := newChoice("rocksdb", func(s string) (string, error) {
+			if s != "rocksdb" && s != "fdb" {
+				return "", fmt.Errorf("want rocksdb or fdb, got %q", s)
+			}
+			return s, nil
+		})
+		fs.Var(backend, "backend", "storage `backend`: rocksdb, or fdb (a consistent scan of the cluster's subspace; small deployments only, as one FDB transaction must finish within 5 s)")
+		clusterFile := fs.String("fdb-cluster-file", "", "FoundationDB cluster `file` for --backend=fdb")
+		subspace := newChoice("", parseSubspace)
+		fs.Var(subspace, "fdb-subspace", "`name` of the deployment's subspace for --backend=fdb (as given to serve)")
 		lf := addLogFlags(fs, "warn")
 		return func(ctx context.Context, args []string) error {
 			if len(args) > 0 {
 				return usagef("unexpected argument %q", args[0])
+			}
+			if backend.val == "fdb" {
+				return checkFDB(ctx, e, *clusterFile, subspace.val, lf.logger(e.stderr))
 			}
 			return check(ctx, e, *data, lf.logger(e.stderr))
 		}
@@ -1148,6 +1207,26 @@ func check(ctx context.Context, e *env, data string, log *slog.Logger) (err erro
 	if err != nil {
 		return fmt.Errorf("open store in %s: %w", data, err)
 	}
+	return checkReport(ctx, e, store, data)
+}
+
+// checkFDB checks the subspace of a FoundationDB deployment; the nodes
+// may keep running (the scan reads one consistent version).
+func checkFDB(ctx context.Context, e *env, clusterFile, subspace string, log *slog.Logger) error {
+	store, err := fdbsync.OpenCluster(clusterFile, fdbsync.Options{Prefix: fdbPrefix(subspace), Logger: log, Clock: clock.New()})
+	if err != nil {
+		return fmt.Errorf("open FoundationDB cluster: %w", err)
+	}
+	name := "fdb:" + clusterFile
+	if subspace != "" {
+		name += "/" + subspace
+	}
+	return checkReport(ctx, e, store, name)
+}
+
+// checkReport runs store's invariant check, prints every violation and a
+// summary, and closes store.
+func checkReport(ctx context.Context, e *env, store storage.Store, data string) (err error) {
 	defer func() { err = errors.Join(err, closeStore(store)) }()
 	rep, err := store.Check(ctx)
 	if err != nil {

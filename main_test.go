@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/fdbsync"
 )
 
 // syncBuffer is a bytes.Buffer safe for the logger and the test to share.
@@ -212,4 +214,89 @@ func TestRun_ServeThenCheck(t *testing.T) {
 	ce := newTestEnv(nil)
 	require.Equal(t, exitOK, run(context.Background(), []string{"check", "--data", dir}, &ce.env), ce.errOut.String())
 	require.Contains(t, ce.out.String(), "all invariants hold")
+}
+
+// TestRun_SecondSignalExitsAtOnce: while the ordered shutdown after a
+// first SIGINT is held up, a second SIGINT exits at once with a non-zero
+// code. The env's shutdownStarted hook holds the shutdown until the test
+// has seen the exit, so no timing is assumed.
+func TestRun_SecondSignalExitsAtOnce(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	te := newTestEnv(map[string]string{"LEASEQ_SYNC": "none"})
+	held, release := make(chan struct{}), make(chan struct{})
+	te.shutdownStarted = func() {
+		close(held)
+		<-release
+	}
+	codes := make(chan int, 1)
+	go func() {
+		codes <- run(context.Background(), []string{"serve", "--data", filepath.Join(dir, "data"), "--log-format", "json",
+			"--listen", "unix:" + filepath.Join(dir, "s.sock")}, &te.env)
+	}()
+	var sigc chan<- os.Signal
+	select {
+	case sigc = <-te.sigs:
+	case code := <-codes:
+		t.Fatalf("serve exited with %d before handling signals: %s", code, te.errOut)
+	case <-time.After(time.Minute):
+		t.Fatal("serve never registered for signals")
+	}
+	sigc <- syscall.SIGINT
+	select {
+	case <-held:
+	case <-time.After(time.Minute):
+		t.Fatalf("shutdown never started: %s", te.errOut)
+	}
+	select {
+	case code := <-te.exits:
+		t.Fatalf("exited with %d after one signal", code)
+	default:
+	}
+
+	sigc <- syscall.SIGINT
+	select {
+	case code := <-te.exits:
+		require.Equal(t, exitFailure, code)
+	case <-time.After(time.Minute):
+		t.Fatalf("a second signal during a held-up shutdown did not exit: %s", te.errOut)
+	}
+	require.Contains(t, te.errOut.String(), `"msg":"second signal: exiting without clean shutdown"`)
+	require.NotContains(t, te.errOut.String(), `"msg":"leaseq stopped"`, "exit came before the shutdown finished")
+
+	// The injected exit returns, so the held shutdown goes on and closes
+	// the store (a real process is gone by now).
+	close(release)
+	select {
+	case code := <-codes:
+		require.Equal(t, exitOK, code, te.errOut.String())
+	case <-time.After(time.Minute):
+		t.Fatal("serve did not finish its shutdown")
+	}
+}
+
+// TestFDBPrefix: named subspaces are disjoint from each other and from the
+// default one, also when one name starts with another; names are checked.
+func TestFDBPrefix(t *testing.T) {
+	t.Parallel()
+	require.Nil(t, fdbPrefix(""), "empty: fdbsync's default prefix")
+	require.Equal(t, []byte(fdbsync.DefaultPrefix+"\x02prod\x00"), fdbPrefix("prod"))
+	names := []string{"jobs", "jobs2", "job", "a", "a.b", "A-b_9"}
+	for _, a := range names {
+		_, err := parseSubspace(a)
+		require.NoError(t, err)
+		pa := fdbPrefix(a)
+		require.True(t, bytes.HasPrefix(pa, []byte(fdbsync.DefaultPrefix)))
+		// The default subspace's keys are DefaultPrefix + a letter tag.
+		require.NotContains(t, "abcdeilnpqrtuwxDPU", string(pa[len(fdbsync.DefaultPrefix)]))
+		for _, b := range names {
+			if a != b {
+				require.False(t, bytes.HasPrefix(fdbPrefix(b), pa), "%q is a prefix of %q", a, b)
+			}
+		}
+	}
+	for _, bad := range []string{"a\x00b", "a/b", "a b", strings.Repeat("x", 201)} {
+		_, err := parseSubspace(bad)
+		require.ErrorContains(t, err, "want a subspace name")
+	}
 }
