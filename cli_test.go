@@ -75,6 +75,13 @@ func TestCLI_EnqueuePollAck(t *testing.T) {
 	exp, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(n.cli("extend", "jobs", items[0].Lease, "--lease", "2m").stdout))
 	require.NoError(t, err)
 	require.WithinDuration(t, time.Now().Add(2*time.Minute), exp, 10*time.Second)
+	// With ids, as ack and nack take them: one "ID RESULT EXPIRY" line each.
+	f := strings.Fields(n.cli("extend", "jobs", items[0].Lease, id2, "--lease", "3m").stdout)
+	require.Len(t, f, 3)
+	require.Equal(t, []string{id2, "ok"}, f[:2])
+	exp3, err := time.Parse(time.RFC3339Nano, f[2])
+	require.NoError(t, err)
+	require.Equal(t, time.Minute, exp3.Sub(exp).Round(time.Minute))
 	n.cli("ack", "jobs", items[0].Lease, id2)
 	require.Equal(t, queueStats{Enqueued: 3, Delivered: 3, Acked: 3}, n.stats("jobs"))
 
@@ -157,6 +164,9 @@ func TestCLI_ExpiredLeaseIsRedelivered(t *testing.T) {
 	r = n.cliCode("extend", "jobs", first[0].Lease)
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "lease expired")
+	r = n.cliCode("extend", "jobs", first[0].Lease, id)
+	require.Equal(t, 1, r.code)
+	require.Equal(t, []string{id + " lease_expired"}, r.lines())
 	n.cli("ack", "jobs", second[0].Lease, id)
 	require.Equal(t, queueStats{Enqueued: 1, Delivered: 2, Expired: 1, Acked: 1}, n.stats("jobs"))
 }
@@ -262,7 +272,8 @@ func TestCLI_BadInput(t *testing.T) {
 		{"DlqIdsAndAll", []string{"dlq", "redrive", "jobs", "--all", lease}, "", exitUsage, "either ids or --all"},
 		{"ConfigNoQueue", []string{"config", "nosuchqueue"}, "", exitFailure, `no queue "nosuchqueue"`},
 		{"StatsNoQueue", []string{"stats", "nosuchqueue"}, "", exitFailure, "not found"},
-		{"ExtendWithIDs", []string{"extend", "jobs", lease, lease}, "", exitUsage, "drop the ids"},
+		{"ExtendWithIDsUnknownLease", []string{"extend", "jobs", lease, lease}, "", exitFailure, "1 of 1 ids not extended"},
+		{"ExtendBadID", []string{"extend", "jobs", lease, "xyz"}, "", exitUsage, `bad item id "xyz"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

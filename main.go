@@ -1768,35 +1768,63 @@ the items from poll's output on stdin, as for ack.`,
 
 var extendCommand = &command{
 	name:    "extend",
-	args:    "QUEUE LEASE",
+	args:    "QUEUE LEASE [ID...]",
 	summary: "extend a lease and print its new expiry",
 	help: `
 Set LEASE's expiry to now + --lease (it may also shorten it) and print the
-new expiry (RFC 3339 UTC, milliseconds). A lease covers every item of its
-poll, so there are no ids to give. Fails if the lease already expired.`,
+new expiry (RFC 3339 UTC, milliseconds). Fails if the lease already
+expired (lease expired) or belongs to another queue (lease mismatch).
+
+A lease covers every item of its poll and is extended as a whole, so ids
+are optional. Given ids (as for ack and nack), extend prints "ID RESULT
+EXPIRY" per id instead, RESULT being the lease's outcome (ok,
+lease_expired, lease_mismatch): the node extends leases, not single items,
+and does not check that each id is one of the lease's items. Exits 1 if
+the lease was not extended.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 		cf := addClientFlags(fs)
 		lease := newChoice(storage.DefaultLeaseDuration.String(), positiveDuration)
 		fs.Var(lease, "lease", "new lease `duration`, from now")
 		return func(ctx context.Context, args []string) error {
-			if len(args) > 2 {
-				if _, err := storage.ParseItemID(args[2]); err == nil {
-					return usagef("extend applies to the whole lease; drop the ids")
-				}
-			}
-			if err := argsBetween(args, 2, 2, "QUEUE LEASE"); err != nil {
+			if err := argsBetween(args, 2, -1, "QUEUE LEASE [ID...]"); err != nil {
 				return err
 			}
 			l, err := parseLease(args[1])
 			if err != nil {
 				return err
 			}
+			ids, err := parseIDs(args[2:])
+			if err != nil {
+				return err
+			}
 			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
 				exp, err := c.Extend(ctx, args[0], l, lease.val)
-				if err != nil {
-					return err
+				if len(ids) == 0 {
+					if err != nil {
+						return err
+					}
+					fmt.Fprintln(e.stdout, fmtTime(exp))
+					return nil
 				}
-				fmt.Fprintln(e.stdout, fmtTime(exp))
+				code := storage.CodeOK
+				switch {
+				case errors.Is(err, storage.ErrLeaseExpired):
+					code = storage.CodeLeaseExpired
+				case errors.Is(err, storage.ErrLeaseMismatch):
+					code = storage.CodeLeaseMismatch
+				case err != nil:
+					return err // the request failed; nothing to say per id
+				}
+				for _, id := range ids {
+					if code == storage.CodeOK {
+						fmt.Fprintf(e.stdout, "%s %s %s\n", id, code, fmtTime(exp))
+					} else {
+						fmt.Fprintf(e.stdout, "%s %s\n", id, code)
+					}
+				}
+				if code != storage.CodeOK {
+					return notAll(len(ids), len(ids), "extended")
+				}
 				return nil
 			})
 		}
