@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -87,7 +88,11 @@ func TestCLI_EnqueuePollAck(t *testing.T) {
 
 	// The table form names every column.
 	table := n.cli("stats").lines()
-	require.Len(t, table, 2)
+	require.Len(t, table, 3)
+	// The node line says which durability mode is on (DESIGN: stats and
+	// the startup log say it).
+	require.Regexp(t, `^node unix:.*: backend=rocksdb sync=always version=\S+$`, table[0])
+	table = table[1:]
 	require.Equal(t, []string{"QUEUE", "READY", "DELAYED", "INFLIGHT", "DEAD", "LEASES", "OLDEST", "ENQUEUED", "ACKED", "NACKED", "EXPIRED", "DEAD_LETTERED"}, strings.Fields(table[0]))
 	require.Equal(t, []string{"jobs", "0", "0", "0", "0", "0", "0s", "3", "3", "0", "0", "0"}, strings.Fields(table[1]))
 }
@@ -497,4 +502,21 @@ func TestCLI_MaxConns(t *testing.T) {
 	require.Equal(t, 1, strings.Count(r.stderr, "\n"), "%q", r.stderr)
 	require.NoError(t, c.Close())
 	eventually(t, 30*time.Second, func() bool { return n.cliCode("queues").code == 0 }, "the slot was not freed")
+}
+
+// TestCLI_StatsShowsSyncMode: stats says which durability mode the node
+// runs with, as its startup log does.
+func TestCLI_StatsShowsSyncMode(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--sync", "none")
+	require.Contains(t, n.logs.String(), "sync=none")
+	n.cli("enqueue", "jobs", "x")
+	var line struct {
+		Queue, Backend, Sync string
+	}
+	require.NoError(t, json.Unmarshal([]byte(n.cli("stats", "--json").stdout), &line))
+	require.Equal(t, "jobs", line.Queue)
+	require.Equal(t, "rocksdb", line.Backend)
+	require.Equal(t, "none", line.Sync)
+	require.Contains(t, n.cli("stats").lines()[0], "backend=rocksdb sync=none")
 }

@@ -850,6 +850,7 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		MaxWaitersPerQueue: c.maxWaiters,
 		MaxMessageBytes:    c.maxMessage,
 		TLS:                c.tls,
+		Info:               nodeInfo(c),
 	})
 	if err != nil {
 		return fmt.Errorf("rpc server: %w", err)
@@ -956,6 +957,15 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	}
 	log.Info("leaseq stopped")
 	return nil
+}
+
+// nodeInfo is what the node tells clients about itself (stats shows it).
+func nodeInfo(c serveConfig) rpc.NodeInfo {
+	ni := rpc.NodeInfo{Version: version(), Backend: c.backend}
+	if c.backend == "rocksdb" {
+		ni.Sync = c.syncText
+	}
+	return ni
 }
 
 func tlsMode(c serveConfig) string {
@@ -1850,6 +1860,10 @@ type statsJSON struct {
 	Redriven         uint64     `json:"redriven"`
 	Purged           uint64     `json:"purged"`
 	Config           configJSON `json:"config"`
+	// Backend and Sync describe the node, not the queue: repeated on every
+	// line so each line stands alone.
+	Backend string `json:"backend,omitempty"`
+	Sync    string `json:"sync,omitempty"`
 }
 
 // configJSON is a queue config in JSON output. Durations are milliseconds.
@@ -1879,8 +1893,9 @@ var statsCommand = &command{
 Show, for QUEUE or every queue, the items by state (ready, delayed,
 inflight, dead), live leases, the age of the oldest ready item, and the
 lifetime counters (enqueued, acked, nacked, expired, dead-lettered, ...).
---json prints one JSON object per queue and line instead of a table
-(durations in milliseconds).`,
+A first line describes the node: its backend, its --sync mode (RocksDB)
+and version. --json prints one JSON object per queue and line instead
+(durations in milliseconds; backend and sync on every line).`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 		cf := addClientFlags(fs)
 		asJSON := fs.Bool("json", false, "print JSON lines instead of a table")
@@ -1897,6 +1912,10 @@ lifetime counters (enqueued, acked, nacked, expired, dead-lettered, ...).
 				if err != nil {
 					return err
 				}
+				ni, err := c.NodeInfo(ctx)
+				if err != nil {
+					return err
+				}
 				if *asJSON {
 					enc := json.NewEncoder(e.stdout)
 					for _, q := range stats {
@@ -1905,13 +1924,14 @@ lifetime counters (enqueued, acked, nacked, expired, dead-lettered, ...).
 							Leases: q.Leases, OldestReadyAgeMs: q.OldestReadyAge.Milliseconds(),
 							Enqueued: q.Enqueued, Duplicates: q.Duplicates, Delivered: q.Delivered, Acked: q.Acked,
 							Nacked: q.Nacked, Expired: q.Expired, DeadLettered: q.DeadLettered, Redriven: q.Redriven,
-							Purged: q.Purged, Config: toConfigJSON(q.Config),
+							Purged: q.Purged, Config: toConfigJSON(q.Config), Backend: ni.Backend, Sync: ni.Sync,
 						}); err != nil {
 							return err
 						}
 					}
 					return nil
 				}
+				fmt.Fprintf(e.stdout, "node %s: %s\n", *cf.addr, describeNode(ni))
 				tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "QUEUE\tREADY\tDELAYED\tINFLIGHT\tDEAD\tLEASES\tOLDEST\tENQUEUED\tACKED\tNACKED\tEXPIRED\tDEAD_LETTERED")
 				for _, q := range stats {
@@ -1923,6 +1943,18 @@ lifetime counters (enqueued, acked, nacked, expired, dead-lettered, ...).
 			})
 		}
 	},
+}
+
+// describeNode is the node line of `stats`.
+func describeNode(ni rpc.NodeInfo) string {
+	d := "backend=" + ni.Backend
+	switch {
+	case ni.Sync != "":
+		d += " sync=" + ni.Sync
+	case ni.Backend == "fdb":
+		d += " (commits durable on the cluster)"
+	}
+	return d + " version=" + strings.ReplaceAll(ni.Version, " ", "@")
 }
 
 var queuesCommand = &command{

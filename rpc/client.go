@@ -421,6 +421,33 @@ func (c *Client) Queues(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
+// NodeInfo describes the node: version, backend and durability mode.
+func (c *Client) NodeInfo(ctx context.Context) (NodeInfo, error) {
+	f, release := c.q.NodeInfo(ctx, nil)
+	defer release()
+	res, err := f.Struct()
+	if err != nil {
+		return NodeInfo{}, fmt.Errorf("leaseq node info: %w", err)
+	}
+	if err := status("node info", res.Status); err != nil {
+		return NodeInfo{}, err
+	}
+	info, err := res.Info()
+	if err != nil {
+		return NodeInfo{}, fmt.Errorf("leaseq node info: %w", err)
+	}
+	var ni NodeInfo
+	for _, f := range []struct {
+		dst *string
+		get func() (string, error)
+	}{{&ni.Version, info.Version}, {&ni.Backend, info.Backend}, {&ni.Sync, info.Sync}} {
+		if *f.dst, err = f.get(); err != nil {
+			return NodeInfo{}, fmt.Errorf("leaseq node info: %w", err)
+		}
+	}
+	return ni, nil
+}
+
 // Peek lists items without leasing them (p.Now is ignored: the node's
 // clock decides). p.Limit 0 means DefaultPageLimit.
 func (c *Client) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item, error) {

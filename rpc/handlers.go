@@ -452,6 +452,25 @@ func (q *queueServer) Queues(ctx context.Context, call schema.Queue_queues) erro
 	})
 }
 
+// NodeInfo implements schema.Queue_Server.
+func (q *queueServer) NodeInfo(ctx context.Context, call schema.Queue_nodeInfo) error {
+	res, err := call.AllocResults()
+	return q.call(OpNodeInfo, res, err, func() error {
+		info, err := res.NewInfo()
+		if err != nil {
+			return err
+		}
+		ni := q.s.cfg.Info
+		if err := info.SetVersion(ni.Version); err != nil {
+			return err
+		}
+		if err := info.SetBackend(ni.Backend); err != nil {
+			return err
+		}
+		return info.SetSync(ni.Sync)
+	})
+}
+
 // Peek implements schema.Queue_Server.
 func (q *queueServer) Peek(ctx context.Context, call schema.Queue_peek) error {
 	call.Go()

@@ -25,12 +25,13 @@ const (
 	OpGetConfig
 	OpSetConfig
 	OpSubscribe
+	OpNodeInfo
 	numOps
 )
 
 var opNames = [numOps]string{
 	"enqueue", "poll", "ack", "nack", "extend", "stats", "queues", "peek", "purge",
-	"dead_list", "redrive", "purge_dead", "get_config", "set_config", "subscribe",
+	"dead_list", "redrive", "purge_dead", "get_config", "set_config", "subscribe", "node_info",
 }
 
 // String returns the snake_case name used as a metric label.

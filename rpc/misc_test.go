@@ -258,3 +258,14 @@ func TestServer_AcceptRetriesTemporaryErrors(t *testing.T) {
 	require.NoError(t, err)
 	require.Less(t, fl.fails.Load(), int32(0))
 }
+
+func TestClient_NodeInfo(t *testing.T) {
+	t.Parallel()
+	want := NodeInfo{Version: "v1.2.3 abcdef012345", Backend: "rocksdb", Sync: "none"}
+	b := setup(t, bundleOpts{mutate: func(c *ServerConfig) { c.Info = want }})
+	got, err := b.dial().NodeInfo(ctxT(t))
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	require.Equal(t, uint64(1), b.srv.Metrics().Ops[OpNodeInfo].Count)
+	require.Equal(t, "node_info", OpNodeInfo.String())
+}

@@ -63,6 +63,18 @@ type ServerConfig struct {
 	TLS *tls.Config
 	// HandshakeTimeout bounds a TLS handshake (0: DefaultHandshakeTimeout).
 	HandshakeTimeout time.Duration
+	// Info is what the nodeInfo call reports; the zero value reports
+	// nothing about the node.
+	Info NodeInfo
+}
+
+// NodeInfo describes a node to its clients (Client.NodeInfo).
+type NodeInfo struct {
+	Version string // build version and VCS revision
+	Backend string // "rocksdb" or "fdb"
+	// Sync is the RocksDB WAL mode, "always" or "none"; "" for backends
+	// whose commits are always durable (fdb).
+	Sync string
 }
 
 // Server serves the Queue interface of schema/queue.capnp over a Store. It is

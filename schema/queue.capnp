@@ -180,6 +180,15 @@ struct QueueStats {
   config @16 :QueueConfig;
 }
 
+# NodeInfo describes the serving node.
+struct NodeInfo {
+  version @0 :Text;   # build version and VCS revision, as far as recorded
+  backend @1 :Text;   # "rocksdb" or "fdb"
+  sync @2 :Text;      # rocksdb: "always" (WAL fsynced before a reply) or
+                      # "none" (written, not synced); fdb: "" (commits are
+                      # durable when they return)
+}
+
 # Queue is the bootstrap capability of a leaseq node.
 interface Queue {
   # enqueue adds items; queues are created on first enqueue. Per item: ok
@@ -248,6 +257,10 @@ interface Queue {
   # prefetch: 1..1000 items outstanding at most; leaseMs as for poll.
   subscribe @14 (queue :Text, prefetch :UInt32, leaseMs :UInt64, consumer :Consumer)
             -> (status :Status, subscription :Subscription);
+
+  # nodeInfo describes the node: version, backend and durability mode
+  # (`leaseq stats` shows it).
+  nodeInfo @15 () -> (status :Status, info :NodeInfo);
 }
 
 # Consumer is implemented by the client and passed to Queue.subscribe.
