@@ -271,6 +271,10 @@ func TestCLI_BadInput(t *testing.T) {
 		{"WaitOverLimit", []string{"poll", "jobs", "--wait", "2m"}, "", exitFailure, "wait"},
 		{"LeaseUnderLimit", []string{"poll", "jobs", "--lease", "1ms"}, "", exitFailure, "lease"},
 		{"PayloadOverLimit", []string{"enqueue", "jobs", "-"}, strings.Repeat("x", 2000), exitFailure, "item rejected"},
+		{"DelayOverLimit", []string{"enqueue", "jobs", "x", "--delay", "200h"}, "", exitFailure, "delay 200h0m0s outside [0, 168h0m0s]"},
+		{"NackDelayOverLimit", []string{"nack", "jobs", lease, lease, "--delay", "200h"}, "", exitFailure, "delay 200h0m0s outside"},
+		{"DedupKeyOverLimit", []string{"enqueue", "jobs", "x", "--key", strings.Repeat("k", 2000)}, "", exitFailure, "dedup key of 2000 bytes exceeds the limit of 1024"},
+		{"BatchOverLimit", []string{"poll", "jobs", "-n", "2000"}, "", exitFailure, "max must be 1-1000, got 2000"},
 		{"BadPriority", []string{"enqueue", "jobs", "x", "--priority", "300"}, "", exitUsage, "want an integer from 0 to 255"},
 		{"NZero", []string{"poll", "jobs", "-n", "0"}, "", exitUsage, "-n must be positive"},
 		{"DlqNoSub", []string{"dlq"}, "", exitUsage, "missing sub-command"},
@@ -519,4 +523,38 @@ func TestCLI_StatsShowsSyncMode(t *testing.T) {
 	require.Equal(t, "rocksdb", line.Backend)
 	require.Equal(t, "none", line.Sync)
 	require.Contains(t, n.cli("stats").lines()[0], "backend=rocksdb sync=none")
+}
+
+// TestCLI_SmallMaxBatch: the CLI sizes its batches by the node's
+// --max-batch, so enqueue --lines and dlq --all work on a node with a
+// small limit.
+func TestCLI_SmallMaxBatch(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--max-batch", "100")
+	var in strings.Builder
+	for i := range 250 {
+		fmt.Fprintln(&in, i)
+	}
+	r := runCLI(t, []string{"LEASEQ_ADDR=" + n.addr}, in.String(), "enqueue", "many", "--lines")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Len(t, r.lines(), 250)
+	require.Equal(t, uint64(250), n.stats("many").Enqueued)
+
+	// 150 items dead-lettered, then redriven with --all in pages of 100.
+	n.cli("config", "many", "--max-attempts", "1")
+	for range 2 {
+		items := parsePolled(t, n.cli("poll", "many", "-n", "75"))
+		require.Len(t, items, 75)
+		var stdin strings.Builder
+		for _, it := range items {
+			b, err := json.Marshal(it)
+			require.NoError(t, err)
+			fmt.Fprintln(&stdin, string(b))
+		}
+		r = runCLI(t, []string{"LEASEQ_ADDR=" + n.addr}, stdin.String(), "nack", "many", "-", "--delay", "0")
+		require.Equal(t, 0, r.code, r.stderr)
+	}
+	require.Equal(t, int64(150), n.stats("many").Dead)
+	require.Equal(t, "redriven 150\n", n.cli("dlq", "redrive", "many", "--all").stdout)
+	require.Equal(t, queueStats{Ready: 250, Enqueued: 250, Delivered: 150, Nacked: 150, DeadLettered: 150, Redriven: 150}, n.stats("many"))
 }

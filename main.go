@@ -1371,6 +1371,25 @@ func (cf *clientFlags) dialError(tc *tls.Config, err error) error {
 	return fmt.Errorf("the node at %s closed the connection during setup (%s): %w", addr, hint, err)
 }
 
+// batchSize is how many items or ids the CLI sends per call: at most 500
+// (well under the default limit of 1000, so a call stays a modest
+// transaction), and never more than the node's --max-batch. Only a call
+// that needs more than one item asks the node.
+func batchSize(ctx context.Context, c *rpc.Client, n int) (int, error) {
+	const batch = 500
+	if n <= 1 {
+		return batch, nil
+	}
+	ni, err := c.NodeInfo(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if ni.MaxBatch > 0 && ni.MaxBatch < batch {
+		return ni.MaxBatch, nil
+	}
+	return batch, nil
+}
+
 // argsBetween checks the number of positional arguments.
 func argsBetween(args []string, lo, hi int, what string) error {
 	switch {
@@ -1588,8 +1607,10 @@ followed by "duplicate".`,
 				payloads = [][]byte{{}}
 			}
 			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
-				// Batches stay well under the default limit of 1000.
-				const batch = 500
+				batch, err := batchSize(ctx, c, len(payloads))
+				if err != nil {
+					return err
+				}
 				for len(payloads) > 0 {
 					n := min(batch, len(payloads))
 					items := make([]storage.EnqueueItem, n)
@@ -2144,14 +2165,19 @@ max attempts):
 					}
 					// Page by page until a page comes back short: each
 					// call is one bounded transaction on the node.
+					page, err := batchSize(ctx, c, rpc.DefaultPageLimit)
+					if err != nil {
+						return err
+					}
+					page = min(page, rpc.DefaultPageLimit)
 					total := 0
 					for {
-						res, err := op(c, ctx, storage.RedriveParams{Queue: args[0], Limit: rpc.DefaultPageLimit})
+						res, err := op(c, ctx, storage.RedriveParams{Queue: args[0], Limit: page})
 						if err != nil {
 							return err
 						}
 						total += res.Moved
-						if res.Moved < rpc.DefaultPageLimit {
+						if res.Moved < page {
 							break
 						}
 					}

@@ -436,7 +436,7 @@ func (c *Client) NodeInfo(ctx context.Context) (NodeInfo, error) {
 	if err != nil {
 		return NodeInfo{}, fmt.Errorf("leaseq node info: %w", err)
 	}
-	var ni NodeInfo
+	ni := NodeInfo{MaxBatch: int(info.MaxBatch()), MaxPayload: int(info.MaxPayload())}
 	for _, f := range []struct {
 		dst *string
 		get func() (string, error)

@@ -461,6 +461,8 @@ func (q *queueServer) NodeInfo(ctx context.Context, call schema.Queue_nodeInfo) 
 			return err
 		}
 		ni := q.s.cfg.Info
+		info.SetMaxBatch(uint32(q.s.limits.MaxBatch))
+		info.SetMaxPayload(uint32(q.s.limits.MaxPayload))
 		if err := info.SetVersion(ni.Version); err != nil {
 			return err
 		}

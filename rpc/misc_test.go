@@ -15,6 +15,7 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/memstore"
 )
 
@@ -265,6 +266,7 @@ func TestClient_NodeInfo(t *testing.T) {
 	b := setup(t, bundleOpts{mutate: func(c *ServerConfig) { c.Info = want }})
 	got, err := b.dial().NodeInfo(ctxT(t))
 	require.NoError(t, err)
+	want.MaxBatch, want.MaxPayload = storage.DefaultLimits.MaxBatch, storage.DefaultLimits.MaxPayload
 	require.Equal(t, want, got)
 	require.Equal(t, uint64(1), b.srv.Metrics().Ops[OpNodeInfo].Count)
 	require.Equal(t, "node_info", OpNodeInfo.String())

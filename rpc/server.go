@@ -75,6 +75,10 @@ type NodeInfo struct {
 	// Sync is the RocksDB WAL mode, "always" or "none"; "" for backends
 	// whose commits are always durable (fdb).
 	Sync string
+	// MaxBatch and MaxPayload are the node's limits; the server fills
+	// them in from its Limits.
+	MaxBatch   int
+	MaxPayload int
 }
 
 // Server serves the Queue interface of schema/queue.capnp over a Store. It is

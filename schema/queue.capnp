@@ -187,6 +187,8 @@ struct NodeInfo {
   sync @2 :Text;      # rocksdb: "always" (WAL fsynced before a reply) or
                       # "none" (written, not synced); fdb: "" (commits are
                       # durable when they return)
+  maxBatch @3 :UInt32;   # most items or ids one call may carry (--max-batch)
+  maxPayload @4 :UInt32; # largest item payload in bytes (--max-payload)
 }
 
 # Queue is the bootstrap capability of a leaseq node.
