@@ -196,7 +196,7 @@ func TestConsume(t *testing.T) {
 		b := setup(t, bundleOpts{})
 		c := b.dial()
 		r := startConsume(c, ConsumerConfig{Queue: "q", Clock: b.clock, Handler: func(context.Context, storage.Item) error { return nil }})
-		eventually(t, 5*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		b.srv.Stop()
 		select {
 		case err := <-r.done:
