@@ -75,7 +75,7 @@ func TestBadInput_Wire(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, conn.(*net.TCPConn).CloseWrite())
 		requireClosedByServer(t, conn)
-		eventually(t, 5*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 0 })
+		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 0 })
 		requireServing(t, b)
 	})
 
