@@ -558,3 +558,19 @@ func TestCLI_SmallMaxBatch(t *testing.T) {
 	require.Equal(t, "redriven 150\n", n.cli("dlq", "redrive", "many", "--all").stdout)
 	require.Equal(t, queueStats{Ready: 250, Enqueued: 250, Delivered: 150, Nacked: 150, DeadLettered: 150, Redriven: 150}, n.stats("many"))
 }
+
+// TestCLI_CheckWhileServing: check on the database of a running node says
+// to stop the node, naming its process.
+func TestCLI_CheckWhileServing(t *testing.T) {
+	t.Parallel()
+	data := filepath.Join(t.TempDir(), "data")
+	n := startNode(t, data)
+	r := runCLI(t, nil, "", "check", "--data", data)
+	require.Equal(t, exitFailure, r.code, r.stdout)
+	require.Contains(t, r.stderr, fmt.Sprintf("is in use by process %d", n.cmd.Process.Pid))
+	require.Contains(t, r.stderr, "stop it first")
+	require.Equal(t, 1, strings.Count(r.stderr, "\n"), "%q", r.stderr)
+	require.Equal(t, 0, n.stop())
+	r = runCLI(t, nil, "", "check", "--data", data)
+	require.Equal(t, 0, r.code, r.stdout+r.stderr)
+}

@@ -1213,11 +1213,33 @@ func check(ctx context.Context, e *env, data string, log *slog.Logger) (err erro
 	if _, err := os.Stat(data); err != nil {
 		return fmt.Errorf("no database at %s: %w", data, err)
 	}
+	if pid, ok := lockHolder(data); ok {
+		return fmt.Errorf("the database in %s is in use by process %d (a running 'leaseq serve'? stop it first: check needs the database to itself)", data, pid)
+	}
 	store, err := rocksstore.Open(data, rocksstore.Options{Logger: log})
 	if err != nil {
 		return fmt.Errorf("open store in %s: %w", data, err)
 	}
 	return checkReport(ctx, e, store, data)
+}
+
+// lockHolder reports the process holding RocksDB's lock on the database in
+// dir, if any, so check can say "stop the node first" instead of passing
+// on RocksDB's "IO error: While lock file". RocksDB locks DIR/LOCK with a
+// POSIX record lock (fcntl F_SETLK); F_GETLK asks who holds it without
+// taking it. Any failure to ask means "not known to be held": Open then
+// reports what is wrong.
+func lockHolder(dir string) (pid int, held bool) {
+	f, err := os.Open(filepath.Join(dir, "LOCK"))
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	lk := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: io.SeekStart}
+	if err := syscall.FcntlFlock(f.Fd(), syscall.F_GETLK, &lk); err != nil || lk.Type == syscall.F_UNLCK {
+		return 0, false
+	}
+	return int(lk.Pid), true
 }
 
 // checkFDB checks the subspace of a FoundationDB deployment; the nodes

@@ -300,3 +300,31 @@ func TestFDBPrefix(t *testing.T) {
 		require.ErrorContains(t, err, "want a subspace name")
 	}
 }
+
+// TestRun_EveryCommandHasHelp: `leaseq help NAME` and `leaseq NAME --help`
+// explain every command and list each of its flags with a description.
+func TestRun_EveryCommandHasHelp(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range commands {
+		if cmd.raw {
+			continue // bench prints its harness's own help (TestCLI_Help)
+		}
+		t.Run(cmd.name, func(t *testing.T) {
+			t.Parallel()
+			require.NotEmpty(t, strings.TrimSpace(cmd.help))
+			require.NotEmpty(t, cmd.summary)
+			for _, args := range [][]string{{"help", cmd.name}, {cmd.name, "--help"}} {
+				te := newTestEnv(nil)
+				require.Equal(t, exitOK, run(context.Background(), args, &te.env), te.errOut.String())
+				out := te.out.String()
+				require.Contains(t, out, "Usage:\n  leaseq "+cmd.name+" [flags]")
+				require.Contains(t, out, strings.TrimSpace(cmd.help))
+				fs, _ := newFlagSet(cmd, &te.env)
+				fs.VisitAll(func(f *flag.Flag) {
+					require.NotEmpty(t, f.Usage, "--%s has no description", f.Name)
+					require.Contains(t, out, "-"+f.Name)
+				})
+			}
+		})
+	}
+}
