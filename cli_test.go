@@ -411,6 +411,21 @@ func TestCLI_MetricsEndpoints(t *testing.T) {
 	} {
 		require.Equal(t, want, metricValue(page, series), "%s in:\n%s", series, page)
 	}
+	// Every leaseq series is documented in the README's metrics table.
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	for _, line := range strings.Split(page, "\n") {
+		if !strings.HasPrefix(line, "leaseq_") {
+			continue
+		}
+		name := strings.FieldsFunc(line, func(r rune) bool { return r == '{' || r == ' ' })[0]
+		for _, suf := range []string{"_bucket", "_sum", "_count"} {
+			if base, ok := strings.CutSuffix(name, suf); ok && strings.Contains(string(readme), "`"+base+"`") {
+				name = base
+			}
+		}
+		require.Contains(t, string(readme), "| `"+name+"` |", "metric %s is not in the README's metrics table", name)
+	}
 	for _, name := range []string{
 		`leaseq_queue_oldest_ready_age_seconds{queue="jobs"}`,
 		`leaseq_rpc_request_duration_seconds_bucket{op="enqueue",le="0.001"}`,
