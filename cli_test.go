@@ -475,7 +475,7 @@ func TestCLI_EnvAndLines(t *testing.T) {
 	require.Equal(t, 0, cr.code, cr.stderr)
 	require.Equal(t, []string{"max-attempts=7", "lease=30s", "dedup-window=5m0s", "backoff-base=500ms", "backoff-max=30s"}, cr.lines())
 	cr = runCLI(t, env, "", "help", "config")
-	require.Contains(t, cr.stdout, "--max-attempts n\n      set deliveries before an item is dead-lettered (n) (default 5) [command line only]")
+	require.Contains(t, cr.stdout, "--max-attempts n\n      set how many deliveries (n) an item gets before it is dead-lettered (new queues: 5) [command line only]")
 	require.Contains(t, cr.stdout, "--addr address")
 	require.Contains(t, cr.stdout, "[LEASEQ_ADDR]")
 

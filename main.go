@@ -2226,17 +2226,23 @@ queue into a change of it.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 		cf := addClientFlags(fs)
 		asJSON := fs.Bool("json", false, "print JSON instead of name=value lines")
+		d := storage.DefaultQueueConfig()
 		maxAttempts := newChoice("5", intRange(1, 1<<31-1))
-		fs.Var(maxAttempts, "max-attempts", "set deliveries before an item is dead-lettered (`n`)")
+		fs.Var(maxAttempts, "max-attempts", fmt.Sprintf("set how many deliveries (`n`) an item gets before it is dead-lettered (new queues: %d)", d.MaxAttempts))
 		lease := newChoice(storage.DefaultLeaseDuration.String(), positiveDuration)
-		fs.Var(lease, "lease", "set the default lease `duration` of a poll")
+		fs.Var(lease, "lease", fmt.Sprintf("set the default lease `duration` of a poll (new queues: %v)", d.LeaseDuration))
 		dedup := newChoice(storage.DefaultDedupWindow.String(), positiveDuration)
-		fs.Var(dedup, "dedup-window", "set how long a dedup key suppresses repeats (a `duration`)")
+		fs.Var(dedup, "dedup-window", fmt.Sprintf("set how long (a `duration`) a dedup key suppresses repeats (new queues: %v)", d.DedupWindow))
 		base := newChoice(storage.DefaultBackoffBase.String(), positiveDuration)
-		fs.Var(base, "backoff-base", "set the nack backoff base (a `duration`)")
+		fs.Var(base, "backoff-base", fmt.Sprintf("set the nack backoff base (a `duration`; new queues: %v)", d.BackoffBase))
 		bmax := newChoice(storage.DefaultBackoffMax.String(), positiveDuration)
-		fs.Var(bmax, "backoff-max", "set the nack backoff cap (a `duration`)")
+		fs.Var(bmax, "backoff-max", fmt.Sprintf("set the nack backoff cap (a `duration`; new queues: %v)", d.BackoffMax))
 		cliOnly(fs, "max-attempts", "lease", "dedup-window", "backoff-base", "backoff-max")
+		// A setting flag left out leaves the setting as it is: there is
+		// no default to show, only what new queues start with.
+		for _, name := range []string{"max-attempts", "lease", "dedup-window", "backoff-base", "backoff-max"} {
+			fs.Lookup(name).DefValue = ""
+		}
 		return func(ctx context.Context, args []string) error {
 			if err := argsBetween(args, 1, 1, "QUEUE"); err != nil {
 				return err
