@@ -540,12 +540,12 @@ func TestCLI_StatsShowsSyncMode(t *testing.T) {
 	require.Contains(t, n.cli("stats").lines()[0], "backend=rocksdb sync=none")
 }
 
-// TestCLI_SmallMaxBatch: the CLI sizes its batches by the node's
-// --max-batch, so enqueue --lines and dlq --all work on a node with a
-// small limit.
+// TestCLI_SmallMaxBatch: the CLI sizes its batches and default pages by
+// the node's --max-batch, so enqueue --lines, dlq --all, dlq ls and peek
+// work on a node with a small limit.
 func TestCLI_SmallMaxBatch(t *testing.T) {
 	t.Parallel()
-	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--max-batch", "100")
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--max-batch", "50")
 	var in strings.Builder
 	for i := range 250 {
 		fmt.Fprintln(&in, i)
@@ -555,11 +555,11 @@ func TestCLI_SmallMaxBatch(t *testing.T) {
 	require.Len(t, r.lines(), 250)
 	require.Equal(t, uint64(250), n.stats("many").Enqueued)
 
-	// 150 items dead-lettered, then redriven with --all in pages of 100.
+	// 150 items dead-lettered, then redriven with --all in pages of 50.
 	n.cli("config", "many", "--max-attempts", "1")
-	for range 2 {
-		items := parsePolled(t, n.cli("poll", "many", "-n", "75"))
-		require.Len(t, items, 75)
+	for range 3 {
+		items := parsePolled(t, n.cli("poll", "many", "-n", "50"))
+		require.Len(t, items, 50)
 		var stdin strings.Builder
 		for _, it := range items {
 			b, err := json.Marshal(it)
@@ -570,6 +570,14 @@ func TestCLI_SmallMaxBatch(t *testing.T) {
 		require.Equal(t, 0, r.code, r.stderr)
 	}
 	require.Equal(t, int64(150), n.stats("many").Dead)
+	// The default page size (100) is lowered to the node's limit; an
+	// explicit -n is sent as given.
+	require.Len(t, n.cli("dlq", "ls", "many").lines(), 50)
+	require.Len(t, n.cli("peek", "many").lines(), 50)
+	require.Len(t, n.cli("peek", "many", "-n", "30").lines(), 30)
+	r = n.cliCode("peek", "many", "-n", "51")
+	require.Equal(t, exitFailure, r.code)
+	require.Contains(t, r.stderr, "51")
 	require.Equal(t, "redriven 150\n", n.cli("dlq", "redrive", "many", "--all").stdout)
 	require.Equal(t, queueStats{Ready: 250, Enqueued: 250, Delivered: 150, Nacked: 150, DeadLettered: 150, Redriven: 150}, n.stats("many"))
 }

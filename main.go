@@ -2026,12 +2026,14 @@ var queuesCommand = &command{
 
 // pageFlags page through items in id order.
 type pageFlags struct {
+	fs    *flag.FlagSet
 	n     *int
 	after *string
 }
 
 func addPageFlags(fs *flag.FlagSet) *pageFlags {
 	return &pageFlags{
+		fs:    fs,
 		n:     fs.Int("n", rpc.DefaultPageLimit, "most items to list"),
 		after: fs.String("after", "", "list items after this `id` (for paging)"),
 	}
@@ -2047,6 +2049,22 @@ func (p *pageFlags) parse() (after storage.ItemID, limit int, err error) {
 		}
 	}
 	return after, *p.n, nil
+}
+
+// fit lowers the default page size to the node's --max-batch; an -n the
+// user gave (flag or LEASEQ_N) is sent as given, so the node's limit error
+// names it.
+func (p *pageFlags) fit(ctx context.Context, c *rpc.Client, limit int) (int, error) {
+	given := false
+	p.fs.Visit(func(f *flag.Flag) { given = given || f.Name == "n" })
+	if given {
+		return limit, nil
+	}
+	bs, err := batchSize(ctx, c, limit)
+	if err != nil {
+		return 0, err
+	}
+	return min(limit, bs), nil
 }
 
 var peekCommand = &command{
@@ -2071,6 +2089,10 @@ lease fields; state says ready, delayed or inflight). Page with -n and
 				return err
 			}
 			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+				limit, err := pf.fit(ctx, c, limit)
+				if err != nil {
+					return err
+				}
 				items, err := c.Peek(ctx, storage.PeekParams{Queue: args[0], Inflight: *inflight, After: after, Limit: limit})
 				if err != nil {
 					return err
@@ -2146,6 +2168,10 @@ max attempts):
 					return err
 				}
 				return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+					limit, err := pf.fit(ctx, c, limit)
+					if err != nil {
+						return err
+					}
 					items, err := c.DeadList(ctx, storage.DeadListParams{Queue: args[0], After: after, Limit: limit})
 					if err != nil {
 						return err
