@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -18,8 +19,11 @@ import (
 )
 
 // crashRounds is how many SIGKILLs TestCrash_KillRestart deals by default;
-// LEASEQ_CRASH_ROUNDS asks for more (or fewer).
+// the -crash-rounds test flag (go test -run TestCrash -crash-rounds 200 .)
+// or LEASEQ_CRASH_ROUNDS asks for more (or fewer).
 const crashRounds = 20
+
+var crashRoundsFlag = flag.Int("crash-rounds", 0, "SIGKILL rounds of TestCrash_KillRestart (0: LEASEQ_CRASH_ROUNDS, else 20)")
 
 // crashLedger is what the test's clients know for sure about every item.
 type crashLedger struct {
@@ -83,13 +87,16 @@ func TestCrash_KillRestart(t *testing.T) {
 		require.NoError(t, err, "LEASEQ_CRASH_ROUNDS")
 		rounds = n
 	}
+	if *crashRoundsFlag > 0 {
+		rounds = *crashRoundsFlag
+	}
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("LEASEQ_CRASH_SEED"); s != "" {
 		n, err := strconv.ParseUint(s, 10, 64)
 		require.NoError(t, err, "LEASEQ_CRASH_SEED")
 		seed = n
 	}
-	t.Logf("rounds=%d seed=%d (LEASEQ_CRASH_ROUNDS, LEASEQ_CRASH_SEED)", rounds, seed)
+	t.Logf("rounds=%d seed=%d (-crash-rounds or LEASEQ_CRASH_ROUNDS, LEASEQ_CRASH_SEED)", rounds, seed)
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 
 	data := filepath.Join(t.TempDir(), "data")
