@@ -597,3 +597,21 @@ func TestCLI_CheckWhileServing(t *testing.T) {
 	r = runCLI(t, nil, "", "check", "--data", data)
 	require.Equal(t, 0, r.code, r.stdout+r.stderr)
 }
+
+// TestCLI_MaxMessage: a request over the node's --max-message costs the
+// client its connection, with a line that says so; the node serves on.
+func TestCLI_MaxMessage(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, nil, "", "serve", "--max-message", "64KiB", "--max-payload", "1MiB")
+	require.Equal(t, exitUsage, r.code)
+	require.Contains(t, r.stderr, "--max-payload 1048576 must be below --max-message 65536")
+
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--max-message", "64KiB", "--max-payload", "32KiB")
+	r = runCLI(t, []string{"LEASEQ_ADDR=" + n.addr}, strings.Repeat("x", 100_000), "enqueue", "jobs", "-")
+	require.Equal(t, exitFailure, r.code, r.stdout)
+	require.Contains(t, r.stderr, "closed the connection during the call")
+	require.Contains(t, r.stderr, "--max-message")
+	require.Equal(t, 1, strings.Count(r.stderr, "\n"), "%q", r.stderr)
+	require.Len(t, strings.TrimSpace(n.cli("enqueue", "jobs", "small").stdout), 32)
+	require.NotContains(t, n.logs.String(), "level=ERROR")
+}

@@ -628,6 +628,9 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 			if *maxWaiters < 0 {
 				return usagef("--max-waiters must be >= 0, got %d", *maxWaiters)
 			}
+			if maxPayload.val >= maxMessage.val {
+				return usagef("--max-payload %d must be below --max-message %d (an item that size could never arrive in one message)", maxPayload.val, maxMessage.val)
+			}
 			if minLease.val > maxLease.val {
 				return usagef("--min-lease %v is longer than --max-lease %v", minLease.val, maxLease.val)
 			}
@@ -1359,6 +1362,9 @@ func (cf *clientFlags) with(ctx context.Context, extra time.Duration, fn func(ct
 	if err := fn(ctx, c); err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("no answer from %s within %v: %w", *cf.addr, *cf.timeout+extra, err)
+		}
+		if rpc.IsDisconnected(err) {
+			return fmt.Errorf("the node at %s closed the connection during the call, so its outcome is unknown (a request over the node's --max-message, or the node stopped): %w", *cf.addr, err)
 		}
 		return err
 	}

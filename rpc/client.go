@@ -421,6 +421,12 @@ func (c *Client) Queues(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
+// IsDisconnected reports whether err (from a Client method) means the
+// connection to the node is gone: the node closed it (it stopped, or the
+// request broke a limit such as its maximum message size) or the network
+// failed. The call's outcome is then unknown.
+func IsDisconnected(err error) bool { return err != nil && isDisconnect(err) }
+
 // NodeInfo describes the node: version, backend and durability mode.
 func (c *Client) NodeInfo(ctx context.Context) (NodeInfo, error) {
 	f, release := c.q.NodeInfo(ctx, nil)

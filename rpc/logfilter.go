@@ -23,7 +23,23 @@ var disconnectPhrases = []string{
 	"context canceled",
 }
 
+// clientFaultPhrases are go-capnp ERROR reports of a peer breaking the
+// node's limits (a message over --max-message): the peer's fault, which
+// the node survives by closing that connection, so WARN.
+var clientFaultPhrases = []string{
+	"message too large",
+}
+
 func (h quietHandler) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level > slog.LevelWarn {
+		for _, p := range clientFaultPhrases {
+			if strings.Contains(r.Message, p) {
+				r2 := slog.NewRecord(r.Time, slog.LevelWarn, r.Message, r.PC)
+				r.Attrs(func(a slog.Attr) bool { r2.AddAttrs(a); return true })
+				return h.Handler.Handle(ctx, r2)
+			}
+		}
+	}
 	if r.Level >= slog.LevelWarn {
 		for _, p := range disconnectPhrases {
 			if strings.Contains(r.Message, p) {

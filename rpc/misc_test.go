@@ -72,6 +72,11 @@ func TestLogFilter_DemotesDisconnects(t *testing.T) {
 	require.Contains(t, buf.String(), "level=ERROR")
 
 	buf.Reset()
+	l.Error("reader: transport: stream transport: receive: decode: message too large")
+	require.Contains(t, buf.String(), "level=WARN")
+	require.Contains(t, buf.String(), "message too large")
+
+	buf.Reset()
 	debug := capnpLogger(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	debug.Error("rpc: connection closed", "k", "v")
 	require.Contains(t, buf.String(), "level=DEBUG")
