@@ -83,8 +83,12 @@ func Chart(rep *Report) string {
 		for _, r := range rs {
 			c := color[r.System]
 			fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end" font-size="10">%s</text>`+"\n", labelW-6, y+10, html.EscapeString(r.System))
-			if r.Err != "" {
-				fmt.Fprintf(&b, `<text x="%d" y="%d" fill="#b00" font-size="10">failed</text>`+"\n", labelW, y+10)
+			if r.Err != "" || r.Incomplete != "" {
+				word := "failed"
+				if r.Err == "" {
+					word = "incomplete: " + human(float64(r.Items)) + " items"
+				}
+				fmt.Fprintf(&b, `<text x="%d" y="%d" fill="#b00" font-size="10">%s</text>`+"\n", labelW, y+10, word)
 				y += rowH
 				continue
 			}

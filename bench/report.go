@@ -37,7 +37,7 @@ type Goal struct {
 	Met    bool    `json:"met"`
 }
 
-func ok(r Result) bool { return r.Err == "" && r.Items > 0 }
+func ok(r Result) bool { return r.Err == "" && r.Incomplete == "" && r.Items > 0 }
 
 func isLeaseq(r Result) bool { return r.Family == "leaseq" }
 
@@ -185,6 +185,9 @@ func note(r Result) string {
 	}
 	if r.Interrupted {
 		n = append(n, "interrupted")
+	}
+	if r.Incomplete != "" {
+		n = append(n, "INCOMPLETE: "+r.Incomplete)
 	}
 	keys := make([]string, 0, len(r.Extra))
 	for k := range r.Extra {
