@@ -74,7 +74,7 @@ STATIC_LDFLAGS := -s -w -linkmode external -extldflags "-static"
 # race_list prints the existing RACE_PKGS as go package patterns.
 race_list = for d in $(RACE_PKGS); do if [ "$$d" = . ]; then echo .; elif [ -d "$$d" ]; then echo "./$$d/..."; fi; done
 
-.PHONY: help deps build static run test test-race test-fdb stress fuzz bench bench-compare generate verify fmt lint tidy build-fdb clean
+.PHONY: help deps build static run test test-race test-fdb stress fuzz bench bench-peers bench-compare generate verify fmt lint tidy build-fdb clean
 
 help: ## list the targets and options
 	@echo "Usage: make <target> [VAR=value ...]"
@@ -165,6 +165,9 @@ bench: deps ## run Go benchmarks (ITERATIONS=N for N iterations each, COUNT=, BE
 # compares them with benchstat. Use COUNT>=5 (the default here is 6) for
 # benchstat's statistics to mean something; numbers on a shared machine
 # are noisy.
+bench-peers: ## install beanstalkd, redis and nats-server, then compare them with leaseq side by side (ARGS= passes bench flags)
+	bash bench/scripts/bench-peers.sh $(ARGS)
+
 bench-compare: deps ## compare Go benchmarks of REF (default HEAD~1) with the working tree via benchstat (BENCH=, PKGS=, COUNT=)
 	@command -v benchstat >/dev/null || { echo "bench-compare: benchstat not on PATH: go install golang.org/x/perf/cmd/benchstat@<version>" >&2; exit 1; }
 	@mkdir -p bin; rm -rf bin/bench-ref; \
