@@ -136,41 +136,14 @@ func (s *Store) Ack(ctx context.Context, p storage.AckParams) ([]storage.Code, e
 	}
 	q := s.queue(p.Queue)
 	now := nanos(p.Now)
-	codes := make([]storage.Code, len(p.IDs))
-	if q == nil {
-		for i := range codes {
-			codes[i] = storage.CodeNotFound
-		}
-		return codes, nil
-	}
-	err := s.runTxn("ack", func(tx *txn) error {
-		lv, err := readLease(tx, p.Lease, now)
-		if err != nil {
-			return err
-		}
-		d := tx.delta(q)
-		for i, id := range p.IDs {
-			c, rec, err := checkItem(tx, q, lv, id)
-			if err != nil {
+	codes, err := s.settle("ack", q, p.Lease, now, p.IDs, func(tx *txn, d *dbkeys.Counters, id storage.ItemID, rec *dbkeys.ItemRecord) error {
+		if rec.PayloadExternal {
+			if err := tx.del(dbkeys.PayloadKey(q.name, id)); err != nil {
 				return err
 			}
-			codes[i] = c
-			if c != storage.CodeOK {
-				continue
-			}
-			if err := tx.del(dbkeys.InProgressKey(q.name, id)); err != nil {
-				return err
-			}
-			if rec.PayloadExternal {
-				if err := tx.del(dbkeys.PayloadKey(q.name, id)); err != nil {
-					return err
-				}
-			}
-			lv.release(id)
-			d.Inflight--
-			d.Acked++
 		}
-		return lv.finish(tx, q)
+		d.Acked++
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("rocksstore: ack %q: %w", p.Queue, err)
@@ -197,22 +170,54 @@ func (s *Store) Nack(ctx context.Context, p storage.NackParams) ([]storage.Code,
 	}
 	q := s.queue(p.Queue)
 	now := nanos(p.Now)
-	codes := make([]storage.Code, len(p.IDs))
+	reason := truncateReason(p.Reason, s.limits.MaxReason)
+	var cfg storage.QueueConfig
+	if q != nil {
+		cfg = q.config()
+	}
+	codes, err := s.settle("nack", q, p.Lease, now, p.IDs, func(tx *txn, d *dbkeys.Counters, id storage.ItemID, rec *dbkeys.ItemRecord) error {
+		d.Nacked++
+		rec.LastError = reason
+		if rec.Attempts >= q.maxAttempts(rec) {
+			return s.putDead(tx, q, id, *rec, "nack: "+reason, now)
+		}
+		var delay time.Duration
+		if p.Delay != nil {
+			delay = *p.Delay
+		} else {
+			delay = storage.Backoff(cfg, rec.Attempts, s.jitter())
+		}
+		rec.VisibleAt = now + int64(delay)
+		rec.Delayed = rec.VisibleAt > now
+		return s.putAvailable(tx, q, id, *rec, nil, false)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rocksstore: nack %q: %w", p.Queue, err)
+	}
+	return codes, nil
+}
+
+// settle is the shared body of Ack and Nack: in one transaction it applies
+// the lease-token rules to every id and, for each CodeOK id, removes its
+// in_progress entry, releases it from the lease, counts it out of inflight
+// and hands its record to done. A missing queue makes every code
+// CodeNotFound without opening a transaction.
+func (s *Store) settle(op string, q *queueState, token storage.LeaseID, now int64, ids []storage.ItemID,
+	done func(tx *txn, d *dbkeys.Counters, id storage.ItemID, rec *dbkeys.ItemRecord) error) ([]storage.Code, error) {
+	codes := make([]storage.Code, len(ids))
 	if q == nil {
 		for i := range codes {
 			codes[i] = storage.CodeNotFound
 		}
 		return codes, nil
 	}
-	reason := truncateReason(p.Reason, s.limits.MaxReason)
-	cfg := q.config()
-	err := s.runTxn("nack", func(tx *txn) error {
-		lv, err := readLease(tx, p.Lease, now)
+	err := s.runTxn(op, func(tx *txn) error {
+		lv, err := readLease(tx, token, now)
 		if err != nil {
 			return err
 		}
 		d := tx.delta(q)
-		for i, id := range p.IDs {
+		for i, id := range ids {
 			c, rec, err := checkItem(tx, q, lv, id)
 			if err != nil {
 				return err
@@ -226,32 +231,13 @@ func (s *Store) Nack(ctx context.Context, p storage.NackParams) ([]storage.Code,
 			}
 			lv.release(id)
 			d.Inflight--
-			d.Nacked++
-			rec.LastError = reason
-			if rec.Attempts >= q.maxAttempts(rec) {
-				if err := s.putDead(tx, q, id, *rec, "nack: "+reason, now); err != nil {
-					return err
-				}
-				continue
-			}
-			var delay time.Duration
-			if p.Delay != nil {
-				delay = *p.Delay
-			} else {
-				delay = storage.Backoff(cfg, rec.Attempts, s.jitter())
-			}
-			rec.VisibleAt = now + int64(delay)
-			rec.Delayed = rec.VisibleAt > now
-			if err := s.putAvailable(tx, q, id, *rec, nil, false); err != nil {
+			if err := done(tx, d, id, rec); err != nil {
 				return err
 			}
 		}
 		return lv.finish(tx, q)
 	})
-	if err != nil {
-		return nil, fmt.Errorf("rocksstore: nack %q: %w", p.Queue, err)
-	}
-	return codes, nil
+	return codes, err
 }
 
 // putDead writes an item that left inflight into the dead-letter namespace.
