@@ -181,6 +181,23 @@ func (s *Store) notify(t time.Time) {
 	}
 }
 
+// lockedNotify runs fn with the mutex held, wraps its error with op and
+// queue, and reports the deadline fn returned only after the mutex is
+// released, because storage.DeadlineFunc is called outside the store's locks.
+func lockedNotify[T any](s *Store, op, queue string, fn func() (T, time.Time, error)) (T, error) {
+	var zero T
+	if err := s.lockOpen(op); err != nil {
+		return zero, err
+	}
+	res, next, err := fn()
+	s.mu.Unlock()
+	if err != nil {
+		return zero, fmt.Errorf("memstore: %s %q: %w", op, queue, err)
+	}
+	s.notify(next)
+	return res, nil
+}
+
 // earliest returns the earlier of a and b, treating zero as "none".
 func earliest(a, b time.Time) time.Time {
 	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
@@ -337,16 +354,9 @@ func truncateReason(r string, max int) string {
 
 // Enqueue implements storage.Store.
 func (s *Store) Enqueue(_ context.Context, p storage.EnqueueParams) ([]storage.EnqueueResult, error) {
-	if err := s.lockOpen("enqueue"); err != nil {
-		return nil, err
-	}
-	res, next, err := s.enqueueLocked(p)
-	s.mu.Unlock()
-	if err != nil {
-		return nil, fmt.Errorf("memstore: enqueue %q: %w", p.Queue, err)
-	}
-	s.notify(next)
-	return res, nil
+	return lockedNotify(s, "enqueue", p.Queue, func() ([]storage.EnqueueResult, time.Time, error) {
+		return s.enqueueLocked(p)
+	})
 }
 
 // REQUIRES: s.mu held.
@@ -553,16 +563,9 @@ func (s *Store) validateIDs(queue string, n int) error {
 
 // Nack implements storage.Store.
 func (s *Store) Nack(_ context.Context, p storage.NackParams) ([]storage.Code, error) {
-	if err := s.lockOpen("nack"); err != nil {
-		return nil, err
-	}
-	codes, next, err := s.nackLocked(p)
-	s.mu.Unlock()
-	if err != nil {
-		return nil, fmt.Errorf("memstore: nack %q: %w", p.Queue, err)
-	}
-	s.notify(next)
-	return codes, nil
+	return lockedNotify(s, "nack", p.Queue, func() ([]storage.Code, time.Time, error) {
+		return s.nackLocked(p)
+	})
 }
 
 // REQUIRES: s.mu held.
