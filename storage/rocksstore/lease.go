@@ -77,11 +77,9 @@ func (lv *leaseView) finish(tx *txn, q *queueState) error {
 }
 
 // checkItem applies the lease-token rules of package storage to one id and
-// returns its code and, for CodeOK, its in_progress record.
+// returns its code and, for CodeOK, its in_progress record. q must not be
+// nil (settle answers a missing queue itself).
 func checkItem(tx *txn, q *queueState, lv *leaseView, id storage.ItemID) (storage.Code, *dbkeys.ItemRecord, error) {
-	if q == nil {
-		return storage.CodeNotFound, nil, nil
-	}
 	k := dbkeys.InProgressKey(q.name, id)
 	v, ok, err := tx.getForUpdate(k)
 	if err != nil {

@@ -370,8 +370,14 @@ func (s *Store) recordCommit() {
 // getRaw reads one key outside a transaction; the value is a copy.
 func (s *Store) getRaw(ro *grocksdb.ReadOptions, key []byte) ([]byte, bool, error) {
 	sl, err := s.eng.get(ro, key)
+	return copied("get", sl, err)
+}
+
+// copied turns a RocksDB read into an owned copy of the value, freeing the
+// slice; op names the read in a translated error.
+func copied(op string, sl *grocksdb.Slice, err error) ([]byte, bool, error) {
 	if err != nil {
-		return nil, false, translate("get", err)
+		return nil, false, translate(op, err)
 	}
 	defer sl.Free()
 	if !sl.Exists() {
@@ -706,14 +712,7 @@ func (tx *txn) getForUpdate(key []byte) ([]byte, bool, error) {
 		return v, v != nil, nil
 	}
 	sl, err := tx.p.t.GetForUpdate(tx.s.ro, key)
-	if err != nil {
-		return nil, false, translate("get for update", err)
-	}
-	defer sl.Free()
-	if !sl.Exists() {
-		return nil, false, nil
-	}
-	return bytes.Clone(sl.Data()), true, nil
+	return copied("get for update", sl, err)
 }
 
 // get reads key through the transaction (seeing its own writes) without
@@ -726,14 +725,7 @@ func (tx *txn) get(key []byte) ([]byte, bool, error) {
 		return nil, false, errBlindRead
 	}
 	sl, err := tx.p.t.Get(tx.s.ro, key)
-	if err != nil {
-		return nil, false, translate("get", err)
-	}
-	defer sl.Free()
-	if !sl.Exists() {
-		return nil, false, nil
-	}
-	return bytes.Clone(sl.Data()), true, nil
+	return copied("get", sl, err)
 }
 
 func (tx *txn) exists(key []byte) (bool, error) {
