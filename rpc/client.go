@@ -151,6 +151,24 @@ func status(op string, get func() (schema.Status, error)) error {
 	return errorOf(op, st.Code(), msg)
 }
 
+// statusAnswer is any call's results: each carries a Status.
+type statusAnswer interface {
+	Status() (schema.Status, error)
+}
+
+// answer waits for a call's results and turns a transport failure or a
+// non-OK status into the op's error.
+func answer[R statusAnswer](op string, get func() (R, error)) (R, error) {
+	res, err := get()
+	if err != nil {
+		return res, fmt.Errorf("leaseq %s: %w", op, err)
+	}
+	if err := status(op, res.Status); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
 // checkSize refuses a call the flow limiter could never admit (it would
 // panic) with a clear error instead.
 func (c *Client) checkSize(op string, n int) error {
@@ -196,11 +214,8 @@ func (c *Client) Enqueue(ctx context.Context, queue string, items []storage.Enqu
 		return nil
 	})
 	defer release()
-	res, err := f.Struct()
+	res, err := answer("enqueue", f.Struct)
 	if err != nil {
-		return nil, fmt.Errorf("leaseq enqueue: %w", err)
-	}
-	if err := status("enqueue", res.Status); err != nil {
 		return nil, err
 	}
 	l, err := res.Results()
@@ -242,11 +257,8 @@ func (c *Client) Poll(ctx context.Context, queue string, max int, lease, wait ti
 		return p.SetQueue(queue)
 	})
 	defer release()
-	res, err := f.Struct()
+	res, err := answer("poll", f.Struct)
 	if err != nil {
-		return storage.PollResult{}, fmt.Errorf("leaseq poll: %w", err)
-	}
-	if err := status("poll", res.Status); err != nil {
 		return storage.PollResult{}, err
 	}
 	return readPoll(res.Lease, res.ExpiresAt(), res.Items)
@@ -275,6 +287,25 @@ func readPoll(leaseFn func() ([]byte, error), expires uint64, itemsFn func() (sc
 	return pr, nil
 }
 
+// codesAnswer is the results of ack and nack.
+type codesAnswer interface {
+	statusAnswer
+	Codes() (schema.ResultCode_List, error)
+}
+
+// codesResult reads the answer of ack or nack: one code per id.
+func codesResult[R codesAnswer](op string, get func() (R, error)) ([]storage.Code, error) {
+	res, err := answer(op, get)
+	if err != nil {
+		return nil, err
+	}
+	l, err := res.Codes()
+	if err != nil {
+		return nil, fmt.Errorf("leaseq %s: codes: %w", op, err)
+	}
+	return readCodes(l), nil
+}
+
 // Ack deletes items held under lease; one Code per id, in order.
 func (c *Client) Ack(ctx context.Context, queue string, lease storage.LeaseID, ids []storage.ItemID) ([]storage.Code, error) {
 	if err := c.checkSize("ack", 24*len(ids)); err != nil {
@@ -294,18 +325,7 @@ func (c *Client) Ack(ctx context.Context, queue string, lease storage.LeaseID, i
 		return writeIDs(l, ids)
 	})
 	defer release()
-	res, err := f.Struct()
-	if err != nil {
-		return nil, fmt.Errorf("leaseq ack: %w", err)
-	}
-	if err := status("ack", res.Status); err != nil {
-		return nil, err
-	}
-	l, err := res.Codes()
-	if err != nil {
-		return nil, fmt.Errorf("leaseq ack: codes: %w", err)
-	}
-	return readCodes(l), nil
+	return codesResult("ack", f.Struct)
 }
 
 // Nack ends the delivery of items held under lease without success: ready
@@ -338,18 +358,7 @@ func (c *Client) Nack(ctx context.Context, queue string, lease storage.LeaseID, 
 		return writeIDs(l, ids)
 	})
 	defer release()
-	res, err := f.Struct()
-	if err != nil {
-		return nil, fmt.Errorf("leaseq nack: %w", err)
-	}
-	if err := status("nack", res.Status); err != nil {
-		return nil, err
-	}
-	l, err := res.Codes()
-	if err != nil {
-		return nil, fmt.Errorf("leaseq nack: codes: %w", err)
-	}
-	return readCodes(l), nil
+	return codesResult("nack", f.Struct)
 }
 
 // Extend sets a live lease's expiry to now + d and returns it. Errors wrap
@@ -363,11 +372,8 @@ func (c *Client) Extend(ctx context.Context, queue string, lease storage.LeaseID
 		return p.SetQueue(queue)
 	})
 	defer release()
-	res, err := f.Struct()
+	res, err := answer("extend", f.Struct)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("leaseq extend: %w", err)
-	}
-	if err := status("extend", res.Status); err != nil {
 		return time.Time{}, err
 	}
 	return fromMs(res.ExpiresAt()), nil
@@ -377,11 +383,8 @@ func (c *Client) Extend(ctx context.Context, queue string, lease storage.LeaseID
 func (c *Client) Stats(ctx context.Context, queue string) ([]storage.QueueStats, error) {
 	f, release := c.q.Stats(ctx, func(p schema.Queue_stats_Params) error { return p.SetQueue(queue) })
 	defer release()
-	res, err := f.Struct()
+	res, err := answer("stats", f.Struct)
 	if err != nil {
-		return nil, fmt.Errorf("leaseq stats: %w", err)
-	}
-	if err := status("stats", res.Status); err != nil {
 		return nil, err
 	}
 	l, err := res.Stats()
@@ -401,11 +404,8 @@ func (c *Client) Stats(ctx context.Context, queue string) ([]storage.QueueStats,
 func (c *Client) Queues(ctx context.Context) ([]string, error) {
 	f, release := c.q.Queues(ctx, nil)
 	defer release()
-	res, err := f.Struct()
+	res, err := answer("queues", f.Struct)
 	if err != nil {
-		return nil, fmt.Errorf("leaseq queues: %w", err)
-	}
-	if err := status("queues", res.Status); err != nil {
 		return nil, err
 	}
 	l, err := res.Queues()
@@ -431,11 +431,8 @@ func IsDisconnected(err error) bool { return err != nil && isDisconnect(err) }
 func (c *Client) NodeInfo(ctx context.Context) (NodeInfo, error) {
 	f, release := c.q.NodeInfo(ctx, nil)
 	defer release()
-	res, err := f.Struct()
+	res, err := answer("node info", f.Struct)
 	if err != nil {
-		return NodeInfo{}, fmt.Errorf("leaseq node info: %w", err)
-	}
-	if err := status("node info", res.Status); err != nil {
 		return NodeInfo{}, err
 	}
 	info, err := res.Info()
@@ -468,11 +465,8 @@ func (c *Client) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item
 		return a.SetQueue(p.Queue)
 	})
 	defer release()
-	res, err := f.Struct()
+	res, err := answer("peek", f.Struct)
 	if err != nil {
-		return nil, fmt.Errorf("leaseq peek: %w", err)
-	}
-	if err := status("peek", res.Status); err != nil {
 		return nil, err
 	}
 	l, err := res.Items()
@@ -490,11 +484,8 @@ func (c *Client) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item
 func (c *Client) Purge(ctx context.Context, queue string) (int, error) {
 	f, release := c.q.Purge(ctx, func(p schema.Queue_purge_Params) error { return p.SetQueue(queue) })
 	defer release()
-	res, err := f.Struct()
+	res, err := answer("purge", f.Struct)
 	if err != nil {
-		return 0, fmt.Errorf("leaseq purge: %w", err)
-	}
-	if err := status("purge", res.Status); err != nil {
 		return 0, err
 	}
 	return int(res.Purged()), nil
@@ -512,11 +503,8 @@ func (c *Client) DeadList(ctx context.Context, p storage.DeadListParams) ([]stor
 		return a.SetQueue(p.Queue)
 	})
 	defer release()
-	res, err := f.Struct()
+	res, err := answer("dead list", f.Struct)
 	if err != nil {
-		return nil, fmt.Errorf("leaseq dead list: %w", err)
-	}
-	if err := status("dead list", res.Status); err != nil {
 		return nil, err
 	}
 	l, err := res.Items()
@@ -563,18 +551,15 @@ func setDeadParams(a deadParams, p storage.RedriveParams) error {
 }
 
 type deadAnswer interface {
-	Status() (schema.Status, error)
+	statusAnswer
 	Codes() (schema.ResultCode_List, error)
 	Moved() uint64
 }
 
 // deadResult reads the answer of redrive or purgeDead.
 func deadResult[R deadAnswer](op string, get func() (R, error)) (storage.RedriveResult, error) {
-	res, err := get()
+	res, err := answer(op, get)
 	if err != nil {
-		return storage.RedriveResult{}, fmt.Errorf("leaseq %s: %w", op, err)
-	}
-	if err := status(op, res.Status); err != nil {
 		return storage.RedriveResult{}, err
 	}
 	rr := storage.RedriveResult{Moved: int(res.Moved())}
@@ -607,11 +592,8 @@ func (c *Client) PurgeDead(ctx context.Context, p storage.RedriveParams) (storag
 func (c *Client) QueueConfig(ctx context.Context, queue string) (storage.QueueConfig, error) {
 	f, release := c.q.GetConfig(ctx, func(p schema.Queue_getConfig_Params) error { return p.SetQueue(queue) })
 	defer release()
-	res, err := f.Struct()
+	res, err := answer("get config", f.Struct)
 	if err != nil {
-		return storage.QueueConfig{}, fmt.Errorf("leaseq get config: %w", err)
-	}
-	if err := status("get config", res.Status); err != nil {
 		return storage.QueueConfig{}, err
 	}
 	w, err := res.Config()
@@ -635,11 +617,8 @@ func (c *Client) SetQueueConfig(ctx context.Context, queue string, cfg storage.Q
 		return p.SetQueue(queue)
 	})
 	defer release()
-	res, err := f.Struct()
-	if err != nil {
-		return fmt.Errorf("leaseq set config: %w", err)
-	}
-	return status("set config", res.Status)
+	_, err := answer("set config", f.Struct)
+	return err
 }
 
 // errClientClosed is returned by calls on a closed Client's subscriptions.

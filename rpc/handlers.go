@@ -274,25 +274,51 @@ func writePoll(res schema.Queue_poll_Results, pr storage.PollResult) error {
 	return writeItems(l, pr.Items)
 }
 
+// settleArgs are what ack and nack share.
+type settleArgs interface {
+	Queue() (string, error)
+	Lease() ([]byte, error)
+	Ids() (capnp.DataList, error)
+}
+
+// parseSettle validates the queue, lease and ids of an ack or nack, in that
+// order, so the first bad argument is the one reported.
+func (q *queueServer) parseSettle(args settleArgs) (string, storage.LeaseID, []storage.ItemID, error) {
+	queue, err := q.queueName(args.Queue)
+	if err != nil {
+		return "", storage.LeaseID{}, nil, err
+	}
+	lease, err := q.lease(args.Lease)
+	if err != nil {
+		return "", storage.LeaseID{}, nil, err
+	}
+	idl, err := args.Ids()
+	if err != nil {
+		return "", storage.LeaseID{}, nil, fmt.Errorf("%w: ids: %v", storage.ErrInvalidArgument, err)
+	}
+	ids, err := readIDs(idl, q.s.limits)
+	if err != nil {
+		return "", storage.LeaseID{}, nil, err
+	}
+	return queue, lease, ids, nil
+}
+
+// setCodes allocates a result's codes list and fills it, one per id.
+func setCodes(newCodes func(int32) (schema.ResultCode_List, error), codes []storage.Code) error {
+	l, err := newCodes(int32(len(codes)))
+	if err != nil {
+		return err
+	}
+	writeCodes(l, codes)
+	return nil
+}
+
 // Ack implements schema.Queue_Server.
 func (q *queueServer) Ack(ctx context.Context, call schema.Queue_ack) error {
 	call.Go()
 	res, err := call.AllocResults()
 	return q.call(OpAck, res, err, func() error {
-		args := call.Args()
-		queue, err := q.queueName(args.Queue)
-		if err != nil {
-			return err
-		}
-		lease, err := q.lease(args.Lease)
-		if err != nil {
-			return err
-		}
-		idl, err := args.Ids()
-		if err != nil {
-			return fmt.Errorf("%w: ids: %v", storage.ErrInvalidArgument, err)
-		}
-		ids, err := readIDs(idl, q.s.limits)
+		queue, lease, ids, err := q.parseSettle(call.Args())
 		if err != nil {
 			return err
 		}
@@ -301,12 +327,7 @@ func (q *queueServer) Ack(ctx context.Context, call schema.Queue_ack) error {
 			return err
 		}
 		q.s.tracker.settled(lease, codes)
-		l, err := res.NewCodes(int32(len(codes)))
-		if err != nil {
-			return err
-		}
-		writeCodes(l, codes)
-		return nil
+		return setCodes(res.NewCodes, codes)
 	})
 }
 
@@ -316,19 +337,7 @@ func (q *queueServer) Nack(ctx context.Context, call schema.Queue_nack) error {
 	res, err := call.AllocResults()
 	return q.call(OpNack, res, err, func() error {
 		args := call.Args()
-		queue, err := q.queueName(args.Queue)
-		if err != nil {
-			return err
-		}
-		lease, err := q.lease(args.Lease)
-		if err != nil {
-			return err
-		}
-		idl, err := args.Ids()
-		if err != nil {
-			return fmt.Errorf("%w: ids: %v", storage.ErrInvalidArgument, err)
-		}
-		ids, err := readIDs(idl, q.s.limits)
+		queue, lease, ids, err := q.parseSettle(args)
 		if err != nil {
 			return err
 		}
@@ -362,12 +371,7 @@ func (q *queueServer) Nack(ctx context.Context, call schema.Queue_nack) error {
 				}
 			}
 		}
-		l, err := res.NewCodes(int32(len(codes)))
-		if err != nil {
-			return err
-		}
-		writeCodes(l, codes)
-		return nil
+		return setCodes(res.NewCodes, codes)
 	})
 }
 
@@ -610,12 +614,7 @@ func (q *queueServer) deadOp(ctx context.Context, args deadArgs, res deadResults
 	if rr.Codes == nil {
 		return nil
 	}
-	cl, err := res.NewCodes(int32(len(rr.Codes)))
-	if err != nil {
-		return err
-	}
-	writeCodes(cl, rr.Codes)
-	return nil
+	return setCodes(res.NewCodes, rr.Codes)
 }
 
 // Redrive implements schema.Queue_Server.

@@ -119,11 +119,8 @@ func (c *Client) Subscribe(ctx context.Context, o SubscribeOptions) (*Subscripti
 		return p.SetQueue(o.Queue)
 	})
 	defer release()
-	res, err := f.Struct()
+	res, err := answer("subscribe", f.Struct)
 	if err != nil {
-		return nil, fmt.Errorf("leaseq subscribe: %w", err)
-	}
-	if err := status("subscribe", res.Status); err != nil {
 		return nil, err
 	}
 	sub.cap = res.Subscription().AddRef()
