@@ -763,6 +763,7 @@ func openBackend(c serveConfig, clk clock.Clock, onDeadline storage.DeadlineFunc
 		Limits:     c.limits,
 		Logger:     c.log.With("svc", "rocksstore"),
 		OnDeadline: onDeadline,
+		Now:        clk.Now,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("open store in %s: %w", c.data, err)
@@ -1035,7 +1036,7 @@ type nodeCollector struct {
 	connsOpen, connsAccepted, connsRefused, waiters, subs *prometheus.Desc
 	pushed                                                *prometheus.Desc
 	commits, syncCommits, commitLatency, fsyncLatency     *prometheus.Desc
-	retries, claimPasses, polls, claimed                  *prometheus.Desc
+	calls, items, claimPasses, polls, claimed             *prometheus.Desc
 	sweeps, sweepFails, sweepItems, sweepLag, sweepMaxLag *prometheus.Desc
 	sweepDuration                                         *prometheus.Desc
 }
@@ -1058,13 +1059,14 @@ func newNodeCollector() *nodeCollector {
 		waiters:       d("rpc_waiters", "Parked long polls and idle subscriptions."),
 		subs:          d("rpc_subscriptions", "Open subscriptions."),
 		pushed:        d("rpc_items_pushed_total", "Items delivered to subscriptions."),
-		commits:       d("store_commits_total", "Committed write transactions (RocksDB)."),
-		syncCommits:   d("store_sync_commits_total", "Commits that waited for a WAL fsync (RocksDB)."),
-		commitLatency: d("store_commit_seconds", "Time RocksDB spent committing writes, fsync included (count: commits)."),
-		fsyncLatency:  d("store_wal_fsync_seconds", "WAL fsync latency (count: fsyncs; concurrent commits share one)."),
-		retries:       d("store_txn_retries_total", "Transactions rerun after a conflict (RocksDB)."),
-		claimPasses:   d("store_claim_passes_total", "Poll claim transactions (RocksDB); polls_total/claim_passes_total > 1 shows coalescing."),
-		polls:         d("store_polls_total", "Poll calls served by claim passes (RocksDB)."),
+		commits:       d("store_commits_total", "Batches the commit pipeline wrote, one transaction each (RocksDB)."),
+		syncCommits:   d("store_sync_commits_total", "Batches that waited for a WAL fsync (RocksDB)."),
+		commitLatency: d("store_commit_seconds", "Time RocksDB spent writing batches, fsync excluded (count: batches)."),
+		fsyncLatency:  d("store_wal_fsync_seconds", "WAL fsync latency (count: fsyncs; one fsync covers every batch written since the last)."),
+		calls:         d("store_calls_total", "Calls committed by the pipeline (RocksDB); calls_total/commits_total is calls per batch."),
+		items:         d("store_items_total", "Items the committed calls touched (RocksDB); items_total/wal_fsync_seconds_count is items per fsync."),
+		claimPasses:   d("store_claim_passes_total", "Batches holding at least one poll (RocksDB); polls_total/claim_passes_total > 1 shows polls sharing a commit."),
+		polls:         d("store_polls_total", "Poll calls (RocksDB)."),
 		claimed:       d("store_claimed_items_total", "Items handed out by polls (RocksDB)."),
 		sweeps:        d("sweeper_passes_total", "Sweeper passes."),
 		sweepFails:    d("sweeper_failed_passes_total", "Sweeper passes that failed."),
@@ -1080,7 +1082,7 @@ func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.depth, c.leases, c.oldest, c.itemsTotal, c.opCount, c.opErrors, c.opLatency,
 		c.connsOpen, c.connsAccepted, c.connsRefused, c.waiters, c.subs, c.pushed,
-		c.commits, c.syncCommits, c.commitLatency, c.fsyncLatency, c.retries, c.claimPasses, c.polls, c.claimed,
+		c.commits, c.syncCommits, c.commitLatency, c.fsyncLatency, c.calls, c.items, c.claimPasses, c.polls, c.claimed,
 		c.sweeps, c.sweepFails, c.sweepItems, c.sweepLag, c.sweepMaxLag, c.sweepDuration,
 	} {
 		ch <- d
@@ -1154,7 +1156,8 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.syncCommits, r.SyncCommits)
 		ch <- prometheus.MustNewConstSummary(c.commitLatency, r.Commits, r.CommitTime.Seconds(), nil)
 		ch <- prometheus.MustNewConstSummary(c.fsyncLatency, r.WALSyncs, r.SyncTime.Seconds(), nil)
-		counter(c.retries, r.Retries)
+		counter(c.calls, r.Ops)
+		counter(c.items, r.Items)
 		counter(c.claimPasses, r.ClaimPasses)
 		counter(c.polls, r.Polls)
 		counter(c.claimed, r.Claimed)

@@ -423,3 +423,18 @@ func NewID(seq uint64, enqueuedAt int64) [16]byte {
 
 // IDSeq returns the sequence number of an id built by NewID.
 func IDSeq(id [16]byte) uint64 { return binary.BigEndian.Uint64(id[:8]) }
+
+// VisibilitySuffixLen is the length of a visibility key after its
+// queue's VisibilityPrefix: priority, visible_at, id.
+const VisibilitySuffixLen = 1 + 8 + IDLen
+
+// DecodeVisibilitySuffix decodes the part of a visibility key after
+// VisibilityPrefix(q), for scans of one queue's index that already know
+// the queue.
+func DecodeVisibilitySuffix(rest []byte) (prio uint8, visibleAt int64, id [16]byte, err error) {
+	if len(rest) != VisibilitySuffixLen {
+		return 0, 0, id, fmt.Errorf("%w: visibility key: %d bytes after queue, want %d", ErrMalformed, len(rest), VisibilitySuffixLen)
+	}
+	copy(id[:], rest[9:])
+	return rest[0], readInt64(rest[1:9]), id, nil
+}

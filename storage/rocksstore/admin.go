@@ -36,8 +36,10 @@ func (s *Store) Stats(ctx context.Context, p storage.StatsParams) ([]storage.Que
 			return nil, err
 		}
 		q := s.queue(name)
+		now := nanos(p.Now)
 		q.mu.Lock()
-		c, cfg, heads := q.counters, q.cfg, q.heads
+		c, cfg := q.counters, q.cfg
+		oldest, ok := q.ready.oldest(now)
 		q.mu.Unlock()
 		st := storage.QueueStats{
 			Queue: name, Ready: c.Ready, Delayed: c.Delayed, Inflight: c.Inflight, Dead: c.Dead, Leases: c.Leases,
@@ -46,59 +48,12 @@ func (s *Store) Stats(ctx context.Context, p storage.StatsParams) ([]storage.Que
 			DeadLettered: uint64(c.DeadLettered), Redriven: uint64(c.Redriven), Purged: uint64(c.Purged),
 			Config: cfg,
 		}
-		if c.Ready > 0 || c.Delayed > 0 {
-			oldest, ok, err := s.oldestVisible(name, &heads, nanos(p.Now))
-			if err != nil {
-				return nil, fmt.Errorf("rocksstore: stats %q: %w", name, err)
-			}
-			if ok {
-				st.OldestReadyAge = time.Duration(nanos(p.Now) - oldest)
-			}
+		if ok {
+			st.OldestReadyAge = time.Duration(now - oldest)
 		}
 		out = append(out, st)
 	}
 	return out, nil
-}
-
-// oldestVisible returns the earliest VisibleAt <= now among the first
-// visibility entries of each priority.
-func (s *Store) oldestVisible(queue string, heads *[256][]byte, now int64) (int64, bool, error) {
-	prefix := dbkeys.VisibilityPrefix(queue)
-	it, ro := s.newIter(nil, prefix, dbkeys.PrefixEnd(prefix))
-	defer func() {
-		it.Close()
-		ro.Destroy()
-	}()
-	var oldest int64
-	found := false
-	p := 0
-	it.Seek(seekHead(queue, 0, heads[0]))
-	for it.Valid() {
-		k := copySlice(it.Key())
-		_, prio, vis, _, err := dbkeys.DecodeVisibilityKey(k)
-		if err != nil {
-			return 0, false, corrupt("stats", k, err)
-		}
-		if int(prio) != p {
-			p = int(prio)
-			if h := heads[p]; h != nil && bytes.Compare(h, k) > 0 {
-				it.Seek(h)
-				continue
-			}
-		}
-		if vis <= now && (!found || vis < oldest) {
-			oldest, found = vis, true
-		}
-		if p == 255 {
-			break
-		}
-		p++
-		it.Seek(seekHead(queue, uint8(p), heads[p]))
-	}
-	if err := it.Err(); err != nil {
-		return 0, false, translate("stats: iterate", err)
-	}
-	return oldest, found, nil
 }
 
 // Queues implements storage.Store.
@@ -125,7 +80,7 @@ func (s *Store) validatePage(queue string, limit int) error {
 func (s *Store) pageRecords(prefix []byte, after storage.ItemID, limit int, fn func(id storage.ItemID, rec *dbkeys.ItemRecord) error) error {
 	seek := append(bytes.Clone(prefix), after[:]...)
 	n := 0
-	return s.scan(nil, prefix, dbkeys.PrefixEnd(prefix), seek, func(k, v []byte) (bool, error) {
+	return s.scan(prefix, dbkeys.PrefixEnd(prefix), seek, func(k, v []byte) (bool, error) {
 		var id storage.ItemID
 		copy(id[:], k[len(prefix):])
 		if id == after {
@@ -143,7 +98,7 @@ func (s *Store) pageRecords(prefix []byte, after storage.ItemID, limit int, fn f
 	})
 }
 
-func (s *Store) rawGetter(k []byte) ([]byte, bool, error) { return s.getRaw(s.ro, k) }
+func (s *Store) rawGetter(k []byte) ([]byte, bool, error) { return s.getRaw(k) }
 
 // Peek implements storage.Store.
 func (s *Store) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item, error) {
@@ -211,12 +166,15 @@ func (s *Store) DeadList(ctx context.Context, p storage.DeadListParams) ([]stora
 	return out, nil
 }
 
-// purgeChunk is how many items one purge transaction deletes, so purging a
-// big queue never builds one huge transaction.
+// purgeChunk is how many items one purge op deletes, so purging a big
+// queue never builds one huge batch.
 const purgeChunk = 256
 
-// Purge implements storage.Store. It deletes in chunks of purgeChunk items
-// per transaction; concurrent enqueues may survive it.
+// Purge implements storage.Store. It deletes in ops of purgeChunk items,
+// inflight items (by lease) first, then available items (from the
+// queue's serve order); items enqueued or claimed while it runs may
+// survive it. It stops after as many items as the queue held when it
+// began, so a busy queue cannot keep it running.
 func (s *Store) Purge(ctx context.Context, p storage.PurgeParams) (int, error) {
 	if err := s.enter("purge"); err != nil {
 		return 0, err
@@ -229,127 +187,129 @@ func (s *Store) Purge(ctx context.Context, p storage.PurgeParams) (int, error) {
 	if q == nil {
 		return 0, nil
 	}
+	q.mu.Lock()
+	budget := q.counters.Inflight + q.counters.Ready + q.counters.Delayed
+	q.mu.Unlock()
 	total := 0
 	for _, inflight := range []bool{true, false} {
-		prefix := dbkeys.AvailablePrefix(q.name)
-		if inflight {
-			prefix = dbkeys.InProgressPrefix(q.name)
-		}
-		// Each chunk resumes after the last key of the previous one: a
-		// rescan from the prefix would walk the tombstones the previous
-		// chunks just wrote (quadratic in the queue length).
-		var resume []byte
-		for {
+		for int64(total) < budget {
 			if err := checkCtx(ctx, "purge"); err != nil {
 				return total, err
 			}
-			var ids []storage.ItemID
-			err := s.scan(nil, prefix, dbkeys.PrefixEnd(prefix), resume, func(k, _ []byte) (bool, error) {
-				resume = successor(k)
-				var id storage.ItemID
-				copy(id[:], k[len(prefix):])
-				ids = append(ids, id)
-				return len(ids) < purgeChunk, nil
-			})
-			if err != nil {
-				return total, fmt.Errorf("rocksstore: purge %q: %w", p.Queue, err)
-			}
-			if len(ids) == 0 {
-				break
-			}
-			var n int
-			err = s.runTxn("purge", func(tx *txn) error {
-				n = 0
-				leases := map[storage.LeaseID]*leaseView{}
-				d := tx.delta(q)
-				for _, id := range ids {
-					k := append(bytes.Clone(prefix), id[:]...)
-					v, ok, err := tx.getForUpdate(k)
-					if err != nil {
-						return err
-					}
-					if !ok {
-						continue
-					}
-					rec, err := dbkeys.DecodeItem(v)
-					if err != nil {
-						return corrupt("purge", k, err)
-					}
-					if inflight {
-						lv := leases[rec.Lease]
-						if lv == nil {
-							if lv, err = readLease(tx, rec.Lease, 0); err != nil {
-								return err
-							}
-							leases[rec.Lease] = lv
-						}
-						if err := tx.del(k); err != nil {
-							return err
-						}
-						if lv.exists {
-							lv.release(id)
-						}
-						d.Inflight--
-					} else if err := s.takeAvailable(tx, q, id, rec); err != nil {
-						return err
-					}
-					if rec.PayloadExternal {
-						if err := tx.del(dbkeys.PayloadKey(q.name, id)); err != nil {
-							return err
-						}
-					}
-					n++
+			n := 0
+			_, err := s.submit(purgeChunk, func(o *opTx) error {
+				var err error
+				if inflight {
+					n = s.purgeInflight(o, q, purgeChunk)
+				} else {
+					n, err = s.purgeAvailable(o, q, purgeChunk)
 				}
-				for _, lv := range leases {
-					if err := lv.finish(tx, q); err != nil {
-						return err
-					}
-				}
-				d.Purged += int64(n)
-				return nil
+				o.delta(q).Purged += int64(n)
+				return err
 			})
 			if err != nil {
 				return total, fmt.Errorf("rocksstore: purge %q: %w", p.Queue, err)
 			}
 			total += n
+			if n == 0 {
+				break
+			}
 		}
 	}
 	return total, nil
 }
 
+// purgeInflight deletes the items of q's leases, whole leases at a time,
+// until at least max items are gone or no lease is left.
+// REQUIRES: on the committer.
+func (s *Store) purgeInflight(o *opTx, q *queueState, max int) int {
+	n := 0
+	d := o.delta(q)
+	for _, l := range q.leases {
+		if n >= max {
+			break
+		}
+		for _, id := range l.ids {
+			if s.inflight[id] != l {
+				continue
+			}
+			s.release(o, l, id)
+			o.del(dbkeys.InProgressKey(q.name, id))
+			if l.ext[id] {
+				o.del(dbkeys.PayloadKey(q.name, id))
+			}
+			d.Inflight--
+			n++
+		}
+		s.finishLease(o, l)
+	}
+	return n
+}
+
+// purgeAvailable deletes up to max available items of q.
+// REQUIRES: on the committer.
+func (s *Store) purgeAvailable(o *opTx, q *queueState, max int) (int, error) {
+	n := 0
+	for n < max {
+		q.mu.Lock()
+		prio, e, ok := q.ready.popAny()
+		q.mu.Unlock()
+		if !ok {
+			break
+		}
+		o.onUndo(func() {
+			q.mu.Lock()
+			q.ready.push(prio, e)
+			q.mu.Unlock()
+		})
+		ak := dbkeys.AvailableKey(q.name, e.id)
+		v, ok, err := o.getForUpdate(ak)
+		if err != nil {
+			return 0, err
+		}
+		if !ok {
+			return 0, fmt.Errorf("%w: indexed item %s is not available", storage.ErrCorrupt, storage.ItemID(e.id))
+		}
+		rec, err := dbkeys.DecodeItem(v)
+		if err != nil {
+			return 0, corrupt("purge", ak, err)
+		}
+		s.takeAvailable(o, q, e.id, rec)
+		if rec.PayloadExternal {
+			o.del(dbkeys.PayloadKey(q.name, e.id))
+		}
+		n++
+	}
+	return n, nil
+}
+
 // Redrive implements storage.Store. An id listed twice is redriven once;
 // the second gets CodeNotFound.
 func (s *Store) Redrive(ctx context.Context, p storage.RedriveParams) (storage.RedriveResult, error) {
-	return s.deadOp(ctx, "redrive", p, func(tx *txn, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, now int64) error {
+	return s.deadOp(ctx, "redrive", p, func(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, now int64) {
 		rec.Attempts = 0
 		rec.VisibleAt = now
 		rec.Delayed = false
-		if err := s.putAvailable(tx, q, id, rec, nil, false); err != nil {
-			return err
-		}
-		d := tx.delta(q)
+		s.putAvailable(o, q, id, rec, nil, false)
+		d := o.delta(q)
 		d.Dead--
 		d.Redriven++
-		return nil
 	})
 }
 
 // PurgeDead implements storage.Store.
 func (s *Store) PurgeDead(ctx context.Context, p storage.RedriveParams) (storage.RedriveResult, error) {
-	return s.deadOp(ctx, "purge dead", p, func(tx *txn, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, _ int64) error {
+	return s.deadOp(ctx, "purge dead", p, func(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, _ int64) {
 		if rec.PayloadExternal {
-			if err := tx.del(dbkeys.PayloadKey(q.name, id)); err != nil {
-				return err
-			}
+			o.del(dbkeys.PayloadKey(q.name, id))
 		}
-		d := tx.delta(q)
+		d := o.delta(q)
 		d.Dead--
 		d.Purged++
-		return nil
 	})
 }
 
-func (s *Store) deadOp(ctx context.Context, op string, p storage.RedriveParams, apply func(tx *txn, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, now int64) error) (storage.RedriveResult, error) {
+func (s *Store) deadOp(ctx context.Context, op string, p storage.RedriveParams, apply func(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, now int64)) (storage.RedriveResult, error) {
 	if err := s.enter(op); err != nil {
 		return storage.RedriveResult{}, err
 	}
@@ -387,7 +347,7 @@ func (s *Store) deadOp(ctx context.Context, op string, p storage.RedriveParams, 
 			return res, nil
 		}
 		prefix := dbkeys.DLQPrefix(q.name)
-		err := s.scan(nil, prefix, dbkeys.PrefixEnd(prefix), nil, func(k, _ []byte) (bool, error) {
+		err := s.scanView(prefix, dbkeys.PrefixEnd(prefix), nil, func(k, _ []byte) (bool, error) {
 			var id storage.ItemID
 			copy(id[:], k[len(prefix):])
 			ids = append(ids, id)
@@ -398,11 +358,11 @@ func (s *Store) deadOp(ctx context.Context, op string, p storage.RedriveParams, 
 		}
 	}
 	now := nanos(p.Now)
-	err := s.runTxn(op, func(tx *txn) error {
+	next, err := s.submit(len(ids), func(o *opTx) error {
 		res.Moved = 0
 		for i, id := range ids {
 			k := dbkeys.DLQKey(q.name, id)
-			v, ok, err := tx.getForUpdate(k)
+			v, ok, err := o.getForUpdate(k)
 			if err != nil {
 				return err
 			}
@@ -416,12 +376,8 @@ func (s *Store) deadOp(ctx context.Context, op string, p storage.RedriveParams, 
 			if err != nil {
 				return corrupt(op, k, err)
 			}
-			if err := tx.del(k); err != nil {
-				return err
-			}
-			if err := apply(tx, q, id, rec, now); err != nil {
-				return err
-			}
+			o.del(k)
+			apply(o, q, id, rec, now)
 			if byID {
 				res.Codes[i] = storage.CodeOK
 			}
@@ -431,6 +387,9 @@ func (s *Store) deadOp(ctx context.Context, op string, p storage.RedriveParams, 
 	})
 	if err != nil {
 		return fail(err)
+	}
+	if !next.IsZero() && s.onDeadline != nil {
+		s.onDeadline(next)
 	}
 	return res, nil
 }
@@ -463,19 +422,22 @@ func (s *Store) SetQueueConfig(ctx context.Context, queue string, c storage.Queu
 	if err := s.limits.ValidateQueueConfig(c); err != nil {
 		return fmt.Errorf("rocksstore: set queue config %q: %w", queue, err)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.putRaw("set queue config "+queue, dbkeys.QueueConfigKey(queue), dbkeys.EncodeQueueConfig(recordFromConfig(c))); err != nil {
-		return err
-	}
-	q := s.mu.queues[queue]
-	if q == nil {
-		q = newQueueState(queue, c)
-		s.mu.queues[queue] = q
+	_, err := s.submit(1, func(o *opTx) error {
+		q := s.ensureQueue(o, queue, &c)
+		o.put(dbkeys.QueueConfigKey(queue), dbkeys.EncodeQueueConfig(recordFromConfig(c)))
+		q.mu.Lock()
+		old := q.cfg
+		q.cfg = c
+		q.mu.Unlock()
+		o.onUndo(func() {
+			q.mu.Lock()
+			q.cfg = old
+			q.mu.Unlock()
+		})
 		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("rocksstore: set queue config %q: %w", queue, err)
 	}
-	q.mu.Lock()
-	q.cfg = c
-	q.mu.Unlock()
 	return nil
 }

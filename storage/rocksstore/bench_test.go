@@ -24,16 +24,15 @@ import (
 // benchConfig selects the store variant a benchmark runs on.
 type benchConfig struct {
 	sync      SyncMode
-	engine    engineKind
+	syncInCgo bool
 	inlineMax int
-	noHeads   bool
 	noDelComp bool
 	payload   int
 	memtable  int
 }
 
 func (c benchConfig) options() Options {
-	return Options{Sync: c.sync, engine: c.engine, inlineMax: c.inlineMax, noHeads: c.noHeads, noDelCompact: c.noDelComp, memtable: c.memtable}
+	return Options{Sync: c.sync, syncInCgo: c.syncInCgo, Now: time.Now, inlineMax: c.inlineMax, noDelCompact: c.noDelComp, memtable: c.memtable}
 }
 
 func openBench(b *testing.B, dir string, c benchConfig) *Store {
@@ -80,7 +79,12 @@ func reportCPU(b *testing.B, start time.Duration, items int) {
 
 func reportMetrics(b *testing.B, m Metrics) {
 	if m.Commits > 0 {
-		b.ReportMetric(float64(m.WALSyncs)/float64(m.Commits), "fsyncs/commit")
+		b.ReportMetric(float64(m.WALSyncs)/float64(m.Commits), "fsyncs/batch")
+		b.ReportMetric(float64(m.Ops)/float64(m.Commits), "calls/batch")
+	}
+	if m.WALSyncs > 0 {
+		b.ReportMetric(float64(m.Items)/float64(m.WALSyncs), "items/fsync")
+		b.ReportMetric(float64(m.SyncTime.Microseconds())/float64(m.WALSyncs), "µs/fsync")
 	}
 	if m.ClaimPasses > 0 {
 		b.ReportMetric(float64(m.Polls)/float64(m.ClaimPasses), "polls/pass")
@@ -90,12 +94,10 @@ func reportMetrics(b *testing.B, m Metrics) {
 // BenchmarkEnqueue: batches of 100 x 256 B.
 func BenchmarkEnqueue(b *testing.B) {
 	for _, c := range []benchConfig{
-		{sync: SyncAlways, engine: enginePessimistic},
-		{sync: SyncNone, engine: enginePessimistic},
-		{sync: SyncAlways, engine: engineOptimistic},
-		{sync: SyncNone, engine: engineOptimistic},
+		{sync: SyncAlways},
+		{sync: SyncNone},
 	} {
-		b.Run(fmt.Sprintf("sync=%s,engine=%s,batch=100", c.sync, c.engine), func(b *testing.B) {
+		b.Run(fmt.Sprintf("sync=%s,batch=100", c.sync), func(b *testing.B) {
 			s := openBench(b, b.TempDir(), c)
 			defer s.Close()
 			items := benchPayloadItems(100, 256)
@@ -168,13 +170,16 @@ func runCycle(b *testing.B, s *Store, batch, workers int) {
 // on one queue.
 func BenchmarkCycle(b *testing.B) {
 	for _, c := range []benchConfig{
-		{sync: SyncAlways, engine: enginePessimistic},
-		{sync: SyncAlways, engine: engineOptimistic},
-		{sync: SyncNone, engine: enginePessimistic},
-		{sync: SyncNone, engine: engineOptimistic},
+		{sync: SyncAlways},
+		{sync: SyncAlways, syncInCgo: true},
+		{sync: SyncNone},
 	} {
 		for _, workers := range []int{1, 4} {
-			b.Run(fmt.Sprintf("sync=%s,engine=%s,batch=32,workers=%d", c.sync, c.engine, workers), func(b *testing.B) {
+			name := fmt.Sprintf("sync=%s,batch=32,workers=%d", c.sync, workers)
+			if c.syncInCgo {
+				name = fmt.Sprintf("sync=%s-cgo,batch=32,workers=%d", c.sync, workers)
+			}
+			b.Run(name, func(b *testing.B) {
 				s := openBench(b, b.TempDir(), c)
 				defer s.Close()
 				runCycle(b, s, 32, workers)
@@ -314,11 +319,10 @@ func BenchmarkPollAckAfterChurn(b *testing.B) {
 	}{
 		{benchConfig{sync: SyncNone}, 1_000_000},
 		{benchConfig{sync: SyncNone}, 200_000},
-		{benchConfig{sync: SyncNone, noHeads: true}, 200_000},
-		{benchConfig{sync: SyncNone, noHeads: true, noDelComp: true}, 200_000},
+		{benchConfig{sync: SyncNone, noDelComp: true}, 200_000},
 	} {
 		c, churnItems := v.c, v.churn
-		name := fmt.Sprintf("churn=%d,heads=%t,delcompact=%t", churnItems, !c.noHeads, !c.noDelComp)
+		name := fmt.Sprintf("churn=%d,delcompact=%t", churnItems, !c.noDelComp)
 		b.Run(name, func(b *testing.B) {
 			v, _ := churned.LoadOrStore(name, &churnedDB{})
 			db := v.(*churnedDB)
@@ -468,7 +472,7 @@ func BenchmarkGroupCommit(b *testing.B) {
 
 // BenchmarkStoragetest runs the shared Store benchmarks on rocksstore.
 func BenchmarkStoragetest(b *testing.B) {
-	storagetest.Bench(b, harness(conformanceOptions(enginePessimistic, SyncAlways)))
+	storagetest.Bench(b, harness(conformanceOptions(SyncAlways)))
 }
 
 // BenchmarkRawRocksDB calibrates the machine: a plain RocksDB WriteBatch of
@@ -479,7 +483,7 @@ func BenchmarkRawRocksDB(b *testing.B) {
 		b.Run(fmt.Sprintf("sync=%s,batch=100", sync), func(b *testing.B) {
 			s := openBench(b, b.TempDir(), benchConfig{sync: sync})
 			defer s.Close()
-			db := s.eng.(*pessimisticEngine).db
+			db := s.db
 			val := make([]byte, 256)
 			cpu := cpuTime()
 			b.ResetTimer()
@@ -488,7 +492,7 @@ func BenchmarkRawRocksDB(b *testing.B) {
 				for j := 0; j < 100; j++ {
 					wb.Put([]byte(fmt.Sprintf("\xff/raw/%012d/%03d", i, j)), val)
 				}
-				if err := db.Write(s.wo, wb); err != nil {
+				if err := db.Write(s.swo, wb); err != nil {
 					b.Fatal(err)
 				}
 				wb.Destroy()
@@ -497,5 +501,50 @@ func BenchmarkRawRocksDB(b *testing.B) {
 			reportCPU(b, cpu, b.N*100)
 			reportItems(b, b.N*100, b.Elapsed())
 		})
+	}
+}
+
+// BenchmarkSmallPolls is the batch-1 pathology: consumers that poll one
+// item at a time (and ack it) against one consumer polling four. With the
+// commit pipeline, concurrent small polls share batches (and fsyncs), so
+// 4 consumers polling 1 should cost about what 1 consumer polling 4 does.
+// b.N is the number of items consumed from a backlog filled beforehand.
+func BenchmarkSmallPolls(b *testing.B) {
+	for _, mode := range []SyncMode{SyncAlways, SyncNone} {
+		for _, v := range []struct{ consumers, max int }{{4, 1}, {1, 4}, {1, 1}} {
+			b.Run(fmt.Sprintf("sync=%s,consumers=%d,poll=%d", mode, v.consumers, v.max), func(b *testing.B) {
+				s := openBench(b, b.TempDir(), benchConfig{sync: mode})
+				defer s.Close()
+				var clk benchNow
+				fill(b, s, &clk, b.N+1000)
+				ctx := context.Background()
+				var next, done atomic.Int64
+				before := s.Metrics()
+				cpu := cpuTime()
+				b.ResetTimer()
+				var wg sync.WaitGroup
+				for range v.consumers {
+					wg.Go(func() {
+						for next.Add(int64(v.max)) <= int64(b.N)+int64(v.max)-1 {
+							r, err := s.Poll(ctx, storage.PollParams{Queue: "q", Max: v.max, Lease: time.Minute, Now: clk.now()})
+							if err != nil || len(r.Items) == 0 {
+								b.Error("poll:", err, len(r.Items))
+								return
+							}
+							if _, err := s.Ack(ctx, storage.AckParams{Queue: "q", Lease: r.Lease, IDs: itemIDs(r.Items), Now: clk.now()}); err != nil {
+								b.Error(err)
+								return
+							}
+							done.Add(int64(len(r.Items)))
+						}
+					})
+				}
+				wg.Wait()
+				b.StopTimer()
+				reportCPU(b, cpu, int(done.Load()))
+				reportItems(b, int(done.Load()), b.Elapsed())
+				reportMetrics(b, s.Metrics().Sub(before))
+			})
+		}
 	}
 }

@@ -41,12 +41,12 @@ func (s *Store) Check(ctx context.Context) (storage.CheckReport, error) {
 		return storage.CheckReport{}, err
 	}
 	defer s.exit()
-	snap := s.eng.snapshot()
+	snap := s.db.NewSnapshot()
 	ro := grocksdb.NewDefaultReadOptions()
 	ro.SetSnapshot(snap)
 	defer func() {
 		ro.Destroy()
-		s.eng.releaseSnapshot(snap)
+		s.db.ReleaseSnapshot(snap)
 	}()
 	c := &checker{s: s, ro: ro, snap: snap, items: map[checkKey]*checkEntry{}, counts: map[string]*dbkeys.Counters{}, queues: map[string]bool{}}
 	if err := c.run(ctx); err != nil {
@@ -82,7 +82,7 @@ func (c *checker) count(q string) *dbkeys.Counters {
 
 func (c *checker) ns(ctx context.Context, ns byte, fn func(k, v []byte) error) error {
 	lower := dbkeys.NamespacePrefix(ns)
-	return c.s.scan(c.snap, lower, dbkeys.PrefixEnd(lower), nil, func(k, v []byte) (bool, error) {
+	return c.s.scanAt(c.snap, lower, dbkeys.PrefixEnd(lower), nil, func(k, v []byte) (bool, error) {
 		if err := ctx.Err(); err != nil {
 			return false, err
 		}
@@ -93,7 +93,7 @@ func (c *checker) ns(ctx context.Context, ns byte, fn func(k, v []byte) error) e
 func (c *checker) run(ctx context.Context) error {
 	// Queues and their configs.
 	cfgs := map[string]storage.QueueConfig{}
-	if err := c.s.scan(c.snap, dbkeys.QueueConfigPrefix(), dbkeys.PrefixEnd(dbkeys.QueueConfigPrefix()), nil, func(k, v []byte) (bool, error) {
+	if err := c.s.scanAt(c.snap, dbkeys.QueueConfigPrefix(), dbkeys.PrefixEnd(dbkeys.QueueConfigPrefix()), nil, func(k, v []byte) (bool, error) {
 		q, err := dbkeys.DecodeQueueConfigKey(k)
 		if err != nil {
 			c.bad("meta: bad queue config key %x: %v", k, err)
@@ -161,7 +161,7 @@ func (c *checker) run(ctx context.Context) error {
 				c.bad("invariant 5: item %s of %q has %d attempts, max %d", storage.ItemID(id), q, rec.Attempts, m)
 			}
 			if rec.PayloadExternal {
-				_, ok, err := c.s.getRaw(c.ro, dbkeys.PayloadKey(q, id))
+				_, ok, err := c.s.getAt(c.ro, dbkeys.PayloadKey(q, id))
 				if err != nil {
 					return err
 				}

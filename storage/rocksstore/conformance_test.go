@@ -27,18 +27,18 @@ func harness(opts func(t testing.TB) Options) storagetest.Harness {
 	}
 }
 
-func conformanceOptions(k engineKind, sync SyncMode) func(t testing.TB) Options {
+func conformanceOptions(sync SyncMode) func(t testing.TB) Options {
 	return func(t testing.TB) Options {
-		return Options{Sync: sync, CacheBytes: 8 << 20, engine: k}
+		return Options{Sync: sync, CacheBytes: 8 << 20}
 	}
 }
 
 func TestConformanceRocks(t *testing.T) {
 	t.Parallel()
-	for _, k := range engines() {
-		t.Run("engine="+k.String(), func(t *testing.T) {
+	for _, sync := range []SyncMode{SyncNone, SyncAlways} {
+		t.Run("sync="+sync.String(), func(t *testing.T) {
 			t.Parallel()
-			storagetest.Run(t, harness(conformanceOptions(k, SyncNone)))
+			storagetest.Run(t, harness(conformanceOptions(sync)))
 		})
 	}
 }
@@ -46,7 +46,7 @@ func TestConformanceRocks(t *testing.T) {
 func TestConformanceRocksExternalPayloads(t *testing.T) {
 	t.Parallel()
 	storagetest.Run(t, harness(func(t testing.TB) Options {
-		o := conformanceOptions(enginePessimistic, SyncNone)(t)
+		o := conformanceOptions(SyncNone)(t)
 		o.inlineMax = -1
 		return o
 	}))
@@ -54,20 +54,10 @@ func TestConformanceRocksExternalPayloads(t *testing.T) {
 
 func TestConformanceRocksModel(t *testing.T) {
 	t.Parallel()
-	storagetest.RunModel(t, harness(conformanceOptions(enginePessimistic, SyncNone)))
+	storagetest.RunModel(t, harness(conformanceOptions(SyncNone)))
 }
 
 func TestConformanceRocksHistory(t *testing.T) {
 	t.Parallel()
-	storagetest.RunHistory(t, harness(conformanceOptions(enginePessimistic, SyncAlways)), storagetest.HistoryConfig{})
-}
-
-func TestConformanceRocksOptimisticModel(t *testing.T) {
-	t.Parallel()
-	storagetest.RunModel(t, harness(conformanceOptions(engineOptimistic, SyncNone)))
-}
-
-func TestConformanceRocksOptimisticHistory(t *testing.T) {
-	t.Parallel()
-	storagetest.RunHistory(t, harness(conformanceOptions(engineOptimistic, SyncAlways)), storagetest.HistoryConfig{})
+	storagetest.RunHistory(t, harness(conformanceOptions(SyncAlways)), storagetest.HistoryConfig{})
 }

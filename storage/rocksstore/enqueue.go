@@ -32,10 +32,6 @@ func (s *Store) enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	q, err := s.ensureQueue(p.Queue)
-	if err != nil {
-		return nil, err
-	}
 	now := nanos(p.Now)
 	res := make([]storage.EnqueueResult, len(p.Items))
 	valid := 0
@@ -47,33 +43,32 @@ func (s *Store) enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 		valid++
 	}
 	if valid == 0 {
+		// The queue still comes into being, as with any enqueue.
+		if s.queue(p.Queue) == nil {
+			if _, err := s.submit(0, func(o *opTx) error {
+				s.ensureQueue(o, p.Queue, nil)
+				return nil
+			}); err != nil {
+				return nil, err
+			}
+		}
 		return res, nil
 	}
-	ids, err := s.allocIDs(valid, now)
-	if err != nil {
-		return nil, err
-	}
-	cfg := q.config()
-	run := s.runBlind
-	for _, in := range p.Items {
-		if in.DedupKey != "" {
-			// Dedup keys are read and must be locked: a transaction.
-			run = s.runTxn
-			break
-		}
-	}
-	err = run("enqueue", func(tx *txn) error {
-		d := tx.delta(q)
-		next := 0
+	next, err := s.submit(valid, func(o *opTx) error {
+		q := s.ensureQueue(o, p.Queue, nil)
+		cfg := q.config()
+		ids := s.allocIDs(o, valid, now)
+		d := o.delta(q)
+		n := 0
 		for i, in := range p.Items {
 			if res[i].Code == storage.CodeInvalid {
 				continue
 			}
-			id := ids[next]
-			next++
+			id := ids[n]
+			n++
 			var oldDedup *dbkeys.DedupRecord
 			if in.DedupKey != "" {
-				v, ok, err := tx.getForUpdate(dbkeys.DedupKey(q.name, in.DedupKey))
+				v, ok, err := o.getForUpdate(dbkeys.DedupKey(q.name, in.DedupKey))
 				if err != nil {
 					return err
 				}
@@ -99,25 +94,18 @@ func (s *Store) enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 				DedupKey:    in.DedupKey,
 				Delayed:     vis > now,
 			}
-			if err := s.putAvailable(tx, q, id, rec, in.Payload, true); err != nil {
-				return err
-			}
+			s.putAvailable(o, q, id, rec, in.Payload, true)
 			d.Enqueued++
 			if in.DedupKey != "" && cfg.DedupWindow > 0 {
 				if oldDedup != nil {
-					if err := tx.del(dbkeys.DedupExpiryKey(oldDedup.ExpiresAt, q.name, in.DedupKey)); err != nil {
-						return err
-					}
+					o.del(dbkeys.DedupExpiryKey(oldDedup.ExpiresAt, q.name, in.DedupKey))
 				}
 				exp := now + int64(cfg.DedupWindow)
-				if err := tx.put(dbkeys.DedupKey(q.name, in.DedupKey), dbkeys.EncodeDedup(dbkeys.DedupRecord{ID: id, ExpiresAt: exp})); err != nil {
-					return err
-				}
+				o.put(dbkeys.DedupKey(q.name, in.DedupKey), dbkeys.EncodeDedup(dbkeys.DedupRecord{ID: id, ExpiresAt: exp}))
 				ek := dbkeys.DedupExpiryKey(exp, q.name, in.DedupKey)
-				tx.note(&s.dedupCur, ek)
-				if err := tx.put(ek, dbkeys.Marker()); err != nil {
-					return err
-				}
+				o.note(&s.dedupCur, ek)
+				o.put(ek, dbkeys.Marker())
+				o.deadline(exp)
 			}
 			res[i] = storage.EnqueueResult{Code: storage.CodeOK, ID: id}
 		}
@@ -125,6 +113,9 @@ func (s *Store) enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 	})
 	if err != nil {
 		return nil, err
+	}
+	if !next.IsZero() && s.onDeadline != nil {
+		s.onDeadline(next)
 	}
 	return res, nil
 }
@@ -143,75 +134,66 @@ func (s *Store) validateItem(in storage.EnqueueItem) error {
 }
 
 // putAvailable writes an item into available with its visibility entry,
-// and its delayed entry when rec.Delayed; it counts the item ready or
-// delayed. With fresh set, payload is the item's payload and is written
-// inline or externally; otherwise rec already says where the payload is
-// (and carries it when inline).
-func (s *Store) putAvailable(tx *txn, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, payload []byte, fresh bool) error {
+// and its delayed entry when rec.Delayed; it adds the item to the queue's
+// serve order (and delayed set) and counts it ready or delayed. With fresh
+// set, payload is the item's payload and is written inline or externally;
+// otherwise rec already says where the payload is (and carries it when
+// inline). REQUIRES: on the committer.
+func (s *Store) putAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, payload []byte, fresh bool) {
 	if fresh {
 		if s.inlineMax >= 0 && len(payload) <= s.inlineMax {
 			rec.Payload = payload
 		} else {
 			rec.PayloadExternal = true
-			if err := tx.put(dbkeys.PayloadKey(q.name, id), dbkeys.EncodePayload(payload)); err != nil {
-				return err
-			}
+			o.put(dbkeys.PayloadKey(q.name, id), dbkeys.EncodePayload(payload))
 		}
 	}
 	rec.HasLease, rec.Lease = false, [16]byte{}
 	rec.Dead, rec.DeadAt, rec.Reason = false, 0, ""
-	if err := tx.put(dbkeys.AvailableKey(q.name, id), dbkeys.EncodeItem(rec)); err != nil {
-		return err
-	}
-	vk := dbkeys.VisibilityKey(q.name, rec.Priority, rec.VisibleAt, id)
-	q.noteVisible(tx, rec.Priority, vk)
-	if err := tx.put(vk, dbkeys.Marker()); err != nil {
-		return err
-	}
-	d := tx.delta(q)
+	o.put(dbkeys.AvailableKey(q.name, id), dbkeys.EncodeItem(rec))
+	o.put(dbkeys.VisibilityKey(q.name, rec.Priority, rec.VisibleAt, id), dbkeys.Marker())
+	q.mu.Lock()
+	q.ready.push(rec.Priority, readyEntry{vis: rec.VisibleAt, id: id})
+	q.mu.Unlock()
+	d := o.delta(q)
 	if rec.Delayed {
-		dk := dbkeys.DelayedKey(rec.VisibleAt, q.name, id)
-		tx.note(&s.delayedCur, dk)
-		if err := tx.put(dk, dbkeys.Marker()); err != nil {
-			return err
-		}
+		o.put(dbkeys.DelayedKey(rec.VisibleAt, q.name, id), dbkeys.Marker())
+		q.delayed[id] = rec.VisibleAt
+		s.delayed.push(timed{at: rec.VisibleAt, token: id, q: q})
 		d.Delayed++
-		tx.deadline(instant(rec.VisibleAt))
+		o.deadline(rec.VisibleAt)
 	} else {
 		d.Ready++
 	}
-	return nil
+	prio, vis := rec.Priority, rec.VisibleAt
+	delayed := rec.Delayed
+	o.onUndo(func() {
+		q.mu.Lock()
+		q.ready.remove(prio, readyEntry{vis: vis, id: id})
+		q.mu.Unlock()
+		if delayed {
+			delete(q.delayed, id)
+		}
+	})
 }
 
 // takeAvailable removes an available item (record, visibility entry and
-// delayed entry) and uncounts it. rec is its current record.
-func (s *Store) takeAvailable(tx *txn, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord) error {
-	if err := tx.del(dbkeys.AvailableKey(q.name, id)); err != nil {
-		return err
-	}
-	if err := tx.del(dbkeys.VisibilityKey(q.name, rec.Priority, rec.VisibleAt, id)); err != nil {
-		return err
-	}
-	d := tx.delta(q)
-	if rec.Delayed {
-		// The item counts as delayed until the sweeper removes its
-		// delayed entry; lock the entry so a concurrent promotion and this
-		// take agree on which counter to decrement.
-		dk := dbkeys.DelayedKey(rec.VisibleAt, q.name, id)
-		_, ok, err := tx.getForUpdate(dk)
-		if err != nil {
-			return err
-		}
-		if ok {
-			if err := tx.del(dk); err != nil {
-				return err
-			}
-			d.Delayed--
-			return nil
-		}
+// delayed entry) and uncounts it; rec is its current record. Its serve
+// order entry was already popped by the caller. REQUIRES: on the
+// committer.
+func (s *Store) takeAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord) {
+	o.del(dbkeys.AvailableKey(q.name, id))
+	o.del(dbkeys.VisibilityKey(q.name, rec.Priority, rec.VisibleAt, id))
+	d := o.delta(q)
+	// The item counts as delayed until the sweeper promotes it.
+	if vis, ok := q.delayed[id]; ok {
+		o.del(dbkeys.DelayedKey(vis, q.name, id))
+		delete(q.delayed, id)
+		o.onUndo(func() { q.delayed[id] = vis })
+		d.Delayed--
+		return
 	}
 	d.Ready--
-	return nil
 }
 
 // payloadOf returns an item's payload (never nil), reading it through tx

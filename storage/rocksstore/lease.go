@@ -10,107 +10,100 @@ import (
 	"github.com/leaseq/leaseq/storage"
 )
 
-// leaseView is a lease record read (and locked) inside a transaction, with
-// the ids released by the current call.
-type leaseView struct {
-	token    storage.LeaseID
-	rec      dbkeys.LeaseRecord
-	exists   bool
-	live     bool // exists and not expired at the call's now
-	released map[storage.ItemID]bool
+// live reports whether lease l is live at now: it exists, has not expired
+// and still holds an item (a lease whose items were all acked or nacked is
+// finished).
+func (l *leaseState) live(now int64) bool {
+	return l != nil && now < l.exp && l.held() > 0
 }
 
-// isLive reports whether the lease is live now: it exists, has not expired
-// and still lists an item (a lease whose items were all acked or nacked
-// earlier in this call is finished).
-func (lv *leaseView) isLive() bool {
-	return lv.live && len(lv.released) < len(lv.rec.IDs)
-}
+// held counts the lease's items still inflight under it. ids is compacted
+// at the end of every op that releases items, so this is len(ids) between
+// ops; within an op, released items are marked in the inflight map.
+func (l *leaseState) held() int { return len(l.ids) - l.released }
 
-func readLease(tx *txn, token storage.LeaseID, now int64) (*leaseView, error) {
-	lv := &leaseView{token: token}
-	k := dbkeys.LeaseKey(token)
-	v, ok, err := tx.getForUpdate(k)
-	if err != nil || !ok {
-		return lv, err
-	}
-	rec, err := dbkeys.DecodeLease(v)
-	if err != nil {
-		return nil, corrupt("lease", k, err)
-	}
-	lv.rec, lv.exists, lv.live = rec, true, now < rec.ExpiresAt
-	return lv, nil
-}
-
-// release drops id from the lease (written back by finish).
-func (lv *leaseView) release(id storage.ItemID) {
-	if lv.released == nil {
-		lv.released = make(map[storage.ItemID]bool)
-	}
-	lv.released[id] = true
-}
-
-// finish writes the lease back without the released ids, deleting it (and
-// its expiry entry) once it lists nothing.
-func (lv *leaseView) finish(tx *txn, q *queueState) error {
-	if len(lv.released) == 0 {
-		return nil
-	}
-	kept := lv.rec.IDs[:0:0]
-	for _, id := range lv.rec.IDs {
-		if !lv.released[id] {
-			kept = append(kept, id)
-		}
-	}
-	if len(kept) > 0 {
-		lv.rec.IDs = kept
-		return tx.put(dbkeys.LeaseKey(lv.token), dbkeys.EncodeLease(lv.rec))
-	}
-	if err := tx.del(dbkeys.LeaseKey(lv.token)); err != nil {
-		return err
-	}
-	if err := tx.del(dbkeys.LeaseExpiryKey(lv.rec.ExpiresAt, lv.token)); err != nil {
-		return err
-	}
-	tx.delta(q).Leases--
-	return nil
-}
-
-// checkItem applies the lease-token rules of package storage to one id and
-// returns its code and, for CodeOK, its in_progress record. q must not be
-// nil (settle answers a missing queue itself).
-func checkItem(tx *txn, q *queueState, lv *leaseView, id storage.ItemID) (storage.Code, *dbkeys.ItemRecord, error) {
-	k := dbkeys.InProgressKey(q.name, id)
-	v, ok, err := tx.getForUpdate(k)
-	if err != nil {
-		return 0, nil, err
-	}
-	if ok {
-		rec, err := dbkeys.DecodeItem(v)
-		if err != nil {
-			return 0, nil, corrupt("lease check", k, err)
-		}
+// checkItem applies the lease-token rules of package storage to one id
+// of queue q under lease token (l: its state, nil if none).
+// REQUIRES: on the committer.
+func (s *Store) checkItem(o *opTx, q *queueState, token storage.LeaseID, l *leaseState, id storage.ItemID, now int64) (storage.Code, error) {
+	if holder := s.inflight[id]; holder != nil && holder.q == q {
 		switch {
-		case rec.Lease != lv.token:
-			return storage.CodeLeaseMismatch, nil, nil
-		case !lv.isLive():
-			return storage.CodeLeaseExpired, nil, nil
+		case holder.token != token:
+			return storage.CodeLeaseMismatch, nil
+		case !l.live(now):
+			return storage.CodeLeaseExpired, nil
 		}
-		return storage.CodeOK, &rec, nil
+		return storage.CodeOK, nil
 	}
-	found, err := tx.exists(dbkeys.AvailableKey(q.name, id))
+	found, err := o.exists(dbkeys.AvailableKey(q.name, id))
 	if err == nil && !found {
-		found, err = tx.exists(dbkeys.DLQKey(q.name, id))
+		found, err = o.exists(dbkeys.DLQKey(q.name, id))
 	}
 	switch {
 	case err != nil:
-		return 0, nil, err
+		return 0, err
 	case !found:
-		return storage.CodeNotFound, nil, nil
-	case lv.isLive():
-		return storage.CodeLeaseMismatch, nil, nil
+		return storage.CodeNotFound, nil
+	case l.live(now):
+		return storage.CodeLeaseMismatch, nil
 	}
-	return storage.CodeLeaseExpired, nil, nil
+	return storage.CodeLeaseExpired, nil
+}
+
+// release takes id out of lease l (its in_progress entry is the caller's
+// to delete). REQUIRES: on the committer.
+func (s *Store) release(o *opTx, l *leaseState, id storage.ItemID) {
+	delete(s.inflight, id)
+	l.released++
+	o.onUndo(func() {
+		s.inflight[id] = l
+		l.released--
+	})
+}
+
+// finishLease writes lease l back after releases: without the released
+// ids, or deleted (with its expiry entry) once it holds nothing.
+// REQUIRES: on the committer.
+func (s *Store) finishLease(o *opTx, l *leaseState) {
+	if l.released == 0 {
+		return
+	}
+	oldIDs, oldReleased := l.ids, l.released
+	kept := make([]storage.ItemID, 0, len(l.ids)-l.released)
+	for _, id := range l.ids {
+		if s.inflight[id] == l {
+			kept = append(kept, id)
+		}
+	}
+	l.ids, l.released = kept, 0
+	o.onUndo(func() { l.ids, l.released = oldIDs, oldReleased })
+	if len(kept) > 0 {
+		o.put(dbkeys.LeaseKey(l.token), dbkeys.EncodeLease(leaseRecord(l)))
+		return
+	}
+	s.dropLease(o, l)
+}
+
+// dropLease deletes lease l's record and expiry entry and forgets it.
+// REQUIRES: on the committer.
+func (s *Store) dropLease(o *opTx, l *leaseState) {
+	o.del(dbkeys.LeaseKey(l.token))
+	o.del(dbkeys.LeaseExpiryKey(l.exp, l.token))
+	o.delta(l.q).Leases--
+	delete(s.leases, l.token)
+	delete(l.q.leases, l.token)
+	o.onUndo(func() {
+		s.leases[l.token] = l
+		l.q.leases[l.token] = l
+	})
+}
+
+func leaseRecord(l *leaseState) dbkeys.LeaseRecord {
+	r := dbkeys.LeaseRecord{Queue: l.q.name, ExpiresAt: l.exp, IDs: make([][16]byte, len(l.ids))}
+	for i, id := range l.ids {
+		r.IDs[i] = id
+	}
+	return r
 }
 
 func (s *Store) validateIDs(queue string, n int) error {
@@ -120,7 +113,8 @@ func (s *Store) validateIDs(queue string, n int) error {
 	return s.limits.ValidateBatch(n)
 }
 
-// Ack implements storage.Store.
+// Ack implements storage.Store. An ack reads nothing from RocksDB when
+// every id is held by the lease: the in-memory lease knows its items.
 func (s *Store) Ack(ctx context.Context, p storage.AckParams) ([]storage.Code, error) {
 	if err := s.enter("ack"); err != nil {
 		return nil, err
@@ -133,14 +127,12 @@ func (s *Store) Ack(ctx context.Context, p storage.AckParams) ([]storage.Code, e
 		return nil, err
 	}
 	q := s.queue(p.Queue)
-	now := nanos(p.Now)
-	codes, err := s.settle("ack", q, p.Lease, now, p.IDs, func(tx *txn, d *dbkeys.Counters, id storage.ItemID, rec *dbkeys.ItemRecord) error {
-		if rec.PayloadExternal {
-			if err := tx.del(dbkeys.PayloadKey(q.name, id)); err != nil {
-				return err
-			}
+	codes, err := s.settle(q, p.Lease, nanos(p.Now), p.IDs, func(o *opTx, l *leaseState, id storage.ItemID) error {
+		o.del(dbkeys.InProgressKey(q.name, id))
+		if l.ext[id] {
+			o.del(dbkeys.PayloadKey(q.name, id))
 		}
-		d.Acked++
+		o.delta(q).Acked++
 		return nil
 	})
 	if err != nil {
@@ -169,25 +161,36 @@ func (s *Store) Nack(ctx context.Context, p storage.NackParams) ([]storage.Code,
 	q := s.queue(p.Queue)
 	now := nanos(p.Now)
 	reason := truncateReason(p.Reason, s.limits.MaxReason)
-	var cfg storage.QueueConfig
-	if q != nil {
-		cfg = q.config()
-	}
-	codes, err := s.settle("nack", q, p.Lease, now, p.IDs, func(tx *txn, d *dbkeys.Counters, id storage.ItemID, rec *dbkeys.ItemRecord) error {
-		d.Nacked++
+	codes, err := s.settle(q, p.Lease, now, p.IDs, func(o *opTx, l *leaseState, id storage.ItemID) error {
+		ik := dbkeys.InProgressKey(q.name, id)
+		v, ok, err := o.getForUpdate(ik)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%w: inflight item %s has no in_progress record", storage.ErrCorrupt, id)
+		}
+		rec, err := dbkeys.DecodeItem(v)
+		if err != nil {
+			return corrupt("nack", ik, err)
+		}
+		o.del(ik)
+		o.delta(q).Nacked++
 		rec.LastError = reason
-		if rec.Attempts >= q.maxAttempts(rec) {
-			return s.putDead(tx, q, id, *rec, "nack: "+reason, now)
+		if rec.Attempts >= q.maxAttempts(&rec) {
+			s.putDead(o, q, id, rec, "nack: "+reason, now)
+			return nil
 		}
 		var delay time.Duration
 		if p.Delay != nil {
 			delay = *p.Delay
 		} else {
-			delay = storage.Backoff(cfg, rec.Attempts, s.jitter())
+			delay = storage.Backoff(q.config(), rec.Attempts, s.jitter())
 		}
 		rec.VisibleAt = now + int64(delay)
 		rec.Delayed = rec.VisibleAt > now
-		return s.putAvailable(tx, q, id, *rec, nil, false)
+		s.putAvailable(o, q, id, rec, nil, false)
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("rocksstore: nack %q: %w", p.Queue, err)
@@ -195,13 +198,13 @@ func (s *Store) Nack(ctx context.Context, p storage.NackParams) ([]storage.Code,
 	return codes, nil
 }
 
-// settle is the shared body of Ack and Nack: in one transaction it applies
-// the lease-token rules to every id and, for each CodeOK id, removes its
-// in_progress entry, releases it from the lease, counts it out of inflight
-// and hands its record to done. A missing queue makes every code
-// CodeNotFound without opening a transaction.
-func (s *Store) settle(op string, q *queueState, token storage.LeaseID, now int64, ids []storage.ItemID,
-	done func(tx *txn, d *dbkeys.Counters, id storage.ItemID, rec *dbkeys.ItemRecord) error) ([]storage.Code, error) {
+// settle is the shared body of Ack and Nack: on the committer it applies
+// the lease-token rules to every id and, for each CodeOK id, releases it
+// from the lease, counts it out of inflight and hands it to done (which
+// deletes or moves its in_progress record). A missing queue makes every
+// code CodeNotFound without a commit.
+func (s *Store) settle(q *queueState, token storage.LeaseID, now int64, ids []storage.ItemID,
+	done func(o *opTx, l *leaseState, id storage.ItemID) error) ([]storage.Code, error) {
 	codes := make([]storage.Code, len(ids))
 	if q == nil {
 		for i := range codes {
@@ -209,14 +212,10 @@ func (s *Store) settle(op string, q *queueState, token storage.LeaseID, now int6
 		}
 		return codes, nil
 	}
-	err := s.runTxn(op, func(tx *txn) error {
-		lv, err := readLease(tx, token, now)
-		if err != nil {
-			return err
-		}
-		d := tx.delta(q)
+	next, err := s.submit(len(ids), func(o *opTx) error {
+		l := s.leases[token]
 		for i, id := range ids {
-			c, rec, err := checkItem(tx, q, lv, id)
+			c, err := s.checkItem(o, q, token, l, id, now)
 			if err != nil {
 				return err
 			}
@@ -224,32 +223,35 @@ func (s *Store) settle(op string, q *queueState, token storage.LeaseID, now int6
 			if c != storage.CodeOK {
 				continue
 			}
-			if err := tx.del(dbkeys.InProgressKey(q.name, id)); err != nil {
-				return err
-			}
-			lv.release(id)
-			d.Inflight--
-			if err := done(tx, d, id, rec); err != nil {
+			s.release(o, l, id)
+			o.delta(q).Inflight--
+			if err := done(o, l, id); err != nil {
 				return err
 			}
 		}
-		return lv.finish(tx, q)
+		if l != nil {
+			s.finishLease(o, l)
+		}
+		return nil
 	})
-	return codes, err
+	if err != nil {
+		return nil, err
+	}
+	if !next.IsZero() && s.onDeadline != nil {
+		s.onDeadline(next)
+	}
+	return codes, nil
 }
 
 // putDead writes an item that left inflight into the dead-letter namespace.
-func (s *Store) putDead(tx *txn, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, reason string, now int64) error {
+func (s *Store) putDead(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, reason string, now int64) {
 	rec.HasLease, rec.Lease = false, [16]byte{}
 	rec.Delayed = false
 	rec.Dead, rec.DeadAt, rec.Reason = true, now, reason
-	if err := tx.put(dbkeys.DLQKey(q.name, id), dbkeys.EncodeItem(rec)); err != nil {
-		return err
-	}
-	d := tx.delta(q)
+	o.put(dbkeys.DLQKey(q.name, id), dbkeys.EncodeItem(rec))
+	d := o.delta(q)
 	d.Dead++
 	d.DeadLettered++
-	return nil
 }
 
 func truncateReason(r string, max int) string {
@@ -293,36 +295,27 @@ func (s *Store) extend(ctx context.Context, p storage.ExtendParams) (time.Time, 
 	}
 	now := nanos(p.Now)
 	var exp int64
-	err := s.runTxn("extend", func(tx *txn) error {
-		lv, err := readLease(tx, p.Lease, now)
-		if err != nil {
-			return err
-		}
-		if !lv.live {
+	_, err := s.submit(1, func(o *opTx) error {
+		l := s.leases[p.Lease]
+		if l == nil || now >= l.exp {
 			return storage.ErrLeaseExpired
 		}
-		if lv.rec.Queue != p.Queue {
+		if l.q.name != p.Queue {
 			return storage.ErrLeaseMismatch
 		}
 		d := p.Duration
 		if d == 0 {
-			q := s.queue(p.Queue)
-			if q == nil {
-				return fmt.Errorf("%w: queue of a live lease is missing", storage.ErrCorrupt)
-			}
-			d = q.config().LeaseDuration
+			d = l.q.config().LeaseDuration
 		}
 		exp = now + int64(d)
-		if err := tx.del(dbkeys.LeaseExpiryKey(lv.rec.ExpiresAt, p.Lease)); err != nil {
-			return err
-		}
-		lv.rec.ExpiresAt = exp
-		ek := dbkeys.LeaseExpiryKey(exp, p.Lease)
-		tx.note(&s.expiryCur, ek)
-		if err := tx.put(ek, dbkeys.Marker()); err != nil {
-			return err
-		}
-		return tx.put(dbkeys.LeaseKey(p.Lease), dbkeys.EncodeLease(lv.rec))
+		o.del(dbkeys.LeaseExpiryKey(l.exp, l.token))
+		o.put(dbkeys.LeaseExpiryKey(exp, l.token), dbkeys.Marker())
+		old := l.exp
+		l.exp = exp
+		o.onUndo(func() { l.exp = old })
+		o.put(dbkeys.LeaseKey(l.token), dbkeys.EncodeLease(leaseRecord(l)))
+		s.expiry.push(timed{at: exp, token: l.token})
+		return nil
 	})
 	if err != nil {
 		return time.Time{}, err

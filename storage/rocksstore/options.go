@@ -16,8 +16,8 @@ type SyncMode int
 const (
 	// SyncAlways fsyncs the WAL before a mutating call returns: an
 	// acknowledged enqueue, poll, ack, nack or extend survives power loss.
-	// Concurrent commits share one fsync (RocksDB write groups). The zero
-	// value, so the safe default.
+	// Every call committed since the last fsync shares the next one (the
+	// commit pipeline, see commit.go). The zero value, so the safe default.
 	SyncAlways SyncMode = iota
 	// SyncNone writes the WAL without fsync: commits survive a process
 	// crash but not a power loss or kernel panic.
@@ -62,19 +62,24 @@ type Options struct {
 	// OnDeadline, if set, is called after a commit that created a lease
 	// expiry or a delayed VisibleAt (see storage.DeadlineFunc).
 	OnDeadline storage.DeadlineFunc
+	// Now, if set, times the WAL fsyncs for Metrics.SyncTime (nothing
+	// else reads it: store semantics take instants from the callers).
+	Now func() time.Time
 	// CacheBytes sizes the RocksDB block cache, which also holds index and
 	// filter blocks so memory stays bounded as the database grows; 0 means
 	// DefaultCacheBytes.
 	CacheBytes int64
 
 	// Unexported knobs used by this package's measurements and tests.
-	engine       engineKind // which transaction DB
-	inlineMax    int        // payloads up to this many bytes are stored inline; <0: never
-	noDelCompact bool       // disable the deletion-triggered compaction collector
-	noHeads      bool       // claim scans start at the index start (measurement only)
-	memtable     int        // memtable bytes; 0: defaultMemtable
-	noStats      bool       // RocksDB statistics off (measurement only: Metrics times stay zero)
-	noCloseFlush bool       // Close leaves the memtables to WAL replay, as a crash does (measurement only)
+	inlineMax    int  // payloads up to this many bytes are stored inline; <0: never
+	noDelCompact bool // disable the deletion-triggered compaction collector
+	memtable     int  // memtable bytes; 0: defaultMemtable
+	noStats      bool // RocksDB statistics off (measurement only: Metrics times stay zero)
+	noCloseFlush bool // Close leaves the memtables to WAL replay, as a crash does (measurement only)
+	syncInCgo    bool // fsync the WAL in a cgo call, not on the sync thread (measurement only)
+	// syncHook, if set, runs every WAL fsync (sync is the real one): tests
+	// delay or fail it.
+	syncHook func(sync func() error) error
 }
 
 // DefaultCacheBytes is the block cache size when Options.CacheBytes is 0: a
@@ -87,44 +92,32 @@ const DefaultCacheBytes = 64 << 20
 // 64 KiB an external payload avoids rewriting it on poll, nack and expiry.
 const defaultInlineMax = 4 << 10
 
-// engineKind selects the RocksDB transaction flavour.
-type engineKind int
-
-const (
-	enginePessimistic engineKind = iota // TransactionDB (the default; see doc.go)
-	engineOptimistic                    // OptimisticTransactionDB
-)
-
-// String names the engine in logs and benchmark names.
-func (k engineKind) String() string {
-	if k == engineOptimistic {
-		return "optimistic"
-	}
-	return "pessimistic"
-}
-
 // Metrics is a snapshot of the store's write-path counters. Every field only
 // increases; use Sub for interval deltas.
 type Metrics struct {
-	// Commits counts committed write transactions (and single writes).
+	// Commits counts batches the committer wrote to RocksDB (one
+	// transaction and one WAL write each).
 	Commits uint64
-	// SyncCommits counts commits that waited for a WAL fsync.
+	// Ops counts calls committed in those batches, Items the items they
+	// touched (enqueued, claimed, acked, ...): Ops/Commits and
+	// Items/Commits show how much one commit carries.
+	Ops   uint64
+	Items uint64
+	// SyncCommits counts written batches that waited for a WAL fsync
+	// (SyncAlways only).
 	SyncCommits uint64
-	// WALSyncs counts WAL fsyncs RocksDB performed. Concurrent synced
-	// commits share one fsync (group commit), so WALSyncs < SyncCommits
-	// under concurrency.
+	// WALSyncs counts WAL fsyncs. One fsync covers every batch written
+	// since the previous one, so WALSyncs <= SyncCommits, and
+	// Items/WALSyncs is the items made durable per fsync.
 	WALSyncs uint64
 	// CommitTime is the cumulative time RocksDB spent in writes (the
-	// commit of every transaction, fsync included), from its statistics.
+	// commit of every batch), from its statistics.
 	CommitTime time.Duration
-	// SyncTime is the cumulative time of the WALSyncs fsyncs: SyncTime /
-	// WALSyncs is the mean fsync latency.
+	// SyncTime is the cumulative time of the WALSyncs fsyncs, timed with
+	// Options.Now (zero without it).
 	SyncTime time.Duration
-	// Retries counts transactions rerun after a conflict, lock timeout or
-	// deadlock.
-	Retries uint64
-	// ClaimPasses counts poll claim transactions; Polls counts Poll calls
-	// served by them. Polls/ClaimPasses > 1 shows coalescing.
+	// ClaimPasses counts batches that held at least one poll; Polls counts
+	// Poll calls. Polls/ClaimPasses > 1 shows polls sharing a commit.
 	ClaimPasses uint64
 	Polls       uint64
 	// Claimed counts items handed out by polls.
@@ -135,11 +128,12 @@ type Metrics struct {
 func (m Metrics) Sub(prev Metrics) Metrics {
 	return Metrics{
 		Commits:     m.Commits - prev.Commits,
+		Ops:         m.Ops - prev.Ops,
+		Items:       m.Items - prev.Items,
 		SyncCommits: m.SyncCommits - prev.SyncCommits,
 		WALSyncs:    m.WALSyncs - prev.WALSyncs,
 		CommitTime:  m.CommitTime - prev.CommitTime,
 		SyncTime:    m.SyncTime - prev.SyncTime,
-		Retries:     m.Retries - prev.Retries,
 		ClaimPasses: m.ClaimPasses - prev.ClaimPasses,
 		Polls:       m.Polls - prev.Polls,
 		Claimed:     m.Claimed - prev.Claimed,
@@ -147,14 +141,11 @@ func (m Metrics) Sub(prev Metrics) Metrics {
 }
 
 type rocksStatistics struct {
-	walSyncs  uint64
-	syncTime  time.Duration
 	writeTime time.Duration
 }
 
-// parseStatistics reads the fsync and write histograms out of RocksDB's
-// statistics dump, lines like
-// "rocksdb.wal.file.sync.micros P50 : 1.0 ... COUNT : 5 SUM : 120".
+// parseStatistics reads the write histogram out of RocksDB's statistics
+// dump, lines like "rocksdb.db.write.micros P50 : 1.0 ... COUNT : 5 SUM : 120".
 func parseStatistics(dump string) rocksStatistics {
 	var st rocksStatistics
 	for _, line := range strings.Split(dump, "\n") {
@@ -162,24 +153,14 @@ func parseStatistics(dump string) rocksStatistics {
 		if len(f) == 0 {
 			continue
 		}
-		var count, sum uint64
-		for i := 0; i+2 < len(f); i++ {
-			if f[i+1] != ":" {
-				continue
-			}
-			switch f[i] {
-			case "COUNT":
-				count, _ = strconv.ParseUint(f[i+2], 10, 64)
-			case "SUM":
-				sum, _ = strconv.ParseUint(f[i+2], 10, 64)
-			}
+		if f[0] != "rocksdb.db.write.micros" {
+			continue
 		}
-		switch f[0] {
-		case "rocksdb.wal.file.sync.micros":
-			st.walSyncs = count
-			st.syncTime = time.Duration(sum) * time.Microsecond
-		case "rocksdb.db.write.micros":
-			st.writeTime = time.Duration(sum) * time.Microsecond
+		for i := 0; i+2 < len(f); i++ {
+			if f[i] == "SUM" && f[i+1] == ":" {
+				sum, _ := strconv.ParseUint(f[i+2], 10, 64)
+				st.writeTime = time.Duration(sum) * time.Microsecond
+			}
 		}
 	}
 	return st

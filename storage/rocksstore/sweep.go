@@ -10,13 +10,14 @@ import (
 	"github.com/leaseq/leaseq/storage"
 )
 
-// sweepChunk is how many index entries one sweep transaction handles: big
-// enough to amortize the commit, small enough to keep a transaction (a
-// lease lists up to MaxBatch items) well below memory and lock limits.
+// sweepChunk is how many leases (or delayed items, or dedup keys) one
+// sweep op handles: big enough to amortize a commit, small enough to keep
+// a batch (a lease holds up to MaxBatch items) bounded.
 const sweepChunk = 64
 
 // Sweep implements storage.Store. A Limit <= 0 means Limits.MaxBatch.
-// Sweeps are serialized.
+// Sweeps are serialized. Lease expiries and delayed items come from the
+// in-memory deadline heaps; dedup expiries from the dedup_expiry index.
 func (s *Store) Sweep(ctx context.Context, p storage.SweepParams) (storage.SweepResult, error) {
 	if err := s.enter("sweep"); err != nil {
 		return storage.SweepResult{}, err
@@ -39,84 +40,69 @@ func (s *Store) sweep(ctx context.Context, p storage.SweepParams) (storage.Sweep
 	}
 	var res storage.SweepResult
 	gained := map[string]bool{}
-	acc := &sweepAcc{res: &res, gained: gained}
-
-	err := s.sweepIndex(ctx, acc, &s.expiryCur, dbkeys.NsLeaseExpiry, now, limit, func(tx *txn, k []byte, res *storage.SweepResult, gained map[string]bool) error {
-		exp, token, err := dbkeys.DecodeLeaseExpiryKey(k)
-		if err != nil {
-			return corrupt("sweep", k, err)
+	// Each phase runs ops of up to sweepChunk entries until nothing more is
+	// due or limit entries were handled.
+	phase := func(step func(o *opTx, max int, part *storage.SweepResult, g map[string]bool) int) error {
+		for done := 0; done < limit; {
+			if err := checkCtx(ctx, "sweep"); err != nil {
+				return err
+			}
+			var part storage.SweepResult
+			var g map[string]bool
+			n := 0
+			max := min(sweepChunk, limit-done)
+			_, err := s.submit(max, func(o *opTx) error {
+				part, g = storage.SweepResult{}, map[string]bool{}
+				n = step(o, max, &part, g)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			addSweep(&res, part)
+			for q := range g {
+				gained[q] = true
+			}
+			done += n
+			if n < max {
+				return nil
+			}
 		}
-		return s.expireLease(tx, k, exp, token, now, res, gained)
+		return nil
+	}
+	err := phase(func(o *opTx, max int, part *storage.SweepResult, g map[string]bool) int {
+		return s.expireDue(o, now, max, part, g)
 	})
 	if err != nil {
 		return res, err
 	}
-	err = s.sweepIndex(ctx, acc, &s.delayedCur, dbkeys.NsDelayed, now, limit, func(tx *txn, k []byte, res *storage.SweepResult, gained map[string]bool) error {
-		_, qn, _, err := dbkeys.DecodeDelayedKey(k)
-		if err != nil {
-			return corrupt("sweep", k, err)
-		}
-		// Lock the entry: a claim of the same item decides between the
-		// delayed and ready counters by whether it still exists.
-		_, ok, err := tx.getForUpdate(k)
-		if err != nil || !ok {
-			return err
-		}
-		if err := tx.del(k); err != nil {
-			return err
-		}
-		q := s.queue(qn)
-		if q == nil {
-			return fmt.Errorf("%w: delayed entry %x of unknown queue", storage.ErrCorrupt, k)
-		}
-		d := tx.delta(q)
-		d.Delayed--
-		d.Ready++
-		res.Promoted++
-		gained[qn] = true
+	err = phase(func(o *opTx, max int, part *storage.SweepResult, g map[string]bool) int {
+		return s.promoteDue(o, now, max, part, g)
+	})
+	if err != nil {
+		return res, err
+	}
+	if err := s.sweepDedup(ctx, &res, now, limit); err != nil {
+		return res, err
+	}
+
+	var next int64
+	_, err = s.submit(0, func(o *opTx) error {
+		next = s.nextDeadline()
 		return nil
 	})
 	if err != nil {
 		return res, err
 	}
-	err = s.sweepIndex(ctx, acc, &s.dedupCur, dbkeys.NsDedupExpiry, now, limit, func(tx *txn, k []byte, res *storage.SweepResult, _ map[string]bool) error {
-		exp, qn, key, err := dbkeys.DecodeDedupExpiryKey(k)
-		if err != nil {
-			return corrupt("sweep", k, err)
-		}
-		if err := tx.del(k); err != nil {
-			return err
-		}
-		dk := dbkeys.DedupKey(qn, key)
-		v, ok, err := tx.getForUpdate(dk)
-		if err != nil || !ok {
-			return err
-		}
-		rec, err := dbkeys.DecodeDedup(v)
-		if err != nil {
-			return corrupt("sweep", dk, err)
-		}
-		if rec.ExpiresAt == exp {
-			res.DedupDropped++
-			return tx.del(dk)
-		}
-		return nil
-	})
+	if next != 0 {
+		res.Next = instant(next)
+	}
+	t, ok, err := s.firstDedupExpiry()
 	if err != nil {
 		return res, err
 	}
-
-	for _, ns := range []struct {
-		cur *cursor
-		ns  byte
-	}{{&s.expiryCur, dbkeys.NsLeaseExpiry}, {&s.delayedCur, dbkeys.NsDelayed}, {&s.dedupCur, dbkeys.NsDedupExpiry}} {
-		t, ok, err := s.firstInstant(ns.cur, ns.ns)
-		if err != nil {
-			return res, err
-		}
-		if ok && (res.Next.IsZero() || t.Before(res.Next)) {
-			res.Next = t
-		}
+	if ok && (res.Next.IsZero() || t.Before(res.Next)) {
+		res.Next = t
 	}
 	res.More = !res.Next.IsZero() && !res.Next.After(instant(now))
 	for q := range gained {
@@ -126,51 +112,193 @@ func (s *Store) sweep(ctx context.Context, p storage.SweepParams) (storage.Sweep
 	return res, nil
 }
 
-// sweepAcc accumulates the outcome of committed sweep transactions.
-type sweepAcc struct {
-	res    *storage.SweepResult
-	gained map[string]bool
+func addSweep(res *storage.SweepResult, part storage.SweepResult) {
+	res.LeasesExpired += part.LeasesExpired
+	res.Requeued += part.Requeued
+	res.DeadLettered += part.DeadLettered
+	res.Promoted += part.Promoted
+	res.DedupDropped += part.DedupDropped
 }
 
-// sweepFunc handles one due index entry inside tx, reporting into res and
-// gained, which belong to the current attempt only (a retried transaction
-// starts over).
-type sweepFunc func(tx *txn, k []byte, res *storage.SweepResult, gained map[string]bool) error
+// nextDeadline returns the earliest live lease expiry or delayed
+// visible_at (0: none), dropping stale heap entries on the way.
+// REQUIRES: on the committer.
+func (s *Store) nextDeadline() int64 {
+	var next int64
+	for {
+		t, ok := s.expiry.peek()
+		if !ok {
+			break
+		}
+		if l := s.leases[t.token]; l == nil || l.exp != t.at {
+			s.expiry.pop()
+			continue
+		}
+		next = t.at
+		break
+	}
+	for {
+		t, ok := s.delayed.peek()
+		if !ok {
+			break
+		}
+		if vis, ok := t.q.delayed[t.token]; !ok || vis != t.at {
+			s.delayed.pop()
+			continue
+		}
+		if next == 0 || t.at < next {
+			next = t.at
+		}
+		break
+	}
+	return next
+}
 
-// sweepIndex processes up to limit entries of global time index ns due at
-// now, sweepChunk per transaction, from the index's cursor on.
-func (s *Store) sweepIndex(ctx context.Context, acc *sweepAcc, cur *cursor, ns byte, now int64, limit int, fn sweepFunc) error {
-	lower := dbkeys.NamespacePrefix(ns)
-	upper := dbkeys.TimeBound(ns, now+1)
+// expireDue ends up to max leases whose expiry <= now. REQUIRES: on the
+// committer.
+func (s *Store) expireDue(o *opTx, now int64, max int, res *storage.SweepResult, gained map[string]bool) int {
+	n := 0
+	for n < max {
+		t, ok := s.expiry.peek()
+		if !ok || t.at > now {
+			break
+		}
+		s.expiry.pop()
+		l := s.leases[t.token]
+		if l == nil || l.exp != t.at {
+			continue // acked, nacked or extended since
+		}
+		o.onUndo(func() { s.expiry.push(t) })
+		s.expireLease(o, l, now, res, gained)
+		n++
+	}
+	return n
+}
+
+// expireLease ends lease l: each item goes back to ready (VisibleAt = the
+// expiry, so it queues behind items ready earlier) or, out of attempts,
+// to dead. A record that cannot be read is left in place and reported by
+// Check. REQUIRES: on the committer.
+func (s *Store) expireLease(o *opTx, l *leaseState, now int64, res *storage.SweepResult, gained map[string]bool) {
+	q := l.q
+	d := o.delta(q)
+	for _, id := range l.ids {
+		if s.inflight[id] != l {
+			continue
+		}
+		ik := dbkeys.InProgressKey(q.name, id)
+		v, ok, err := o.getForUpdate(ik)
+		if err != nil || !ok {
+			s.log.Error("sweep: inflight item unreadable; left for check", "queue", q.name, "item_id", id.String(), "err", err)
+			continue
+		}
+		rec, err := dbkeys.DecodeItem(v)
+		if err != nil || rec.Lease != l.token {
+			s.log.Error("sweep: inflight item record does not match its lease; left for check", "queue", q.name, "item_id", id.String(), "err", err)
+			continue
+		}
+		s.release(o, l, id)
+		o.del(ik)
+		d.Inflight--
+		d.Expired++
+		if rec.Attempts >= q.maxAttempts(&rec) {
+			s.putDead(o, q, id, rec, "lease expired", now)
+			res.DeadLettered++
+			continue
+		}
+		rec.VisibleAt = l.exp
+		rec.Delayed = l.exp > now
+		s.putAvailable(o, q, id, rec, nil, false)
+		res.Requeued++
+		gained[q.name] = true
+	}
+	// The lease ends whatever its items' state.
+	for _, id := range l.ids {
+		if s.inflight[id] == l {
+			s.release(o, l, id)
+		}
+	}
+	s.finishLease(o, l)
+	res.LeasesExpired++
+}
+
+// promoteDue moves up to max delayed items whose visible_at <= now into
+// the ready count. REQUIRES: on the committer.
+func (s *Store) promoteDue(o *opTx, now int64, max int, res *storage.SweepResult, gained map[string]bool) int {
+	n := 0
+	for n < max {
+		t, ok := s.delayed.peek()
+		if !ok || t.at > now {
+			break
+		}
+		s.delayed.pop()
+		q, id := t.q, storage.ItemID(t.token)
+		if vis, ok := q.delayed[id]; !ok || vis != t.at {
+			continue // claimed, purged or moved since
+		}
+		delete(q.delayed, id)
+		o.onUndo(func() {
+			q.delayed[id] = t.at
+			s.delayed.push(t)
+		})
+		o.del(dbkeys.DelayedKey(t.at, q.name, id))
+		d := o.delta(q)
+		d.Delayed--
+		d.Ready++
+		res.Promoted++
+		gained[q.name] = true
+		n++
+	}
+	return n
+}
+
+// sweepDedup drops up to limit dedup keys due at now, found by scanning
+// the dedup_expiry index from its cursor.
+func (s *Store) sweepDedup(ctx context.Context, res *storage.SweepResult, now int64, limit int) error {
+	cur := &s.dedupCur
+	lower := dbkeys.NamespacePrefix(dbkeys.NsDedupExpiry)
+	upper := dbkeys.TimeBound(dbkeys.NsDedupExpiry, now+1)
 	if now == int64(^uint64(0)>>1) {
 		upper = dbkeys.PrefixEnd(lower)
 	}
-	done := 0
-	for done < limit {
+	for done := 0; done < limit; {
 		if err := checkCtx(ctx, "sweep"); err != nil {
 			return err
 		}
 		start := cur.begin()
 		var keys [][]byte
-		err := s.scan(nil, lower, upper, start, func(k, _ []byte) (bool, error) {
+		err := s.scan(lower, upper, start, func(k, _ []byte) (bool, error) {
 			keys = append(keys, k)
 			return len(keys) < min(sweepChunk, limit-done), nil
 		})
-		if err != nil {
+		if err != nil || len(keys) == 0 {
 			cur.end(nil, false)
 			return err
 		}
-		if len(keys) == 0 {
-			cur.end(nil, false)
-			return nil
-		}
-		var part storage.SweepResult
-		var partGained map[string]bool
-		err = s.runTxn("sweep", func(tx *txn) error {
-			part, partGained = storage.SweepResult{}, map[string]bool{}
+		dropped := 0
+		_, err = s.submit(len(keys), func(o *opTx) error {
+			dropped = 0
 			for _, k := range keys {
-				if err := fn(tx, k, &part, partGained); err != nil {
+				exp, qn, key, err := dbkeys.DecodeDedupExpiryKey(k)
+				if err != nil {
+					return corrupt("sweep", k, err)
+				}
+				o.del(k)
+				dk := dbkeys.DedupKey(qn, key)
+				v, ok, err := o.getForUpdate(dk)
+				if err != nil {
 					return err
+				}
+				if !ok {
+					continue
+				}
+				rec, err := dbkeys.DecodeDedup(v)
+				if err != nil {
+					return corrupt("sweep", dk, err)
+				}
+				if rec.ExpiresAt == exp {
+					o.del(dk)
+					dropped++
 				}
 			}
 			return nil
@@ -179,14 +307,7 @@ func (s *Store) sweepIndex(ctx context.Context, acc *sweepAcc, cur *cursor, ns b
 			cur.end(nil, false)
 			return err
 		}
-		acc.res.LeasesExpired += part.LeasesExpired
-		acc.res.Requeued += part.Requeued
-		acc.res.DeadLettered += part.DeadLettered
-		acc.res.Promoted += part.Promoted
-		acc.res.DedupDropped += part.DedupDropped
-		for q := range partGained {
-			acc.gained[q] = true
-		}
+		res.DedupDropped += dropped
 		cur.end(successor(keys[len(keys)-1]), true)
 		done += len(keys)
 		if len(keys) < sweepChunk {
@@ -196,26 +317,14 @@ func (s *Store) sweepIndex(ctx context.Context, acc *sweepAcc, cur *cursor, ns b
 	return nil
 }
 
-// firstInstant returns the instant of the first live entry of time index
-// ns.
-func (s *Store) firstInstant(cur *cursor, ns byte) (time.Time, bool, error) {
-	lower := dbkeys.NamespacePrefix(ns)
+// firstDedupExpiry returns the instant of the first live dedup_expiry
+// entry.
+func (s *Store) firstDedupExpiry() (time.Time, bool, error) {
+	lower := dbkeys.NamespacePrefix(dbkeys.NsDedupExpiry)
 	var t time.Time
 	found := false
-	err := s.scan(nil, lower, dbkeys.PrefixEnd(lower), cur.get(), func(k, _ []byte) (bool, error) {
-		if len(k) < 9 {
-			return false, corrupt("sweep", k, dbkeys.ErrMalformed)
-		}
-		var n int64
-		var err error
-		switch ns {
-		case dbkeys.NsLeaseExpiry:
-			n, _, err = dbkeys.DecodeLeaseExpiryKey(k)
-		case dbkeys.NsDelayed:
-			n, _, _, err = dbkeys.DecodeDelayedKey(k)
-		default:
-			n, _, _, err = dbkeys.DecodeDedupExpiryKey(k)
-		}
+	err := s.scanView(lower, dbkeys.PrefixEnd(lower), s.dedupCur.get(), func(k, _ []byte) (bool, error) {
+		n, _, _, err := dbkeys.DecodeDedupExpiryKey(k)
 		if err != nil {
 			return false, corrupt("sweep", k, err)
 		}
@@ -223,75 +332,4 @@ func (s *Store) firstInstant(cur *cursor, ns byte) (time.Time, bool, error) {
 		return false, nil
 	})
 	return t, found, err
-}
-
-// expireLease ends lease token whose expiry entry k is due: each item goes
-// back to ready (VisibleAt = the expiry) or, out of attempts, to dead.
-func (s *Store) expireLease(tx *txn, k []byte, exp int64, token storage.LeaseID, now int64, res *storage.SweepResult, gained map[string]bool) error {
-	if err := tx.del(k); err != nil {
-		return err
-	}
-	lk := dbkeys.LeaseKey(token)
-	v, ok, err := tx.getForUpdate(lk)
-	if err != nil || !ok {
-		return err
-	}
-	lr, err := dbkeys.DecodeLease(v)
-	if err != nil {
-		return corrupt("sweep", lk, err)
-	}
-	if lr.ExpiresAt != exp {
-		// Extended; this entry was stale (extend deletes the old one, so
-		// this only cleans up after a bug).
-		return nil
-	}
-	q := s.queue(lr.Queue)
-	if q == nil {
-		return fmt.Errorf("%w: lease %s of unknown queue %q", storage.ErrCorrupt, token, lr.Queue)
-	}
-	d := tx.delta(q)
-	for _, id := range lr.IDs {
-		ik := dbkeys.InProgressKey(q.name, id)
-		v, ok, err := tx.getForUpdate(ik)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			continue
-		}
-		rec, err := dbkeys.DecodeItem(v)
-		if err != nil {
-			return corrupt("sweep", ik, err)
-		}
-		if rec.Lease != token {
-			continue
-		}
-		if err := tx.del(ik); err != nil {
-			return err
-		}
-		d.Inflight--
-		d.Expired++
-		if rec.Attempts >= q.maxAttempts(&rec) {
-			if err := s.putDead(tx, q, id, rec, "lease expired", now); err != nil {
-				return err
-			}
-			res.DeadLettered++
-			continue
-		}
-		// The item became ready when the lease ran out, so it queues
-		// behind items that were ready earlier.
-		rec.VisibleAt = exp
-		rec.Delayed = exp > now
-		if err := s.putAvailable(tx, q, id, rec, nil, false); err != nil {
-			return err
-		}
-		res.Requeued++
-		gained[q.name] = true
-	}
-	if err := tx.del(lk); err != nil {
-		return err
-	}
-	d.Leases--
-	res.LeasesExpired++
-	return nil
 }

@@ -1,0 +1,517 @@
+package rocksstore
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/linxGnu/grocksdb"
+
+	"github.com/leaseq/leaseq/dbkeys"
+)
+
+// The commit pipeline. Every mutating call becomes an op. Ops are
+// combined: the caller that finds no batch being built becomes the leader;
+// it takes every pending op (its own first), applies them in order to one
+// RocksDB transaction (reads through GetForUpdate, writes buffered in an
+// overlay that later ops of the batch read first) and commits the batch
+// once, without fsync. Callers arriving meanwhile queue up for the next
+// batch, which the leader also builds (up to maxLeadBatches) before it
+// hands the lead to the first of them. A leader does the work on its own
+// goroutine, so an uncontended call crosses no goroutine at all.
+//
+// With SyncAlways a written batch goes to the syncer goroutine, which
+// fsyncs the WAL once for every batch written since its last fsync and
+// only then completes their callers; meanwhile the next leader builds and
+// writes the next batch. With SyncNone callers are completed as soon as
+// their batch is written.
+//
+// A batch's writes are visible (to later batches and to reads) before its
+// fsync: an item can be claimed by a poll before the enqueue that made it
+// is durable. Nobody has been told the enqueue succeeded yet, and the WAL
+// is a sequential log, so the fsync that makes the poll durable makes the
+// enqueue durable too; a crash before it loses both, and neither caller
+// was answered (see storage/doc.go and TestRocksStore_FsyncFailureInWindow).
+
+// op is one caller's operation in the pipeline.
+type op struct {
+	apply func(o *opTx) error // runs on the leader
+	items int                 // size hint: items the op touches
+	err   error
+	next  time.Time // earliest new deadline (OnDeadline)
+	// wake receives true when the op is complete, false when its caller
+	// must lead the next batch (and true later, when it is complete).
+	wake chan bool
+}
+
+// maxBatchItems caps the items one batch applies, so a crowd of large
+// calls does not build one huge transaction; the rest go into the next
+// batch.
+const maxBatchItems = 4096
+
+// maxLeadBatches is how many batches one leader builds before it hands the
+// lead on: enough that a burst of arrivals during its first batch rides
+// along without a hand-off, few enough that its own call is not delayed.
+const maxLeadBatches = 2
+
+// maxReusedOverlay is the largest overlay map a batch hands on to the
+// next one; a larger one is dropped (see runBatch).
+const maxReusedOverlay = 512
+
+// syncQueueDepth bounds the batches written and waiting for an fsync; a
+// leader waits when it is full (back-pressure).
+const syncQueueDepth = 64
+
+type pipeline struct {
+	mu      sync.Mutex
+	pending []*op
+	leading bool         // a leader is building batches
+	syncq   chan written // written batches waiting for the WAL fsync
+	wg      sync.WaitGroup
+	failed  error // set by a failed write or fsync; REQUIRES: mu held
+	slot    *txnSlot
+	buf     []*op // the leader's scratch list; REQUIRES: leading
+}
+
+// txnSlot is a reusable RocksDB transaction object and its write batch.
+type txnSlot struct {
+	t  *grocksdb.Transaction
+	wb *grocksdb.WriteBatchWI // the C wrapper is fetched once and never destroyed (that would free the transaction's own batch)
+	// writes is the overlay of the batch being built, reused across
+	// batches.
+	writes map[string][]byte
+}
+
+func (s *Store) startPipeline() {
+	p := &s.pipe
+	p.syncq = make(chan written, syncQueueDepth)
+	t := s.db.TransactionBegin(s.wo, s.txo, nil)
+	p.slot = &txnSlot{t: t, wb: t.GetWriteBatchWI(), writes: make(map[string][]byte)}
+	s.slots = append(s.slots, p.slot)
+	if s.opts.Sync == SyncAlways && !s.opts.syncInCgo {
+		w, err := newWALSyncer(s.db)
+		if err != nil {
+			s.log.Warn("WAL fsync runs in a cgo call instead of its own thread", "err", err)
+		}
+		s.walSync = w
+	}
+	p.wg.Add(1)
+	go s.syncLoop()
+}
+
+// stopPipeline waits for the syncer to finish the written batches.
+// REQUIRES: no call in flight (s.life held exclusively), so no leader.
+func (s *Store) stopPipeline() {
+	close(s.pipe.syncq)
+	s.pipe.wg.Wait()
+	if s.walSync != nil {
+		s.walSync.close()
+	}
+}
+
+// submit runs fn in a batch and waits until the batch is durable under
+// the sync policy. REQUIRES: s.life held shared (enter).
+func (s *Store) submit(items int, fn func(o *opTx) error) (time.Time, error) {
+	o := &op{apply: fn, items: items, wake: make(chan bool, 1)}
+	p := &s.pipe
+	p.mu.Lock()
+	if p.failed != nil {
+		err := p.failed
+		p.mu.Unlock()
+		return time.Time{}, err
+	}
+	p.pending = append(p.pending, o)
+	lead := !p.leading
+	p.leading = true
+	p.mu.Unlock()
+	if !lead {
+		lead = !<-o.wake
+	}
+	if lead {
+		s.lead()
+		<-o.wake
+	}
+	return o.next, o.err
+}
+
+// lead builds and writes batches of pending ops until none is left or
+// maxLeadBatches were built, then gives up the lead (to the first pending
+// op, if any). REQUIRES: the caller was made leader.
+func (s *Store) lead() {
+	p := &s.pipe
+	for n := 0; ; n++ {
+		p.mu.Lock()
+		if len(p.pending) == 0 {
+			p.leading = false
+			p.mu.Unlock()
+			return
+		}
+		if n == maxLeadBatches {
+			p.pending[0].wake <- false
+			p.mu.Unlock()
+			return
+		}
+		k, items := 0, 0
+		for k < len(p.pending) && (k == 0 || items+p.pending[k].items <= maxBatchItems) {
+			items += p.pending[k].items
+			k++
+		}
+		ops := append(p.buf[:0], p.pending[:k]...)
+		rest := copy(p.pending, p.pending[k:])
+		clear(p.pending[rest:])
+		p.pending = p.pending[:rest]
+		failed := p.failed
+		p.mu.Unlock()
+		if failed != nil {
+			// The in-memory indexes may be ahead of the database.
+			finish(ops, failed)
+			p.buf = ops
+			continue
+		}
+
+		wrote, err := s.runBatch(ops)
+		switch {
+		case err != nil:
+			s.fail(err)
+			finish(ops, err)
+			p.buf = ops
+		case s.opts.Sync == SyncNone:
+			finish(ops, nil)
+			p.buf = ops
+		default:
+			// A batch that wrote nothing still waits for the fsync of the
+			// batches before it: its answers (a duplicate enqueue, say)
+			// may rest on their writes. The syncer owns ops from here.
+			p.syncq <- written{ops: ops, wrote: wrote}
+			p.buf = nil
+		}
+	}
+}
+
+// written is a batch handed to the syncer.
+type written struct {
+	ops   []*op
+	wrote bool // the batch wrote to the WAL
+}
+
+// syncLoop fsyncs the WAL once for every batch written since the last
+// fsync and completes their ops.
+func (s *Store) syncLoop() {
+	defer s.pipe.wg.Done()
+	var group []written
+	for w := range s.pipe.syncq {
+		group = append(group[:0], w)
+	more:
+		for {
+			select {
+			case o, ok := <-s.pipe.syncq:
+				if !ok {
+					break more
+				}
+				group = append(group, o)
+			default:
+				break more
+			}
+		}
+		// Batches are written in queue order, so when none in the group
+		// wrote, every earlier write was synced by an earlier group.
+		wrote := false
+		for _, w := range group {
+			wrote = wrote || w.wrote
+		}
+		var err error
+		if wrote {
+			var start time.Time
+			if s.opts.Now != nil {
+				start = s.opts.Now()
+			}
+			err = s.syncWAL()
+			if s.opts.Now != nil {
+				s.m.syncNanos.Add(uint64(s.opts.Now().Sub(start)))
+			}
+			s.m.walSyncs.Add(1)
+			if err != nil {
+				err = translate("sync wal", err)
+				s.fail(err)
+			}
+		}
+		for _, w := range group {
+			if w.wrote {
+				s.m.syncedBatches.Add(1)
+			}
+			finish(w.ops, err)
+		}
+	}
+}
+
+// syncWAL fsyncs the WAL, on the sync thread when there is one
+// (Options.syncHook wraps it in tests).
+func (s *Store) syncWAL() error {
+	sync := func() error { return s.db.FlushWAL(true) }
+	if s.walSync != nil {
+		sync = s.walSync.sync
+	}
+	if s.opts.syncHook != nil {
+		return s.opts.syncHook(sync)
+	}
+	return sync()
+}
+
+// fail puts the store into a failed state after a write or fsync error:
+// the in-memory indexes may be ahead of the database, so every later call
+// fails until the store is reopened (Open rebuilds them from the database).
+func (s *Store) fail(err error) {
+	p := &s.pipe
+	p.mu.Lock()
+	if p.failed == nil {
+		p.failed = fmt.Errorf("rocksstore: store failed, reopen to recover: %w", err)
+		s.log.Error("rocksstore write failed; every later call fails until the node restarts", "err", err)
+	}
+	p.mu.Unlock()
+}
+
+func finish(ops []*op, err error) {
+	for _, o := range ops {
+		if err != nil && o.err == nil {
+			o.err = err
+			o.next = time.Time{}
+		}
+		o.wake <- true
+	}
+}
+
+// batch is the transaction a leader applies a group of ops to.
+type batch struct {
+	s      *Store
+	slot   *txnSlot
+	writes map[string][]byte // overlay: nil value is a delete
+	deltas []queueDelta
+	notes  []noteRef
+	polls  int
+}
+
+type queueDelta struct {
+	q *queueState
+	d dbkeys.Counters
+}
+
+// noteRef is a dedup-expiry entry announced to the sweep cursor.
+type noteRef struct {
+	c   *cursor
+	key string
+}
+
+// runBatch applies ops to one transaction and commits it (without fsync).
+// An op whose apply fails leaves no trace; a commit failure fails them
+// all. REQUIRES: the caller leads.
+func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
+	slot := s.pipe.slot
+	if len(slot.writes) > maxReusedOverlay {
+		// A map keeps the capacity of its largest batch, and clearing or
+		// iterating it costs that capacity: start small again.
+		slot.writes = make(map[string][]byte)
+	} else {
+		clear(slot.writes)
+	}
+	slot.t = s.db.TransactionBegin(s.wo, s.txo, slot.t)
+	b := &batch{s: s, slot: slot, writes: slot.writes}
+	defer func() {
+		for _, n := range b.notes {
+			n.c.done(n.key)
+		}
+	}()
+	for _, o := range ops {
+		ot := &opTx{b: b, op: o}
+		if err := o.apply(ot); err != nil {
+			ot.rollback()
+			o.err = err
+			continue
+		}
+		ot.finish()
+	}
+	if len(b.writes) == 0 && len(b.deltas) == 0 {
+		if err := slot.t.Rollback(); err != nil {
+			return false, translate("rollback", err)
+		}
+		return false, nil
+	}
+	wb := slot.wb
+	keys := make([]string, 0, len(b.writes))
+	for k := range b.writes {
+		keys = append(keys, k)
+	}
+	// Sorted, the memtable inserts a run along one skiplist path instead
+	// of searching from the top for every key.
+	sort.Strings(keys)
+	for _, k := range keys {
+		if v := b.writes[k]; v != nil {
+			wb.Put(keyBytes(k), v)
+		} else {
+			wb.Delete(keyBytes(k))
+		}
+	}
+	for _, d := range b.deltas {
+		if !d.d.IsZero() {
+			wb.Merge(dbkeys.CountersKey(d.q.name), dbkeys.EncodeCounters(d.d))
+		}
+	}
+	// The writes went into the transaction's batch untracked: batches are
+	// applied one at a time, and the records a batch changes were read
+	// with GetForUpdate.
+	if err := slot.t.Commit(); err != nil {
+		return false, translate("commit", err)
+	}
+	s.m.commits.Add(1)
+	s.m.ops.Add(uint64(len(ops)))
+	if b.polls > 0 {
+		s.m.claimPasses.Add(1)
+	}
+	for _, o := range ops {
+		s.m.items.Add(uint64(o.items))
+	}
+	return true, nil
+}
+
+// opTx is one op's view of the batch: reads see the batch's overlay, and
+// every change (overlay writes, in-memory index changes) can be undone if
+// the op fails, so a failing op leaves the rest of the batch intact.
+type opTx struct {
+	b      *batch
+	op     *op
+	undo   []undoWrite
+	undoFn []func()
+	deltas []queueDelta
+	notes  []noteRef
+}
+
+type undoWrite struct {
+	key string
+	old []byte
+	had bool
+}
+
+// put buffers a write. key and value are the batch's from here on: the
+// caller must not change them.
+func (o *opTx) put(key, value []byte) {
+	if value == nil {
+		value = []byte{}
+	}
+	o.set(keyString(key), value)
+}
+
+// del buffers a delete; key is the batch's from here on.
+func (o *opTx) del(key []byte) { o.set(keyString(key), nil) }
+
+// keyString views a fresh key (from dbkeys, never changed afterwards) as
+// a string without copying it: the overlay holds several keys per item.
+func keyString(k []byte) string { return unsafe.String(unsafe.SliceData(k), len(k)) }
+
+// keyBytes is the inverse of keyString, for handing an overlay key to
+// RocksDB, which copies it.
+func keyBytes(k string) []byte { return unsafe.Slice(unsafe.StringData(k), len(k)) }
+
+func (o *opTx) set(k string, v []byte) {
+	old, had := o.b.writes[k]
+	o.undo = append(o.undo, undoWrite{key: k, old: old, had: had})
+	o.b.writes[k] = v
+}
+
+// onUndo registers fn to revert an in-memory change if the op fails.
+func (o *opTx) onUndo(fn func()) { o.undoFn = append(o.undoFn, fn) }
+
+// getForUpdate reads key, locking it in the batch's transaction; the
+// overlay answers first. The value is a copy.
+func (o *opTx) getForUpdate(key []byte) ([]byte, bool, error) {
+	if v, ok := o.b.writes[string(key)]; ok {
+		return v, v != nil, nil
+	}
+	s := o.b.s
+	sl, err := o.b.slot.t.GetForUpdate(s.ro, key)
+	return copied("get for update", sl, err)
+}
+
+// get reads key without locking it; the overlay answers first.
+func (o *opTx) get(key []byte) ([]byte, bool, error) {
+	if v, ok := o.b.writes[string(key)]; ok {
+		return v, v != nil, nil
+	}
+	s := o.b.s
+	sl, err := o.b.slot.t.Get(s.ro, key)
+	return copied("get", sl, err)
+}
+
+func (o *opTx) exists(key []byte) (bool, error) {
+	_, ok, err := o.get(key)
+	return ok, err
+}
+
+// delta returns the op's pending counter delta of q.
+func (o *opTx) delta(q *queueState) *dbkeys.Counters {
+	for i := range o.deltas {
+		if o.deltas[i].q == q {
+			return &o.deltas[i].d
+		}
+	}
+	o.deltas = append(o.deltas, queueDelta{q: q})
+	return &o.deltas[len(o.deltas)-1].d
+}
+
+func (o *opTx) deadline(t int64) {
+	d := instant(t)
+	if o.op.next.IsZero() || d.Before(o.op.next) {
+		o.op.next = d
+	}
+}
+
+// note announces a dedup-expiry entry the batch will write to the sweep
+// cursor, so a concurrent sweep does not move its bound past it.
+func (o *opTx) note(c *cursor, k []byte) {
+	c.note(k)
+	o.notes = append(o.notes, noteRef{c: c, key: string(k)})
+}
+
+func (o *opTx) rollback() {
+	for i := len(o.undo) - 1; i >= 0; i-- {
+		u := o.undo[i]
+		if u.had {
+			o.b.writes[u.key] = u.old
+		} else {
+			delete(o.b.writes, u.key)
+		}
+	}
+	for i := len(o.undoFn) - 1; i >= 0; i-- {
+		o.undoFn[i]()
+	}
+	for _, n := range o.notes {
+		n.c.done(n.key)
+	}
+	o.op.next = time.Time{}
+}
+
+// finish publishes a successful op: its counter deltas go into the batch
+// and into the queues' in-memory counters.
+func (o *opTx) finish() {
+	b := o.b
+	for _, d := range o.deltas {
+		if d.d.IsZero() {
+			continue
+		}
+		d.q.mu.Lock()
+		d.q.counters = d.q.counters.Add(d.d)
+		d.q.mu.Unlock()
+		found := false
+		for i := range b.deltas {
+			if b.deltas[i].q == d.q {
+				b.deltas[i].d = b.deltas[i].d.Add(d.d)
+				found = true
+				break
+			}
+		}
+		if !found {
+			b.deltas = append(b.deltas, d)
+		}
+	}
+	b.notes = append(b.notes, o.notes...)
+}

@@ -1,0 +1,302 @@
+package rocksstore
+
+import (
+	"encoding/binary"
+	"math/bits"
+
+	"github.com/leaseq/leaseq/storage"
+)
+
+// The in-memory indexes of the store: each queue's serve order, the
+// delayed items and the leases with their expiry order. They mirror what
+// the database holds (visibility, delayed, in_progress, leases,
+// lease_expiry) and are rebuilt from it by Open, so a claim pass pops ids
+// instead of iterating RocksDB. Only the committer goroutine changes them;
+// a queue's ready index is also read by Stats under queueState.mu.
+
+// readyEntry is one available item in its queue's serve order at one
+// priority: visible_at, then id.
+type readyEntry struct {
+	vis int64
+	id  storage.ItemID
+}
+
+func (a readyEntry) less(b readyEntry) bool {
+	if a.vis != b.vis {
+		return a.vis < b.vis
+	}
+	if x, y := binary.BigEndian.Uint64(a.id[:8]), binary.BigEndian.Uint64(b.id[:8]); x != y {
+		return x < y
+	}
+	return binary.BigEndian.Uint64(a.id[8:]) < binary.BigEndian.Uint64(b.id[8:])
+}
+
+// readyHeap is a binary min-heap of readyEntry. Items mostly arrive in
+// order (new ids at the enqueue instant), so a push rarely moves.
+type readyHeap []readyEntry
+
+func (h *readyHeap) push(e readyEntry) {
+	*h = append(*h, e)
+	s := *h
+	i := len(s) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !s[i].less(s[p]) {
+			break
+		}
+		s[i], s[p] = s[p], s[i]
+		i = p
+	}
+}
+
+func (h readyHeap) peek() (readyEntry, bool) {
+	if len(h) == 0 {
+		return readyEntry{}, false
+	}
+	return h[0], true
+}
+
+func (h *readyHeap) pop() readyEntry {
+	s := *h
+	top := s[0]
+	n := len(s) - 1
+	s[0] = s[n]
+	s = s[:n]
+	i := 0
+	for {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && s[r].less(s[l]) {
+			m = r
+		}
+		if !s[m].less(s[i]) {
+			break
+		}
+		s[i], s[m] = s[m], s[i]
+		i = m
+	}
+	*h = s
+	// Give memory back after a drain: a heap that held a large backlog
+	// keeps its array otherwise.
+	if cap(s) > 1024 && n < cap(s)/4 {
+		*h = append(readyHeap(nil), s...)
+	}
+	return top
+}
+
+// readyIndex is a queue's serve order: one heap per priority in use.
+type readyIndex struct {
+	heaps [256]*readyHeap
+	used  [4]uint64 // bit p: heaps[p] is non-empty
+	n     int
+}
+
+func (x *readyIndex) push(prio uint8, e readyEntry) {
+	h := x.heaps[prio]
+	if h == nil {
+		h = new(readyHeap)
+		x.heaps[prio] = h
+	}
+	h.push(e)
+	x.used[prio/64] |= 1 << (prio % 64)
+	x.n++
+}
+
+// popReady removes and returns the first entry of priority prio if it is
+// visible at now.
+func (x *readyIndex) popReady(prio uint8, now int64) (readyEntry, bool) {
+	h := x.heaps[prio]
+	if h == nil {
+		return readyEntry{}, false
+	}
+	e, ok := h.peek()
+	if !ok || e.vis > now {
+		return readyEntry{}, false
+	}
+	h.pop()
+	x.n--
+	if len(*h) == 0 {
+		x.used[prio/64] &^= 1 << (prio % 64)
+		x.heaps[prio] = nil
+	}
+	return e, true
+}
+
+// popAny removes and returns any entry (for purge).
+func (x *readyIndex) popAny() (uint8, readyEntry, bool) {
+	for w, b := range x.used {
+		if b == 0 {
+			continue
+		}
+		prio := uint8(w*64 + bits.TrailingZeros64(b))
+		h := x.heaps[prio]
+		e := h.pop()
+		x.n--
+		if len(*h) == 0 {
+			x.used[prio/64] &^= 1 << (prio % 64)
+			x.heaps[prio] = nil
+		}
+		return prio, e, true
+	}
+	return 0, readyEntry{}, false
+}
+
+// prios calls fn for each priority in use, ascending, until fn returns
+// false.
+func (x *readyIndex) prios(fn func(prio uint8) bool) {
+	for w, b := range x.used {
+		for b != 0 {
+			p := uint8(w*64 + bits.TrailingZeros64(b))
+			b &= b - 1
+			if !fn(p) {
+				return
+			}
+		}
+	}
+}
+
+// oldest returns the earliest visible_at <= now among the priorities'
+// first entries.
+func (x *readyIndex) oldest(now int64) (int64, bool) {
+	var best int64
+	found := false
+	x.prios(func(p uint8) bool {
+		if e, ok := x.heaps[p].peek(); ok && e.vis <= now && (!found || e.vis < best) {
+			best, found = e.vis, true
+		}
+		return true
+	})
+	return best, found
+}
+
+// timed is an entry of a global deadline heap (lease expiries, delayed
+// items). Entries are removed lazily: the owner checks an entry against
+// its current state when it comes due.
+type timed struct {
+	at    int64
+	token [16]byte // lease token, or item id
+	q     *queueState
+}
+
+type timedHeap []timed
+
+func (h *timedHeap) push(e timed) {
+	*h = append(*h, e)
+	s := *h
+	i := len(s) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if s[p].at <= s[i].at {
+			break
+		}
+		s[i], s[p] = s[p], s[i]
+		i = p
+	}
+}
+
+func (h timedHeap) peek() (timed, bool) {
+	if len(h) == 0 {
+		return timed{}, false
+	}
+	return h[0], true
+}
+
+func (h *timedHeap) pop() timed {
+	s := *h
+	top := s[0]
+	n := len(s) - 1
+	s[0] = s[n]
+	s[n] = timed{}
+	s = s[:n]
+	i := 0
+	for {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && s[r].at < s[l].at {
+			m = r
+		}
+		if s[i].at <= s[m].at {
+			break
+		}
+		s[i], s[m] = s[m], s[i]
+		i = m
+	}
+	*h = s
+	if cap(s) > 1024 && n < cap(s)/4 {
+		*h = append(timedHeap(nil), s...)
+	}
+	return top
+}
+
+// leaseState is a live lease as the committer knows it: the database's
+// lease record plus, per item, whether its payload is stored externally.
+type leaseState struct {
+	token    storage.LeaseID
+	q        *queueState
+	exp      int64
+	ids      []storage.ItemID // items held at the start of the current op, in claim order
+	released int              // ids released by the current op (see held)
+	ext      map[storage.ItemID]bool
+}
+
+// remove deletes entry e of priority prio (undo of a push; linear).
+func (x *readyIndex) remove(prio uint8, e readyEntry) {
+	h := x.heaps[prio]
+	if h == nil {
+		return
+	}
+	s := *h
+	for i := range s {
+		if s[i] != e {
+			continue
+		}
+		last := len(s) - 1
+		s[i] = s[last]
+		s = s[:last]
+		*h = s
+		x.n--
+		// Restore the heap order around i.
+		heapFix(s, i)
+		if len(s) == 0 {
+			x.used[prio/64] &^= 1 << (prio % 64)
+			x.heaps[prio] = nil
+		}
+		return
+	}
+}
+
+func heapFix(s readyHeap, i int) {
+	if i >= len(s) {
+		return
+	}
+	for i > 0 {
+		p := (i - 1) / 2
+		if !s[i].less(s[p]) {
+			break
+		}
+		s[i], s[p] = s[p], s[i]
+		i = p
+	}
+	n := len(s)
+	for {
+		l := 2*i + 1
+		if l >= n {
+			return
+		}
+		m := l
+		if r := l + 1; r < n && s[r].less(s[l]) {
+			m = r
+		}
+		if !s[m].less(s[i]) {
+			return
+		}
+		s[i], s[m] = s[m], s[i]
+		i = m
+	}
+}

@@ -1,0 +1,109 @@
+package rocksstore
+
+import (
+	"fmt"
+
+	"github.com/leaseq/leaseq/dbkeys"
+	"github.com/leaseq/leaseq/storage"
+)
+
+// rebuild fills the in-memory indexes from the database: each queue's
+// serve order from its visibility entries, the delayed set from the
+// delayed index, and the leases (with their expiry order and items) from
+// the lease records and in_progress records. It reads every index entry
+// once, so its time grows linearly with the available items (see
+// BenchmarkOpenBacklog in doc.go); item records of available items are
+// never read.
+func (s *Store) rebuild() error {
+	for _, q := range s.mu.queues {
+		if err := s.rebuildReady(q); err != nil {
+			return err
+		}
+	}
+	lower := dbkeys.NamespacePrefix(dbkeys.NsDelayed)
+	err := s.scanView(lower, dbkeys.PrefixEnd(lower), nil, func(k, _ []byte) (bool, error) {
+		vis, qn, id, err := dbkeys.DecodeDelayedKey(k)
+		if err != nil {
+			return false, corrupt("open", k, err)
+		}
+		q := s.mu.queues[qn]
+		if q == nil {
+			return false, fmt.Errorf("rocksstore: open: %w: delayed entry %x of unknown queue %q", storage.ErrCorrupt, k, qn)
+		}
+		q.delayed[id] = vis
+		s.delayed.push(timed{at: vis, token: id, q: q})
+		return true, nil
+	})
+	if err != nil {
+		return err
+	}
+	lower = dbkeys.NamespacePrefix(dbkeys.NsLeases)
+	err = s.scanView(lower, dbkeys.PrefixEnd(lower), nil, func(k, v []byte) (bool, error) {
+		token, err := dbkeys.DecodeLeaseKey(k)
+		if err != nil {
+			return false, corrupt("open", k, err)
+		}
+		rec, err := dbkeys.DecodeLease(v)
+		if err != nil {
+			return false, corrupt("open", k, err)
+		}
+		q := s.mu.queues[rec.Queue]
+		if q == nil {
+			return false, fmt.Errorf("rocksstore: open: %w: lease %x of unknown queue %q", storage.ErrCorrupt, token, rec.Queue)
+		}
+		l := &leaseState{token: token, q: q, exp: rec.ExpiresAt, ids: make([]storage.ItemID, len(rec.IDs))}
+		for i, id := range rec.IDs {
+			l.ids[i] = id
+			s.inflight[id] = l
+		}
+		s.leases[token] = l
+		q.leases[token] = l
+		s.expiry.push(timed{at: l.exp, token: token})
+		return true, nil
+	})
+	if err != nil {
+		return err
+	}
+	// Inflight items: which payloads are external (ack deletes them).
+	lower = dbkeys.NamespacePrefix(dbkeys.NsInProgress)
+	return s.scanView(lower, dbkeys.PrefixEnd(lower), nil, func(k, v []byte) (bool, error) {
+		_, id, err := dbkeys.DecodeInProgressKey(k)
+		if err != nil {
+			return false, corrupt("open", k, err)
+		}
+		rec, err := dbkeys.DecodeItem(v)
+		if err != nil {
+			return false, corrupt("open", k, err)
+		}
+		if l := s.inflight[id]; l != nil && rec.PayloadExternal {
+			if l.ext == nil {
+				l.ext = make(map[storage.ItemID]bool)
+			}
+			l.ext[id] = true
+		}
+		return true, nil
+	})
+}
+
+// rebuildReady loads q's serve order from its visibility entries. They
+// come in key order (priority, visible_at, id), so each priority's heap is
+// built as a sorted array, which is already a valid heap.
+func (s *Store) rebuildReady(q *queueState) error {
+	prefix := dbkeys.VisibilityPrefix(q.name)
+	n := len(prefix)
+	return s.scanView(prefix, dbkeys.PrefixEnd(prefix), nil, func(k, _ []byte) (bool, error) {
+		prio, vis, id, err := dbkeys.DecodeVisibilitySuffix(k[n:])
+		if err != nil {
+			return false, corrupt("open", k, err)
+		}
+		h := q.ready.heaps[prio]
+		if h == nil {
+			h = new(readyHeap)
+			q.ready.heaps[prio] = h
+			q.ready.used[prio/64] |= 1 << (prio % 64)
+		}
+		*h = append(*h, readyEntry{vis: vis, id: id})
+		q.ready.n++
+		return true, nil
+	})
+}
