@@ -13,6 +13,10 @@
 #   STRESS_PKG=   package for `make stress` (default ./sweeper); STRESS_N=runs; RUN=regex
 #   CPU=list      go test -cpu for `make test`, `make bench` and `make bench-compare` (e.g. CPU=1,2)
 #   REF=gitref    `make bench-compare`: the revision to compare the working tree with (default HEAD~1)
+#   ROCKSDB=debian  `make static`, `make bench`, `make bench-peers`: link Debian's assertion-enabled
+#                 librocksdb.a instead of the release build of `make rocksdb`
+#   ROCKSDB_CACHE=dir  where `make rocksdb` builds and keeps the release library
+#                 (default $${XDG_CACHE_HOME:-~/.cache}/leaseq)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -71,10 +75,26 @@ STATIC_CGO_LDFLAGS := -lrocksdb -lsnappy -llz4 -lzstd -lz -lbz2 -lstdc++ -lm -ld
 STATIC_TAGS := grocksdb_no_link netgo osusergo
 STATIC_LDFLAGS := -s -w -linkmode external -extldflags "-static"
 
+# The release RocksDB (`make rocksdb`): Debian's own source of the installed
+# librocksdb-dev, built with CMAKE_BUILD_TYPE=Release (NDEBUG), static, with
+# hardware CRC32C, into a cache outside the checkout. Debian's library is an
+# assertion build; docs/BENCHMARKS.md has the measured difference. Static
+# builds and benchmarks link the release library unless ROCKSDB=debian;
+# `make test` and CI keep Debian's (its asserts catch misuse in tests, and
+# the release build takes longer than CI's budget).
+ROCKSDB ?= release
+ROCKSDB_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/leaseq
+export ROCKSDB_CACHE
+ROCKSDB_RELEASE_DIR = $(ROCKSDB_CACHE)/rocksdb-$(shell dpkg-query -W -f='$${Version}' librocksdb-dev 2>/dev/null | sed 's/^[0-9]*://; s/-.*//')-release
+# static_env sets CGO_CFLAGS/CGO_LDFLAGS for a static link against the chosen library.
+static_env = $(if $(filter debian,$(ROCKSDB)),CGO_LDFLAGS="$(STATIC_CGO_LDFLAGS)",CGO_CFLAGS="-I$(ROCKSDB_RELEASE_DIR)/include" CGO_LDFLAGS="-L$(ROCKSDB_RELEASE_DIR)/lib $(STATIC_CGO_LDFLAGS)")
+# rocksdb_dep is the prerequisite that provides the chosen library.
+rocksdb_dep = $(if $(filter debian,$(ROCKSDB)),deps,rocksdb)
+
 # race_list prints the existing RACE_PKGS as go package patterns.
 race_list = for d in $(RACE_PKGS); do if [ "$$d" = . ]; then echo .; elif [ -d "$$d" ]; then echo "./$$d/..."; fi; done
 
-.PHONY: help deps build static run test test-race test-fdb stress fuzz bench bench-peers bench-compare generate verify fmt lint tidy build-fdb clean
+.PHONY: help deps rocksdb build static run test test-race test-fdb stress fuzz bench bench-peers bench-compare generate verify fmt lint tidy build-fdb clean
 
 help: ## list the targets and options
 	@echo "Usage: make <target> [VAR=value ...]"
@@ -98,11 +118,14 @@ deps: ## install what is missing (Debian): librocksdb-dev, capnproto, g++ via ap
 		$(GO) install capnproto.org/go/capnp/v3/capnpc-go@$(CAPNP_VERSION); \
 	fi
 
+rocksdb: deps ## build the release RocksDB (static, NDEBUG, hardware CRC32C) from Debian's source once into ROCKSDB_CACHE; prints where
+	@dir=$$(bash bench/scripts/build-rocksdb.sh | tail -1); echo "rocksdb: release library in $$dir"
+
 build: ## build ./leaseq (dynamically linked against librocksdb)
 	$(GO) build -o leaseq .
 
-static: deps ## build ./leaseq as one fully static binary and check that it is static and runs
-	CGO_LDFLAGS="$(STATIC_CGO_LDFLAGS)" $(GO) build -tags '$(STATIC_TAGS)' -ldflags '$(STATIC_LDFLAGS)' -o leaseq .
+static: $(rocksdb_dep) ## build ./leaseq as one fully static binary (release RocksDB; ROCKSDB=debian for Debian's) and check that it is static and runs
+	$(static_env) $(GO) build -tags '$(STATIC_TAGS)' -ldflags '$(STATIC_LDFLAGS)' -o leaseq .
 	@if command -v file >/dev/null; then file leaseq; file leaseq | grep -q 'statically linked'; fi
 	@if out=$$(ldd leaseq 2>&1); then echo "static: leaseq is dynamically linked:"; echo "$$out"; exit 1; else echo "ldd: $$out"; fi
 	./leaseq help >/dev/null
@@ -157,27 +180,31 @@ fuzz: deps ## run every Fuzz* target for FUZZTIME (default 30s) each
 		done; \
 	done
 
-bench: deps ## run Go benchmarks (ITERATIONS=N for N iterations each, COUNT=, BENCH=regex, PKGS=)
-	$(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '$(BENCH)' -benchmem $(CPU_FLAG) $(if $(ITERATIONS),-benchtime=$(ITERATIONS)x) -count=$(COUNT) -timeout $(TIMEOUT) $(PKGS)
+# Benchmarks link statically against the release RocksDB, as `make static`
+# ships (a dynamically linked binary spends measurably more CPU in RocksDB's
+# thread-local counters), and without the invariants tag.
+BENCH_FLAGS = -tags '$(STATIC_TAGS)' -ldflags '-linkmode external -extldflags "-static"'
+bench: $(rocksdb_dep) ## run Go benchmarks, statically linked (ITERATIONS=N for N iterations each, COUNT=, BENCH=regex, PKGS=, ROCKSDB=)
+	$(static_env) $(GO) test $(BENCH_FLAGS) -run '^$$' -bench '$(BENCH)' -benchmem $(CPU_FLAG) $(if $(ITERATIONS),-benchtime=$(ITERATIONS)x) -count=$(COUNT) -timeout $(TIMEOUT) $(PKGS)
 
 # bench-compare runs the same benchmarks on REF (in a temporary git
 # worktree, so the working tree is untouched) and on the working tree, and
 # compares them with benchstat. Use COUNT>=5 (the default here is 6) for
 # benchstat's statistics to mean something; numbers on a shared machine
 # are noisy.
-bench-peers: ## install beanstalkd, redis and nats-server, then compare them with leaseq side by side (ARGS= passes bench flags)
-	bash bench/scripts/bench-peers.sh $(ARGS)
+bench-peers: static ## install beanstalkd, redis and nats-server, then compare them with the static leaseq side by side (ARGS= passes bench flags)
+	LEASEQ_BIN=$(CURDIR)/leaseq bash bench/scripts/bench-peers.sh $(ARGS)
 
-bench-compare: deps ## compare Go benchmarks of REF (default HEAD~1) with the working tree via benchstat (BENCH=, PKGS=, COUNT=)
+bench-compare: $(rocksdb_dep) ## compare Go benchmarks of REF (default HEAD~1) with the working tree via benchstat (BENCH=, PKGS=, COUNT=)
 	@command -v benchstat >/dev/null || { echo "bench-compare: benchstat not on PATH: go install golang.org/x/perf/cmd/benchstat@<version>" >&2; exit 1; }
 	@mkdir -p bin; rm -rf bin/bench-ref; \
 	git worktree add --detach bin/bench-ref '$(REF)' >/dev/null; \
 	trap 'git worktree remove --force bin/bench-ref' EXIT; \
 	count=$(if $(filter 1,$(COUNT)),6,$(COUNT)); \
 	echo "== $(REF)"; \
-	(cd bin/bench-ref && $(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '$(BENCH)' -benchmem $(CPU_FLAG) -count=$$count -timeout $(TIMEOUT) $(PKGS)) | tee bin/bench-old.txt; \
+	(cd bin/bench-ref && $(static_env) $(GO) test $(BENCH_FLAGS) -run '^$$' -bench '$(BENCH)' -benchmem $(CPU_FLAG) -count=$$count -timeout $(TIMEOUT) $(PKGS)) | tee bin/bench-old.txt; \
 	echo "== working tree"; \
-	$(GO) test -tags '$(TEST_TAGS)' -run '^$$' -bench '$(BENCH)' -benchmem $(CPU_FLAG) -count=$$count -timeout $(TIMEOUT) $(PKGS) | tee bin/bench-new.txt; \
+	$(static_env) $(GO) test $(BENCH_FLAGS) -run '^$$' -bench '$(BENCH)' -benchmem $(CPU_FLAG) -count=$$count -timeout $(TIMEOUT) $(PKGS) | tee bin/bench-new.txt; \
 	benchstat bin/bench-old.txt bin/bench-new.txt
 
 # capnp compile runs inside schema/ (as schema/generate.go does): the

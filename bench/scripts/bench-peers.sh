@@ -9,7 +9,8 @@
 #   --install-only  install the peers and exit
 #   --test          install, then run the short peer test (go test -tags peers)
 #   anything else   passed to `leaseq bench` (e.g. e2e latency -duration 5s)
-# Environment: OUT (default bench-results), NATS_SERVER_VERSION (default v2.12.15).
+# Environment: OUT (default bench-results), NATS_SERVER_VERSION (default v2.12.15),
+# LEASEQ_BIN (the leaseq binary to measure; default: go build).
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -60,7 +61,13 @@ fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-go build -o "$tmp/leaseq" .
+# LEASEQ_BIN (make bench-peers passes the static release build) or a
+# plain build.
+if [ -n "${LEASEQ_BIN:-}" ]; then
+	cp "$LEASEQ_BIN" "$tmp/leaseq"
+else
+	go build -o "$tmp/leaseq" .
+fi
 if ! "$tmp/leaseq" bench -h >/dev/null 2>&1; then
 	echo "bench-peers: this leaseq binary has no 'bench' command yet (main.go must call bench.Main)" >&2
 	exit 1
