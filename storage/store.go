@@ -11,6 +11,14 @@ import (
 // never reads a clock. Every mutating call is durable under the store's
 // sync policy when it returns without error.
 //
+// A change may be visible to other calls before it is durable: a poll can
+// claim an item whose enqueue has not returned yet (rocksstore writes
+// batches before their fsync). That is safe for at-least-once delivery
+// because nobody was told of the change: the producer has no OK, and the
+// poll's own reply waits for the same fsync or a later one. A crash in the
+// window loses the change and whatever was built on it together, with no
+// caller answered (rocksstore's TestRocksStore_FsyncFailureInWindow).
+//
 // Batch calls return one result per input element, in input order; a bad
 // element gets its own Code and does not fail the others. A returned error
 // means nothing in the call was applied (or, for ErrClosed and I/O errors,

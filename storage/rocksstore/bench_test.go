@@ -24,7 +24,6 @@ import (
 // benchConfig selects the store variant a benchmark runs on.
 type benchConfig struct {
 	sync      SyncMode
-	syncInCgo bool
 	inlineMax int
 	noDelComp bool
 	payload   int
@@ -32,7 +31,7 @@ type benchConfig struct {
 }
 
 func (c benchConfig) options() Options {
-	return Options{Sync: c.sync, syncInCgo: c.syncInCgo, Now: time.Now, inlineMax: c.inlineMax, noDelCompact: c.noDelComp, memtable: c.memtable}
+	return Options{Sync: c.sync, Now: time.Now, inlineMax: c.inlineMax, noDelCompact: c.noDelComp, memtable: c.memtable}
 }
 
 func openBench(b *testing.B, dir string, c benchConfig) *Store {
@@ -171,14 +170,10 @@ func runCycle(b *testing.B, s *Store, batch, workers int) {
 func BenchmarkCycle(b *testing.B) {
 	for _, c := range []benchConfig{
 		{sync: SyncAlways},
-		{sync: SyncAlways, syncInCgo: true},
 		{sync: SyncNone},
 	} {
 		for _, workers := range []int{1, 4} {
 			name := fmt.Sprintf("sync=%s,batch=32,workers=%d", c.sync, workers)
-			if c.syncInCgo {
-				name = fmt.Sprintf("sync=%s-cgo,batch=32,workers=%d", c.sync, workers)
-			}
 			b.Run(name, func(b *testing.B) {
 				s := openBench(b, b.TempDir(), c)
 				defer s.Close()

@@ -76,7 +76,6 @@ type Options struct {
 	memtable     int  // memtable bytes; 0: defaultMemtable
 	noStats      bool // RocksDB statistics off (measurement only: Metrics times stay zero)
 	noCloseFlush bool // Close leaves the memtables to WAL replay, as a crash does (measurement only)
-	syncInCgo    bool // fsync the WAL in a cgo call, not on the sync thread (measurement only)
 	// syncHook, if set, runs every WAL fsync (sync is the real one): tests
 	// delay or fail it.
 	syncHook func(sync func() error) error

@@ -56,8 +56,7 @@ type Store struct {
 
 	pipe pipeline
 
-	slots   []*txnSlot // the pipeline's transactions, destroyed by Close
-	walSync *walSyncer // the WAL fsync thread (SyncAlways); nil: fsync in a cgo call
+	slots []*txnSlot // the pipeline's transactions, destroyed by Close
 
 	// Owned by the committer goroutine (and Open, before it starts).
 	ids      struct{ next, limit uint64 }
