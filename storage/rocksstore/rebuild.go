@@ -21,7 +21,7 @@ func (s *Store) rebuild() error {
 		}
 	}
 	lower := dbkeys.NamespacePrefix(dbkeys.NsDelayed)
-	err := s.scanView(lower, dbkeys.PrefixEnd(lower), nil, func(k, _ []byte) (bool, error) {
+	err := s.scanOnce(lower, dbkeys.PrefixEnd(lower), func(k, _ []byte) (bool, error) {
 		vis, qn, id, err := dbkeys.DecodeDelayedKey(k)
 		if err != nil {
 			return false, corrupt("open", k, err)
@@ -38,7 +38,7 @@ func (s *Store) rebuild() error {
 		return err
 	}
 	lower = dbkeys.NamespacePrefix(dbkeys.NsLeases)
-	err = s.scanView(lower, dbkeys.PrefixEnd(lower), nil, func(k, v []byte) (bool, error) {
+	err = s.scanOnce(lower, dbkeys.PrefixEnd(lower), func(k, v []byte) (bool, error) {
 		token, err := dbkeys.DecodeLeaseKey(k)
 		if err != nil {
 			return false, corrupt("open", k, err)
@@ -66,7 +66,7 @@ func (s *Store) rebuild() error {
 	}
 	// Inflight items: which payloads are external (ack deletes them).
 	lower = dbkeys.NamespacePrefix(dbkeys.NsInProgress)
-	return s.scanView(lower, dbkeys.PrefixEnd(lower), nil, func(k, v []byte) (bool, error) {
+	return s.scanOnce(lower, dbkeys.PrefixEnd(lower), func(k, v []byte) (bool, error) {
 		_, id, err := dbkeys.DecodeInProgressKey(k)
 		if err != nil {
 			return false, corrupt("open", k, err)
@@ -91,19 +91,34 @@ func (s *Store) rebuild() error {
 func (s *Store) rebuildReady(q *queueState) error {
 	prefix := dbkeys.VisibilityPrefix(q.name)
 	n := len(prefix)
-	return s.scanView(prefix, dbkeys.PrefixEnd(prefix), nil, func(k, _ []byte) (bool, error) {
+	// Entries arrive sorted (priority, visible_at, id), so each priority's
+	// run is already a heap. They go into one backing array sized from
+	// the persisted counters (every available item has one entry), so a
+	// large backlog is not copied by append's growth; each priority's heap
+	// is a capped window of it, so a later push reallocates that heap
+	// instead of overwriting the next one.
+	all := make([]readyEntry, 0, max(0, q.counters.Ready+q.counters.Delayed))
+	start, cur := 0, -1
+	cut := func() {
+		if cur >= 0 {
+			h := readyHeap(all[start:len(all):len(all)])
+			q.ready.heaps[cur] = &h
+			q.ready.used[cur/64] |= 1 << (cur % 64)
+		}
+	}
+	err := s.scanOnce(prefix, dbkeys.PrefixEnd(prefix), func(k, _ []byte) (bool, error) {
 		prio, vis, id, err := dbkeys.DecodeVisibilitySuffix(k[n:])
 		if err != nil {
 			return false, corrupt("open", k, err)
 		}
-		h := q.ready.heaps[prio]
-		if h == nil {
-			h = new(readyHeap)
-			q.ready.heaps[prio] = h
-			q.ready.used[prio/64] |= 1 << (prio % 64)
+		if int(prio) != cur {
+			cut()
+			start, cur = len(all), int(prio)
 		}
-		*h = append(*h, readyEntry{vis: vis, id: id})
+		all = append(all, readyEntry{vis: vis, id: id})
 		q.ready.n++
 		return true, nil
 	})
+	cut()
+	return err
 }

@@ -409,20 +409,31 @@ func (s *Store) scan(lower, upper, seek []byte, fn func(k, v []byte) (bool, erro
 
 // scanAt is scan at snapshot snap (nil: the latest state).
 func (s *Store) scanAt(snap *grocksdb.Snapshot, lower, upper, seek []byte, fn func(k, v []byte) (bool, error)) error {
-	return s.scanViewAt(snap, lower, upper, seek, func(k, v []byte) (bool, error) {
+	return s.scanViewAt(snap, false, lower, upper, seek, func(k, v []byte) (bool, error) {
 		return fn(bytes.Clone(k), bytes.Clone(v))
 	})
 }
 
 // scanView is scan without copies: k and v are valid only during fn.
 func (s *Store) scanView(lower, upper, seek []byte, fn func(k, v []byte) (bool, error)) error {
-	return s.scanViewAt(nil, lower, upper, seek, fn)
+	return s.scanViewAt(nil, false, lower, upper, seek, fn)
 }
 
-func (s *Store) scanViewAt(snap *grocksdb.Snapshot, lower, upper, seek []byte, fn func(k, v []byte) (bool, error)) error {
+// scanOnce is scanView for a scan that reads a namespace once from start
+// to end (Open's rebuild): its blocks do not evict the block cache, and it
+// reads ahead.
+func (s *Store) scanOnce(lower, upper []byte, fn func(k, v []byte) (bool, error)) error {
+	return s.scanViewAt(nil, true, lower, upper, nil, fn)
+}
+
+func (s *Store) scanViewAt(snap *grocksdb.Snapshot, once bool, lower, upper, seek []byte, fn func(k, v []byte) (bool, error)) error {
 	ro := grocksdb.NewDefaultReadOptions()
 	if snap != nil {
 		ro.SetSnapshot(snap)
+	}
+	if once {
+		ro.SetFillCache(false)
+		ro.SetReadaheadSize(2 << 20)
 	}
 	// The bound slices are referenced by C until ro is destroyed; they are
 	// fresh allocations nobody mutates.
