@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -214,4 +215,60 @@ func benchmarkRPC_4P4C(b *testing.B, backend string) {
 	cancel()
 	wg.Wait()
 	b.ReportMetric(float64(total)/elapsed.Seconds(), "items/s")
+}
+
+// BenchmarkRPC_Producer: 32 goroutines each enqueue single 256 B items,
+// either one call per item (Client.Enqueue) or through a batching
+// Producer. items/s and calls/item compare the two; one op is one item.
+func BenchmarkRPC_Producer(b *testing.B) {
+	for _, be := range benchBackends {
+		for _, batching := range []bool{false, true} {
+			b.Run(fmt.Sprintf("backend=%s,producer=%t", be, batching), func(b *testing.B) {
+				_, addr := benchServer(b, be)
+				c := benchDial(b, addr)
+				ctx := context.Background()
+				var calls atomic.Int64
+				enqueue := func(it storage.EnqueueItem) error {
+					calls.Add(1)
+					_, err := c.Enqueue(ctx, "prod", []storage.EnqueueItem{it})
+					return err
+				}
+				if batching {
+					p, err := c.Producer("prod", ProducerOptions{})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer p.Close()
+					calls.Store(0)
+					p.onCall = func(int) { calls.Add(1) }
+					enqueue = func(it storage.EnqueueItem) error {
+						_, err := p.Enqueue(ctx, it)
+						return err
+					}
+				}
+				const workers = 32
+				var next atomic.Int64
+				var wg sync.WaitGroup
+				start := time.Now()
+				b.ResetTimer()
+				for w := 0; w < workers; w++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						it := storage.EnqueueItem{Payload: make([]byte, 256)}
+						for next.Add(1) <= int64(b.N) {
+							if err := enqueue(it); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				b.StopTimer()
+				b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "items/s")
+				b.ReportMetric(float64(calls.Load())/float64(b.N), "calls/item")
+			})
+		}
+	}
 }

@@ -1,6 +1,10 @@
 // Package rpc serves leaseq's Cap'n Proto protocol (schema/queue.capnp) over
-// a storage.Store, and holds the Go client (Client, Dial) and the consumer
-// helper (Client.Consume) built on it.
+// a storage.Store, and holds the Go client (Client, Dial) and the helpers
+// built on it: the consumer (Client.Consume) and the batching producer
+// (Client.Producer), which coalesces concurrent single-item enqueues into
+// batched calls (BenchmarkRPC_Producer: 32 goroutines, single items,
+// sync=always: 8.5k items/s with a call per item, 24k through a Producer at
+// 0.11 calls per item).
 //
 // Server. NewServer takes a ServerConfig (store, clock, logger, limits,
 // connection and waiter bounds, optional TLS). Serve or Start accept on a
