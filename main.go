@@ -586,6 +586,13 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 		fs.Var(subspace, "fdb-subspace", "`name` of this deployment's subspace for --backend=fdb: deployments sharing one cluster need distinct names (empty: the default subspace)")
 		syncMode := newChoice("always", parseSyncMode)
 		fs.Var(syncMode, "sync", "WAL durability `mode`: always or none")
+		recoverMode := newChoice("", func(s string) (string, error) {
+			if s != "" && s != "point-in-time" {
+				return "", fmt.Errorf("want point-in-time, got %q", s)
+			}
+			return s, nil
+		})
+		fs.Var(recoverMode, "recover", "`point-in-time`: open a database whose write-ahead log is damaged, dropping every write after the damage (the node refuses to start on such a log otherwise; keep a copy of --data first)")
 		metricsAddr := fs.String("metrics", "", "serve /metrics, /healthz and /readyz over HTTP on `host:port` (empty: off)")
 		tlsCert := fs.String("tls-cert", "", "server certificate `file` (PEM); enables TLS with --tls-key")
 		tlsKey := fs.String("tls-key", "", "server private key `file` (PEM)")
@@ -640,6 +647,9 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 			if *tlsClientCA != "" && *tlsCert == "" {
 				return usagef("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
 			}
+			if backend.val == "fdb" && recoverMode.set {
+				return usagef("--recover applies to --backend=rocksdb only")
+			}
 			if backend.val == "fdb" && syncMode.set {
 				return usagef("--sync applies to --backend=rocksdb only (FoundationDB commits are always durable)")
 			}
@@ -666,6 +676,7 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 				subspace:    subspace.val,
 				sync:        syncMode.val,
 				syncText:    syncMode.text,
+				pointInTime: recoverMode.val == "point-in-time",
 				metrics:     *metricsAddr,
 				tls:         tc,
 				mutualTLS:   *tlsClientCA != "",
@@ -730,6 +741,7 @@ type serveConfig struct {
 	subspace      string
 	sync          rocksstore.SyncMode
 	syncText      string
+	pointInTime   bool // --recover=point-in-time
 	metrics       string
 	tls           *tls.Config
 	mutualTLS     bool
@@ -759,11 +771,12 @@ func openBackend(c serveConfig, clk clock.Clock, onDeadline storage.DeadlineFunc
 		return fs, nil, nil
 	}
 	rs, err := rocksstore.Open(c.data, rocksstore.Options{
-		Sync:       c.sync,
-		Limits:     c.limits,
-		Logger:     c.log.With("svc", "rocksstore"),
-		OnDeadline: onDeadline,
-		Now:        clk.Now,
+		Sync:               c.sync,
+		RecoverPointInTime: c.pointInTime,
+		Limits:             c.limits,
+		Logger:             c.log.With("svc", "rocksstore"),
+		OnDeadline:         onDeadline,
+		Now:                clk.Now,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("open store in %s: %w", c.data, err)
@@ -1180,11 +1193,14 @@ var checkCommand = &command{
 	name:    "check",
 	summary: "verify the on-disk invariants of a stopped node's database",
 	help: `
-Open the database in --data (which must exist; stop the node first) and
-verify every invariant with a full scan: each item in exactly one state,
+Open the database in --data read-only (it must exist; stop the node first)
+and verify every invariant with a full scan: each item in exactly one state,
 index entries match items, leases and their expiry entries match, counters
 equal what the scan counts, attempts within max_attempts. Prints each
 violation and exits 1 if there is any; otherwise prints a one-line summary.
+Check never writes to the database. A write-ahead log damaged before its
+end (not just a torn last record) fails the check, naming the file and the
+bytes that 'leaseq serve --recover=point-in-time' would drop.
 
 With --backend=fdb it checks a FoundationDB deployment's subspace
 (--fdb-cluster-file, --fdb-subspace) in one consistent read, while the
@@ -1222,11 +1238,10 @@ func check(ctx context.Context, e *env, data string, log *slog.Logger) (err erro
 	if pid, ok := lockHolder(data); ok {
 		return fmt.Errorf("the database in %s is in use by process %d (a running 'leaseq serve'? stop it first: check needs the database to itself)", data, pid)
 	}
-	store, err := rocksstore.Open(data, rocksstore.Options{Logger: log})
-	if err != nil {
-		return fmt.Errorf("open store in %s: %w", data, err)
-	}
-	return checkReport(ctx, e, store, data)
+	// Read-only: check never writes to the database (a replayed WAL stays
+	// in memory), so it cannot make a damaged log's loss permanent.
+	rep, err := rocksstore.CheckDir(ctx, data)
+	return printReport(e, rep, err, data)
 }
 
 // lockHolder reports the process holding RocksDB's lock on the database in
@@ -1267,6 +1282,11 @@ func checkFDB(ctx context.Context, e *env, clusterFile, subspace string, log *sl
 func checkReport(ctx context.Context, e *env, store storage.Store, data string) (err error) {
 	defer func() { err = errors.Join(err, closeStore(store)) }()
 	rep, err := store.Check(ctx)
+	return printReport(e, rep, err, data)
+}
+
+// printReport prints a check's violations and summary.
+func printReport(e *env, rep storage.CheckReport, err error, data string) error {
 	if err != nil {
 		return fmt.Errorf("check %s: %w", data, err)
 	}

@@ -3,6 +3,8 @@ package rocksstore
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"os"
 
 	"github.com/linxGnu/grocksdb"
 
@@ -41,18 +43,46 @@ func (s *Store) Check(ctx context.Context) (storage.CheckReport, error) {
 		return storage.CheckReport{}, err
 	}
 	defer s.exit()
-	snap := s.db.NewSnapshot()
+	snap := s.rd.NewSnapshot()
 	ro := grocksdb.NewDefaultReadOptions()
 	ro.SetSnapshot(snap)
 	defer func() {
 		ro.Destroy()
-		s.db.ReleaseSnapshot(snap)
+		s.rd.ReleaseSnapshot(snap)
 	}()
 	c := &checker{s: s, ro: ro, snap: snap, items: map[checkKey]*checkEntry{}, counts: map[string]*dbkeys.Counters{}, queues: map[string]bool{}}
 	if err := c.run(ctx); err != nil {
 		return storage.CheckReport{}, fmt.Errorf("rocksstore: check: %w", err)
 	}
 	return c.rep, nil
+}
+
+// CheckDir checks the database in dir like Check, without writing to it:
+// the database is opened read-only (the WAL is replayed into memory only)
+// and RocksDB's info log goes to a temporary directory, so no file in dir
+// is created or changed. The database must not be open elsewhere for a
+// consistent result. A WAL damaged before its end fails with
+// ErrWALDamaged, naming the file and the range that recovery would drop.
+func CheckDir(ctx context.Context, dir string) (storage.CheckReport, error) {
+	logDir, err := os.MkdirTemp("", "leaseq-check-log-")
+	if err != nil {
+		return storage.CheckReport{}, fmt.Errorf("rocksstore: check: %w", err)
+	}
+	defer os.RemoveAll(logDir)
+	o := grocksdb.NewDefaultOptions()
+	o.SetMergeOperator(countersMerge{})
+	o.SetWALRecoveryMode(walRecoveryMode(false))
+	o.SetDbLogDir(logDir)
+	o.SetInfoLogLevel(grocksdb.WarnInfoLogLevel)
+	db, err := grocksdb.OpenDbForReadOnly(o, dir, false)
+	if err != nil {
+		return storage.CheckReport{}, walOpenError(dir, translate("check: open "+dir+" read-only", err))
+	}
+	defer db.Close()
+	s := &Store{dir: dir, rd: db, log: slog.New(slog.DiscardHandler)}
+	s.ro = grocksdb.NewDefaultReadOptions()
+	defer s.ro.Destroy()
+	return s.Check(ctx)
 }
 
 type checker struct {

@@ -69,6 +69,12 @@ type Options struct {
 	// filter blocks so memory stays bounded as the database grows; 0 means
 	// DefaultCacheBytes.
 	CacheBytes int64
+	// RecoverPointInTime opens a database whose write-ahead log is damaged
+	// before its end by dropping everything from the damage on (RocksDB's
+	// point-in-time recovery), acknowledged writes included. Without it
+	// such an Open fails with ErrWALDamaged naming the file and the range;
+	// a torn last record (a crash mid-write) is accepted either way.
+	RecoverPointInTime bool
 
 	// Unexported knobs used by this package's measurements and tests.
 	inlineMax    int  // payloads up to this many bytes are stored inline; <0: never

@@ -31,6 +31,7 @@ type Store struct {
 	onDeadline storage.DeadlineFunc
 
 	db     *grocksdb.TransactionDB
+	rd     reader // what reads go through: db, or a read-only DB (CheckDir)
 	tdbo   *grocksdb.TransactionDBOptions
 	txo    *grocksdb.TransactionOptions
 	dbOpts *grocksdb.Options
@@ -165,15 +166,20 @@ func Open(dir string, opts Options) (*Store, error) {
 		// tombstones, so deleted heads are dropped by compaction.
 		o.AddCompactOnDeletionCollectorFactory(1000, 500)
 	}
+	o.SetWALRecoveryMode(walRecoveryMode(opts.RecoverPointInTime))
 	s.tdbo = grocksdb.NewDefaultTransactionDBOptions()
 	s.tdbo.SetTransactionLockTimeout(lockTimeoutMillis)
 	db, err := grocksdb.OpenTransactionDb(o, s.tdbo, dir)
 	if err != nil {
 		s.tdbo.Destroy()
 		s.destroyOptions()
-		return nil, translate("open "+dir, err)
+		return nil, walOpenError(dir, translate("open "+dir, err))
+	}
+	if opts.RecoverPointInTime {
+		s.log.Warn("opened with point-in-time WAL recovery: writes after a damaged WAL record, if any, were dropped", "data", dir)
 	}
 	s.db = db
+	s.rd = db
 	s.txo = grocksdb.NewDefaultTransactionOptions()
 	s.txo.SetLockTimeout(lockTimeoutMillis)
 	s.wo = grocksdb.NewDefaultWriteOptions()
@@ -382,7 +388,7 @@ func (s *Store) getRaw(key []byte) ([]byte, bool, error) { return s.getAt(s.ro, 
 
 // getAt reads one key with ro (a snapshot, say); the value is a copy.
 func (s *Store) getAt(ro *grocksdb.ReadOptions, key []byte) ([]byte, bool, error) {
-	sl, err := s.db.Get(ro, key)
+	sl, err := s.rd.Get(ro, key)
 	return copied("get", sl, err)
 }
 
@@ -441,7 +447,7 @@ func (s *Store) scanViewAt(snap *grocksdb.Snapshot, once bool, lower, upper, see
 	if upper != nil {
 		ro.SetIterateUpperBound(bytes.Clone(upper))
 	}
-	it := s.db.NewIterator(ro)
+	it := s.rd.NewIterator(ro)
 	defer func() {
 		it.Close()
 		ro.Destroy()
@@ -595,6 +601,22 @@ func corrupt(op string, key []byte, err error) error {
 // code is recovered from the fixed prefix RocksDB's Status::ToString puts
 // first: corruption becomes storage.ErrCorrupt; anything else is wrapped
 // as an I/O failure.
+// reader is the part of a RocksDB handle that reads use: the store's
+// TransactionDB, or the read-only DB of CheckDir.
+type reader interface {
+	Get(*grocksdb.ReadOptions, []byte) (*grocksdb.Slice, error)
+	NewIterator(*grocksdb.ReadOptions) *grocksdb.Iterator
+	NewSnapshot() *grocksdb.Snapshot
+	ReleaseSnapshot(*grocksdb.Snapshot)
+}
+
+func walRecoveryMode(pointInTime bool) grocksdb.WALRecoveryMode {
+	if pointInTime {
+		return grocksdb.PointInTimeRecovery
+	}
+	return grocksdb.TolerateCorruptedTailRecordsRecovery
+}
+
 func translate(op string, err error) error {
 	if err == nil {
 		return nil
