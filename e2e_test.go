@@ -79,6 +79,13 @@ type node struct {
 // its startup log line. The process is killed at the end of the test.
 func startNode(t *testing.T, data string, extra ...string) *node {
 	t.Helper()
+	return startNodeUmask(t, data, "", extra...)
+}
+
+// startNodeUmask is startNode with the process umask set to umask (octal;
+// "": inherited) through sh, which then execs leaseq in its place.
+func startNodeUmask(t *testing.T, data, umask string, extra ...string) *node {
+	t.Helper()
 	addr := "unix:" + filepath.Join(t.TempDir(), "s.sock")
 	for i, a := range extra {
 		if a == "--listen" && i+1 < len(extra) {
@@ -88,6 +95,9 @@ func startNode(t *testing.T, data string, extra ...string) *node {
 	args := append([]string{"serve", "--data", data, "--listen", addr}, extra...)
 	n := &node{t: t, data: data, addr: addr, logs: &syncBuffer{}, exited: make(chan struct{})}
 	n.cmd = exec.Command(leaseqBin, args...)
+	if umask != "" {
+		n.cmd = exec.Command("/bin/sh", append([]string{"-c", `umask ` + umask + ` && exec "$0" "$@"`, leaseqBin}, args...)...)
+	}
 	n.cmd.Env = cleanEnv()
 	n.cmd.Stdout = n.logs
 	n.cmd.Stderr = n.logs

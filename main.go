@@ -25,6 +25,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -435,6 +436,15 @@ func (c *choice[T]) Set(s string) error {
 
 // parseSize parses a byte count: a plain number, or one with a KiB, MiB or
 // GiB suffix (1MiB = 1048576).
+// parseFileMode parses permission bits in octal ("0660", "600").
+func parseFileMode(s string) (fs.FileMode, error) {
+	n, err := strconv.ParseUint(s, 8, 32)
+	if err != nil || n == 0 || n > 0o777 {
+		return 0, fmt.Errorf("want octal permission bits between 1 and 0777, got %q", s)
+	}
+	return fs.FileMode(n), nil
+}
+
 func parseSize(s string) (int, error) {
 	mult := 1
 	num := s
@@ -592,6 +602,8 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 			}
 			return s, nil
 		})
+		socketMode := newChoice("0660", parseFileMode)
+		fs.Var(socketMode, "socket-mode", "permission `bits` (octal) of the unix socket for --listen unix:/path; connecting needs write permission")
 		fs.Var(recoverMode, "recover", "`point-in-time`: open a database whose write-ahead log is damaged, dropping every write after the damage (the node refuses to start on such a log otherwise; keep a copy of --data first)")
 		metricsAddr := fs.String("metrics", "", "serve /metrics, /healthz and /readyz over HTTP on `host:port` (empty: off)")
 		tlsCert := fs.String("tls-cert", "", "server certificate `file` (PEM); enables TLS with --tls-key")
@@ -647,6 +659,9 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 			if *tlsClientCA != "" && *tlsCert == "" {
 				return usagef("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
 			}
+			if socketMode.set && !strings.HasPrefix(*listen, "unix:") {
+				return usagef("--socket-mode applies to a unix socket (--listen unix:/path) only")
+			}
 			if backend.val == "fdb" && recoverMode.set {
 				return usagef("--recover applies to --backend=rocksdb only")
 			}
@@ -677,6 +692,7 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 				sync:        syncMode.val,
 				syncText:    syncMode.text,
 				pointInTime: recoverMode.val == "point-in-time",
+				socketMode:  socketMode.val,
 				metrics:     *metricsAddr,
 				tls:         tc,
 				mutualTLS:   *tlsClientCA != "",
@@ -742,6 +758,7 @@ type serveConfig struct {
 	sync          rocksstore.SyncMode
 	syncText      string
 	pointInTime   bool // --recover=point-in-time
+	socketMode    fs.FileMode
 	metrics       string
 	tls           *tls.Config
 	mutualTLS     bool
@@ -816,6 +833,9 @@ func parseSubspace(s string) (string, error) {
 func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	log := c.log
 	clk := clock.New()
+	// Every file the node creates (the database, its logs) is the owner's
+	// only: they hold payloads. The unix socket gets --socket-mode.
+	syscall.Umask(0o077)
 
 	// Undo whatever was started, in reverse order, if startup fails.
 	var undo []func() error
@@ -887,7 +907,7 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	}
 	sw.Store(s)
 
-	ln, err := rpc.Listen(c.listen)
+	ln, err := rpc.ListenMode(c.listen, c.socketMode)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"strings"
@@ -26,8 +27,15 @@ func splitAddr(addr string) (network, address string, err error) {
 
 // Listen opens a listener on "host:port" or "unix:/path". A unix socket file
 // left behind by a dead process is removed first; one that a live process
-// still accepts on is an error.
-func Listen(addr string) (net.Listener, error) {
+// still accepts on is an error. The socket file's mode is whatever the
+// process umask gives; ListenMode sets it.
+func Listen(addr string) (net.Listener, error) { return ListenMode(addr, 0) }
+
+// ListenMode is Listen that, for a unix socket, sets the socket file's
+// permission bits to mode (0: leave them to the umask). Connecting to a
+// unix socket needs write permission on it, so mode decides who may be a
+// client.
+func ListenMode(addr string, mode fs.FileMode) (net.Listener, error) {
 	network, address, err := splitAddr(addr)
 	if err != nil {
 		return nil, err
@@ -44,6 +52,12 @@ func Listen(addr string) (net.Listener, error) {
 	if ul, ok := ln.(*net.UnixListener); ok {
 		// Close removes the socket file: the default, but say it.
 		ul.SetUnlinkOnClose(true)
+		if mode != 0 {
+			if err := os.Chmod(address, mode.Perm()); err != nil {
+				_ = ln.Close()
+				return nil, fmt.Errorf("rpc: listen %s: set socket mode %#o: %w", addr, mode.Perm(), err)
+			}
+		}
 	}
 	return ln, nil
 }

@@ -98,7 +98,10 @@ const lockTimeoutMillis = 1000
 // Open opens (creating if needed) the database in dir and rebuilds the
 // in-memory indexes from it.
 func Open(dir string, opts Options) (*Store, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	// Owner only: the WAL and SSTs hold payloads. (RocksDB creates its
+	// files 0644 less the umask; a 0700 directory keeps others out either
+	// way, and leaseq serve also sets its umask to 077.)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("rocksstore: open: %w", err)
 	}
 	s := &Store{dir: dir, opts: opts, limits: opts.Limits, log: opts.Logger, jitter: opts.JitterFunc, onDeadline: opts.OnDeadline}
@@ -110,6 +113,10 @@ func Open(dir string, opts Options) (*Store, error) {
 	}
 	if s.jitter == nil {
 		s.jitter = rand.Float64
+	}
+	if fi, err := os.Stat(dir); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		s.log.Warn("the data directory is open to other users, who can read payloads from its files; chmod 700 it",
+			"data", dir, "mode", fmt.Sprintf("%#o", fi.Mode().Perm()))
 	}
 	switch {
 	case opts.inlineMax == 0:
