@@ -610,7 +610,7 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 		tlsKey := fs.String("tls-key", "", "server private key `file` (PEM)")
 		tlsClientCA := fs.String("tls-client-ca", "", "CA bundle `file` (PEM): require client certificates signed by it (mutual TLS)")
 		maxConns := fs.Int("max-conns", rpc.DefaultMaxConns, "maximum open client connections")
-		maxWaiters := fs.Int("max-waiters", 0, "maximum parked long polls plus subscriptions per queue (0: the rpc default, 10000)")
+		maxWaiters := fs.Int("max-waiters", rpc.DefaultMaxWaitersPerQueue, "maximum parked long polls plus subscriptions per queue (0 means the default)")
 		d := storage.DefaultLimits
 		maxPayload := newChoice(strconv.Itoa(d.MaxPayload), parseSize)
 		fs.Var(maxPayload, "max-payload", "largest item payload, in `bytes` (KiB/MiB suffixes allowed)")

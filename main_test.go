@@ -155,7 +155,7 @@ func TestRun_HelpAndUsageErrors(t *testing.T) {
 		{name: "BadLogLevel", args: []string{"serve", "--log-level", "loud"}, code: exitUsage, stderr: []string{"want debug, info, warn or error"}, oneLineEr: true},
 		{name: "BadLogFormat", args: []string{"check", "--log-format=xml"}, code: exitUsage, stderr: []string{"want text or json"}, oneLineEr: true},
 		{name: "ServeExtraArg", args: []string{"serve", "extra"}, code: exitUsage, stderr: []string{`unexpected argument "extra"`}, oneLineEr: true},
-		{name: "CheckConfigFromEnvAndFlags", args: []string{"serve", "--check-config", "--data", "/x"}, env: map[string]string{"LEASEQ_SYNC": "none", "LEASEQ_DATA": "/y"}, code: exitOK, stdout: []string{"data=/x\n", "sync=none\n", "log-level=info\n"}},
+		{name: "CheckConfigFromEnvAndFlags", args: []string{"serve", "--check-config", "--data", "/x"}, env: map[string]string{"LEASEQ_SYNC": "none", "LEASEQ_DATA": "/y"}, code: exitOK, stdout: []string{"data=/x\n", "sync=none\n", "log-level=info\n", "max-waiters=10000\n"}},
 		{name: "CheckMissingDir", args: []string{"check", "--data", "/nonexistent/leaseq"}, code: exitFailure, stderr: []string{"leaseq check: no database at /nonexistent/leaseq"}, oneLineEr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -117,7 +117,7 @@ func TestBadInput_Requests(t *testing.T) {
 	ids := []storage.ItemID{res[0].ID, res[1].ID}
 
 	t.Run("InvalidQueueNames", func(t *testing.T) {
-		for _, name := range []string{"", "a/b", "sp ace", strings.Repeat("x", lim.MaxQueueName+1), "naïve"} {
+		for _, name := range []string{"", "a/b", "sp ace", strings.Repeat("x", lim.MaxQueueName+1), "naïve", ".", ".."} {
 			_, err := c.Enqueue(ctx, name, payloads(1, 8))
 			require.ErrorIs(t, err, storage.ErrInvalidArgument, "%q", name)
 			require.Contains(t, err.Error(), "queue name")

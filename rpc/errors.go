@@ -110,3 +110,14 @@ func storageCode(c schema.ResultCode) storage.Code {
 	}
 	return storage.Code(c)
 }
+
+// internalReason is what a client is told of an internal failure: its
+// kind and the reference under which the node logged the cause, never the
+// cause's text (file paths, library messages).
+func internalReason(err error, ref uint64) error {
+	kind := ErrInternal
+	if errors.Is(err, storage.ErrCorrupt) {
+		kind = storage.ErrCorrupt
+	}
+	return fmt.Errorf("%w (the node logged the cause as ref=%d)", kind, ref)
+}

@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"go/ast"
@@ -128,4 +129,24 @@ func TestErrors_ResultCodesMirrorStorage(t *testing.T) {
 			schema.ItemState_inflight: "inflight", schema.ItemState_dead: "dead",
 		}[schema.ItemState(s)])
 	}
+}
+
+// pathStore fails every Stats with an error naming a server file.
+type pathStore struct{ storage.Store }
+
+func (pathStore) Stats(context.Context, storage.StatsParams) ([]storage.QueueStats, error) {
+	return nil, errors.New("rocksstore: stats: rocksdb: IO error: /srv/leaseq/data/000123.sst: No space left on device")
+}
+
+func TestErrors_InternalReasonHidesCause(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{factory: storeFactory{"path", func(t *testing.T) storage.Store {
+		return pathStore{memFactory().open(t)}
+	}}})
+	c := b.dial()
+	_, err := c.Stats(ctxT(t), "q")
+	require.ErrorIs(t, err, ErrInternal)
+	require.NotContains(t, err.Error(), "/srv/leaseq")
+	require.NotContains(t, err.Error(), "rocksdb")
+	require.Contains(t, err.Error(), "ref=1")
 }

@@ -38,7 +38,11 @@ type statusResults interface {
 func (q *queueServer) fail(op Op, res statusResults, err error) error {
 	code := codeOf(err)
 	if code == schema.ErrorCode_internal {
-		q.s.log.Error("request failed", "op", op.String(), "remote", q.remote, "err", err)
+		// The cause names server files and library internals: it goes to
+		// the log; the client gets a short reason and a reference to it.
+		ref := q.s.errRefs.Add(1)
+		q.s.log.Error("request failed", "op", op.String(), "remote", q.remote, "ref", ref, "err", err)
+		err = internalReason(err, ref)
 	} else {
 		q.s.log.Debug("request refused", "op", op.String(), "remote", q.remote, "err", err)
 	}

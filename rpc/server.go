@@ -31,6 +31,9 @@ const (
 	// have in calls not yet answered. It must admit at least one enqueue of
 	// a sensible batch; 64 MiB does (a lone larger message is admitted alone).
 	DefaultConnFlowLimitBytes = 64 << 20
+	// DefaultMaxWaitersPerQueue bounds parked long polls plus
+	// subscriptions per queue when ServerConfig.MaxWaitersPerQueue is 0.
+	DefaultMaxWaitersPerQueue = dispatch.DefaultMaxWaitersPerQueue
 	// DefaultMaxMessageBytes bounds one incoming capnp message. A batch of
 	// 1000 items of 64 KiB fits; a batch of 1 MiB payloads must be split
 	// into calls of at most ~60 items.
@@ -97,6 +100,7 @@ type Server struct {
 	stopOnce  sync.Once
 	wg        sync.WaitGroup // accept loops, connections, pushers
 	subWG     sync.WaitGroup // pushers only: Stop lets them say goodbye before conns close
+	errRefs   atomic.Uint64  // numbers internal failures in the log and in the reply
 
 	ops                       [numOps]opCounters
 	accepted, refused, pushed atomic.Uint64

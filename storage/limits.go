@@ -58,6 +58,11 @@ func (l Limits) ValidateQueueName(name string) error {
 	if len(name) == 0 || len(name) > max {
 		return fmt.Errorf("%w: queue name must be 1-%d bytes, got %d", ErrInvalidArgument, max, len(name))
 	}
+	if name == "." || name == ".." {
+		// Names become paths and URL segments in tools; these two would
+		// mean something else there.
+		return fmt.Errorf("%w: queue name %q is reserved", ErrInvalidArgument, name)
+	}
 	for i := 0; i < len(name); i++ {
 		c := name[i]
 		switch {
