@@ -610,6 +610,7 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 		tlsKey := fs.String("tls-key", "", "server private key `file` (PEM)")
 		tlsClientCA := fs.String("tls-client-ca", "", "CA bundle `file` (PEM): require client certificates signed by it (mutual TLS)")
 		maxConns := fs.Int("max-conns", rpc.DefaultMaxConns, "maximum open client connections")
+		maxConnsPerIP := fs.Int("max-conns-per-ip", rpc.DefaultMaxConnsPerAddr, "maximum open TCP connections from one IP address (0: no per-address limit)")
 		maxWaiters := fs.Int("max-waiters", rpc.DefaultMaxWaitersPerQueue, "maximum parked long polls plus subscriptions per queue (0 means the default)")
 		d := storage.DefaultLimits
 		maxPayload := newChoice(strconv.Itoa(d.MaxPayload), parseSize)
@@ -643,6 +644,9 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 			}
 			if *maxConns <= 0 {
 				return usagef("--max-conns must be positive, got %d", *maxConns)
+			}
+			if *maxConnsPerIP < 0 {
+				return usagef("--max-conns-per-ip must be >= 0, got %d", *maxConnsPerIP)
 			}
 			if *maxWaiters < 0 {
 				return usagef("--max-waiters must be >= 0, got %d", *maxWaiters)
@@ -698,6 +702,7 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 				mutualTLS:   *tlsClientCA != "",
 				maxConns:    *maxConns,
 				maxWaiters:  *maxWaiters,
+				maxPerIP:    *maxConnsPerIP,
 				maxMessage:  int64(maxMessage.val),
 				limits: storage.Limits{
 					MaxPayload:   maxPayload.val,
@@ -764,6 +769,7 @@ type serveConfig struct {
 	mutualTLS     bool
 	maxConns      int
 	maxWaiters    int
+	maxPerIP      int // 0: no per-address limit
 	maxMessage    int64
 	limits        storage.Limits
 	sweepInterval time.Duration
@@ -885,6 +891,7 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		Limits:             c.limits,
 		MaxConns:           c.maxConns,
 		MaxWaitersPerQueue: c.maxWaiters,
+		MaxConnsPerAddr:    perAddrLimit(c.maxPerIP),
 		MaxMessageBytes:    c.maxMessage,
 		TLS:                c.tls,
 		Info:               nodeInfo(c),
@@ -2366,4 +2373,13 @@ queue into a change of it.`,
 			})
 		}
 	},
+}
+
+// perAddrLimit maps --max-conns-per-ip (0: none) to rpc's MaxConnsPerAddr
+// (negative: none).
+func perAddrLimit(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }

@@ -198,7 +198,7 @@ func TestFlowTransport_StopsReadingWhenBudgetSpent(t *testing.T) {
 		}
 	}()
 	size := <-sizes
-	ft := newServerTransport(ctx, srvSide, 1<<20, int64(2*size))
+	ft := newServerTransport(ctx, srvSide, 1<<20, int64(2*size), nil)
 
 	in1, err := ft.RecvMessage()
 	require.NoError(t, err)

@@ -41,6 +41,14 @@ const (
 	// DefaultHandshakeTimeout bounds a TLS handshake so a silent peer cannot
 	// hold a connection slot.
 	DefaultHandshakeTimeout = 10 * time.Second
+	// DefaultFirstMessageTimeout bounds how long an accepted connection
+	// may stay silent before its first RPC message (every client starts
+	// with a bootstrap request at once).
+	DefaultFirstMessageTimeout = 10 * time.Second
+	// DefaultMaxConnsPerAddr bounds the connections from one source IP
+	// address, so one host cannot take every slot. Unix-socket connections
+	// are not counted (the socket's mode decides who may connect).
+	DefaultMaxConnsPerAddr = 256
 )
 
 // ServerConfig configures a Server. Store and Clock are required.
@@ -66,6 +74,14 @@ type ServerConfig struct {
 	TLS *tls.Config
 	// HandshakeTimeout bounds a TLS handshake (0: DefaultHandshakeTimeout).
 	HandshakeTimeout time.Duration
+	// FirstMessageTimeout closes a connection that sends no RPC message
+	// for this long after it was accepted (TLS handshake included; 0:
+	// DefaultFirstMessageTimeout).
+	FirstMessageTimeout time.Duration
+	// MaxConnsPerAddr bounds open TCP connections from one IP address (0:
+	// DefaultMaxConnsPerAddr; negative: unbounded). An excess connection
+	// is refused like one over MaxConns.
+	MaxConnsPerAddr int
 	// Info is what the nodeInfo call reports; the zero value reports
 	// nothing about the node.
 	Info NodeInfo
@@ -101,6 +117,11 @@ type Server struct {
 	wg        sync.WaitGroup // accept loops, connections, pushers
 	subWG     sync.WaitGroup // pushers only: Stop lets them say goodbye before conns close
 	errRefs   atomic.Uint64  // numbers internal failures in the log and in the reply
+	refuseLog struct {       // rate limit of the "connection refused" line
+		sync.Mutex
+		last       time.Time
+		suppressed int
+	}
 
 	ops                       [numOps]opCounters
 	accepted, refused, pushed atomic.Uint64
@@ -110,8 +131,9 @@ type Server struct {
 		stopping  bool
 		listeners map[net.Listener]struct{}
 		conns     int
-		calls     int           // handlers running
-		drained   chan struct{} // closed when stopping and calls == 0
+		perAddr   map[string]int // open TCP connections per source IP
+		calls     int            // handlers running
+		drained   chan struct{}  // closed when stopping and calls == 0
 		subs      int
 	}
 }
@@ -142,6 +164,15 @@ func NewServer(c ServerConfig) (*Server, error) {
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = DefaultHandshakeTimeout
 	}
+	if c.FirstMessageTimeout < 0 {
+		return nil, errors.New("rpc: negative FirstMessageTimeout in ServerConfig")
+	}
+	if c.FirstMessageTimeout == 0 {
+		c.FirstMessageTimeout = DefaultFirstMessageTimeout
+	}
+	if c.MaxConnsPerAddr == 0 {
+		c.MaxConnsPerAddr = DefaultMaxConnsPerAddr
+	}
 	limits := fillLimits(c.Limits)
 	if limits.MinLease > limits.MaxLease || limits.MaxBatch < 1 || limits.MaxPayload < 1 {
 		return nil, fmt.Errorf("rpc: inconsistent Limits %+v", limits)
@@ -162,6 +193,7 @@ func NewServer(c ServerConfig) (*Server, error) {
 	}
 	s.subCtx, s.subCancel = context.WithCancel(context.Background())
 	s.mu.listeners = make(map[net.Listener]struct{})
+	s.mu.perAddr = make(map[string]int)
 	return s, nil
 }
 
@@ -297,8 +329,19 @@ func (s *Server) isStopping() bool {
 	return s.mu.stopping
 }
 
-// admit starts serving conn, or refuses it when at MaxConns or stopping.
+// sourceIP is the IP address a TCP connection comes from ("" for others,
+// unix sockets and pipes, which MaxConnsPerAddr does not count).
+func sourceIP(conn net.Conn) string {
+	if a, ok := conn.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	return ""
+}
+
+// admit starts serving conn, or refuses it when at MaxConns, at
+// MaxConnsPerAddr for its source address, or stopping.
 func (s *Server) admit(conn net.Conn) {
+	ip := sourceIP(conn)
 	s.mu.Lock()
 	if s.mu.stopping {
 		s.mu.Unlock()
@@ -306,31 +349,63 @@ func (s *Server) admit(conn net.Conn) {
 		return
 	}
 	s.wg.Add(1)
-	if s.mu.conns >= s.cfg.MaxConns {
+	var reason string
+	switch {
+	case s.mu.conns >= s.cfg.MaxConns:
+		reason = fmt.Sprintf("leaseq: too many connections (limit %d)", s.cfg.MaxConns)
+	case ip != "" && s.cfg.MaxConnsPerAddr > 0 && s.mu.perAddr[ip] >= s.cfg.MaxConnsPerAddr:
+		reason = fmt.Sprintf("leaseq: too many connections from %s (limit %d per address)", ip, s.cfg.MaxConnsPerAddr)
+	}
+	if reason != "" {
 		s.mu.Unlock()
 		s.refused.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.refuse(conn, fmt.Sprintf("leaseq: too many connections (limit %d)", s.cfg.MaxConns))
+			s.refuse(conn, reason)
 		}()
 		return
 	}
 	s.mu.conns++
+	if ip != "" {
+		s.mu.perAddr[ip]++
+	}
 	s.mu.Unlock()
 	go func() {
 		defer s.wg.Done()
 		defer func() {
 			s.mu.Lock()
 			s.mu.conns--
+			if ip != "" {
+				if s.mu.perAddr[ip]--; s.mu.perAddr[ip] == 0 {
+					delete(s.mu.perAddr, ip)
+				}
+			}
 			s.mu.Unlock()
 		}()
 		s.serveConn(conn)
 	}()
 }
 
+// refuseLogEvery is the least time between two "connection refused" log
+// lines; the ones in between are counted into the next line.
+const refuseLogEvery = time.Second
+
+// logRefused logs a refused connection, at most once per refuseLogEvery.
+func (s *Server) logRefused(remote, reason string) {
+	now := s.cfg.Clock.Now()
+	s.refuseLog.Lock()
+	defer s.refuseLog.Unlock()
+	if !s.refuseLog.last.IsZero() && now.Sub(s.refuseLog.last) < refuseLogEvery {
+		s.refuseLog.suppressed++
+		return
+	}
+	s.log.Warn("connection refused", "remote", remote, "reason", reason, "suppressed", s.refuseLog.suppressed)
+	s.refuseLog.last, s.refuseLog.suppressed = now, 0
+}
+
 // refuse tells a client why it is turned away (an RPC Abort), then closes.
 func (s *Server) refuse(conn net.Conn, reason string) {
-	s.log.Warn("connection refused", "remote", conn.RemoteAddr().String(), "reason", reason)
+	s.logRefused(conn.RemoteAddr().String(), reason)
 	// Close after a bound in any case: a peer that never reads or never
 	// closes must not pin this goroutine.
 	t := s.cfg.Clock.AfterFunc(s.cfg.HandshakeTimeout, func() { _ = conn.Close() })
@@ -357,6 +432,16 @@ func (s *Server) refuse(conn net.Conn, reason string) {
 
 func (s *Server) serveConn(conn net.Conn) {
 	remote := conn.RemoteAddr().String()
+	// A connection that stays silent (no handshake, no first message)
+	// must not hold its slot: close it after FirstMessageTimeout.
+	var spoke atomic.Bool
+	silent := s.cfg.Clock.AfterFunc(s.cfg.FirstMessageTimeout, func() {
+		if !spoke.Load() {
+			s.log.Debug("connection closed: no message in time", "remote", remote, "timeout", s.cfg.FirstMessageTimeout)
+			_ = conn.Close()
+		}
+	})
+	defer silent.Stop()
 	if s.cfg.TLS != nil {
 		tc := tls.Server(conn, s.cfg.TLS)
 		hctx, cancel := s.cfg.Clock.WithTimeout(s.subCtx, s.cfg.HandshakeTimeout)
@@ -377,7 +462,11 @@ func (s *Server) serveConn(conn net.Conn) {
 	defer cancel()
 	qs := &queueServer{s: s, remote: remote}
 	boot := capnp.Client(schema.Queue_ServerToClient(qs))
-	rc := capnprpc.NewConn(newServerTransport(connCtx, conn, uint64(s.cfg.MaxMessageBytes), s.cfg.ConnFlowLimitBytes),
+	tr := newServerTransport(connCtx, conn, uint64(s.cfg.MaxMessageBytes), s.cfg.ConnFlowLimitBytes, func() {
+		spoke.Store(true)
+		silent.Stop()
+	})
+	rc := capnprpc.NewConn(tr,
 		&capnprpc.Options{BootstrapClient: boot, Logger: s.capnpLog})
 	select {
 	case <-rc.Done():

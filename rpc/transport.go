@@ -24,6 +24,7 @@ type limitedCodec struct {
 	enc      *capnp.Encoder
 	c        io.Closer
 	maxBytes uint64
+	first    func() // called once, after the first message decodes (nil: none)
 }
 
 func newLimitedCodec(rwc io.ReadWriteCloser, maxBytes uint64) *limitedCodec {
@@ -43,6 +44,10 @@ func (c *limitedCodec) Decode() (*capnp.Message, error) {
 	// through several accessors); 4x the message size bounds the work
 	// per message while leaving honest messages far from the limit.
 	m.ResetReadLimit(4 * c.maxBytes)
+	if c.first != nil {
+		c.first()
+		c.first = nil
+	}
 	return m, nil
 }
 
@@ -93,8 +98,11 @@ func (m *flowMsg) Release() {
 }
 
 // newServerTransport builds the transport of one accepted connection.
-func newServerTransport(ctx context.Context, conn net.Conn, maxMsg uint64, flowLimit int64) transport.Transport {
-	t := transport.New(newLimitedCodec(conn, maxMsg))
+// first runs once the first message has arrived.
+func newServerTransport(ctx context.Context, conn net.Conn, maxMsg uint64, flowLimit int64, first func()) transport.Transport {
+	codec := newLimitedCodec(conn, maxMsg)
+	codec.first = first
+	t := transport.New(codec)
 	if flowLimit <= 0 {
 		return t
 	}
