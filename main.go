@@ -596,6 +596,13 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 		fs.Var(subspace, "fdb-subspace", "`name` of this deployment's subspace for --backend=fdb: deployments sharing one cluster need distinct names (empty: the default subspace)")
 		syncMode := newChoice("always", parseSyncMode)
 		fs.Var(syncMode, "sync", "WAL durability `mode`: always or none")
+		minFreeDisk := newChoice("256MiB", func(v string) (int, error) {
+			if v == "0" {
+				return 0, nil
+			}
+			return parseSize(v)
+		})
+		fs.Var(minFreeDisk, "min-free-disk", "free `bytes` kept in reserve on the data disk: below it enqueues are refused (unavailable) while acks and polls go on, and a node whose store stopped on a full disk reopens it once this much is free again (0: no reserve)")
 		recoverMode := newChoice("", func(s string) (string, error) {
 			if s != "" && s != "point-in-time" {
 				return "", fmt.Errorf("want point-in-time, got %q", s)
@@ -696,6 +703,7 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 				sync:        syncMode.val,
 				syncText:    syncMode.text,
 				pointInTime: recoverMode.val == "point-in-time",
+				minFreeDisk: int64(minFreeDisk.val),
 				socketMode:  socketMode.val,
 				metrics:     *metricsAddr,
 				tls:         tc,
@@ -763,6 +771,7 @@ type serveConfig struct {
 	sync          rocksstore.SyncMode
 	syncText      string
 	pointInTime   bool // --recover=point-in-time
+	minFreeDisk   int64
 	socketMode    fs.FileMode
 	metrics       string
 	tls           *tls.Config
@@ -796,6 +805,7 @@ func openBackend(c serveConfig, clk clock.Clock, onDeadline storage.DeadlineFunc
 	rs, err := rocksstore.Open(c.data, rocksstore.Options{
 		Sync:               c.sync,
 		RecoverPointInTime: c.pointInTime,
+		MinFreeDisk:        c.minFreeDisk,
 		Limits:             c.limits,
 		Logger:             c.log.With("svc", "rocksstore"),
 		OnDeadline:         onDeadline,
@@ -865,7 +875,12 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 			return fmt.Errorf("metrics listener: %w", err)
 		}
 		c.metrics = mln.Addr().String() // the real port when given :0
-		httpSrv = metricsServer(collector, &ready, log)
+		httpSrv = metricsServer(collector, &ready, func() error {
+			if p := collector.node.Load(); p != nil && p.rocks != nil {
+				return p.rocks.Failed()
+			}
+			return nil
+		}, log)
 		httpWG.Go(func() {
 			if err := httpSrv.Serve(mln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("metrics server failed", "err", err)
@@ -933,6 +948,10 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	}
 	collector.node.Store(&nodeParts{store: store, rocks: rocks, srv: srv, sw: s, clk: clk})
 	ready.Store(true)
+	stopRecover := func() {}
+	if rocks != nil {
+		stopRecover = recoverLoop(rocks, clk, log)
+	}
 	undo = nil // from here on, the shutdown below stops everything in order
 
 	addr := ln.Addr().String()
@@ -986,6 +1005,7 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	// sweeps, then the store.
 	srv.Stop()
 	s.Stop()
+	stopRecover()
 	collector.node.Store(nil)
 	err = closeStore(store)
 	if httpSrv != nil {
@@ -1032,7 +1052,9 @@ func closeStore(s storage.Store) error {
 // metricsServer serves /metrics from a private registry (the node's
 // collector plus the Go runtime and process collectors), /healthz, and
 // /readyz from ready.
-func metricsServer(c prometheus.Collector, ready *atomic.Bool, log *slog.Logger) *http.Server {
+// /readyz is 503 while health reports an error (a store that stopped
+// after a failed write).
+func metricsServer(c prometheus.Collector, ready *atomic.Bool, health func() error, log *slog.Logger) *http.Server {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
@@ -1046,6 +1068,10 @@ func metricsServer(c prometheus.Collector, ready *atomic.Bool, log *slog.Logger)
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !ready.Load() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		if err := health(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")
@@ -1077,6 +1103,7 @@ type nodeCollector struct {
 	pushed                                                *prometheus.Desc
 	commits, syncCommits, commitLatency, fsyncLatency     *prometheus.Desc
 	calls, items, claimPasses, polls, claimed             *prometheus.Desc
+	storeFailed, diskFree                                 *prometheus.Desc
 	sweeps, sweepFails, sweepItems, sweepLag, sweepMaxLag *prometheus.Desc
 	sweepDuration                                         *prometheus.Desc
 }
@@ -1108,6 +1135,8 @@ func newNodeCollector() *nodeCollector {
 		claimPasses:   d("store_claim_passes_total", "Batches holding at least one poll (RocksDB); polls_total/claim_passes_total > 1 shows polls sharing a commit."),
 		polls:         d("store_polls_total", "Poll calls (RocksDB)."),
 		claimed:       d("store_claimed_items_total", "Items handed out by polls (RocksDB)."),
+		storeFailed:   d("store_failed", "1 while the store has stopped after a failed write (a full disk, say) and waits to reopen (RocksDB); /readyz is 503 meanwhile."),
+		diskFree:      d("store_disk_free_bytes", "Free bytes on the data directory's filesystem (RocksDB); enqueues are refused below --min-free-disk."),
 		sweeps:        d("sweeper_passes_total", "Sweeper passes."),
 		sweepFails:    d("sweeper_failed_passes_total", "Sweeper passes that failed."),
 		sweepItems:    d("sweeper_events_total", "Sweeper work (leases_expired, requeued, dead_lettered, promoted, dedup_dropped).", "event"),
@@ -1122,7 +1151,7 @@ func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.depth, c.leases, c.oldest, c.itemsTotal, c.opCount, c.opErrors, c.opLatency,
 		c.connsOpen, c.connsAccepted, c.connsRefused, c.waiters, c.subs, c.pushed,
-		c.commits, c.syncCommits, c.commitLatency, c.fsyncLatency, c.calls, c.items, c.claimPasses, c.polls, c.claimed,
+		c.commits, c.syncCommits, c.commitLatency, c.fsyncLatency, c.calls, c.items, c.claimPasses, c.polls, c.claimed, c.storeFailed, c.diskFree,
 		c.sweeps, c.sweepFails, c.sweepItems, c.sweepLag, c.sweepMaxLag, c.sweepDuration,
 	} {
 		ch <- d
@@ -1198,6 +1227,14 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstSummary(c.fsyncLatency, r.WALSyncs, r.SyncTime.Seconds(), nil)
 		counter(c.calls, r.Ops)
 		counter(c.items, r.Items)
+		failed := 0.0
+		if p.rocks.Failed() != nil {
+			failed = 1
+		}
+		gauge(c.storeFailed, failed)
+		if free, err := p.rocks.FreeDisk(); err == nil {
+			gauge(c.diskFree, float64(free))
+		}
 		counter(c.claimPasses, r.ClaimPasses)
 		counter(c.polls, r.Polls)
 		counter(c.claimed, r.Claimed)
@@ -2382,4 +2419,38 @@ func perAddrLimit(n int) int {
 		return -1
 	}
 	return n
+}
+
+// recoverEvery is how often a node whose store stopped after a failed
+// write (a full disk, say) tries to reopen it.
+const recoverEvery = time.Second
+
+// recoverLoop reopens rocks whenever it has failed and --min-free-disk is
+// free again, until the returned stop is called.
+func recoverLoop(rocks *rocksstore.Store, clk clock.Clock, log *slog.Logger) (stop func()) {
+	t := clk.Ticker(recoverEvery)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			if rocks.Failed() == nil {
+				continue
+			}
+			if ok, err := rocks.Recover(); err != nil {
+				log.Warn("store recovery failed; retrying", "err", err)
+			} else if ok {
+				log.Info("store recovered: writes accepted again")
+			}
+		}
+	})
+	return func() {
+		t.Stop()
+		close(done)
+		wg.Wait()
+	}
 }

@@ -1,17 +1,26 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/storage"
 )
 
 // TestMetricsServer_Readiness: /readyz follows the ready flag (503 while
@@ -20,7 +29,13 @@ import (
 func TestMetricsServer_Readiness(t *testing.T) {
 	t.Parallel()
 	var ready atomic.Bool
-	h := metricsServer(newNodeCollector(), &ready, slog.New(slog.NewTextHandler(io.Discard, nil))).Handler
+	var health atomic.Pointer[error]
+	h := metricsServer(newNodeCollector(), &ready, func() error {
+		if e := health.Load(); e != nil {
+			return *e
+		}
+		return nil
+	}, slog.New(slog.NewTextHandler(io.Discard, nil))).Handler
 	get := func(path string) (int, string) {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
@@ -39,6 +54,14 @@ func TestMetricsServer_Readiness(t *testing.T) {
 	code, body := get("/readyz")
 	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, "ready", strings.TrimSpace(body))
+	failed := errors.New("store stopped: the disk is full")
+	health.Store(&failed) // a failed store is not ready
+	code, body = get("/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Contains(t, body, "the disk is full")
+	health.Store(nil)
+	code, _ = get("/readyz")
+	require.Equal(t, http.StatusOK, code)
 	ready.Store(false) // shutting down
 	code, _ = get("/readyz")
 	require.Equal(t, http.StatusServiceUnavailable, code)
@@ -86,4 +109,102 @@ func TestServe_SocketModeNeedsUnix(t *testing.T) {
 	r = runCLI(t, nil, "", "serve", "--socket-mode", "999")
 	require.Equal(t, 2, r.code, "%s%s", r.stdout, r.stderr)
 	require.Contains(t, r.stderr, "octal")
+}
+
+// TestServe_DiskFull: a real node on a small tmpfs. Below --min-free-disk
+// enqueues are refused while polls and acks go on. When the disk fills
+// anyway (here: no reserve, another file takes the space) the store stops:
+// /readyz is 503 and leaseq_store_failed is 1; once space is back the node
+// reopens the store by itself, and every acknowledged enqueue is there.
+func TestServe_DiskFull(t *testing.T) {
+	t.Parallel()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs")
+	}
+	fsDir := t.TempDir()
+	require.NoError(t, syscall.Mount("tmpfs", fsDir, "tmpfs", 0, "size=64m,mode=0700"))
+	t.Cleanup(func() { _ = syscall.Unmount(fsDir, syscall.MNT_DETACH) })
+	data := filepath.Join(fsDir, "data")
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	metrics := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	n := startNode(t, data, "--metrics", metrics, "--min-free-disk", "0")
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + metrics + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	code, _ := get("/readyz")
+	require.Equal(t, http.StatusOK, code)
+
+	c := dialNode(t, n.addr)
+	ctx := context.Background()
+	payload := make([]byte, 32<<10)
+	acked := map[storage.ItemID]bool{}
+	enqueue := func() error {
+		_, _ = rand.Read(payload)
+		res, err := c.Enqueue(ctx, "q", []storage.EnqueueItem{{Payload: bytes.Clone(payload)}})
+		if err == nil {
+			acked[res[0].ID] = true
+		}
+		return err
+	}
+	for range 50 {
+		require.NoError(t, enqueue())
+	}
+
+	// Another file takes the rest of the disk; writes start failing.
+	filler := filepath.Join(fsDir, "filler")
+	f, err := os.Create(filler)
+	require.NoError(t, err)
+	for {
+		if _, err := f.Write(make([]byte, 1<<20)); err != nil {
+			break
+		}
+	}
+	require.NoError(t, f.Close())
+	for i := 0; i < 10000 && enqueue() == nil; i++ {
+	}
+	require.Error(t, enqueue())
+	eventually(t, 30*time.Second, func() bool { code, _ := get("/readyz"); return code == http.StatusServiceUnavailable },
+		"/readyz stayed 200 with the store stopped")
+	_, page := get("/metrics")
+	require.Contains(t, page, "leaseq_store_failed 1")
+
+	// Space comes back: the node reopens the store by itself.
+	require.NoError(t, os.Remove(filler))
+	eventually(t, 30*time.Second, func() bool { code, _ := get("/readyz"); return code == http.StatusOK },
+		"the node did not recover after space came back")
+	_, page = get("/metrics")
+	require.Contains(t, page, "leaseq_store_failed 0")
+	require.NoError(t, enqueue(), "writes work again")
+
+	// Nothing acknowledged was lost, across the failure and a restart.
+	n.kill()
+	n = startNode(t, data)
+	c = dialNode(t, n.addr)
+	seen := map[storage.ItemID]bool{}
+	var after storage.ItemID
+	for {
+		items, err := c.Peek(ctx, storage.PeekParams{Queue: "q", After: after, Limit: 1000})
+		require.NoError(t, err)
+		for _, it := range items {
+			seen[it.ID] = true
+		}
+		if len(items) < 1000 {
+			break
+		}
+		after = items[len(items)-1].ID
+	}
+	for id := range acked {
+		require.True(t, seen[id], "acknowledged enqueue %s lost", id)
+	}
+	require.Zero(t, n.stop())
+	r := runCLI(t, nil, "", "check", "--data", data)
+	require.Equal(t, 0, r.code, "%s%s", r.stdout, r.stderr)
 }

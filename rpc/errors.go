@@ -44,6 +44,8 @@ var errorTable = []struct {
 	{storage.ErrLeaseExpired, schema.ErrorCode_leaseExpired},
 	{ErrUnavailable, schema.ErrorCode_unavailable},
 	{storage.ErrClosed, schema.ErrorCode_unavailable},
+	{storage.ErrNoSpace, schema.ErrorCode_unavailable},
+	{storage.ErrUnavailable, schema.ErrorCode_unavailable},
 	{context.Canceled, schema.ErrorCode_unavailable},
 	{ErrTooManyWaiters, schema.ErrorCode_tooManyWaiters},
 	{ErrInternal, schema.ErrorCode_internal},

@@ -28,6 +28,8 @@ var storageSentinels = map[string]error{
 	"ErrInvalidArgument": storage.ErrInvalidArgument,
 	"ErrClosed":          storage.ErrClosed,
 	"ErrCorrupt":         storage.ErrCorrupt,
+	"ErrNoSpace":         storage.ErrNoSpace,
+	"ErrUnavailable":     storage.ErrUnavailable,
 }
 
 func TestErrors_EveryStorageSentinelIsMapped(t *testing.T) {
@@ -83,6 +85,8 @@ func TestErrors_Table(t *testing.T) {
 		{ErrUnavailable, schema.ErrorCode_unavailable},
 		{ErrTooManyWaiters, schema.ErrorCode_tooManyWaiters},
 		{storage.ErrCorrupt, schema.ErrorCode_internal},
+		{storage.ErrNoSpace, schema.ErrorCode_unavailable},
+		{storage.ErrUnavailable, schema.ErrorCode_unavailable},
 		{errors.New("disk on fire"), schema.ErrorCode_internal},
 	}
 	for _, c := range cases {

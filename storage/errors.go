@@ -27,6 +27,16 @@ var (
 	// ErrClosed reports a call on a Store after Close.
 	ErrClosed = errors.New("storage: closed")
 
+	// ErrNoSpace reports a write refused because the store is short of
+	// disk space (rocksstore: free space below Options.MinFreeDisk).
+	// Calls that free space (ack, purge) are still accepted; retry the
+	// refused call later.
+	ErrNoSpace = errors.New("storage: not enough free disk space")
+
+	// ErrUnavailable reports a store that cannot serve writes for now
+	// (rocksstore after a failed write, until Recover reopens it).
+	ErrUnavailable = errors.New("storage: unavailable")
+
 	// ErrCorrupt reports data on disk that cannot be decoded or violates
 	// an invariant in a way the store cannot continue from.
 	ErrCorrupt = errors.New("storage: corrupt data")

@@ -3,6 +3,7 @@ package rocksstore
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -10,6 +11,7 @@ import (
 	"github.com/linxGnu/grocksdb"
 
 	"github.com/leaseq/leaseq/dbkeys"
+	"github.com/leaseq/leaseq/storage"
 )
 
 // The commit pipeline. Every mutating call becomes an op. Ops are
@@ -172,8 +174,7 @@ func (s *Store) lead() {
 		wrote, err := s.runBatch(ops)
 		switch {
 		case err != nil:
-			s.fail(err)
-			finish(ops, err)
+			finish(ops, s.fail(err))
 			p.buf = ops
 		case s.opts.Sync == SyncNone:
 			finish(ops, nil)
@@ -231,8 +232,7 @@ func (s *Store) syncLoop() {
 			}
 			s.m.walSyncs.Add(1)
 			if err != nil {
-				err = translate("sync wal", err)
-				s.fail(err)
+				err = s.fail(translate("sync wal", err))
 			}
 		}
 		for _, w := range group {
@@ -260,14 +260,20 @@ func (s *Store) syncWAL() error {
 // fail puts the store into a failed state after a write or fsync error:
 // the in-memory indexes may be ahead of the database, so every later call
 // fails until the store is reopened (Open rebuilds them from the database).
-func (s *Store) fail(err error) {
+func (s *Store) fail(err error) error {
 	p := &s.pipe
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.failed == nil {
-		p.failed = fmt.Errorf("rocksstore: store failed, reopen to recover: %w", err)
-		s.log.Error("rocksstore write failed; every later call fails until the node restarts", "err", err)
+		reason := "a write or fsync failed"
+		if strings.Contains(err.Error(), "No space left on device") {
+			reason = "the disk is full"
+		}
+		p.failed = fmt.Errorf("rocksstore: %w: %s (outcome of the calls in flight unknown); the store reopens from its database when Recover runs (the node retries by itself once there is disk space)",
+			storage.ErrUnavailable, reason)
+		s.log.Error("rocksstore write failed; every call fails until the store is recovered", "err", err)
 	}
-	p.mu.Unlock()
+	return p.failed
 }
 
 func finish(ops []*op, err error) {

@@ -33,6 +33,9 @@ func (s *Store) enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 		return nil, err
 	}
 	now := nanos(p.Now)
+	if err := s.checkSpace(now); err != nil {
+		return nil, err
+	}
 	res := make([]storage.EnqueueResult, len(p.Items))
 	valid := 0
 	for i, in := range p.Items {

@@ -69,6 +69,12 @@ type Options struct {
 	// filter blocks so memory stays bounded as the database grows; 0 means
 	// DefaultCacheBytes.
 	CacheBytes int64
+	// MinFreeDisk is the free space (bytes) the data directory's
+	// filesystem keeps in reserve: while less is free, Enqueue fails with
+	// storage.ErrNoSpace (acks, nacks and purges, which free space or
+	// rewrite records in place, still run), and Recover does not reopen a
+	// failed store. 0: no check.
+	MinFreeDisk int64
 	// RecoverPointInTime opens a database whose write-ahead log is damaged
 	// before its end by dropping everything from the damage on (RocksDB's
 	// point-in-time recovery), acknowledged writes included. Without it

@@ -133,7 +133,8 @@ func TestRocksStore_FsyncFailureInWindow(t *testing.T) {
 	require.Error(t, pollErr)
 	require.Empty(t, polled.Items)
 	_, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{}}, Now: at(2 * time.Second)})
-	require.ErrorContains(t, err, "reopen to recover")
+	require.ErrorIs(t, err, storage.ErrUnavailable)
+	require.Error(t, b.s.Failed())
 
 	// Reopen without the failing hook: the database decides.
 	require.NoError(t, b.s.Close())
@@ -148,4 +149,44 @@ func TestRocksStore_FsyncFailureInWindow(t *testing.T) {
 	res := b.poll("q", 1, time.Minute, at(2*time.Minute))
 	require.Len(t, res.Items, 1, "the unanswered enqueue's item is delivered")
 	require.Equal(t, []byte("x"), res.Items[0].Payload)
+}
+
+// TestRocksStore_RecoverAfterFailedWrite: after a failed fsync every call
+// fails with ErrUnavailable; Recover reopens the store from its database
+// in place, and what was acknowledged before the failure is there.
+func TestRocksStore_RecoverAfterFailedWrite(t *testing.T) {
+	t.Parallel()
+	var failing atomic.Bool
+	b := setup(t, func(o *Options) {
+		o.Sync = SyncAlways
+		o.syncHook = func(sync func() error) error {
+			if failing.Load() {
+				return errors.New("injected: No space left on device")
+			}
+			return sync()
+		}
+	})
+	ok, err := b.s.Recover()
+	require.NoError(t, err)
+	require.False(t, ok, "nothing to recover")
+	acked := b.enqueue("q", at(0), storage.EnqueueItem{Payload: []byte("acked")})
+
+	failing.Store(true)
+	_, err = b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: []byte("failed")}}, Now: at(time.Second)})
+	require.ErrorIs(t, err, storage.ErrUnavailable)
+	require.ErrorContains(t, b.s.Failed(), "the disk is full")
+	_, err = b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 1, Lease: time.Minute, Now: at(time.Second)})
+	require.ErrorIs(t, err, storage.ErrUnavailable, "every call fails until recovered")
+
+	failing.Store(false)
+	ok, err = b.s.Recover()
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, b.s.Failed())
+	b.check()
+	st := b.stats("q", at(2*time.Second))
+	require.Contains(t, []int64{1, 2}, st.Ready, "the acknowledged item, and the failed one if its write reached the WAL")
+	res := b.poll("q", 2, time.Minute, at(2*time.Second))
+	require.Equal(t, acked[0], res.Items[0].ID)
+	b.enqueue("q", at(3*time.Second), storage.EnqueueItem{Payload: []byte("after")})
 }

@@ -47,7 +47,13 @@ func testOptions(t *testing.T) Options {
 
 func setup(t *testing.T, mod ...func(*Options)) *testBundle {
 	t.Helper()
-	b := &testBundle{t: t, dir: t.TempDir(), opts: testOptions(t), ctx: context.Background()}
+	return setupDir(t, t.TempDir(), mod...)
+}
+
+// setupDir is setup on the database in dir.
+func setupDir(t *testing.T, dir string, mod ...func(*Options)) *testBundle {
+	t.Helper()
+	b := &testBundle{t: t, dir: dir, opts: testOptions(t), ctx: context.Background()}
 	for _, m := range mod {
 		m(&b.opts)
 	}

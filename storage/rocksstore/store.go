@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/linxGnu/grocksdb"
@@ -42,10 +43,19 @@ type Store struct {
 	ro     *grocksdb.ReadOptions  // point reads; no bounds, shared
 
 	// life guards use of the database: every call holds it shared and
-	// Close takes it exclusively, so Close waits for calls in flight.
+	// Close and Recover take it exclusively, so they wait for calls in
+	// flight.
 	life struct {
 		sync.RWMutex
 		closed bool
+		down   error // set when Recover failed to reopen: no database open
+	}
+
+	// space caches the free-space check of Enqueue (MinFreeDisk).
+	space struct {
+		sync.Mutex
+		at   int64 // caller instant of the last statfs; 0: never
+		free int64
 	}
 
 	// mu guards the queue map; queues are added by the committer (and
@@ -126,15 +136,27 @@ func Open(dir string, opts Options) (*Store, error) {
 	default:
 		s.inlineMax = opts.inlineMax
 	}
-	if opts.Sync != SyncAlways && opts.Sync != SyncNone {
-		return nil, fmt.Errorf("rocksstore: open: %w: sync mode %d", storage.ErrInvalidArgument, int(opts.Sync))
+	if err := s.openDB(); err != nil {
+		return nil, err
 	}
-	cacheBytes := opts.CacheBytes
+	s.log.Info("rocksstore opened", "data", dir, "sync", opts.Sync.String(), "queues", len(s.mu.queues),
+		"leases", len(s.leases))
+	return s, nil
+}
+
+// openDB opens the database in s.dir with s.opts and rebuilds every
+// in-memory index from it; Open and Recover call it. REQUIRES: no
+// database open, no call in flight.
+func (s *Store) openDB() error {
+	if s.opts.Sync != SyncAlways && s.opts.Sync != SyncNone {
+		return fmt.Errorf("rocksstore: open: %w: sync mode %d", storage.ErrInvalidArgument, int(s.opts.Sync))
+	}
+	cacheBytes := s.opts.CacheBytes
 	if cacheBytes == 0 {
 		cacheBytes = DefaultCacheBytes
 	}
 	if cacheBytes < 0 {
-		return nil, fmt.Errorf("rocksstore: open: %w: negative CacheBytes", storage.ErrInvalidArgument)
+		return fmt.Errorf("rocksstore: open: %w: negative CacheBytes", storage.ErrInvalidArgument)
 	}
 	s.cache = grocksdb.NewLRUCache(uint64(cacheBytes))
 	s.bbto = grocksdb.NewDefaultBlockBasedTableOptions()
@@ -154,7 +176,7 @@ func Open(dir string, opts Options) (*Store, error) {
 	o.SetCompression(grocksdb.LZ4Compression)
 	// Memtables of defaultMemtable bytes, at most 3: bounded memory (96
 	// MiB) and flushes small enough to keep Open's WAL replay short.
-	memtable := opts.memtable
+	memtable := s.opts.memtable
 	if memtable <= 0 {
 		memtable = defaultMemtable
 	}
@@ -164,26 +186,26 @@ func Open(dir string, opts Options) (*Store, error) {
 	o.SetMaxTotalWalSize(128 << 20)
 	// RocksDB's statistics time the writes for Metrics: the store itself
 	// never reads a clock.
-	if !opts.noStats {
+	if !s.opts.noStats {
 		o.EnableStatistics()
 	}
-	if !opts.noDelCompact {
+	if !s.opts.noDelCompact {
 		// A queue deletes from its head forever. Mark an SST for
 		// compaction when any window of 1000 entries holds 500
 		// tombstones, so deleted heads are dropped by compaction.
 		o.AddCompactOnDeletionCollectorFactory(1000, 500)
 	}
-	o.SetWALRecoveryMode(walRecoveryMode(opts.RecoverPointInTime))
+	o.SetWALRecoveryMode(walRecoveryMode(s.opts.RecoverPointInTime))
 	s.tdbo = grocksdb.NewDefaultTransactionDBOptions()
 	s.tdbo.SetTransactionLockTimeout(lockTimeoutMillis)
-	db, err := grocksdb.OpenTransactionDb(o, s.tdbo, dir)
+	db, err := grocksdb.OpenTransactionDb(o, s.tdbo, s.dir)
 	if err != nil {
 		s.tdbo.Destroy()
 		s.destroyOptions()
-		return nil, walOpenError(dir, translate("open "+dir, err))
+		return walOpenError(s.dir, translate("open "+s.dir, err))
 	}
-	if opts.RecoverPointInTime {
-		s.log.Warn("opened with point-in-time WAL recovery: writes after a damaged WAL record, if any, were dropped", "data", dir)
+	if s.opts.RecoverPointInTime {
+		s.log.Warn("opened with point-in-time WAL recovery: writes after a damaged WAL record, if any, were dropped", "data", s.dir)
 	}
 	s.db = db
 	s.rd = db
@@ -192,23 +214,25 @@ func Open(dir string, opts Options) (*Store, error) {
 	s.wo = grocksdb.NewDefaultWriteOptions()
 	s.wo.SetSync(false)
 	s.swo = grocksdb.NewDefaultWriteOptions()
-	s.swo.SetSync(opts.Sync == SyncAlways)
+	s.swo.SetSync(s.opts.Sync == SyncAlways)
 	s.ro = grocksdb.NewDefaultReadOptions()
+	// Everything in memory is rebuilt from the database.
 	s.mu.queues = make(map[string]*queueState)
 	s.leases = make(map[storage.LeaseID]*leaseState)
 	s.inflight = make(map[storage.ItemID]*leaseState)
+	s.ids.next, s.ids.limit = 0, 0
+	s.expiry, s.delayed = nil, nil
+	s.dedupCur.reset()
 	if err := s.load(); err != nil {
 		s.closeDB()
-		return nil, err
+		return err
 	}
 	if err := s.rebuild(); err != nil {
 		s.closeDB()
-		return nil, err
+		return err
 	}
 	s.startPipeline()
-	s.log.Info("rocksstore opened", "data", dir, "sync", opts.Sync.String(), "queues", len(s.mu.queues),
-		"leases", len(s.leases))
-	return s, nil
+	return nil
 }
 
 // load reads the format version, queue configs, counters and the id
@@ -294,6 +318,9 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.life.closed = true
+	if s.life.down != nil {
+		return nil // no database open (a failed Recover closed it)
+	}
 	s.stopPipeline()
 	// A clean close flushes the memtables so the next Open does not
 	// replay up to max_total_wal_size of WAL (see BenchmarkOpenBacklog).
@@ -348,7 +375,109 @@ func (s *Store) enter(op string) error {
 		s.life.RUnlock()
 		return fmt.Errorf("rocksstore: %s: %w", op, storage.ErrClosed)
 	}
+	if s.life.down != nil {
+		err := s.life.down
+		s.life.RUnlock()
+		return fmt.Errorf("rocksstore: %s: %w", op, err)
+	}
 	return nil
+}
+
+// spaceCheckEvery is how long (in caller time) one statfs answers for.
+const spaceCheckEvery = int64(100 * time.Millisecond)
+
+// freeDisk is the space available to the node on dir's filesystem.
+func freeDisk(dir string) (int64, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * st.Bsize, nil
+}
+
+// FreeDisk reports the bytes free for the node on the data directory's
+// filesystem.
+func (s *Store) FreeDisk() (int64, error) { return freeDisk(s.dir) }
+
+// checkSpace refuses a write that adds data while the filesystem is below
+// MinFreeDisk; now is the caller's instant (it paces the statfs calls).
+func (s *Store) checkSpace(now int64) error {
+	min := s.opts.MinFreeDisk
+	if min <= 0 {
+		return nil
+	}
+	s.space.Lock()
+	if s.space.at == 0 || now-s.space.at >= spaceCheckEvery || now < s.space.at {
+		free, err := freeDisk(s.dir)
+		if err != nil {
+			s.space.Unlock()
+			return fmt.Errorf("rocksstore: free space of %s: %w", s.dir, err)
+		}
+		s.space.at, s.space.free = now, free
+	}
+	free := s.space.free
+	s.space.Unlock()
+	if free < min {
+		return fmt.Errorf("%w: %d MiB free on the data disk, below the %d MiB reserve (--min-free-disk); acks and purges still run",
+			storage.ErrNoSpace, free>>20, min>>20)
+	}
+	return nil
+}
+
+// Failed reports why the store stopped taking writes (a write or fsync
+// failed: the in-memory indexes may be ahead of the database), or nil.
+// Recover reopens it.
+func (s *Store) Failed() error {
+	s.life.RLock()
+	down := s.life.down
+	s.life.RUnlock()
+	if down != nil {
+		return down
+	}
+	p := &s.pipe
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.failed
+}
+
+// Recover reopens a failed store from its database, once its filesystem
+// has MinFreeDisk free again: every in-memory index is rebuilt from what
+// was committed, so nothing acknowledged is lost. It waits for calls in
+// flight (which fail fast while the store is failed). It reports whether
+// it reopened; false with a nil error means there was nothing to do or
+// not yet enough space. A reopen that fails leaves the store down (every
+// call fails with storage.ErrUnavailable) for the next Recover.
+func (s *Store) Recover() (bool, error) {
+	if s.Failed() == nil {
+		return false, nil
+	}
+	if min := s.opts.MinFreeDisk; min > 0 {
+		if free, err := freeDisk(s.dir); err != nil || free < min {
+			return false, err
+		}
+	}
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.life.closed {
+		return false, fmt.Errorf("rocksstore: recover: %w", storage.ErrClosed)
+	}
+	if s.life.down == nil {
+		if s.pipe.failed == nil {
+			return false, nil // recovered meanwhile
+		}
+		s.stopPipeline()
+		s.closeDB()
+	}
+	p := &s.pipe
+	p.failed, p.pending, p.leading, p.buf, p.slot = nil, nil, false, nil, nil
+	if err := s.openDB(); err != nil {
+		s.life.down = fmt.Errorf("%w: the database could not be reopened after a failed write (%v)", storage.ErrUnavailable, err)
+		s.log.Error("rocksstore reopen failed; retrying later", "err", err)
+		return false, err
+	}
+	s.life.down = nil
+	s.log.Info("rocksstore recovered: reopened after a failed write", "data", s.dir, "queues", len(s.mu.queues), "leases", len(s.leases))
+	return true, nil
 }
 
 func (s *Store) exit() { s.life.RUnlock() }
@@ -694,6 +823,13 @@ type cursor struct {
 	scanning bool
 	low      []byte         // lowest key pending at begin or noted during the scan
 	pending  map[string]int // entries noted and not yet done
+}
+
+// reset forgets the bound (Recover reopens the database).
+func (c *cursor) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.bound, c.scanning, c.low, c.pending = nil, false, nil, nil
 }
 
 func (c *cursor) note(k []byte) {
