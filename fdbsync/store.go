@@ -75,7 +75,7 @@ type Options struct {
 	// Prefix is the subspace; DefaultPrefix when empty. Two Stores with
 	// different prefixes on one cluster are independent.
 	Prefix []byte
-	// Limits are the request limits; storage.DefaultLimits when zero.
+	// Limits are the request limits; zero fields take storage.DefaultLimits'.
 	Limits storage.Limits
 	// Logger receives lifecycle messages; discarded when nil.
 	Logger *slog.Logger
@@ -165,9 +165,7 @@ func New(db kv.DB, o Options) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: fdbsync: nil database", storage.ErrInvalidArgument)
 	}
-	if o.Limits == (storage.Limits{}) {
-		o.Limits = storage.DefaultLimits
-	}
+	o.Limits = o.Limits.WithDefaults()
 	if len(o.Prefix) == 0 {
 		o.Prefix = []byte(DefaultPrefix)
 	}

@@ -173,7 +173,7 @@ func NewServer(c ServerConfig) (*Server, error) {
 	if c.MaxConnsPerAddr == 0 {
 		c.MaxConnsPerAddr = DefaultMaxConnsPerAddr
 	}
-	limits := fillLimits(c.Limits)
+	limits := c.Limits.WithDefaults()
 	if limits.MinLease > limits.MaxLease || limits.MaxBatch < 1 || limits.MaxPayload < 1 {
 		return nil, fmt.Errorf("rpc: inconsistent Limits %+v", limits)
 	}
@@ -195,31 +195,6 @@ func NewServer(c ServerConfig) (*Server, error) {
 	s.mu.listeners = make(map[net.Listener]struct{})
 	s.mu.perAddr = make(map[string]int)
 	return s, nil
-}
-
-// fillLimits replaces zero fields with storage.DefaultLimits.
-func fillLimits(l storage.Limits) storage.Limits {
-	d := storage.DefaultLimits
-	set := func(v *int, def int) {
-		if *v <= 0 {
-			*v = def
-		}
-	}
-	setD := func(v *time.Duration, def time.Duration) {
-		if *v <= 0 {
-			*v = def
-		}
-	}
-	set(&l.MaxPayload, d.MaxPayload)
-	set(&l.MaxBatch, d.MaxBatch)
-	set(&l.MaxDedupKey, d.MaxDedupKey)
-	set(&l.MaxReason, d.MaxReason)
-	set(&l.MaxQueueName, d.MaxQueueName)
-	setD(&l.MinLease, d.MinLease)
-	setD(&l.MaxLease, d.MaxLease)
-	setD(&l.MaxWait, d.MaxWait)
-	setD(&l.MaxDelay, d.MaxDelay)
-	return l
 }
 
 // Limits returns the limits the server enforces (defaults filled in).

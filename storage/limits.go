@@ -48,6 +48,33 @@ var DefaultLimits = Limits{
 	MaxQueueName: 200,
 }
 
+// WithDefaults returns l with every zero (or negative) field replaced by
+// DefaultLimits' value: Limits{MaxBatch: 10} limits batches and keeps the
+// other defaults. Every backend and the rpc layer fill limits this way.
+func (l Limits) WithDefaults() Limits {
+	d := DefaultLimits
+	orInt := func(v *int, def int) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	orDur := func(v *time.Duration, def time.Duration) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	orInt(&l.MaxPayload, d.MaxPayload)
+	orInt(&l.MaxBatch, d.MaxBatch)
+	orDur(&l.MinLease, d.MinLease)
+	orDur(&l.MaxLease, d.MaxLease)
+	orDur(&l.MaxWait, d.MaxWait)
+	orDur(&l.MaxDelay, d.MaxDelay)
+	orInt(&l.MaxDedupKey, d.MaxDedupKey)
+	orInt(&l.MaxReason, d.MaxReason)
+	orInt(&l.MaxQueueName, d.MaxQueueName)
+	return l
+}
+
 // ValidateQueueName reports whether name is 1..l.MaxQueueName bytes of
 // [A-Za-z0-9._-]. The error wraps ErrInvalidArgument.
 func (l Limits) ValidateQueueName(name string) error {

@@ -105,7 +105,7 @@ type dedupEntry struct {
 
 // New returns an empty Store.
 func New(opts Options) *Store {
-	s := &Store{limits: fillLimits(opts.Limits), jitter: opts.JitterFunc, onDeadline: opts.OnDeadline}
+	s := &Store{limits: opts.Limits.WithDefaults(), jitter: opts.JitterFunc, onDeadline: opts.OnDeadline}
 	if s.jitter == nil {
 		s.jitter = mrand.Float64
 	}
@@ -128,27 +128,6 @@ func New(opts Options) *Store {
 		return a.key < b.key
 	}, func(d *dedupEntry, i int) { d.idx = i })
 	return s
-}
-
-func fillLimits(l storage.Limits) storage.Limits {
-	d := storage.DefaultLimits
-	l.MaxPayload = orDefault(l.MaxPayload, d.MaxPayload)
-	l.MaxBatch = orDefault(l.MaxBatch, d.MaxBatch)
-	l.MinLease = orDefault(l.MinLease, d.MinLease)
-	l.MaxLease = orDefault(l.MaxLease, d.MaxLease)
-	l.MaxWait = orDefault(l.MaxWait, d.MaxWait)
-	l.MaxDelay = orDefault(l.MaxDelay, d.MaxDelay)
-	l.MaxDedupKey = orDefault(l.MaxDedupKey, d.MaxDedupKey)
-	l.MaxReason = orDefault(l.MaxReason, d.MaxReason)
-	l.MaxQueueName = orDefault(l.MaxQueueName, d.MaxQueueName)
-	return l
-}
-
-func orDefault[T int | time.Duration](v, def T) T {
-	if v <= 0 {
-		return def
-	}
-	return v
 }
 
 // Limits returns the limits the store enforces.

@@ -51,7 +51,7 @@ func (m SyncMode) String() string {
 type Options struct {
 	// Sync is the WAL durability of every mutating call.
 	Sync SyncMode
-	// Limits the store enforces; the zero value means storage.DefaultLimits.
+	// Limits the store enforces; zero fields take storage.DefaultLimits'.
 	Limits storage.Limits
 	// Logger receives lifecycle and recovery messages (never payloads);
 	// nil discards.

@@ -692,3 +692,16 @@ func TestRocksStore_PurgeUnderLoad(t *testing.T) {
 		})
 	}
 }
+
+// TestRocksStore_PartialLimits: a Limits with one field set keeps the
+// defaults for the others (it used to take effect only when whole, so
+// MaxPayload 0 refused every payload).
+func TestRocksStore_PartialLimits(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *Options) { o.Limits = storage.Limits{MaxBatch: 10} })
+	require.Equal(t, storage.DefaultLimits.MaxPayload, b.s.limits.MaxPayload)
+	b.enqueue("q", at(0), storage.EnqueueItem{Payload: []byte("a normal payload")})
+	_, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: make([]storage.EnqueueItem, 11), Now: at(0)})
+	require.ErrorIs(t, err, storage.ErrInvalidArgument)
+	require.ErrorContains(t, err, "limit of 10")
+}

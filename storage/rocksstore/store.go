@@ -115,9 +115,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("rocksstore: open: %w", err)
 	}
 	s := &Store{dir: dir, opts: opts, limits: opts.Limits, log: opts.Logger, jitter: opts.JitterFunc, onDeadline: opts.OnDeadline}
-	if s.limits == (storage.Limits{}) {
-		s.limits = storage.DefaultLimits
-	}
+	s.limits = s.limits.WithDefaults()
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
