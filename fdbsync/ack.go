@@ -201,7 +201,7 @@ func (s *Store) Nack(ctx context.Context, p storage.NackParams) ([]storage.Code,
 		}
 	}
 	q := p.Queue
-	reason := truncate(p.Reason, s.limits.MaxReason)
+	reason := s.limits.TruncateReason(p.Reason)
 	// Backoff draws are made once per call, outside the retry loop, so a
 	// retried attempt writes the same visibility times.
 	draws := make([]float64, len(p.IDs))

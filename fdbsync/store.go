@@ -494,11 +494,4 @@ func recordSize(r *record, keyLen int) int {
 	return 12*keyLen + 160 + len(r.inline) + len(r.dedupKey) + len(r.lastError) + len(r.reason)
 }
 
-func truncate(s string, n int) string {
-	if n > 0 && len(s) > n {
-		return s[:n]
-	}
-	return s
-}
-
 var _ storage.Store = (*Store)(nil)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"capnproto.org/go/capnp/v3"
@@ -357,9 +356,7 @@ func (q *queueServer) Nack(ctx context.Context, call schema.Queue_nack) error {
 		if err != nil {
 			return fmt.Errorf("%w: reason: %v", storage.ErrInvalidArgument, err)
 		}
-		if len(reason) > q.s.limits.MaxReason {
-			reason = strings.ToValidUTF8(reason[:q.s.limits.MaxReason], "")
-		}
+		reason = q.s.limits.TruncateReason(reason)
 		codes, err := q.s.cfg.Store.Nack(ctx, storage.NackParams{Queue: queue, Lease: lease, IDs: ids, Delay: delay, Reason: reason, Now: q.s.cfg.Clock.Now()})
 		if err != nil {
 			return err

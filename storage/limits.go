@@ -3,6 +3,7 @@ package storage
 import (
 	"fmt"
 	"time"
+	"unicode/utf8"
 )
 
 // Defaults for per-queue configuration. A queue is created with these on its
@@ -150,4 +151,19 @@ func (l Limits) ValidateQueueConfig(c QueueConfig) error {
 		return fmt.Errorf("%w: backoff base %v / max %v must satisfy 0 <= base <= max <= %v", ErrInvalidArgument, c.BackoffBase, c.BackoffMax, l.MaxDelay)
 	}
 	return nil
+}
+
+// TruncateReason cuts a nack reason to at most l.MaxReason bytes on a rune
+// boundary, so a valid UTF-8 reason stays valid. Every backend and the rpc
+// layer truncate with it.
+func (l Limits) TruncateReason(r string) string {
+	max := l.WithDefaults().MaxReason
+	if len(r) <= max {
+		return r
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(r[cut]) {
+		cut--
+	}
+	return r[:cut]
 }

@@ -10,7 +10,6 @@ import (
 	"sort"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/leaseq/leaseq/storage"
 )
@@ -318,19 +317,6 @@ func (e *entry) out(q *queue, now time.Time) storage.Item {
 	return it
 }
 
-func truncateReason(r string, max int) string {
-	if len(r) <= max {
-		return r
-	}
-	// Cut on a rune boundary so the stored reason stays valid UTF-8 when
-	// the input was.
-	cut := max
-	for cut > 0 && !utf8.RuneStart(r[cut]) {
-		cut--
-	}
-	return r[:cut]
-}
-
 // Enqueue implements storage.Store.
 func (s *Store) Enqueue(_ context.Context, p storage.EnqueueParams) ([]storage.EnqueueResult, error) {
 	return lockedNotify(s, "enqueue", p.Queue, func() ([]storage.EnqueueResult, time.Time, error) {
@@ -558,7 +544,7 @@ func (s *Store) nackLocked(p storage.NackParams) ([]storage.Code, time.Time, err
 		}
 	}
 	now := norm(p.Now)
-	reason := truncateReason(p.Reason, s.limits.MaxReason)
+	reason := s.limits.TruncateReason(p.Reason)
 	q := s.queueLocked(p.Queue, false)
 	codes := make([]storage.Code, len(p.IDs))
 	var next time.Time

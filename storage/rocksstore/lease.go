@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-	"unicode/utf8"
 
 	"github.com/leaseq/leaseq/dbkeys"
 	"github.com/leaseq/leaseq/storage"
@@ -160,7 +159,7 @@ func (s *Store) Nack(ctx context.Context, p storage.NackParams) ([]storage.Code,
 	}
 	q := s.queue(p.Queue)
 	now := nanos(p.Now)
-	reason := truncateReason(p.Reason, s.limits.MaxReason)
+	reason := s.limits.TruncateReason(p.Reason)
 	codes, err := s.settle(q, p.Lease, now, p.IDs, func(o *opTx, l *leaseState, id storage.ItemID) error {
 		ik := dbkeys.InProgressKey(q.name, id)
 		v, ok, err := o.getForUpdate(ik)
@@ -252,18 +251,6 @@ func (s *Store) putDead(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.It
 	d := o.delta(q)
 	d.Dead++
 	d.DeadLettered++
-}
-
-func truncateReason(r string, max int) string {
-	if len(r) <= max {
-		return r
-	}
-	// Cut on a rune boundary so the stored reason stays valid UTF-8.
-	cut := max
-	for cut > 0 && !utf8.RuneStart(r[cut]) {
-		cut--
-	}
-	return r[:cut]
 }
 
 // ExtendLease implements storage.Store. A Duration of 0 means the queue's

@@ -3,8 +3,10 @@ package storagetest
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -1132,6 +1134,18 @@ func testReasonIsTruncated(t *testing.T, f *fixture) {
 	require.Equal(t, codes(storage.CodeOK), f.nack("q", p.Lease, durp(0), long, at(0), id))
 	peek := f.peek("q", false, storage.ItemID{}, 1, at(0))
 	require.Equal(t, long[:lim.MaxReason], peek[0].LastError)
+
+	// Multi-byte text is cut on a rune boundary: the reason stays valid
+	// UTF-8 (a 3-byte rune straddles the limit here).
+	p = f.poll("q", 1, time.Minute, at(0))
+	require.Len(t, p.Items, 1)
+	multi := strings.Repeat("é", lim.MaxReason/2-1) + "€€"
+	require.Equal(t, codes(storage.CodeOK), f.nack("q", p.Lease, durp(0), multi, at(0), id))
+	peek = f.peek("q", false, storage.ItemID{}, 1, at(0))
+	got := peek[0].LastError
+	require.True(t, utf8.ValidString(got), "reason %q is not valid UTF-8", got[len(got)-4:])
+	require.LessOrEqual(t, len(got), lim.MaxReason)
+	require.Equal(t, multi[:lim.MaxReason-2], got, "cut before the rune that does not fit")
 }
 
 func testSweepNextAndReadyQueues(t *testing.T, f *fixture) {
