@@ -367,6 +367,13 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	if err := slot.t.Commit(); err != nil {
 		return false, translate("commit", err)
 	}
+	if invariants {
+		qs := make([]*queueState, len(b.deltas))
+		for i, d := range b.deltas {
+			qs[i] = d.q
+		}
+		checkIndexes(qs)
+	}
 	s.m.commits.Add(1)
 	s.m.ops.Add(uint64(len(ops)))
 	if b.polls > 0 {

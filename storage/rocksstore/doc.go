@@ -81,6 +81,10 @@
 // be large and is only swept), with a cursor below which only deleted
 // entries remain.
 //
+// With -tags invariants (make test), every batch ends with checkIndexes:
+// each touched queue's serve order, delayed set and leases must agree with
+// its counters, or the engine panics.
+//
 // Lock order: Store.life (shared) -> pipeline.mu; the leader takes
 // Store.mu -> queueState.mu inside an op. sweepMu serializes sweeps. No Go
 // lock is held across a RocksDB call except by the leader, and RocksDB row

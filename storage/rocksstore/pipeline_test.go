@@ -190,3 +190,27 @@ func TestRocksStore_RecoverAfterFailedWrite(t *testing.T) {
 	require.Equal(t, acked[0], res.Items[0].ID)
 	b.enqueue("q", at(3*time.Second), storage.EnqueueItem{Payload: []byte("after")})
 }
+
+// TestCheckIndexes: the invariant check (on after every batch with -tags
+// invariants) catches an index that disagrees with the counters.
+func TestCheckIndexes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.enqueueN("q", at(0), 3)
+	res := b.poll("q", 1, time.Minute, at(0))
+	q := b.s.queue("q")
+	require.NotPanics(t, func() { checkIndexes([]*queueState{q}) })
+
+	q.mu.Lock()
+	q.ready.n++ // an item the counters do not know
+	q.mu.Unlock()
+	require.PanicsWithValue(t, `rocksstore invariant: queue "q": serve order holds 3 items, counters say ready 2 + delayed 0`,
+		func() { checkIndexes([]*queueState{q}) })
+	q.mu.Lock()
+	q.ready.n--
+	q.mu.Unlock()
+
+	q.leases[res.Lease].released++ // an inflight item that vanished
+	require.Panics(t, func() { checkIndexes([]*queueState{q}) })
+	q.leases[res.Lease].released--
+}

@@ -1,0 +1,5 @@
+//go:build !invariants
+
+package rocksstore
+
+const invariants = false
