@@ -46,7 +46,7 @@ func (s *Store) Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 	res := make([]storage.EnqueueResult, len(p.Items))
 	var todo []pending
 	for i, it := range p.Items {
-		if err := s.validateItem(it); err != nil {
+		if err := s.limits.ValidateItem(it); err != nil {
 			res[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: err.Error()}
 			continue
 		}
@@ -75,19 +75,6 @@ func (s *Store) Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 		todo = todo[n:]
 	}
 	return res, nil
-}
-
-func (s *Store) validateItem(it storage.EnqueueItem) error {
-	if len(it.Payload) > s.limits.MaxPayload {
-		return fmt.Errorf("%w: payload of %d bytes exceeds %d", storage.ErrInvalidArgument, len(it.Payload), s.limits.MaxPayload)
-	}
-	if err := s.limits.ValidateDelay(it.Delay); err != nil {
-		return err
-	}
-	if len(it.DedupKey) > s.limits.MaxDedupKey {
-		return fmt.Errorf("%w: dedup key of %d bytes exceeds %d", storage.ErrInvalidArgument, len(it.DedupKey), s.limits.MaxDedupKey)
-	}
-	return nil
 }
 
 // upload writes a large payload to chunk keys under a fresh payload id, in

@@ -3,6 +3,7 @@ package rpc
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -204,32 +205,30 @@ func (q *queueServer) Enqueue(ctx context.Context, call schema.Queue_enqueue) er
 // enqueueItem checks one item against the limits; a non-empty reason
 // rejects only that item.
 func (q *queueServer) enqueueItem(w schema.EnqueueItem) (storage.EnqueueItem, string) {
-	lim := q.s.limits
 	p, err := w.Payload()
 	if err != nil {
 		return storage.EnqueueItem{}, fmt.Sprintf("payload: %v", err)
-	}
-	if len(p) > lim.MaxPayload {
-		return storage.EnqueueItem{}, fmt.Sprintf("payload of %d bytes exceeds the limit of %d", len(p), lim.MaxPayload)
 	}
 	key, err := w.DedupKey()
 	if err != nil {
 		return storage.EnqueueItem{}, fmt.Sprintf("dedup key: %v", err)
 	}
-	if len(key) > lim.MaxDedupKey {
-		return storage.EnqueueItem{}, fmt.Sprintf("dedup key of %d bytes exceeds the limit of %d", len(key), lim.MaxDedupKey)
-	}
-	delay := durMs(w.DelayMs())
-	if err := lim.ValidateDelay(delay); err != nil {
-		return storage.EnqueueItem{}, err.Error()
-	}
-	return storage.EnqueueItem{
-		Payload:     bytes.Clone(p),
-		Delay:       delay,
+	it := storage.EnqueueItem{
+		Payload:     p,
+		Delay:       durMs(w.DelayMs()),
 		Priority:    w.Priority(),
 		DedupKey:    key,
 		MaxAttempts: w.MaxAttempts(),
-	}, ""
+	}
+	if err := q.s.limits.ValidateItem(it); err != nil {
+		var ie *storage.ItemError
+		if errors.As(err, &ie) {
+			return storage.EnqueueItem{}, ie.Detail
+		}
+		return storage.EnqueueItem{}, err.Error()
+	}
+	it.Payload = bytes.Clone(p) // the message's buffer is released after the call
+	return it, ""
 }
 
 // Poll implements schema.Queue_Server.

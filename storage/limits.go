@@ -114,6 +114,32 @@ func (l Limits) ValidateLease(d time.Duration) error {
 	return nil
 }
 
+// ItemError is why one enqueue item was refused (ValidateItem); it wraps
+// ErrInvalidArgument. Detail is the reason without the sentinel's text,
+// as the rpc layer sends it.
+type ItemError struct{ Detail string }
+
+func (e *ItemError) Error() string { return ErrInvalidArgument.Error() + ": " + e.Detail }
+
+func (e *ItemError) Unwrap() error { return ErrInvalidArgument }
+
+// ValidateItem checks one enqueue item: payload size, delay range, dedup
+// key size, in that order. Every backend and the rpc layer use it, so a
+// refused item gets the same reason everywhere. The error is an
+// *ItemError.
+func (l Limits) ValidateItem(it EnqueueItem) error {
+	l = l.WithDefaults()
+	switch {
+	case len(it.Payload) > l.MaxPayload:
+		return &ItemError{fmt.Sprintf("payload of %d bytes exceeds the limit of %d", len(it.Payload), l.MaxPayload)}
+	case it.Delay < 0 || it.Delay > l.MaxDelay:
+		return &ItemError{fmt.Sprintf("delay %v outside [0, %v]", it.Delay, l.MaxDelay)}
+	case len(it.DedupKey) > l.MaxDedupKey:
+		return &ItemError{fmt.Sprintf("dedup key of %d bytes exceeds the limit of %d", len(it.DedupKey), l.MaxDedupKey)}
+	}
+	return nil
+}
+
 // ValidateDelay checks an enqueue or nack delay.
 func (l Limits) ValidateDelay(d time.Duration) error {
 	if d < 0 || d > l.MaxDelay {

@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -15,5 +16,39 @@ func TestLimits_WithDefaults(t *testing.T) {
 	want.MaxBatch, want.MaxLease = 10, time.Minute
 	if got != want {
 		t.Fatalf("partial limits: got %+v, want %+v", got, want)
+	}
+}
+
+func TestLimits_ValidateItem(t *testing.T) {
+	t.Parallel()
+	l := Limits{MaxPayload: 4, MaxDedupKey: 2, MaxDelay: time.Second}
+	cases := []struct {
+		it   EnqueueItem
+		want string
+	}{
+		{EnqueueItem{Payload: []byte("1234")}, ""},
+		{EnqueueItem{Payload: []byte("12345")}, "payload of 5 bytes exceeds the limit of 4"},
+		{EnqueueItem{Delay: 2 * time.Second}, "delay 2s outside [0, 1s]"},
+		{EnqueueItem{Delay: -1}, "delay -1ns outside [0, 1s]"},
+		{EnqueueItem{DedupKey: "abc"}, "dedup key of 3 bytes exceeds the limit of 2"},
+		// Several faults: the first in the documented order is named.
+		{EnqueueItem{Payload: []byte("12345"), DedupKey: "abc"}, "payload of 5 bytes exceeds the limit of 4"},
+	}
+	for _, c := range cases {
+		err := l.ValidateItem(c.it)
+		if c.want == "" {
+			if err != nil {
+				t.Fatalf("%+v: unexpected %v", c.it, err)
+			}
+			continue
+		}
+		var ie *ItemError
+		if !errors.As(err, &ie) || ie.Detail != c.want || !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("%+v: got %v, want ItemError %q wrapping ErrInvalidArgument", c.it, err, c.want)
+		}
+	}
+	// Zero limits mean the defaults.
+	if err := (Limits{}).ValidateItem(EnqueueItem{Payload: make([]byte, DefaultLimits.MaxPayload)}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -337,7 +337,7 @@ func (s *Store) enqueueLocked(p storage.EnqueueParams) ([]storage.EnqueueResult,
 	res := make([]storage.EnqueueResult, len(p.Items))
 	var next time.Time
 	for i, in := range p.Items {
-		if err := s.validateItem(in); err != nil {
+		if err := s.limits.ValidateItem(in); err != nil {
 			res[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: err.Error()}
 			continue
 		}
@@ -371,19 +371,6 @@ func (s *Store) enqueueLocked(p storage.EnqueueParams) ([]storage.EnqueueResult,
 		res[i] = storage.EnqueueResult{Code: storage.CodeOK, ID: e.item.ID}
 	}
 	return res, next, nil
-}
-
-func (s *Store) validateItem(in storage.EnqueueItem) error {
-	if len(in.Payload) > s.limits.MaxPayload {
-		return fmt.Errorf("%w: payload of %d bytes exceeds the limit of %d", storage.ErrInvalidArgument, len(in.Payload), s.limits.MaxPayload)
-	}
-	if err := s.limits.ValidateDelay(in.Delay); err != nil {
-		return err
-	}
-	if len(in.DedupKey) > s.limits.MaxDedupKey {
-		return fmt.Errorf("%w: dedup key of %d bytes exceeds the limit of %d", storage.ErrInvalidArgument, len(in.DedupKey), s.limits.MaxDedupKey)
-	}
-	return nil
 }
 
 // setDedupLocked records (or replaces an expired) dedup key. REQUIRES: s.mu held.

@@ -39,7 +39,7 @@ func (s *Store) enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 	res := make([]storage.EnqueueResult, len(p.Items))
 	valid := 0
 	for i, in := range p.Items {
-		if err := s.validateItem(in); err != nil {
+		if err := s.limits.ValidateItem(in); err != nil {
 			res[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: err.Error()}
 			continue
 		}
@@ -121,19 +121,6 @@ func (s *Store) enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 		s.onDeadline(next)
 	}
 	return res, nil
-}
-
-func (s *Store) validateItem(in storage.EnqueueItem) error {
-	if len(in.Payload) > s.limits.MaxPayload {
-		return fmt.Errorf("%w: payload of %d bytes exceeds the limit of %d", storage.ErrInvalidArgument, len(in.Payload), s.limits.MaxPayload)
-	}
-	if err := s.limits.ValidateDelay(in.Delay); err != nil {
-		return err
-	}
-	if len(in.DedupKey) > s.limits.MaxDedupKey {
-		return fmt.Errorf("%w: dedup key of %d bytes exceeds the limit of %d", storage.ErrInvalidArgument, len(in.DedupKey), s.limits.MaxDedupKey)
-	}
-	return nil
 }
 
 // putAvailable writes an item into available with its visibility entry,
