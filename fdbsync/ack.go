@@ -57,11 +57,9 @@ func (s *Store) checkTokens(tx kv.Tx, q string, lease storage.LeaseID, ids []sto
 			// Settled earlier in this call: an ack deleted it, a nack
 			// left it available or dead.
 			if ack {
-				codes[i] = storage.CodeNotFound
-			} else if liveAt[i] {
-				codes[i] = storage.CodeLeaseMismatch
+				codes[i] = storage.LeaseCode(storage.Absent, false)
 			} else {
-				codes[i] = storage.CodeLeaseExpired
+				codes[i] = storage.LeaseCode(storage.NotInflight, liveAt[i])
 			}
 			continue
 		}
@@ -73,13 +71,12 @@ func (s *Store) checkTokens(tx kv.Tx, q string, lease storage.LeaseID, ids []sto
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("item %s: %w", ids[i], err)
 		}
-		switch {
-		case r.lease != lease:
-			codes[i] = storage.CodeLeaseMismatch
-		case !liveAt[i] || lr.queue != q:
-			codes[i] = storage.CodeLeaseExpired
-		default:
-			codes[i] = storage.CodeOK
+		if r.lease != lease {
+			codes[i] = storage.LeaseCode(storage.HeldByOther, false)
+			continue
+		}
+		codes[i] = storage.LeaseCode(storage.HeldByLease, liveAt[i] && lr.queue == q)
+		if codes[i] == storage.CodeOK {
 			ok = append(ok, settled{idx: i, id: ids[i], rec: r})
 			done[ids[i]] = true
 			remaining--
@@ -96,13 +93,10 @@ func (s *Store) checkTokens(tx kv.Tx, q string, lease storage.LeaseID, ids []sto
 			return nil, nil, nil, err
 		}
 		for j, i := range missing {
-			switch {
-			case ev[2*j] == nil && ev[2*j+1] == nil:
-				codes[i] = storage.CodeNotFound
-			case liveAt[i]:
-				codes[i] = storage.CodeLeaseMismatch
-			default:
-				codes[i] = storage.CodeLeaseExpired
+			if ev[2*j] == nil && ev[2*j+1] == nil {
+				codes[i] = storage.LeaseCode(storage.Absent, false)
+			} else {
+				codes[i] = storage.LeaseCode(storage.NotInflight, liveAt[i])
 			}
 		}
 	}

@@ -52,3 +52,21 @@ func TestLimits_ValidateItem(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestLeaseCode(t *testing.T) {
+	t.Parallel()
+	want := map[Presence][2]Code{ // [not live, live]
+		Absent:      {CodeNotFound, CodeNotFound},
+		HeldByLease: {CodeLeaseExpired, CodeOK},
+		HeldByOther: {CodeLeaseMismatch, CodeLeaseMismatch},
+		NotInflight: {CodeLeaseExpired, CodeLeaseMismatch},
+	}
+	for p, w := range want {
+		if got := LeaseCode(p, false); got != w[0] {
+			t.Errorf("presence %d, not live: got %v, want %v", p, got, w[0])
+		}
+		if got := LeaseCode(p, true); got != w[1] {
+			t.Errorf("presence %d, live: got %v, want %v", p, got, w[1])
+		}
+	}
+}

@@ -463,22 +463,20 @@ func (s *Store) checkLeaseLocked(q *queue, token storage.LeaseID, id storage.Ite
 	if q != nil {
 		e = q.items[id]
 	}
-	if e == nil {
-		return storage.CodeNotFound, nil
-	}
-	if e.loc == locInflight {
-		if e.lease.id != token {
-			return storage.CodeLeaseMismatch, nil
+	switch {
+	case e == nil:
+		return storage.LeaseCode(storage.Absent, false), nil
+	case e.loc == locInflight && e.lease.id != token:
+		return storage.LeaseCode(storage.HeldByOther, false), nil
+	case e.loc == locInflight:
+		c := storage.LeaseCode(storage.HeldByLease, now.Before(e.lease.expires))
+		if c != storage.CodeOK {
+			e = nil
 		}
-		if now.Before(e.lease.expires) {
-			return storage.CodeOK, e
-		}
-		return storage.CodeLeaseExpired, nil
+		return c, e
 	}
-	if l := s.mu.leases[token]; l != nil && now.Before(l.expires) {
-		return storage.CodeLeaseMismatch, nil
-	}
-	return storage.CodeLeaseExpired, nil
+	l := s.mu.leases[token]
+	return storage.LeaseCode(storage.NotInflight, l != nil && now.Before(l.expires)), nil
 }
 
 // Ack implements storage.Store.

@@ -26,13 +26,10 @@ func (l *leaseState) held() int { return len(l.ids) - l.released }
 // REQUIRES: on the committer.
 func (s *Store) checkItem(o *opTx, q *queueState, token storage.LeaseID, l *leaseState, id storage.ItemID, now int64) (storage.Code, error) {
 	if holder := s.inflight[id]; holder != nil && holder.q == q {
-		switch {
-		case holder.token != token:
-			return storage.CodeLeaseMismatch, nil
-		case !l.live(now):
-			return storage.CodeLeaseExpired, nil
+		if holder.token != token {
+			return storage.LeaseCode(storage.HeldByOther, false), nil
 		}
-		return storage.CodeOK, nil
+		return storage.LeaseCode(storage.HeldByLease, l.live(now)), nil
 	}
 	found, err := o.exists(dbkeys.AvailableKey(q.name, id))
 	if err == nil && !found {
@@ -42,11 +39,9 @@ func (s *Store) checkItem(o *opTx, q *queueState, token storage.LeaseID, l *leas
 	case err != nil:
 		return 0, err
 	case !found:
-		return storage.CodeNotFound, nil
-	case l.live(now):
-		return storage.CodeLeaseMismatch, nil
+		return storage.LeaseCode(storage.Absent, false), nil
 	}
-	return storage.CodeLeaseExpired, nil
+	return storage.LeaseCode(storage.NotInflight, l.live(now)), nil
 }
 
 // release takes id out of lease l (its in_progress entry is the caller's
