@@ -24,13 +24,9 @@ import (
 // hands the lead to the first of them. A leader does the work on its own
 // goroutine, so an uncontended call crosses no goroutine at all.
 //
-// Building and committing do not overlap: a version that handed each
-// built batch to a committer goroutine and built the next one meanwhile
-// (reading the previous batch's overlay before RocksDB) measured no better
-// on e2e (inproc-none 72-78k against 78-89k items/s, interleaved) and
-// worse on small calls (BenchmarkSmallPolls 1 consumer poll 1: 32-43
-// against 19-21 cpu-µs/item): the hand-off per batch cost more than the
-// overlap saved on two cores.
+// Building and committing do not overlap: handing each built batch to a
+// committer goroutine cost more per batch than the overlap saved on two
+// cores (measured; docs/BENCHMARKS.md).
 //
 // With SyncAlways a written batch goes to the syncer goroutine, which
 // fsyncs the WAL once for every batch written since its last fsync and
@@ -245,10 +241,9 @@ func (s *Store) syncLoop() {
 }
 
 // syncWAL fsyncs the WAL in one cgo call on the syncer goroutine
-// (Options.syncHook wraps it in tests). A C thread of its own, woken
-// through a pipe, was measured against this and lost: BenchmarkCycle
-// sync=always cost 36-41 against 27-35 cpu-µs/item with one worker and
-// 27-31 against 23-26 with four (see doc.go).
+// (Options.syncHook wraps it in tests). One call per group, not one inside
+// every caller's commit; a C thread of its own measured worse
+// (docs/BENCHMARKS.md).
 func (s *Store) syncWAL() error {
 	sync := func() error { return s.db.FlushWAL(true) }
 	if s.opts.syncHook != nil {

@@ -115,55 +115,10 @@
 //
 // # Measurements
 //
-// 2026-11-23, the project's 2-core VM (load average 1.5-2.3), statically
-// linked test binaries and `leaseq` (as `make static` ships), interleaved
-// runs; fsync took 220-600 µs and the same row moved 20-30 % between runs,
-// so compare within a line only. "Previous engine" is main before this
-// pipeline (one transaction per call), on the same release library.
-//
-// BenchmarkCycle (enqueue b32 -> poll b32 -> ack, 256 B, one queue),
-// cpu-µs/item (process user+system per item) and items/s:
-//
-//	                                    previous engine     pipeline            pipeline, Debian lib
-//	sync=none,   4 workers              17.9-22.0  68-83k   11.3-16.4  71-103k  20.4-25.6  45-57k
-//	sync=none,   1 worker               13.8-18.8  59-81k   10.8-15.1  77-104k  18.9-22.4  50-59k
-//	sync=always, 4 workers              30.1-34.0  29-40k   16.3-25.9  40-64k   31.1-37.0  30-35k
-//	sync=always, 1 worker               28.3-33.6  22-26k   25.7-34.7  22-30k   38.3-49.1  18-20k
-//
-// With sync=always and 4 workers the pipeline writes 1.4-1.5 calls per
-// batch, 0.7-0.8 fsyncs per batch and 57-63 items per fsync.
-//
-// Debian's library against the release build (make rocksdb: 7.8.3,
-// CMAKE_BUILD_TYPE=Release, PORTABLE with FORCE_SSE42 for hardware
-// CRC32C): 1.3-1.8x the CPU per item on every row above. FORCE_SSE42 was
-// not measured on its own; it is the only way this source uses the CPU's
-// CRC32C instruction in a PORTABLE build.
-//
-// BenchmarkSmallPolls (sync=none, 20,000 items): 4 consumers polling 1
-// cost 25-47 cpu-µs/item, 1 consumer polling 1 19-42, 1 consumer polling 4
-// 9-21. Concurrent single-item polls no longer collapse (they share
-// batches: 1.2-1.4 calls per batch), but they still cost 2-3x a poll of 4:
-// the cost is per call (a goroutine park and wake, an op, a lease), not
-// per batch. Letting the leader yield before building raised calls per
-// batch to 3.1-3.4 without a CPU change beyond the noise, so it was left
-// out. sync=always: 4x poll 1 152-158 against 1x poll 4 87-103
-// cpu-µs/item.
-//
-// BenchmarkOpenBacklog (a fresh process opens a database of 1M ready items
-// and polls once): 357-364 ms, RSS 81-83 MiB, against 12 ms and 23 MiB for
-// the previous engine, which read only counters. Open reads every
-// visibility, delayed, lease and in_progress entry once (linear in the
-// backlog: 100k items 63-71 ms). The ready index costs 24 bytes per ready
-// item (readyEntry), in one array sized from the persisted counters; the
-// rest of the difference is the Go heap's headroom. Each lease costs a
-// leaseState plus a map entry per inflight item.
-//
-// Tombstone churn (`leaseq bench churn -churn-duration 60s -intervals 10`,
-// in process): last/first interval 0.97 with sync=none; 0.74 and 1.15 in
-// two runs with sync=always (fsync noise; no downward trend in the
-// per-second rates). Claims pop from memory, so no iterator walks a
-// queue's deleted head.
-//
-// docs/BENCHMARKS.md has the side-by-side `leaseq bench` rows against
-// Redis and the previous engine.
+// docs/BENCHMARKS.md ("Storage engine: commit pipeline and release
+// RocksDB") has the figures behind these choices: CPU per item and
+// throughput of BenchmarkCycle against the previous engine and Debian's
+// library, BenchmarkSmallPolls, BenchmarkOpenBacklog (open time and RSS
+// with 1M ready items), tombstone churn, and the variants measured and
+// rejected (a C fsync thread, overlapping commit with build).
 package rocksstore
