@@ -1,0 +1,331 @@
+// Client commands on items: enqueue, poll, ack, nack, extend.
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/leaseq/leaseq/rpc"
+	"github.com/leaseq/leaseq/storage"
+)
+
+var enqueueCommand = &command{
+	name:    "enqueue",
+	args:    "QUEUE [PAYLOAD|-]",
+	summary: "add an item to a queue and print its id",
+	help: `
+Enqueue one item into QUEUE (created on first use) and print its id (32 hex
+digits). PAYLOAD is taken literally; "-" reads the payload from stdin (raw
+bytes, up to the node's --max-payload); no PAYLOAD enqueues an empty one.
+With --lines, every line of stdin becomes one item (sent in batches) and one
+id is printed per line. When --key matches an item enqueued within the
+queue's dedup window, nothing is written and the first item's id is printed
+followed by "duplicate".`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addClientFlags(fs)
+		delay := newChoice("0s", nonNegDuration)
+		fs.Var(delay, "delay", "make the item ready only after this `duration`")
+		prio := newChoice("0", intRange(0, 255))
+		fs.Var(prio, "priority", "`priority` 0-255; lower is served first (default 0)")
+		key := fs.String("key", "", "dedup `key`: a repeat within the queue's dedup window is not enqueued again")
+		maxAttempts := newChoice("0", intRange(0, 1<<31-1))
+		fs.Var(maxAttempts, "max-attempts", "`deliveries` before the item is dead-lettered (0: the queue's setting)")
+		lines := fs.Bool("lines", false, "enqueue every line of stdin as one item")
+		cliOnly(fs, "delay", "priority", "key", "max-attempts")
+		return func(ctx context.Context, args []string) error {
+			if err := argsBetween(args, 1, 2, "QUEUE [PAYLOAD|-]"); err != nil {
+				return err
+			}
+			queue := args[0]
+			base := storage.EnqueueItem{Delay: delay.val, Priority: uint8(prio.val), DedupKey: *key, MaxAttempts: uint32(maxAttempts.val)}
+			var payloads [][]byte
+			switch {
+			case *lines:
+				if len(args) > 1 {
+					return usagef("--lines reads stdin; drop the PAYLOAD argument")
+				}
+				if *key != "" {
+					return usagef("--key applies to one item; it cannot be used with --lines")
+				}
+				sc := bufio.NewScanner(e.stdin)
+				sc.Buffer(make([]byte, 64<<10), 64<<20)
+				for sc.Scan() {
+					payloads = append(payloads, bytes.Clone(sc.Bytes()))
+				}
+				if err := sc.Err(); err != nil {
+					return fmt.Errorf("read stdin: %w", err)
+				}
+			case len(args) == 2 && args[1] == "-":
+				b, err := io.ReadAll(e.stdin)
+				if err != nil {
+					return fmt.Errorf("read stdin: %w", err)
+				}
+				payloads = [][]byte{b}
+			case len(args) == 2:
+				payloads = [][]byte{[]byte(args[1])}
+			default:
+				payloads = [][]byte{{}}
+			}
+			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+				batch, err := batchSize(ctx, c, len(payloads))
+				if err != nil {
+					return err
+				}
+				for len(payloads) > 0 {
+					n := min(batch, len(payloads))
+					items := make([]storage.EnqueueItem, n)
+					for i := range items {
+						items[i] = base
+						items[i].Payload = payloads[i]
+					}
+					payloads = payloads[n:]
+					res, err := c.Enqueue(ctx, queue, items)
+					if err != nil {
+						return err
+					}
+					for _, r := range res {
+						switch {
+						case r.Code != storage.CodeOK:
+							return fmt.Errorf("item rejected: %s", r.Err)
+						case r.Duplicate:
+							fmt.Fprintf(e.stdout, "%s duplicate\n", r.ID)
+						default:
+							fmt.Fprintln(e.stdout, r.ID)
+						}
+					}
+				}
+				return nil
+			})
+		}
+	},
+}
+
+var pollCommand = &command{
+	name:    "poll",
+	args:    "QUEUE",
+	summary: "lease ready items and print them as JSON lines",
+	help: `
+Claim up to -n ready items of QUEUE under one new lease and print one JSON
+object per item and line:
+
+  {"id":"…","queue":"jobs","lease":"…","expires_at":"2026-01-02T15:04:05.123Z",
+   "state":"inflight","attempts":1,"priority":0,"enqueued_at":"…","visible_at":"…",
+   "payload":"aGVsbG8="}
+
+ids and leases are 32 hex digits; times are RFC 3339 UTC with milliseconds;
+payload is standard base64; dedup_key and last_error appear when set. All
+items of one poll share the lease: ack, nack or extend them with it before
+expires_at, or they are delivered again. --wait blocks until an item is
+ready or the wait ends (nothing is printed then, exit code 0).`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addClientFlags(fs)
+		n := fs.Int("n", 1, "most items to lease")
+		lease := newChoice("0s", nonNegDuration)
+		fs.Var(lease, "lease", "lease `duration` (0: the queue's default lease)")
+		wait := newChoice("0s", nonNegDuration)
+		fs.Var(wait, "wait", "wait up to this `duration` for an item (long poll; at most 60s by default)")
+		return func(ctx context.Context, args []string) error {
+			if err := argsBetween(args, 1, 1, "QUEUE"); err != nil {
+				return err
+			}
+			if *n <= 0 {
+				return usagef("-n must be positive, got %d", *n)
+			}
+			return cf.with(ctx, wait.val, func(ctx context.Context, c *rpc.Client) error {
+				res, err := c.Poll(ctx, args[0], *n, lease.val, wait.val)
+				if err != nil {
+					return err
+				}
+				enc := json.NewEncoder(e.stdout)
+				for _, it := range res.Items {
+					j := toJSON(it)
+					j.Lease = res.Lease.String()
+					j.ExpiresAt = fmtTime(res.ExpiresAt)
+					if err := enc.Encode(j); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		}
+	},
+}
+
+var ackCommand = &command{
+	name:    "ack",
+	args:    "QUEUE LEASE ID... | QUEUE -",
+	summary: "acknowledge leased items (they are deleted)",
+	help: `
+Acknowledge the items ID... that poll handed out under LEASE: they are done
+and never come back. Prints "ID RESULT" per id, RESULT one of ok,
+not_found (already acked or gone), lease_mismatch (held under another
+lease), lease_expired (the lease ran out; the item was or will be
+delivered again). Exits 1 if any id was not ok.
+
+With "-" instead of LEASE and ids, the items are read from stdin in poll's
+output format: leaseq poll jobs -n 10 | leaseq ack jobs -`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addClientFlags(fs)
+		return func(ctx context.Context, args []string) error {
+			if err := argsBetween(args, 2, -1, "QUEUE LEASE ID... or QUEUE -"); err != nil {
+				return err
+			}
+			batches, err := parseLeased(args[1:], e.stdin)
+			if err != nil {
+				return err
+			}
+			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+				bad, total := 0, 0
+				for _, b := range batches {
+					codes, err := c.Ack(ctx, args[0], b.lease, b.ids)
+					if err != nil {
+						return err
+					}
+					bad += printCodes(e.stdout, b.ids, codes)
+					total += len(b.ids)
+				}
+				return notAll(bad, total, "acked")
+			})
+		}
+	},
+}
+
+// optDuration is a duration flag that remembers whether it was given.
+type optDuration struct {
+	d   time.Duration
+	set bool
+}
+
+func (o *optDuration) String() string {
+	if o == nil || !o.set {
+		return ""
+	}
+	return o.d.String()
+}
+
+func (o *optDuration) Set(s string) error {
+	d, err := nonNegDuration(s)
+	if err != nil {
+		return err
+	}
+	o.d, o.set = d, true
+	return nil
+}
+
+var nackCommand = &command{
+	name:    "nack",
+	args:    "QUEUE LEASE ID... | QUEUE -",
+	summary: "give leased items back (retry later, or dead-letter)",
+	help: `
+End the delivery of ID... under LEASE without success. Each item is ready
+again after --delay (without --delay: the queue's exponential backoff with
+jitter), or goes to the dead-letter queue if it has used its max attempts;
+--reason is kept as its last error (and dead-letter reason). Prints
+"ID RESULT" per id as ack does; exits 1 if any id was not ok. "-" reads
+the items from poll's output on stdin, as for ack.`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addClientFlags(fs)
+		delay := &optDuration{}
+		fs.Var(delay, "delay", "ready again after this `duration` (default: the queue's backoff)")
+		reason := fs.String("reason", "", "why the item failed, as `text` (kept as last error and dead-letter reason)")
+		cliOnly(fs, "delay", "reason")
+		return func(ctx context.Context, args []string) error {
+			if err := argsBetween(args, 2, -1, "QUEUE LEASE ID... or QUEUE -"); err != nil {
+				return err
+			}
+			batches, err := parseLeased(args[1:], e.stdin)
+			if err != nil {
+				return err
+			}
+			var d *time.Duration
+			if delay.set {
+				d = &delay.d
+			}
+			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+				bad, total := 0, 0
+				for _, b := range batches {
+					codes, err := c.Nack(ctx, args[0], b.lease, b.ids, d, *reason)
+					if err != nil {
+						return err
+					}
+					bad += printCodes(e.stdout, b.ids, codes)
+					total += len(b.ids)
+				}
+				return notAll(bad, total, "nacked")
+			})
+		}
+	},
+}
+
+var extendCommand = &command{
+	name:    "extend",
+	args:    "QUEUE LEASE [ID...]",
+	summary: "extend a lease and print its new expiry",
+	help: `
+Set LEASE's expiry to now + --lease (it may also shorten it) and print the
+new expiry (RFC 3339 UTC, milliseconds). Fails if the lease already
+expired (lease expired) or belongs to another queue (lease mismatch).
+
+A lease covers every item of its poll and is extended as a whole, so ids
+are optional. Given ids (as for ack and nack), extend prints "ID RESULT
+EXPIRY" per id instead, RESULT being the lease's outcome (ok,
+lease_expired, lease_mismatch): the node extends leases, not single items,
+and does not check that each id is one of the lease's items. Exits 1 if
+the lease was not extended.`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addClientFlags(fs)
+		lease := newChoice(storage.DefaultLeaseDuration.String(), positiveDuration)
+		fs.Var(lease, "lease", "new lease `duration`, from now")
+		return func(ctx context.Context, args []string) error {
+			if err := argsBetween(args, 2, -1, "QUEUE LEASE [ID...]"); err != nil {
+				return err
+			}
+			l, err := parseLease(args[1])
+			if err != nil {
+				return err
+			}
+			ids, err := parseIDs(args[2:])
+			if err != nil {
+				return err
+			}
+			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+				exp, err := c.Extend(ctx, args[0], l, lease.val)
+				if len(ids) == 0 {
+					if err != nil {
+						return err
+					}
+					fmt.Fprintln(e.stdout, fmtTime(exp))
+					return nil
+				}
+				code := storage.CodeOK
+				switch {
+				case errors.Is(err, storage.ErrLeaseExpired):
+					code = storage.CodeLeaseExpired
+				case errors.Is(err, storage.ErrLeaseMismatch):
+					code = storage.CodeLeaseMismatch
+				case err != nil:
+					return err // the request failed; nothing to say per id
+				}
+				for _, id := range ids {
+					if code == storage.CodeOK {
+						fmt.Fprintf(e.stdout, "%s %s %s\n", id, code, fmtTime(exp))
+					} else {
+						fmt.Fprintf(e.stdout, "%s %s\n", id, code)
+					}
+				}
+				if code != storage.CodeOK {
+					return notAll(len(ids), len(ids), "extended")
+				}
+				return nil
+			})
+		}
+	},
+}

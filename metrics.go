@@ -1,0 +1,227 @@
+// The HTTP endpoints of a node (/metrics, /healthz, /readyz) and the
+// Prometheus collector.
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/leaseq/leaseq/rpc"
+	"github.com/leaseq/leaseq/storage"
+	"github.com/leaseq/leaseq/storage/rocksstore"
+	"github.com/leaseq/leaseq/sweeper"
+)
+
+// metricsServer serves /metrics from a private registry (the node's
+// collector plus the Go runtime and process collectors), /healthz, and
+// /readyz from ready.
+// /readyz is 503 while health reports an error (a store that stopped
+// after a failed write).
+func metricsServer(c prometheus.Collector, ready *atomic.Bool, health func() error, log *slog.Logger) *http.Server {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorLog:      slog.NewLogLogger(log.With("svc", "metrics").Handler(), slog.LevelWarn),
+		ErrorHandling: promhttp.ContinueOnError,
+	}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		if err := health(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	// Timeouts keep a stuck scraper from holding connections forever.
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
+}
+
+// nodeParts are what the collector reads on each scrape; nil before the
+// node is up and after it stopped.
+type nodeParts struct {
+	store storage.Store
+	rocks *rocksstore.Store // nil for other backends
+	srv   *rpc.Server
+	sw    *sweeper.Sweeper
+	clk   clock.Clock
+}
+
+// nodeCollector turns the components' snapshot structs (Store.Stats,
+// rpc.Server.Metrics, rocksstore and sweeper Metrics) into Prometheus
+// metrics at scrape time, so the libraries stay free of a metrics system
+// and queue depth is never stale.
+type nodeCollector struct {
+	node atomic.Pointer[nodeParts]
+
+	depth, leases, oldest, itemsTotal                     *prometheus.Desc
+	opCount, opErrors, opLatency                          *prometheus.Desc
+	connsOpen, connsAccepted, connsRefused, waiters, subs *prometheus.Desc
+	pushed                                                *prometheus.Desc
+	commits, syncCommits, commitLatency, fsyncLatency     *prometheus.Desc
+	calls, items, claimPasses, polls, claimed             *prometheus.Desc
+	storeFailed, diskFree                                 *prometheus.Desc
+	sweeps, sweepFails, sweepItems, sweepLag, sweepMaxLag *prometheus.Desc
+	sweepDuration                                         *prometheus.Desc
+}
+
+func newNodeCollector() *nodeCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("leaseq_"+name, help, labels, nil)
+	}
+	return &nodeCollector{
+		depth:         d("queue_depth", "Items in a queue by state (ready, delayed, inflight, dead).", "queue", "state"),
+		leases:        d("queue_leases_active", "Lease records of a queue not yet acked, nacked or swept.", "queue"),
+		oldest:        d("queue_oldest_ready_age_seconds", "Age of the oldest ready item of a queue (0 when none is ready).", "queue"),
+		itemsTotal:    d("queue_items_total", "Lifetime item events of a queue (enqueued, duplicate, delivered, acked, nacked, expired, dead_lettered, redriven, purged).", "queue", "event"),
+		opCount:       d("rpc_requests_total", "RPC calls handled, by operation.", "op"),
+		opErrors:      d("rpc_request_errors_total", "RPC calls answered with an error status or exception, by operation.", "op"),
+		opLatency:     d("rpc_request_duration_seconds", "RPC call latency by operation (a long poll includes its wait).", "op"),
+		connsOpen:     d("rpc_connections_open", "Open client connections."),
+		connsAccepted: d("rpc_connections_accepted_total", "Client connections served."),
+		connsRefused:  d("rpc_connections_refused_total", "Connections refused at --max-conns or failing the TLS handshake."),
+		waiters:       d("rpc_waiters", "Parked long polls and idle subscriptions."),
+		subs:          d("rpc_subscriptions", "Open subscriptions."),
+		pushed:        d("rpc_items_pushed_total", "Items delivered to subscriptions."),
+		commits:       d("store_commits_total", "Batches the commit pipeline wrote, one transaction each (RocksDB)."),
+		syncCommits:   d("store_sync_commits_total", "Batches that waited for a WAL fsync (RocksDB)."),
+		commitLatency: d("store_commit_seconds", "Time RocksDB spent writing batches, fsync excluded (count: batches)."),
+		fsyncLatency:  d("store_wal_fsync_seconds", "WAL fsync latency (count: fsyncs; one fsync covers every batch written since the last)."),
+		calls:         d("store_calls_total", "Calls committed by the pipeline (RocksDB); calls_total/commits_total is calls per batch."),
+		items:         d("store_items_total", "Items the committed calls touched (RocksDB); items_total/wal_fsync_seconds_count is items per fsync."),
+		claimPasses:   d("store_claim_passes_total", "Batches holding at least one poll (RocksDB); polls_total/claim_passes_total > 1 shows polls sharing a commit."),
+		polls:         d("store_polls_total", "Poll calls (RocksDB)."),
+		claimed:       d("store_claimed_items_total", "Items handed out by polls (RocksDB)."),
+		storeFailed:   d("store_failed", "1 while the store has stopped after a failed write (a full disk, say) and waits to reopen (RocksDB); /readyz is 503 meanwhile."),
+		diskFree:      d("store_disk_free_bytes", "Free bytes on the data directory's filesystem (RocksDB); enqueues are refused below --min-free-disk."),
+		sweeps:        d("sweeper_passes_total", "Sweeper passes."),
+		sweepFails:    d("sweeper_failed_passes_total", "Sweeper passes that failed."),
+		sweepItems:    d("sweeper_events_total", "Sweeper work (leases_expired, requeued, dead_lettered, promoted, dedup_dropped).", "event"),
+		sweepLag:      d("sweeper_lag_seconds", "How late the last timer-driven sweep started after its deadline."),
+		sweepMaxLag:   d("sweeper_max_lag_seconds", "Largest sweeper lag seen."),
+		sweepDuration: d("sweeper_last_pass_seconds", "Duration of the last sweeper pass."),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		c.depth, c.leases, c.oldest, c.itemsTotal, c.opCount, c.opErrors, c.opLatency,
+		c.connsOpen, c.connsAccepted, c.connsRefused, c.waiters, c.subs, c.pushed,
+		c.commits, c.syncCommits, c.commitLatency, c.fsyncLatency, c.calls, c.items, c.claimPasses, c.polls, c.claimed, c.storeFailed, c.diskFree,
+		c.sweeps, c.sweepFails, c.sweepItems, c.sweepLag, c.sweepMaxLag, c.sweepDuration,
+	} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
+	p := c.node.Load()
+	if p == nil {
+		return
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+
+	// A scrape must not hang on a stuck store.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stats, err := p.store.Stats(ctx, storage.StatsParams{Now: p.clk.Now()})
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.depth, fmt.Errorf("stats: %w", err))
+	}
+	for _, q := range stats {
+		gauge(c.depth, float64(q.Ready), q.Queue, "ready")
+		gauge(c.depth, float64(q.Delayed), q.Queue, "delayed")
+		gauge(c.depth, float64(q.Inflight), q.Queue, "inflight")
+		gauge(c.depth, float64(q.Dead), q.Queue, "dead")
+		gauge(c.leases, float64(q.Leases), q.Queue)
+		gauge(c.oldest, q.OldestReadyAge.Seconds(), q.Queue)
+		for _, ev := range []struct {
+			name string
+			v    uint64
+		}{
+			{"enqueued", q.Enqueued}, {"duplicate", q.Duplicates}, {"delivered", q.Delivered},
+			{"acked", q.Acked}, {"nacked", q.Nacked}, {"expired", q.Expired},
+			{"dead_lettered", q.DeadLettered}, {"redriven", q.Redriven}, {"purged", q.Purged},
+		} {
+			counter(c.itemsTotal, ev.v, q.Queue, ev.name)
+		}
+	}
+
+	m := p.srv.Metrics()
+	for _, o := range m.Ops {
+		name := o.Op.String()
+		counter(c.opCount, o.Count, name)
+		counter(c.opErrors, o.Errors, name)
+		buckets := make(map[float64]uint64, len(rpc.LatencyBounds))
+		var cum uint64
+		for i, b := range rpc.LatencyBounds {
+			if i < len(o.Buckets) {
+				cum += o.Buckets[i]
+			}
+			buckets[b.Seconds()] = cum
+		}
+		ch <- prometheus.MustNewConstHistogram(c.opLatency, o.Count, o.Sum.Seconds(), buckets, name)
+	}
+	gauge(c.connsOpen, float64(m.ConnsOpen))
+	counter(c.connsAccepted, m.ConnsAccepted)
+	counter(c.connsRefused, m.ConnsRefused)
+	gauge(c.waiters, float64(m.Waiters))
+	gauge(c.subs, float64(m.Subscriptions))
+	counter(c.pushed, m.ItemsPushed)
+
+	if p.rocks != nil {
+		r := p.rocks.Metrics()
+		counter(c.commits, r.Commits)
+		counter(c.syncCommits, r.SyncCommits)
+		ch <- prometheus.MustNewConstSummary(c.commitLatency, r.Commits, r.CommitTime.Seconds(), nil)
+		ch <- prometheus.MustNewConstSummary(c.fsyncLatency, r.WALSyncs, r.SyncTime.Seconds(), nil)
+		counter(c.calls, r.Ops)
+		counter(c.items, r.Items)
+		failed := 0.0
+		if p.rocks.Failed() != nil {
+			failed = 1
+		}
+		gauge(c.storeFailed, failed)
+		if free, err := p.rocks.FreeDisk(); err == nil {
+			gauge(c.diskFree, float64(free))
+		}
+		counter(c.claimPasses, r.ClaimPasses)
+		counter(c.polls, r.Polls)
+		counter(c.claimed, r.Claimed)
+	}
+
+	s := p.sw.Metrics()
+	counter(c.sweeps, s.Passes)
+	counter(c.sweepFails, s.FailedPasses)
+	counter(c.sweepItems, s.LeasesExpired, "leases_expired")
+	counter(c.sweepItems, s.Requeued, "requeued")
+	counter(c.sweepItems, s.DeadLettered, "dead_lettered")
+	counter(c.sweepItems, s.Promoted, "promoted")
+	counter(c.sweepItems, s.DedupDropped, "dedup_dropped")
+	gauge(c.sweepLag, s.LastLag.Seconds())
+	gauge(c.sweepMaxLag, s.MaxLag.Seconds())
+	gauge(c.sweepDuration, s.LastPassDuration.Seconds())
+}

@@ -1,0 +1,576 @@
+// The serve command: flags, opening the backend, the node's startup and
+// ordered shutdown, and the store recovery loop.
+
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/benbjohnson/clock"
+
+	"github.com/leaseq/leaseq/fdbsync"
+	"github.com/leaseq/leaseq/rpc"
+	"github.com/leaseq/leaseq/storage"
+	"github.com/leaseq/leaseq/storage/rocksstore"
+	"github.com/leaseq/leaseq/sweeper"
+)
+
+var serveCommand = &command{
+	name:    "serve",
+	summary: "run a queue node (embedded RocksDB, or FoundationDB)",
+	help: `
+Run a leaseq node: open (or create) the RocksDB database in --data, start
+the sweeper that expires leases and wakes delayed items at their deadlines,
+serve the Cap'n Proto RPC interface on --listen, and run until SIGINT or
+SIGTERM. The first signal shuts down in order: stop accepting connections,
+let running calls finish (parked long polls return empty), stop the
+sweeper, close the store. A second signal exits at once.
+
+--sync=always (the default) fsyncs the write-ahead log before any enqueue,
+ack, nack or poll returns; --sync=none writes the log without fsync, which
+survives a process crash but not a power loss. The startup log says which
+is on, and the address it listens on.
+
+--listen takes host:port or unix:/path/to/socket. The default is loopback
+only. With --tls-cert and --tls-key the node speaks TLS; adding
+--tls-client-ca requires every client to present a certificate signed by
+that CA (mutual TLS).
+
+--metrics ADDR serves Prometheus metrics on http://ADDR/metrics (queue
+depth by state, oldest ready age, per-operation counts and latency
+histograms, commit and fsync latency, sweeper lag), /healthz (the process
+is up) and /readyz (200 once the store is open and the RPC listener
+accepts; 503 before that and while shutting down).
+
+The --max-* and --min-lease flags set the limits every request is checked
+against; a request over a limit gets a clear error naming it.
+
+--backend=fdb serves from a FoundationDB cluster (--fdb-cluster-file)
+instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		data := fs.String("data", "./data", "`dir`ectory of the RocksDB database (created if missing)")
+		listen := fs.String("listen", defaultAddr, "RPC listen `address`: host:port or unix:/path")
+		backend := newChoice("rocksdb", func(s string) (string, error) {
+			if s != "rocksdb" && s != "fdb" {
+				return "", fmt.Errorf("want rocksdb or fdb, got %q", s)
+			}
+			return s, nil
+		})
+		fs.Var(backend, "backend", "storage `backend`: rocksdb or fdb")
+		clusterFile := fs.String("fdb-cluster-file", "", "FoundationDB cluster `file` for --backend=fdb (empty: the client library's default)")
+		subspace := newChoice("", parseSubspace)
+		fs.Var(subspace, "fdb-subspace", "`name` of this deployment's subspace for --backend=fdb: deployments sharing one cluster need distinct names (empty: the default subspace)")
+		syncMode := newChoice("always", parseSyncMode)
+		fs.Var(syncMode, "sync", "WAL durability `mode`: always or none")
+		minFreeDisk := newChoice("256MiB", func(v string) (int, error) {
+			if v == "0" {
+				return 0, nil
+			}
+			return parseSize(v)
+		})
+		fs.Var(minFreeDisk, "min-free-disk", "free `bytes` kept in reserve on the data disk: below it enqueues are refused (unavailable) while acks and polls go on, and a node whose store stopped on a full disk reopens it once this much is free again (0: no reserve)")
+		recoverMode := newChoice("", func(s string) (string, error) {
+			if s != "" && s != "point-in-time" {
+				return "", fmt.Errorf("want point-in-time, got %q", s)
+			}
+			return s, nil
+		})
+		socketMode := newChoice("0660", parseFileMode)
+		fs.Var(socketMode, "socket-mode", "permission `bits` (octal) of the unix socket for --listen unix:/path; connecting needs write permission")
+		fs.Var(recoverMode, "recover", "`point-in-time`: open a database whose write-ahead log is damaged, dropping every write after the damage (the node refuses to start on such a log otherwise; keep a copy of --data first)")
+		metricsAddr := fs.String("metrics", "", "serve /metrics, /healthz and /readyz over HTTP on `host:port` (empty: off)")
+		tlsCert := fs.String("tls-cert", "", "server certificate `file` (PEM); enables TLS with --tls-key")
+		tlsKey := fs.String("tls-key", "", "server private key `file` (PEM)")
+		tlsClientCA := fs.String("tls-client-ca", "", "CA bundle `file` (PEM): require client certificates signed by it (mutual TLS)")
+		maxConns := fs.Int("max-conns", rpc.DefaultMaxConns, "maximum open client connections")
+		maxConnsPerIP := fs.Int("max-conns-per-ip", rpc.DefaultMaxConnsPerAddr, "maximum open TCP connections from one IP address (0: no per-address limit)")
+		maxWaiters := fs.Int("max-waiters", rpc.DefaultMaxWaitersPerQueue, "maximum parked long polls plus subscriptions per queue (0 means the default)")
+		d := storage.DefaultLimits
+		maxPayload := newChoice(strconv.Itoa(d.MaxPayload), parseSize)
+		fs.Var(maxPayload, "max-payload", "largest item payload, in `bytes` (KiB/MiB suffixes allowed)")
+		maxMessage := newChoice(strconv.Itoa(rpc.DefaultMaxMessageBytes), parseSize)
+		fs.Var(maxMessage, "max-message", "largest incoming RPC message, in `bytes`")
+		maxBatch := newChoice(strconv.Itoa(d.MaxBatch), intRange(1, 100000))
+		fs.Var(maxBatch, "max-batch", "most `items` or ids in one call")
+		minLease := newChoice(d.MinLease.String(), positiveDuration)
+		fs.Var(minLease, "min-lease", "shortest lease (a `duration`) a poll or extend may ask for")
+		maxLease := newChoice(d.MaxLease.String(), positiveDuration)
+		fs.Var(maxLease, "max-lease", "longest lease (a `duration`) a poll or extend may ask for")
+		maxWait := newChoice(d.MaxWait.String(), positiveDuration)
+		fs.Var(maxWait, "max-wait", "longest long-poll wait (a `duration`)")
+		maxDelay := newChoice(d.MaxDelay.String(), positiveDuration)
+		fs.Var(maxDelay, "max-delay", "longest enqueue or nack delay (a `duration`)")
+		maxDedupKey := newChoice(strconv.Itoa(d.MaxDedupKey), parseSize)
+		fs.Var(maxDedupKey, "max-dedup-key", "longest dedup key, in `bytes`")
+		maxReason := newChoice(strconv.Itoa(d.MaxReason), parseSize)
+		fs.Var(maxReason, "max-reason", "longest nack reason kept, in `bytes` (longer ones are truncated)")
+		sweepInterval := fs.Duration("sweep-interval", sweeper.DefaultSweepInterval, "longest sleep of the sweeper when no deadline is known")
+		sweepBatch := fs.Int("sweep-batch", sweeper.DefaultBatchLimit, "leases expired per sweep transaction")
+		checkConfig := fs.Bool("check-config", false, "validate flags and environment, print the effective settings, and exit")
+		lf := addLogFlags(fs, "info")
+		return func(ctx context.Context, args []string) error {
+			if len(args) > 0 {
+				return usagef("unexpected argument %q", args[0])
+			}
+			if *sweepInterval <= 0 || *sweepBatch <= 0 {
+				return usagef("--sweep-interval and --sweep-batch must be positive")
+			}
+			if *maxConns <= 0 {
+				return usagef("--max-conns must be positive, got %d", *maxConns)
+			}
+			if *maxConnsPerIP < 0 {
+				return usagef("--max-conns-per-ip must be >= 0, got %d", *maxConnsPerIP)
+			}
+			if *maxWaiters < 0 {
+				return usagef("--max-waiters must be >= 0, got %d", *maxWaiters)
+			}
+			if maxPayload.val >= maxMessage.val {
+				return usagef("--max-payload %d must be below --max-message %d (an item that size could never arrive in one message)", maxPayload.val, maxMessage.val)
+			}
+			if minLease.val > maxLease.val {
+				return usagef("--min-lease %v is longer than --max-lease %v", minLease.val, maxLease.val)
+			}
+			if (*tlsCert == "") != (*tlsKey == "") {
+				return usagef("--tls-cert and --tls-key go together")
+			}
+			if *tlsClientCA != "" && *tlsCert == "" {
+				return usagef("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
+			}
+			if socketMode.set && !strings.HasPrefix(*listen, "unix:") {
+				return usagef("--socket-mode applies to a unix socket (--listen unix:/path) only")
+			}
+			if backend.val == "fdb" && recoverMode.set {
+				return usagef("--recover applies to --backend=rocksdb only")
+			}
+			if backend.val == "fdb" && syncMode.set {
+				return usagef("--sync applies to --backend=rocksdb only (FoundationDB commits are always durable)")
+			}
+			if *checkConfig {
+				fs.VisitAll(func(f *flag.Flag) {
+					if f.Name != "check-config" {
+						fmt.Fprintf(e.stdout, "%s=%s\n", f.Name, f.Value)
+					}
+				})
+				return nil
+			}
+			var tc *tls.Config
+			if *tlsCert != "" {
+				var err error
+				if tc, err = serverTLS(*tlsCert, *tlsKey, *tlsClientCA); err != nil {
+					return err
+				}
+			}
+			return serve(ctx, e, serveConfig{
+				data:        *data,
+				listen:      *listen,
+				backend:     backend.val,
+				clusterFile: *clusterFile,
+				subspace:    subspace.val,
+				sync:        syncMode.val,
+				syncText:    syncMode.text,
+				pointInTime: recoverMode.val == "point-in-time",
+				minFreeDisk: int64(minFreeDisk.val),
+				socketMode:  socketMode.val,
+				metrics:     *metricsAddr,
+				tls:         tc,
+				mutualTLS:   *tlsClientCA != "",
+				maxConns:    *maxConns,
+				maxWaiters:  *maxWaiters,
+				maxPerIP:    *maxConnsPerIP,
+				maxMessage:  int64(maxMessage.val),
+				limits: storage.Limits{
+					MaxPayload:   maxPayload.val,
+					MaxBatch:     maxBatch.val,
+					MinLease:     minLease.val,
+					MaxLease:     maxLease.val,
+					MaxWait:      maxWait.val,
+					MaxDelay:     maxDelay.val,
+					MaxDedupKey:  maxDedupKey.val,
+					MaxReason:    maxReason.val,
+					MaxQueueName: d.MaxQueueName,
+				},
+				sweepInterval: *sweepInterval,
+				sweepBatch:    *sweepBatch,
+				log:           lf.logger(e.stderr),
+			})
+		}
+	},
+}
+
+// serverTLS builds the node's TLS config; with a client CA, clients must
+// present a certificate it signed.
+func serverTLS(certFile, keyFile, clientCAFile string) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("load TLS certificate %s and key %s: %w", certFile, keyFile, err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if clientCAFile != "" {
+		pool, err := loadCertPool(clientCAFile)
+		if err != nil {
+			return nil, err
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
+}
+
+func loadCertPool(file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("read CA bundle: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("CA bundle %s: no PEM certificates in it", file)
+	}
+	return pool, nil
+}
+
+type serveConfig struct {
+	data          string
+	listen        string
+	backend       string
+	clusterFile   string
+	subspace      string
+	sync          rocksstore.SyncMode
+	syncText      string
+	pointInTime   bool // --recover=point-in-time
+	minFreeDisk   int64
+	socketMode    fs.FileMode
+	metrics       string
+	tls           *tls.Config
+	mutualTLS     bool
+	maxConns      int
+	maxWaiters    int
+	maxPerIP      int // 0: no per-address limit
+	maxMessage    int64
+	limits        storage.Limits
+	sweepInterval time.Duration
+	sweepBatch    int
+	log           *slog.Logger
+}
+
+// openBackend opens the configured store. rocks is the same store when it
+// is RocksDB (for its write-path metrics), else nil.
+func openBackend(c serveConfig, clk clock.Clock, onDeadline storage.DeadlineFunc) (store storage.Store, rocks *rocksstore.Store, err error) {
+	if c.backend == "fdb" {
+		fs, err := fdbsync.OpenCluster(c.clusterFile, fdbsync.Options{
+			Prefix:     fdbPrefix(c.subspace),
+			Limits:     c.limits,
+			Logger:     c.log.With("svc", "fdbsync"),
+			OnDeadline: onDeadline,
+			Clock:      clk,
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("open FoundationDB cluster: %w", err)
+		}
+		return fs, nil, nil
+	}
+	rs, err := rocksstore.Open(c.data, rocksstore.Options{
+		Sync:               c.sync,
+		RecoverPointInTime: c.pointInTime,
+		MinFreeDisk:        c.minFreeDisk,
+		Limits:             c.limits,
+		Logger:             c.log.With("svc", "rocksstore"),
+		OnDeadline:         onDeadline,
+		Now:                clk.Now,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("open store in %s: %w", c.data, err)
+	}
+	return rs, rs, nil
+}
+
+// fdbPrefix is the key prefix of the FoundationDB subspace named name (a
+// valid subspace name, see parseSubspace): fdbsync's default prefix for "",
+// else the default prefix followed by the name as a tuple-layer string
+// (0x02, the bytes, a 0x00 terminator). Names hold no 0x00, so the
+// terminator makes the prefixes of two names disjoint even when one name
+// starts with the other ("jobs" and "jobs2"), and 0x02 is none of
+// fdbsync's namespace tags, so a named subspace never overlaps the
+// default one either.
+func fdbPrefix(name string) []byte {
+	if name == "" {
+		return nil // fdbsync.DefaultPrefix
+	}
+	p := append([]byte(fdbsync.DefaultPrefix), 0x02)
+	p = append(p, name...)
+	return append(p, 0x00)
+}
+
+// parseSubspace accepts an FDB subspace name: empty (the default) or, like
+// a queue name, 1-200 bytes of [A-Za-z0-9._-].
+func parseSubspace(s string) (string, error) {
+	if s == "" {
+		return s, nil
+	}
+	if err := storage.DefaultLimits.ValidateQueueName(s); err != nil {
+		return "", fmt.Errorf("want a subspace name of 1-200 bytes of [A-Za-z0-9._-], got %q", s)
+	}
+	return s, nil
+}
+
+func serve(ctx context.Context, e *env, c serveConfig) (err error) {
+	log := c.log
+	clk := clock.New()
+	// Every file the node creates (the database, its logs) is the owner's
+	// only: they hold payloads. The unix socket gets --socket-mode.
+	syscall.Umask(0o077)
+
+	// Undo whatever was started, in reverse order, if startup fails.
+	var undo []func() error
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				err = errors.Join(err, undo[i]())
+			}
+		}
+	}()
+
+	// The metrics endpoint comes up first, so /readyz can say "not yet"
+	// while a large database opens.
+	var ready atomic.Bool
+	collector := newNodeCollector()
+	var httpSrv *http.Server
+	var httpWG sync.WaitGroup
+	if c.metrics != "" {
+		mln, err := net.Listen("tcp", c.metrics)
+		if err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		c.metrics = mln.Addr().String() // the real port when given :0
+		httpSrv = metricsServer(collector, &ready, func() error {
+			if p := collector.node.Load(); p != nil && p.rocks != nil {
+				return p.rocks.Failed()
+			}
+			return nil
+		}, log)
+		httpWG.Go(func() {
+			if err := httpSrv.Serve(mln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics server failed", "err", err)
+			}
+		})
+		undo = append(undo, func() error { _ = httpSrv.Close(); httpWG.Wait(); return nil })
+	}
+
+	// The store reports new deadlines from its first commit on, possibly
+	// from other goroutines; the sweeper exists only after the store is
+	// open. Notify is a no-op on a nil *Sweeper, so load it atomically.
+	var sw atomic.Pointer[sweeper.Sweeper]
+	store, rocks, err := openBackend(c, clk, func(t time.Time) { sw.Load().Notify(t) })
+	if err != nil {
+		return err
+	}
+	undo = append(undo, func() error { return closeStore(store) })
+
+	srv, err := rpc.NewServer(rpc.ServerConfig{
+		Store:              store,
+		Clock:              clk,
+		Logger:             log, // rpc adds svc=rpc
+		Limits:             c.limits,
+		MaxConns:           c.maxConns,
+		MaxWaitersPerQueue: c.maxWaiters,
+		MaxConnsPerAddr:    perAddrLimit(c.maxPerIP),
+		MaxMessageBytes:    c.maxMessage,
+		TLS:                c.tls,
+		Info:               nodeInfo(c),
+	})
+	if err != nil {
+		return fmt.Errorf("rpc server: %w", err)
+	}
+	s, err := sweeper.New(sweeper.Config{
+		Store:         store,
+		Clock:         clk,
+		Logger:        log,
+		BatchLimit:    c.sweepBatch,
+		SweepInterval: c.sweepInterval,
+		// Items the sweeper made ready (expired leases, delayed items
+		// come due) wake parked long polls at once.
+		OnReady: srv.Wake,
+	})
+	if err != nil {
+		return fmt.Errorf("sweeper: %w", err)
+	}
+	sw.Store(s)
+
+	ln, err := rpc.ListenMode(c.listen, c.socketMode)
+	if err != nil {
+		return err
+	}
+	undo = append(undo, func() error { _ = ln.Close(); return nil })
+
+	sigs := make(chan os.Signal, 2)
+	stopSignals := e.notifySignals(sigs)
+	defer stopSignals()
+
+	if err := s.Start(ctx); err != nil {
+		return fmt.Errorf("start sweeper: %w", err)
+	}
+	undo = append(undo, func() error { s.Stop(); return nil })
+	if err := srv.Start(ctx, ln); err != nil {
+		return fmt.Errorf("start rpc server: %w", err)
+	}
+	collector.node.Store(&nodeParts{store: store, rocks: rocks, srv: srv, sw: s, clk: clk})
+	ready.Store(true)
+	stopRecover := func() {}
+	if rocks != nil {
+		stopRecover = recoverLoop(rocks, clk, log)
+	}
+	undo = nil // from here on, the shutdown below stops everything in order
+
+	addr := ln.Addr().String()
+	if ln.Addr().Network() == "unix" {
+		addr = "unix:" + addr
+	}
+	dir, _ := filepath.Abs(c.data)
+	attrs := []any{
+		"version", version(),
+		"backend", c.backend,
+		"listen", addr,
+		"tls", tlsMode(c),
+		"metrics", c.metrics,
+		"sweep_interval", c.sweepInterval,
+		"pid", os.Getpid(),
+	}
+	if c.backend == "rocksdb" {
+		attrs = append(attrs, "data", dir, "sync", c.syncText)
+	} else {
+		attrs = append(attrs, "fdb_cluster_file", c.clusterFile, "fdb_subspace", c.subspace)
+	}
+	log.Info("leaseq serving", attrs...)
+
+	select {
+	case sig := <-sigs:
+		log.Info("shutting down", "signal", sig.String())
+	case <-ctx.Done():
+		log.Info("shutting down", "reason", context.Cause(ctx))
+	}
+	ready.Store(false)
+
+	// A second signal during shutdown exits at once.
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case sig := <-sigs:
+			log.Warn("second signal: exiting without clean shutdown", "signal", sig.String())
+			e.exit(exitFailure)
+		case <-done:
+		}
+	})
+	defer wg.Wait()
+	defer close(done)
+	if e.shutdownStarted != nil {
+		e.shutdownStarted()
+	}
+
+	// Reverse order of start: no new connections or calls, running calls
+	// finish (their writes are durable before they answer), then no more
+	// sweeps, then the store.
+	srv.Stop()
+	s.Stop()
+	stopRecover()
+	collector.node.Store(nil)
+	err = closeStore(store)
+	if httpSrv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if herr := httpSrv.Shutdown(sctx); herr != nil {
+			_ = httpSrv.Close()
+		}
+		cancel()
+		httpWG.Wait()
+	}
+	if err != nil {
+		return err
+	}
+	log.Info("leaseq stopped")
+	return nil
+}
+
+// nodeInfo is what the node tells clients about itself (stats shows it).
+func nodeInfo(c serveConfig) rpc.NodeInfo {
+	ni := rpc.NodeInfo{Version: version(), Backend: c.backend}
+	if c.backend == "rocksdb" {
+		ni.Sync = c.syncText
+	}
+	return ni
+}
+
+func tlsMode(c serveConfig) string {
+	switch {
+	case c.tls == nil:
+		return "off"
+	case c.mutualTLS:
+		return "mutual"
+	}
+	return "on"
+}
+
+func closeStore(s storage.Store) error {
+	if err := s.Close(); err != nil {
+		return fmt.Errorf("close store: %w", err)
+	}
+	return nil
+}
+
+// perAddrLimit maps --max-conns-per-ip (0: none) to rpc's MaxConnsPerAddr
+// (negative: none).
+func perAddrLimit(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
+}
+
+// recoverEvery is how often a node whose store stopped after a failed
+// write (a full disk, say) tries to reopen it.
+const recoverEvery = time.Second
+
+// recoverLoop reopens rocks whenever it has failed and --min-free-disk is
+// free again, until the returned stop is called.
+func recoverLoop(rocks *rocksstore.Store, clk clock.Clock, log *slog.Logger) (stop func()) {
+	t := clk.Ticker(recoverEvery)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			if rocks.Failed() == nil {
+				continue
+			}
+			if ok, err := rocks.Recover(); err != nil {
+				log.Warn("store recovery failed; retrying", "err", err)
+			} else if ok {
+				log.Info("store recovered: writes accepted again")
+			}
+		}
+	})
+	return func() {
+		t.Stop()
+		close(done)
+		wg.Wait()
+	}
+}
