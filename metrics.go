@@ -73,7 +73,7 @@ type nodeCollector struct {
 	depth, leases, oldest, itemsTotal                     *prometheus.Desc
 	opCount, opErrors, opLatency                          *prometheus.Desc
 	connsOpen, connsAccepted, connsRefused, waiters, subs *prometheus.Desc
-	pushed                                                *prometheus.Desc
+	pushed, replyBytes                                    *prometheus.Desc
 	commits, syncCommits, commitLatency, fsyncLatency     *prometheus.Desc
 	calls, items, claimPasses, polls, claimed             *prometheus.Desc
 	storeFailed, diskFree                                 *prometheus.Desc
@@ -99,6 +99,7 @@ func newNodeCollector() *nodeCollector {
 		waiters:       d("rpc_waiters", "Parked long polls and idle subscriptions."),
 		subs:          d("rpc_subscriptions", "Open subscriptions."),
 		pushed:        d("rpc_items_pushed_total", "Items delivered to subscriptions."),
+		replyBytes:    d("rpc_reply_bytes_queued", "Bytes of answers built and not yet written to their connections (each connection's share is bounded)."),
 		commits:       d("store_commits_total", "Batches the commit pipeline wrote, one transaction each (RocksDB)."),
 		syncCommits:   d("store_sync_commits_total", "Batches that waited for a WAL fsync (RocksDB)."),
 		commitLatency: d("store_commit_seconds", "Time RocksDB spent writing batches, fsync excluded (count: batches)."),
@@ -123,7 +124,7 @@ func newNodeCollector() *nodeCollector {
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.depth, c.leases, c.oldest, c.itemsTotal, c.opCount, c.opErrors, c.opLatency,
-		c.connsOpen, c.connsAccepted, c.connsRefused, c.waiters, c.subs, c.pushed,
+		c.connsOpen, c.connsAccepted, c.connsRefused, c.waiters, c.subs, c.pushed, c.replyBytes,
 		c.commits, c.syncCommits, c.commitLatency, c.fsyncLatency, c.calls, c.items, c.claimPasses, c.polls, c.claimed, c.storeFailed, c.diskFree,
 		c.sweeps, c.sweepFails, c.sweepItems, c.sweepLag, c.sweepMaxLag, c.sweepDuration,
 	} {
@@ -191,6 +192,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.waiters, float64(m.Waiters))
 	gauge(c.subs, float64(m.Subscriptions))
 	counter(c.pushed, m.ItemsPushed)
+	gauge(c.replyBytes, float64(m.ReplyBytesQueued))
 
 	if p.rocks != nil {
 		r := p.rocks.Metrics()

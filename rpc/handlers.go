@@ -26,11 +26,13 @@ import (
 type queueServer struct {
 	s      *Server
 	remote string
+	gate   *replyGate // nil: answers unbounded (or not over a connection)
 }
 
 // statusResults is what every generated *_Results has.
 type statusResults interface {
 	NewStatus() (schema.Status, error)
+	Message() *capnp.Message
 }
 
 // fail answers a call with a request-level error. Unexpected errors (not in
@@ -66,11 +68,20 @@ func (q *queueServer) call(op Op, res statusResults, allocErr error, body func()
 	if !ok {
 		return q.fail(op, res, fmt.Errorf("%w: server shutting down", ErrUnavailable))
 	}
+	if op == OpPeek || op == OpDeadList {
+		// Listing answers can be large: a client that does not read its
+		// answers gets no new ones built.
+		if err := q.gate.acquire(); err != nil {
+			return q.fail(op, res, err)
+		}
+		defer q.gate.release()
+	}
 	err := body()
 	if err != nil {
 		return q.fail(op, res, err)
 	}
 	failed = false
+	q.gate.add(res.Message()) // counted until written (replyGate)
 	return nil
 }
 

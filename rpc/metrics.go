@@ -73,6 +73,10 @@ type Metrics struct {
 	Waiters       int    // gauge: parked long polls and idle subscriptions
 	Subscriptions int    // gauge
 	ItemsPushed   uint64 // items delivered to subscriptions
+	// ReplyBytesQueued is the bytes of answers built and not yet written
+	// to their connections (gauge; each connection's share is bounded by
+	// ServerConfig.ConnReplyLimitBytes).
+	ReplyBytesQueued int64
 }
 
 // Sub returns the counter deltas m - prev; gauges keep m's values.

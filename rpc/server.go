@@ -45,6 +45,13 @@ const (
 	// may stay silent before its first RPC message (every client starts
 	// with a bootstrap request at once).
 	DefaultFirstMessageTimeout = 10 * time.Second
+	// DefaultConnReplyLimitBytes bounds the answers a connection may have
+	// waiting to be written: a client that does not read cannot make the
+	// server hold more for it.
+	DefaultConnReplyLimitBytes = 32 << 20
+	// DefaultReplyStallTimeout is how long a connection may stay over its
+	// answer budget before it is closed.
+	DefaultReplyStallTimeout = 30 * time.Second
 	// DefaultMaxConnsPerAddr bounds the connections from one source IP
 	// address, so one host cannot take every slot. Unix-socket connections
 	// are not counted (the socket's mode decides who may connect).
@@ -78,6 +85,13 @@ type ServerConfig struct {
 	// for this long after it was accepted (TLS handshake included; 0:
 	// DefaultFirstMessageTimeout).
 	FirstMessageTimeout time.Duration
+	// ConnReplyLimitBytes bounds the bytes of answers one connection may
+	// have built and not yet written (0: DefaultConnReplyLimitBytes;
+	// negative: unbounded). Over it the server stops reading the
+	// connection's calls until the client reads; after ReplyStallTimeout
+	// (0: DefaultReplyStallTimeout) of that, it closes the connection.
+	ConnReplyLimitBytes int64
+	ReplyStallTimeout   time.Duration
 	// MaxConnsPerAddr bounds open TCP connections from one IP address (0:
 	// DefaultMaxConnsPerAddr; negative: unbounded). An excess connection
 	// is refused like one over MaxConns.
@@ -104,20 +118,21 @@ type NodeInfo struct {
 // safe for concurrent use. Lifecycle: NewServer, then Serve (blocking) or
 // Start (background) on one or more listeners, then Stop.
 type Server struct {
-	cfg       ServerConfig
-	log       *slog.Logger
-	capnpLog  *slog.Logger
-	limits    storage.Limits
-	disp      *dispatch.Dispatcher
-	tracker   *leaseTracker
-	subCtx    context.Context // cancelled by Stop: ends every subscription
-	subCancel context.CancelFunc
-	closeAll  chan struct{} // closed by Stop once calls drained: closes conns
-	stopOnce  sync.Once
-	wg        sync.WaitGroup // accept loops, connections, pushers
-	subWG     sync.WaitGroup // pushers only: Stop lets them say goodbye before conns close
-	errRefs   atomic.Uint64  // numbers internal failures in the log and in the reply
-	refuseLog struct {       // rate limit of the "connection refused" line
+	cfg        ServerConfig
+	log        *slog.Logger
+	capnpLog   *slog.Logger
+	limits     storage.Limits
+	disp       *dispatch.Dispatcher
+	tracker    *leaseTracker
+	subCtx     context.Context // cancelled by Stop: ends every subscription
+	subCancel  context.CancelFunc
+	closeAll   chan struct{} // closed by Stop once calls drained: closes conns
+	stopOnce   sync.Once
+	wg         sync.WaitGroup // accept loops, connections, pushers
+	subWG      sync.WaitGroup // pushers only: Stop lets them say goodbye before conns close
+	errRefs    atomic.Uint64  // numbers internal failures in the log and in the reply
+	replyBytes atomic.Int64   // answers built and not yet written, all connections
+	refuseLog  struct {       // rate limit of the "connection refused" line
 		sync.Mutex
 		last       time.Time
 		suppressed int
@@ -172,6 +187,12 @@ func NewServer(c ServerConfig) (*Server, error) {
 	}
 	if c.MaxConnsPerAddr == 0 {
 		c.MaxConnsPerAddr = DefaultMaxConnsPerAddr
+	}
+	if c.ConnReplyLimitBytes == 0 {
+		c.ConnReplyLimitBytes = DefaultConnReplyLimitBytes
+	}
+	if c.ReplyStallTimeout <= 0 {
+		c.ReplyStallTimeout = DefaultReplyStallTimeout
 	}
 	limits := c.Limits.WithDefaults()
 	if limits.MinLease > limits.MaxLease || limits.MaxBatch < 1 || limits.MaxPayload < 1 {
@@ -436,11 +457,20 @@ func (s *Server) serveConn(conn net.Conn) {
 	connCtx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	qs := &queueServer{s: s, remote: remote}
+	if s.cfg.ConnReplyLimitBytes > 0 {
+		qs.gate = newReplyGate(connCtx, func() {
+			s.log.Warn("connection closed: the client does not read its answers", "remote", remote, "timeout", s.cfg.ReplyStallTimeout)
+			_ = conn.Close()
+		}, s.cfg.ConnReplyLimitBytes, s.cfg.ReplyStallTimeout, s.cfg.Clock, &s.replyBytes)
+	}
 	boot := capnp.Client(schema.Queue_ServerToClient(qs))
 	tr := newServerTransport(connCtx, conn, uint64(s.cfg.MaxMessageBytes), s.cfg.ConnFlowLimitBytes, func() {
 		spoke.Store(true)
 		silent.Stop()
 	})
+	if qs.gate != nil {
+		tr = &gatedTransport{Transport: tr, gate: qs.gate}
+	}
 	rc := capnprpc.NewConn(tr,
 		&capnprpc.Options{BootstrapClient: boot, Logger: s.capnpLog})
 	select {
@@ -526,5 +556,6 @@ func (s *Server) Metrics() Metrics {
 	m.ConnsRefused = s.refused.Load()
 	m.Waiters = s.disp.Waiters()
 	m.ItemsPushed = s.pushed.Load()
+	m.ReplyBytesQueued = s.replyBytes.Load()
 	return m
 }

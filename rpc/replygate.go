@@ -1,0 +1,199 @@
+package rpc
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"capnproto.org/go/capnp/v3"
+	"capnproto.org/go/capnp/v3/rpc/transport"
+	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
+	"github.com/benbjohnson/clock"
+)
+
+// replyGate bounds the bytes of answers a connection has built and not yet
+// written to its socket. A client that sends calls and never reads the
+// answers would otherwise make the server hold every answer in memory
+// (go-capnp queues them without bound). Handlers register each answer
+// when they finish (add); the transport drops it once it is written or
+// released (done); while more than limit bytes are pending, the
+// connection's reader stops taking new calls (wait), and if that lasts
+// stall, the connection is closed.
+type replyGate struct {
+	limit int64
+	stall time.Duration
+	clk   clock.Clock
+
+	total *atomic.Int64   // the server's sum over connections (Metrics)
+	ctx   context.Context // the connection's: waits end with it
+	kill  func()          // closes the connection (a stalled client)
+
+	mu       sync.Mutex
+	pending  int64
+	building int // listing answers being built (acquire/release)
+	sizes    map[*capnp.Message]int64
+	changed  chan struct{} // closed (and replaced) when pending or building falls
+}
+
+func newReplyGate(ctx context.Context, kill func(), limit int64, stall time.Duration, clk clock.Clock, total *atomic.Int64) *replyGate {
+	return &replyGate{ctx: ctx, kill: kill, limit: limit, stall: stall, clk: clk, total: total,
+		sizes: make(map[*capnp.Message]int64), changed: make(chan struct{})}
+}
+
+// add registers an answer of the connection once its handler returned.
+func (g *replyGate) add(m *capnp.Message) {
+	if g == nil || m == nil {
+		return
+	}
+	n, err := m.TotalSize()
+	if err != nil {
+		return
+	}
+	g.mu.Lock()
+	if _, ok := g.sizes[m]; !ok {
+		g.sizes[m] = int64(n)
+		g.pending += int64(n)
+		g.total.Add(int64(n))
+	}
+	g.mu.Unlock()
+}
+
+// done forgets an answer that was written or released.
+func (g *replyGate) done(m *capnp.Message) {
+	g.mu.Lock()
+	n, ok := g.sizes[m]
+	if ok {
+		delete(g.sizes, m)
+		g.pending -= n
+		g.total.Add(-n)
+	}
+	g.mu.Unlock()
+	if ok {
+		g.signal()
+	}
+}
+
+// Pending is the bytes of answers built and not yet written.
+func (g *replyGate) Pending() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.pending
+}
+
+// maxBuilding is how many listing answers (peek, dead list) one
+// connection may have in the making at once: admission looks at the bytes
+// already pending, so without this bound a burst of calls would all be
+// admitted before the first answer is counted.
+const maxBuilding = 4
+
+// wait returns once pending answers are within the limit (the reader
+// calls it before taking the next call).
+func (g *replyGate) wait() error {
+	return g.await(func() bool { return g.pending <= g.limit })
+}
+
+// acquire admits one listing answer to be built: pending answers within
+// the limit and fewer than maxBuilding in the making. release ends it.
+func (g *replyGate) acquire() error {
+	if g == nil {
+		return nil
+	}
+	return g.await(func() bool {
+		if g.pending > g.limit || g.building >= maxBuilding {
+			return false
+		}
+		g.building++
+		return true
+	})
+}
+
+func (g *replyGate) release() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	g.building--
+	g.mu.Unlock()
+	g.signal()
+}
+
+// signal wakes every waiter to look again.
+func (g *replyGate) signal() {
+	g.mu.Lock()
+	close(g.changed)
+	g.changed = make(chan struct{})
+	g.mu.Unlock()
+}
+
+// await waits until ok (called with g.mu held) holds. It fails when the
+// connection ends, or after stall: then the client is not reading its
+// answers, and the connection is closed.
+func (g *replyGate) await(ok func() bool) error {
+	if g == nil {
+		return nil
+	}
+	var stalled <-chan time.Time
+	for {
+		g.mu.Lock()
+		fine, pending, changed := ok(), g.pending, g.changed
+		g.mu.Unlock()
+		if fine {
+			return nil
+		}
+		if stalled == nil {
+			t := g.clk.Timer(g.stall)
+			defer t.Stop()
+			stalled = t.C
+		}
+		select {
+		case <-changed:
+		case <-g.ctx.Done():
+			return fmt.Errorf("%w: connection closed", ErrUnavailable)
+		case <-stalled:
+			g.kill()
+			return fmt.Errorf("%w: the client read none of %d bytes of answers for %v; connection closed", ErrUnavailable, pending, g.stall)
+		}
+	}
+}
+
+// gatedTransport is a connection's transport with its replyGate: it tells
+// the gate when answers leave, and holds back reading while too many wait.
+type gatedTransport struct {
+	transport.Transport
+	gate *replyGate
+}
+
+func (t *gatedTransport) NewMessage() (transport.OutgoingMessage, error) {
+	m, err := t.Transport.NewMessage()
+	if err != nil {
+		return nil, err
+	}
+	return &gatedMsg{OutgoingMessage: m, gate: t.gate}, nil
+}
+
+func (t *gatedTransport) RecvMessage() (transport.IncomingMessage, error) {
+	if err := t.gate.wait(); err != nil {
+		return nil, err
+	}
+	return t.Transport.RecvMessage()
+}
+
+type gatedMsg struct {
+	transport.OutgoingMessage
+	gate *replyGate
+}
+
+func (m *gatedMsg) msg() *capnp.Message { return rpccp.Message(m.OutgoingMessage.Message()).Message() }
+
+func (m *gatedMsg) Send() error {
+	err := m.OutgoingMessage.Send()
+	m.gate.done(m.msg())
+	return err
+}
+
+func (m *gatedMsg) Release() {
+	m.gate.done(m.msg())
+	m.OutgoingMessage.Release()
+}

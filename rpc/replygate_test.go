@@ -1,0 +1,121 @@
+package rpc
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"capnproto.org/go/capnp/v3"
+	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/schema"
+)
+
+// sendRaw writes one RPC message built by fill.
+func sendRaw(t *testing.T, conn net.Conn, fill func(m rpccp.Message) error) {
+	t.Helper()
+	msg, seg, err := capnp.NewMessage(capnp.MultiSegment(nil))
+	require.NoError(t, err)
+	defer msg.Release()
+	m, err := rpccp.NewRootMessage(seg)
+	require.NoError(t, err)
+	require.NoError(t, fill(m))
+	require.NoError(t, capnp.NewEncoder(conn).Encode(msg))
+}
+
+// sendPeeks bootstraps (question 0) and sends n peek calls on the
+// bootstrap answer (questions 1..n), never reading anything back.
+func sendPeeks(t *testing.T, conn net.Conn, queue string, n int, limit uint32) {
+	t.Helper()
+	sendRaw(t, conn, func(m rpccp.Message) error {
+		bs, err := m.NewBootstrap()
+		if err != nil {
+			return err
+		}
+		bs.SetQuestionId(0)
+		return nil
+	})
+	for i := 1; i <= n; i++ {
+		sendRaw(t, conn, func(m rpccp.Message) error {
+			call, err := m.NewCall()
+			if err != nil {
+				return err
+			}
+			call.SetQuestionId(uint32(i))
+			call.SetInterfaceId(schema.Queue_TypeID)
+			call.SetMethodId(7) // peek
+			tgt, err := call.NewTarget()
+			if err != nil {
+				return err
+			}
+			pa, err := tgt.NewPromisedAnswer()
+			if err != nil {
+				return err
+			}
+			pa.SetQuestionId(0)
+			params, err := call.NewParams()
+			if err != nil {
+				return err
+			}
+			p, err := schema.NewQueue_peek_Params(params.Segment())
+			if err != nil {
+				return err
+			}
+			if err := p.SetQueue(queue); err != nil {
+				return err
+			}
+			p.SetLimit(limit)
+			return params.SetContent(p.ToPtr())
+		})
+	}
+}
+
+// TestServer_UnreadAnswersAreBounded: a client that sends peeks of ~100
+// KiB answers and never reads them makes the server stop reading its calls
+// once its unsent answers pass ConnReplyLimitBytes, instead of building
+// every answer in memory; other clients are served meanwhile; after
+// ReplyStallTimeout the connection is closed.
+func TestServer_UnreadAnswersAreBounded(t *testing.T) {
+	t.Parallel()
+	const limit = 1 << 20
+	b := setup(t, bundleOpts{mutate: func(c *ServerConfig) {
+		c.ConnReplyLimitBytes = limit
+		c.ReplyStallTimeout = time.Minute
+	}})
+	c := b.dial()
+	ctx := ctxT(t)
+	for range 10 {
+		_, err := c.Enqueue(ctx, "big", payloads(10, 1<<10))
+		require.NoError(t, err)
+	}
+	const calls = 400 // 400 answers of ~100 KiB: 40 MiB if all were built
+	conn := rawConn(t, b)
+	go sendPeeks(t, conn, "big", calls, 100)
+
+	peeks := func() uint64 { return b.srv.Metrics().Ops[OpPeek].Count }
+	// The server answers until the socket buffers and the budget are full,
+	// then stops reading the connection.
+	var last uint64
+	eventually(t, 30*time.Second, func() bool {
+		n := peeks()
+		stable := n > 0 && n == last
+		last = n
+		time.Sleep(100 * time.Millisecond) // observation interval, not synchronisation
+		return stable
+	})
+	t.Logf("peeks %d errors %d queued %d", peeks(), b.srv.Metrics().Ops[OpPeek].Errors, b.srv.Metrics().ReplyBytesQueued)
+	require.Less(t, peeks(), uint64(calls), "every call was answered: the server kept reading")
+	require.LessOrEqual(t, b.srv.Metrics().ReplyBytesQueued, int64(limit+maxBuilding*120<<10), "unsent answers over the budget (limit + the answers in the making)")
+
+	// Another client is served meanwhile.
+	_, err := c.Stats(ctx, "big")
+	require.NoError(t, err)
+
+	// The stalled connection is dropped after ReplyStallTimeout.
+	b.clock.Add(time.Minute)
+	requireClosedByServer(t, conn)
+	eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ReplyBytesQueued == 0 })
+	_, err = c.Stats(ctx, "big")
+	require.NoError(t, err)
+}
