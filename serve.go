@@ -100,6 +100,9 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 		tlsKey := fs.String("tls-key", "", "server private key `file` (PEM)")
 		tlsClientCA := fs.String("tls-client-ca", "", "CA bundle `file` (PEM): require client certificates signed by it (mutual TLS)")
 		maxConns := fs.Int("max-conns", rpc.DefaultMaxConns, "maximum open client connections")
+		maxInflight := newChoice(strconv.Itoa(defaultInflightBytes()), parseSize)
+		fs.Var(maxInflight, "max-inflight-bytes", "incoming `bytes` of unanswered calls over all connections; beyond it the node reads no more calls until some are answered (default: a quarter of the machine's memory, 64MiB-4GiB)")
+		maxNodeWaiters := fs.Int("max-node-waiters", rpc.DefaultMaxWaiters, "maximum parked long polls plus subscriptions on the node (per queue: --max-waiters)")
 		maxConnsPerIP := fs.Int("max-conns-per-ip", rpc.DefaultMaxConnsPerAddr, "maximum open TCP connections from one IP address (0: no per-address limit)")
 		maxWaiters := fs.Int("max-waiters", rpc.DefaultMaxWaitersPerQueue, "maximum parked long polls plus subscriptions per queue (0 means the default)")
 		d := storage.DefaultLimits
@@ -134,6 +137,9 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 			}
 			if *maxConns <= 0 {
 				return usagef("--max-conns must be positive, got %d", *maxConns)
+			}
+			if *maxNodeWaiters < 1 {
+				return usagef("--max-node-waiters must be positive, got %d", *maxNodeWaiters)
 			}
 			if *maxConnsPerIP < 0 {
 				return usagef("--max-conns-per-ip must be >= 0, got %d", *maxConnsPerIP)
@@ -194,6 +200,8 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 				maxConns:    *maxConns,
 				maxWaiters:  *maxWaiters,
 				maxPerIP:    *maxConnsPerIP,
+				maxInflight: int64(maxInflight.val),
+				nodeWaiters: *maxNodeWaiters,
 				maxMessage:  int64(maxMessage.val),
 				limits: storage.Limits{
 					MaxPayload:   maxPayload.val,
@@ -262,6 +270,8 @@ type serveConfig struct {
 	maxConns      int
 	maxWaiters    int
 	maxPerIP      int // 0: no per-address limit
+	maxInflight   int64
+	nodeWaiters   int
 	maxMessage    int64
 	limits        storage.Limits
 	sweepInterval time.Duration
@@ -390,6 +400,8 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		MaxConns:           c.maxConns,
 		MaxWaitersPerQueue: c.maxWaiters,
 		MaxConnsPerAddr:    perAddrLimit(c.maxPerIP),
+		MaxInflightBytes:   c.maxInflight,
+		MaxWaiters:         c.nodeWaiters,
 		MaxMessageBytes:    c.maxMessage,
 		TLS:                c.tls,
 		Info:               nodeInfo(c),
@@ -573,4 +585,14 @@ func recoverLoop(rocks *rocksstore.Store, clk clock.Clock, log *slog.Logger) (st
 		close(done)
 		wg.Wait()
 	}
+}
+
+// defaultInflightBytes is --max-inflight-bytes' default: a quarter of the
+// machine's memory, within 64 MiB and 4 GiB.
+func defaultInflightBytes() int {
+	var si syscall.Sysinfo_t
+	if err := syscall.Sysinfo(&si); err != nil {
+		return 1 << 30
+	}
+	return int(min(max(int64(si.Totalram)*int64(si.Unit)/4, 64<<20), 4<<30))
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/schema"
+	"github.com/leaseq/leaseq/storage"
 )
 
 // sendRaw writes one RPC message built by fill.
@@ -118,4 +119,49 @@ func TestServer_UnreadAnswersAreBounded(t *testing.T) {
 	eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ReplyBytesQueued == 0 })
 	_, err = c.Stats(ctx, "big")
 	require.NoError(t, err)
+}
+
+// TestServer_NodeInflightBudget: calls parked on one connection (long
+// polls) hold the node-wide budget of unanswered request bytes; once it is
+// spent the server reads no more calls from any connection, and reading
+// resumes when parked calls are answered.
+func TestServer_NodeInflightBudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{mutate: func(c *ServerConfig) { c.MaxInflightBytes = 2 << 10 }})
+	parker, other := b.dial(), b.dial()
+	ctx := ctxT(t)
+	// Park long polls until the budget is spent (one poll request is a
+	// few hundred bytes): the last ones are not even read.
+	var polls []<-chan pollOut
+	for range 30 {
+		polls = append(polls, goPoll(parker, "q", 1, 50*time.Second))
+	}
+	eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters > 0 })
+	time.Sleep(200 * time.Millisecond) // let the reader reach the budget (observation, not synchronisation)
+	parked := b.srv.Metrics().Waiters
+	require.Less(t, parked, 30, "every poll was read: no node budget")
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := other.Stats(ctx, "q")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("another connection's call was read over the node budget (err %v)", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	// Items arrive (through the store, as the sweeper would): polls are
+	// answered, the budget frees, everything moves again.
+	_, err := b.store.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: payloads(30, 8), Now: b.clock.Now()})
+	require.NoError(t, err)
+	b.srv.Wake([]string{"q"})
+	require.NoError(t, <-done)
+	got := 0
+	for _, ch := range polls {
+		o := recvPoll(t, ch)
+		require.NoError(t, o.err)
+		got += len(o.pr.Items)
+	}
+	require.Equal(t, 30, got)
 }

@@ -16,6 +16,7 @@ import (
 	"capnproto.org/go/capnp/v3"
 	capnprpc "capnproto.org/go/capnp/v3/rpc"
 	"github.com/benbjohnson/clock"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/leaseq/leaseq/rpc/dispatch"
 	"github.com/leaseq/leaseq/schema"
@@ -34,6 +35,12 @@ const (
 	// DefaultMaxWaitersPerQueue bounds parked long polls plus
 	// subscriptions per queue when ServerConfig.MaxWaitersPerQueue is 0.
 	DefaultMaxWaitersPerQueue = dispatch.DefaultMaxWaitersPerQueue
+	// DefaultMaxWaiters bounds parked long polls plus subscriptions on a
+	// node.
+	DefaultMaxWaiters = dispatch.DefaultMaxWaiters
+	// DefaultMaxInflightBytes bounds the incoming bytes of unanswered calls
+	// on a node (main sizes its default from the machine's memory).
+	DefaultMaxInflightBytes = 1 << 30
 	// DefaultMaxMessageBytes bounds one incoming capnp message. A batch of
 	// 1000 items of 64 KiB fits; a batch of 1 MiB payloads must be split
 	// into calls of at most ~60 items.
@@ -71,6 +78,13 @@ type ServerConfig struct {
 	// MaxWaitersPerQueue bounds parked long polls plus subscriptions per
 	// queue (0: dispatch.DefaultMaxWaitersPerQueue).
 	MaxWaitersPerQueue int
+	// MaxWaiters bounds parked long polls plus subscriptions on the node
+	// (0: DefaultMaxWaiters).
+	MaxWaiters int
+	// MaxInflightBytes bounds the incoming bytes of unanswered calls over
+	// all connections (0: DefaultMaxInflightBytes; negative: unbounded):
+	// over it the server reads no more calls until some are answered.
+	MaxInflightBytes int64
 	// ConnFlowLimitBytes bounds the incoming bytes one connection may have
 	// unanswered (0: DefaultConnFlowLimitBytes; negative: unlimited).
 	ConnFlowLimitBytes int64
@@ -128,11 +142,12 @@ type Server struct {
 	subCancel  context.CancelFunc
 	closeAll   chan struct{} // closed by Stop once calls drained: closes conns
 	stopOnce   sync.Once
-	wg         sync.WaitGroup // accept loops, connections, pushers
-	subWG      sync.WaitGroup // pushers only: Stop lets them say goodbye before conns close
-	errRefs    atomic.Uint64  // numbers internal failures in the log and in the reply
-	replyBytes atomic.Int64   // answers built and not yet written, all connections
-	refuseLog  struct {       // rate limit of the "connection refused" line
+	wg         sync.WaitGroup      // accept loops, connections, pushers
+	subWG      sync.WaitGroup      // pushers only: Stop lets them say goodbye before conns close
+	errRefs    atomic.Uint64       // numbers internal failures in the log and in the reply
+	replyBytes atomic.Int64        // answers built and not yet written, all connections
+	inflight   *semaphore.Weighted // incoming bytes of unanswered calls, all connections (nil: unbounded)
+	refuseLog  struct {            // rate limit of the "connection refused" line
 		sync.Mutex
 		last       time.Time
 		suppressed int
@@ -198,12 +213,17 @@ func NewServer(c ServerConfig) (*Server, error) {
 	if limits.MinLease > limits.MaxLease || limits.MaxBatch < 1 || limits.MaxPayload < 1 {
 		return nil, fmt.Errorf("rpc: inconsistent Limits %+v", limits)
 	}
-	disp, err := dispatch.New(dispatch.Config{Store: c.Store, Clock: c.Clock, MaxWaitersPerQueue: c.MaxWaitersPerQueue})
+	if c.MaxInflightBytes == 0 {
+		c.MaxInflightBytes = DefaultMaxInflightBytes
+	}
+	s := &Server{}
+	disp, err := dispatch.New(dispatch.Config{Store: c.Store, Clock: c.Clock, MaxWaitersPerQueue: c.MaxWaitersPerQueue,
+		MaxWaiters: c.MaxWaiters, Extra: func() int { return s.subscriptions() }})
 	if err != nil {
 		return nil, fmt.Errorf("rpc: %w", err)
 	}
 	log := c.Logger.With("svc", "rpc")
-	s := &Server{
+	*s = Server{
 		cfg:      c,
 		log:      log,
 		capnpLog: capnpLogger(c.Logger),
@@ -211,6 +231,9 @@ func NewServer(c ServerConfig) (*Server, error) {
 		disp:     disp,
 		tracker:  newLeaseTracker(),
 		closeAll: make(chan struct{}),
+	}
+	if c.MaxInflightBytes > 0 {
+		s.inflight = semaphore.NewWeighted(c.MaxInflightBytes)
 	}
 	s.subCtx, s.subCancel = context.WithCancel(context.Background())
 	s.mu.listeners = make(map[net.Listener]struct{})
@@ -464,7 +487,7 @@ func (s *Server) serveConn(conn net.Conn) {
 		}, s.cfg.ConnReplyLimitBytes, s.cfg.ReplyStallTimeout, s.cfg.Clock, &s.replyBytes)
 	}
 	boot := capnp.Client(schema.Queue_ServerToClient(qs))
-	tr := newServerTransport(connCtx, conn, uint64(s.cfg.MaxMessageBytes), s.cfg.ConnFlowLimitBytes, func() {
+	tr := newNodeTransport(connCtx, conn, uint64(s.cfg.MaxMessageBytes), s.cfg.ConnFlowLimitBytes, s.inflight, s.cfg.MaxInflightBytes, func() {
 		spoke.Store(true)
 		silent.Stop()
 	})
@@ -558,4 +581,12 @@ func (s *Server) Metrics() Metrics {
 	m.ItemsPushed = s.pushed.Load()
 	m.ReplyBytesQueued = s.replyBytes.Load()
 	return m
+}
+
+// subscriptions is the number of open subscriptions (they count as
+// waiters against MaxWaiters).
+func (s *Server) subscriptions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.subs
 }

@@ -63,6 +63,10 @@ type flowTransport struct {
 	sem   *semaphore.Weighted
 	limit int64
 	ctx   context.Context // cancelled when the connection closes
+	// node bounds the same bytes over all connections (nil: unbounded);
+	// nodeLimit is its size.
+	node      *semaphore.Weighted
+	nodeLimit int64
 }
 
 func (t *flowTransport) RecvMessage() (transport.IncomingMessage, error) {
@@ -83,7 +87,16 @@ func (t *flowTransport) RecvMessage() (transport.IncomingMessage, error) {
 		in.Release()
 		return nil, err
 	}
-	return &flowMsg{IncomingMessage: in, release: func() { t.sem.Release(n) }}, nil
+	if t.node == nil {
+		return &flowMsg{IncomingMessage: in, release: func() { t.sem.Release(n) }}, nil
+	}
+	nn := min(n, t.nodeLimit)
+	if err := t.node.Acquire(t.ctx, nn); err != nil {
+		t.sem.Release(n)
+		in.Release()
+		return nil, err
+	}
+	return &flowMsg{IncomingMessage: in, release: func() { t.sem.Release(n); t.node.Release(nn) }}, nil
 }
 
 type flowMsg struct {
@@ -100,13 +113,22 @@ func (m *flowMsg) Release() {
 // newServerTransport builds the transport of one accepted connection.
 // first runs once the first message has arrived.
 func newServerTransport(ctx context.Context, conn net.Conn, maxMsg uint64, flowLimit int64, first func()) transport.Transport {
+	return newNodeTransport(ctx, conn, maxMsg, flowLimit, nil, 0, first)
+}
+
+// newNodeTransport is newServerTransport whose flow budget also draws on
+// node, the budget shared by every connection (nil: none).
+func newNodeTransport(ctx context.Context, conn net.Conn, maxMsg uint64, flowLimit int64, node *semaphore.Weighted, nodeLimit int64, first func()) transport.Transport {
 	codec := newLimitedCodec(conn, maxMsg)
 	codec.first = first
 	t := transport.New(codec)
 	if flowLimit <= 0 {
+		flowLimit = 1 << 62 // per connection unbounded; the node budget may still apply
+	}
+	if flowLimit >= 1<<62 && node == nil {
 		return t
 	}
-	return &flowTransport{Transport: t, sem: semaphore.NewWeighted(flowLimit), limit: flowLimit, ctx: ctx}
+	return &flowTransport{Transport: t, sem: semaphore.NewWeighted(flowLimit), limit: flowLimit, ctx: ctx, node: node, nodeLimit: nodeLimit}
 }
 
 // writeAbort sends one RPC Abort message, so a refused client learns why

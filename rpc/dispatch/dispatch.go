@@ -47,6 +47,11 @@ type Config struct {
 	// MaxWaitersPerQueue bounds parked polls per queue; 0 means
 	// DefaultMaxWaitersPerQueue.
 	MaxWaitersPerQueue int
+	// MaxWaiters bounds parked polls on the whole node, plus whatever
+	// Extra reports (the rpc server's subscriptions); 0 means
+	// DefaultMaxWaiters.
+	MaxWaiters int
+	Extra      func() int
 }
 
 // DefaultMaxWaitersPerQueue is generous: a waiter costs one goroutine and a
@@ -54,12 +59,18 @@ type Config struct {
 // unbounded work, not to shape normal traffic.
 const DefaultMaxWaitersPerQueue = 10000
 
+// DefaultMaxWaiters bounds parked polls (and subscriptions) on a node, so
+// parking polls over many queues cannot exhaust its memory.
+const DefaultMaxWaiters = 100000
+
 // Dispatcher parks long polls and wakes them on Notify.
 type Dispatcher struct {
 	store      Poller
 	watcher    storage.ReadyWatcher // nil unless the store is shared with other nodes
 	clock      clock.Clock
-	maxWaiters int
+	maxWaiters int        // per queue
+	maxTotal   int        // per node, with extra()
+	extra      func() int // waiters counted elsewhere (subscriptions)
 	closed     chan struct{}
 	closeOnce  sync.Once
 
@@ -91,7 +102,13 @@ func New(c Config) (*Dispatcher, error) {
 	if c.MaxWaitersPerQueue <= 0 {
 		c.MaxWaitersPerQueue = DefaultMaxWaitersPerQueue
 	}
-	d := &Dispatcher{store: c.Store, clock: c.Clock, maxWaiters: c.MaxWaitersPerQueue, closed: make(chan struct{})}
+	if c.MaxWaiters <= 0 {
+		c.MaxWaiters = DefaultMaxWaiters
+	}
+	if c.Extra == nil {
+		c.Extra = func() int { return 0 }
+	}
+	d := &Dispatcher{store: c.Store, clock: c.Clock, maxWaiters: c.MaxWaitersPerQueue, maxTotal: c.MaxWaiters, extra: c.Extra, closed: make(chan struct{})}
 	d.watcher, _ = c.Store.(storage.ReadyWatcher)
 	d.mu.queues = make(map[string]*queueState)
 	return d, nil
@@ -150,6 +167,10 @@ func (d *Dispatcher) Poll(ctx context.Context, p storage.PollParams, wait time.D
 		if !parkedOnce && qs.waiters.Len() >= d.maxWaiters {
 			d.mu.Unlock()
 			return storage.PollResult{}, fmt.Errorf("%w %q (limit %d)", ErrTooManyWaiters, p.Queue, d.maxWaiters)
+		}
+		if !parkedOnce && d.mu.waiters+d.extra() >= d.maxTotal {
+			d.mu.Unlock()
+			return storage.PollResult{}, fmt.Errorf("%w: the node holds %d parked polls and subscriptions (node limit %d)", ErrTooManyWaiters, d.maxTotal, d.maxTotal)
 		}
 		if parkedOnce {
 			// Woken but found nothing: keep our place at the head.

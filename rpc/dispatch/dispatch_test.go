@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -262,4 +263,27 @@ func TestDispatcher_NewNeedsStoreAndClock(t *testing.T) {
 	t.Parallel()
 	_, err := New(Config{})
 	require.Error(t, err)
+}
+
+func TestDispatcher_MaxWaitersPerNode(t *testing.T) {
+	t.Parallel()
+	mock := clock.NewMock()
+	var subs atomic.Int64
+	d, err := New(Config{Store: &fakeStore{}, Clock: mock, MaxWaiters: 3, Extra: func() int { return int(subs.Load()) }})
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	a := goPoll(d, context.Background(), "a", time.Minute)
+	b := goPoll(d, context.Background(), "b", time.Minute)
+	eventually(t, func() bool { return d.Waiters() == 2 })
+	subs.Store(1) // a subscription elsewhere on the node
+	_, err = d.Poll(context.Background(), storage.PollParams{Queue: "c", Max: 1}, time.Minute)
+	require.ErrorIs(t, err, ErrTooManyWaiters)
+	require.ErrorContains(t, err, "node limit 3")
+	subs.Store(0)
+	c := goPoll(d, context.Background(), "c", time.Minute)
+	eventually(t, func() bool { return d.Waiters() == 3 })
+	d.Close()
+	for _, ch := range []<-chan out{a, b, c} {
+		require.NoError(t, recv(t, ch).err)
+	}
 }
