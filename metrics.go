@@ -76,7 +76,7 @@ type nodeCollector struct {
 	pushed, replyBytes                                    *prometheus.Desc
 	commits, syncCommits, commitLatency, fsyncLatency     *prometheus.Desc
 	calls, items, claimPasses, polls, claimed             *prometheus.Desc
-	storeFailed, diskFree                                 *prometheus.Desc
+	storeFailed, diskFree, corrupt                        *prometheus.Desc
 	sweeps, sweepFails, sweepItems, sweepLag, sweepMaxLag *prometheus.Desc
 	sweepDuration                                         *prometheus.Desc
 }
@@ -110,6 +110,7 @@ func newNodeCollector() *nodeCollector {
 		polls:         d("store_polls_total", "Poll calls (RocksDB)."),
 		claimed:       d("store_claimed_items_total", "Items handed out by polls (RocksDB)."),
 		storeFailed:   d("store_failed", "1 while the store has stopped after a failed write (a full disk, say) and waits to reopen (RocksDB); /readyz is 503 meanwhile."),
+		corrupt:       d("store_corrupt_errors_total", "Calls that met data they could not decode (a damaged record or SST block; RocksDB); /readyz is 503 once any did."),
 		diskFree:      d("store_disk_free_bytes", "Free bytes on the data directory's filesystem (RocksDB); enqueues are refused below --min-free-disk."),
 		sweeps:        d("sweeper_passes_total", "Sweeper passes."),
 		sweepFails:    d("sweeper_failed_passes_total", "Sweeper passes that failed."),
@@ -125,7 +126,7 @@ func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.depth, c.leases, c.oldest, c.itemsTotal, c.opCount, c.opErrors, c.opLatency,
 		c.connsOpen, c.connsAccepted, c.connsRefused, c.waiters, c.subs, c.pushed, c.replyBytes,
-		c.commits, c.syncCommits, c.commitLatency, c.fsyncLatency, c.calls, c.items, c.claimPasses, c.polls, c.claimed, c.storeFailed, c.diskFree,
+		c.commits, c.syncCommits, c.commitLatency, c.fsyncLatency, c.calls, c.items, c.claimPasses, c.polls, c.claimed, c.storeFailed, c.diskFree, c.corrupt,
 		c.sweeps, c.sweepFails, c.sweepItems, c.sweepLag, c.sweepMaxLag, c.sweepDuration,
 	} {
 		ch <- d
@@ -207,6 +208,8 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 			failed = 1
 		}
 		gauge(c.storeFailed, failed)
+		corruptN, _ := p.rocks.Corruption()
+		counter(c.corrupt, corruptN)
 		if free, err := p.rocks.FreeDisk(); err == nil {
 			gauge(c.diskFree, float64(free))
 		}

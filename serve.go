@@ -370,7 +370,12 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		c.metrics = mln.Addr().String() // the real port when given :0
 		httpSrv = metricsServer(collector, &ready, func() error {
 			if p := collector.node.Load(); p != nil && p.rocks != nil {
-				return p.rocks.Failed()
+				if err := p.rocks.Failed(); err != nil {
+					return err
+				}
+				if n, first := p.rocks.Corruption(); n > 0 {
+					return fmt.Errorf("corrupt data met %d times since start (first: %v); see leaseq check", n, first)
+				}
 			}
 			return nil
 		}, log)

@@ -1,6 +1,7 @@
 package rocksstore
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -129,7 +130,30 @@ func (s *Store) submit(items int, fn func(o *opTx) error) (time.Time, error) {
 		s.lead()
 		<-o.wake
 	}
+	if o.err != nil && errors.Is(o.err, storage.ErrCorrupt) {
+		s.noteCorrupt(o.err)
+	}
 	return o.next, o.err
+}
+
+// noteCorrupt records undecodable data met by a call (Corruption).
+func (s *Store) noteCorrupt(err error) {
+	if s.m.corrupt.Add(1) == 1 {
+		s.corruptFirst.Store(&err)
+	}
+	s.log.Error("rocksstore: corrupt data", "err", err)
+}
+
+// Corruption reports how many calls met data they could not decode (a
+// damaged record or SST block) since Open, and the first such error. A
+// queue whose head item is damaged cannot be polled past it: the node
+// reports itself not ready while count > 0.
+func (s *Store) Corruption() (count uint64, first error) {
+	count = s.m.corrupt.Load()
+	if p := s.corruptFirst.Load(); p != nil {
+		first = *p
+	}
+	return count, first
 }
 
 // lead builds and writes batches of pending ops until none is left or

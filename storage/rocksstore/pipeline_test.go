@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/dbkeys"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -213,4 +214,33 @@ func TestCheckIndexes(t *testing.T) {
 	q.leases[res.Lease].released++ // an inflight item that vanished
 	require.Panics(t, func() { checkIndexes([]*queueState{q}) })
 	q.leases[res.Lease].released--
+}
+
+// TestRocksStore_CorruptionIsReported: a damaged record met by a call is
+// counted (Corruption), so the node can say so (/readyz, metrics) instead
+// of failing one queue's polls silently forever.
+func TestRocksStore_CorruptionIsReported(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ids := b.enqueueN("q", at(0), 3)
+	n, first := b.s.Corruption()
+	require.Zero(t, n)
+	require.NoError(t, first)
+
+	k := dbkeys.AvailableKey("q", ids[0])
+	good, ok, err := b.s.getRaw(k)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, b.s.db.Put(b.s.swo, k, []byte{0xff, 0x01})) // a damaged record at the head
+	for range 2 {
+		_, err = b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 1, Lease: time.Minute, Now: at(time.Second)})
+		require.ErrorIs(t, err, storage.ErrCorrupt)
+	}
+	n, first = b.s.Corruption()
+	require.Equal(t, uint64(2), n)
+	require.ErrorIs(t, first, storage.ErrCorrupt)
+
+	require.NoError(t, b.s.db.Put(b.s.swo, k, good)) // repaired, for the cleanup's Check
+	res := b.poll("q", 3, time.Minute, at(2*time.Second))
+	require.Len(t, res.Items, 3)
 }

@@ -90,7 +90,9 @@ type Store struct {
 		commits, ops, items, walSyncs, syncedBatches atomic.Uint64
 		syncNanos                                    atomic.Uint64
 		claimPasses, polls, claimed                  atomic.Uint64
+		corrupt                                      atomic.Uint64
 	}
+	corruptFirst atomic.Pointer[error]
 }
 
 var _ storage.Store = (*Store)(nil)
