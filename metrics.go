@@ -4,10 +4,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -69,8 +72,11 @@ type nodeParts struct {
 // and queue depth is never stale.
 type nodeCollector struct {
 	node atomic.Pointer[nodeParts]
+	// maxQueues bounds the queues with series of their own; the others are
+	// summed under the queue label otherQueues (0: defaultMetricsQueues).
+	maxQueues int
 
-	depth, leases, oldest, itemsTotal                     *prometheus.Desc
+	depth, leases, oldest, itemsTotal, queues             *prometheus.Desc
 	opCount, opErrors, opLatency                          *prometheus.Desc
 	connsOpen, connsAccepted, connsRefused, waiters, subs *prometheus.Desc
 	pushed, replyBytes                                    *prometheus.Desc
@@ -98,6 +104,7 @@ func newNodeCollector() *nodeCollector {
 		connsRefused:  d("rpc_connections_refused_total", "Connections refused at --max-conns or failing the TLS handshake."),
 		waiters:       d("rpc_waiters", "Parked long polls and idle subscriptions."),
 		subs:          d("rpc_subscriptions", "Open subscriptions."),
+		queues:        d("queues", "Queues on the node (per-queue series cover the --metrics-max-queues busiest; the rest are summed under queue=\"(other)\")."),
 		pushed:        d("rpc_items_pushed_total", "Items delivered to subscriptions."),
 		replyBytes:    d("rpc_reply_bytes_queued", "Bytes of answers built and not yet written to their connections (each connection's share is bounded)."),
 		commits:       d("store_commits_total", "Batches the commit pipeline wrote, one transaction each (RocksDB)."),
@@ -124,7 +131,7 @@ func newNodeCollector() *nodeCollector {
 // Describe implements prometheus.Collector.
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
-		c.depth, c.leases, c.oldest, c.itemsTotal, c.opCount, c.opErrors, c.opLatency,
+		c.depth, c.leases, c.oldest, c.itemsTotal, c.queues, c.opCount, c.opErrors, c.opLatency,
 		c.connsOpen, c.connsAccepted, c.connsRefused, c.waiters, c.subs, c.pushed, c.replyBytes,
 		c.commits, c.syncCommits, c.commitLatency, c.fsyncLatency, c.calls, c.items, c.claimPasses, c.polls, c.claimed, c.storeFailed, c.diskFree, c.corrupt,
 		c.sweeps, c.sweepFails, c.sweepItems, c.sweepLag, c.sweepMaxLag, c.sweepDuration,
@@ -153,7 +160,8 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.depth, fmt.Errorf("stats: %w", err))
 	}
-	for _, q := range stats {
+	gauge(c.queues, float64(len(stats)))
+	for _, q := range boundQueues(stats, c.maxQueues) {
 		gauge(c.depth, float64(q.Ready), q.Queue, "ready")
 		gauge(c.depth, float64(q.Delayed), q.Queue, "delayed")
 		gauge(c.depth, float64(q.Inflight), q.Queue, "inflight")
@@ -229,4 +237,53 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.sweepLag, s.LastLag.Seconds())
 	gauge(c.sweepMaxLag, s.MaxLag.Seconds())
 	gauge(c.sweepDuration, s.LastPassDuration.Seconds())
+}
+
+// defaultMetricsQueues is --metrics-max-queues' default: enough for most
+// nodes, small enough that a scrape stays well under a megabyte however
+// many queues exist.
+const defaultMetricsQueues = 200
+
+// otherQueues labels the sum of the queues without series of their own; it
+// is not a valid queue name, so it cannot collide with one.
+const otherQueues = "(other)"
+
+// boundQueues keeps the limit queues with the most items ever enqueued (a
+// ranking that rarely changes, so a queue's counters stay in one series)
+// and sums the rest into one otherQueues entry. The oldest-ready age of
+// the sum is the largest among them.
+func boundQueues(stats []storage.QueueStats, limit int) []storage.QueueStats {
+	if limit <= 0 {
+		limit = defaultMetricsQueues
+	}
+	if len(stats) <= limit {
+		return stats
+	}
+	ranked := slices.Clone(stats)
+	slices.SortFunc(ranked, func(a, b storage.QueueStats) int {
+		if a.Enqueued != b.Enqueued {
+			return cmp.Compare(b.Enqueued, a.Enqueued)
+		}
+		return strings.Compare(a.Queue, b.Queue)
+	})
+	out := ranked[:limit:limit]
+	other := storage.QueueStats{Queue: otherQueues}
+	for _, q := range ranked[limit:] {
+		other.Ready += q.Ready
+		other.Delayed += q.Delayed
+		other.Inflight += q.Inflight
+		other.Dead += q.Dead
+		other.Leases += q.Leases
+		other.OldestReadyAge = max(other.OldestReadyAge, q.OldestReadyAge)
+		other.Enqueued += q.Enqueued
+		other.Duplicates += q.Duplicates
+		other.Delivered += q.Delivered
+		other.Acked += q.Acked
+		other.Nacked += q.Nacked
+		other.Expired += q.Expired
+		other.DeadLettered += q.DeadLettered
+		other.Redriven += q.Redriven
+		other.Purged += q.Purged
+	}
+	return append(out, other)
 }

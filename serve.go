@@ -102,6 +102,7 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 		maxConns := fs.Int("max-conns", rpc.DefaultMaxConns, "maximum open client connections")
 		maxInflight := newChoice(strconv.Itoa(defaultInflightBytes()), parseSize)
 		fs.Var(maxInflight, "max-inflight-bytes", "incoming `bytes` of unanswered calls over all connections; beyond it the node reads no more calls until some are answered (default: a quarter of the machine's memory, 64MiB-4GiB)")
+		metricsQueues := fs.Int("metrics-max-queues", defaultMetricsQueues, "queues with /metrics series of their own (those with the most items enqueued); the rest are summed under queue=\"(other)\"")
 		maxNodeWaiters := fs.Int("max-node-waiters", rpc.DefaultMaxWaiters, "maximum parked long polls plus subscriptions on the node (per queue: --max-waiters)")
 		maxConnsPerIP := fs.Int("max-conns-per-ip", rpc.DefaultMaxConnsPerAddr, "maximum open TCP connections from one IP address (0: no per-address limit)")
 		maxWaiters := fs.Int("max-waiters", rpc.DefaultMaxWaitersPerQueue, "maximum parked long polls plus subscriptions per queue (0 means the default)")
@@ -137,6 +138,9 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 			}
 			if *maxConns <= 0 {
 				return usagef("--max-conns must be positive, got %d", *maxConns)
+			}
+			if *metricsQueues < 1 {
+				return usagef("--metrics-max-queues must be positive, got %d", *metricsQueues)
 			}
 			if *maxNodeWaiters < 1 {
 				return usagef("--max-node-waiters must be positive, got %d", *maxNodeWaiters)
@@ -202,6 +206,7 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 				maxPerIP:    *maxConnsPerIP,
 				maxInflight: int64(maxInflight.val),
 				nodeWaiters: *maxNodeWaiters,
+				metricsQs:   *metricsQueues,
 				maxMessage:  int64(maxMessage.val),
 				limits: storage.Limits{
 					MaxPayload:   maxPayload.val,
@@ -272,6 +277,7 @@ type serveConfig struct {
 	maxPerIP      int // 0: no per-address limit
 	maxInflight   int64
 	nodeWaiters   int
+	metricsQs     int
 	maxMessage    int64
 	limits        storage.Limits
 	sweepInterval time.Duration
@@ -360,6 +366,7 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	// while a large database opens.
 	var ready atomic.Bool
 	collector := newNodeCollector()
+	collector.maxQueues = c.metricsQs
 	var httpSrv *http.Server
 	var httpWG sync.WaitGroup
 	if c.metrics != "" {

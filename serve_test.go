@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -207,4 +208,23 @@ func TestServe_DiskFull(t *testing.T) {
 	require.Zero(t, n.stop())
 	r := runCLI(t, nil, "", "check", "--data", data)
 	require.Equal(t, 0, r.code, "%s%s", r.stdout, r.stderr)
+}
+
+// TestBoundQueues: /metrics keeps series for the busiest queues only and
+// sums the rest, so a node with thousands of queues has a bounded scrape.
+func TestBoundQueues(t *testing.T) {
+	t.Parallel()
+	var stats []storage.QueueStats
+	for i := range 10 {
+		stats = append(stats, storage.QueueStats{Queue: fmt.Sprintf("q%d", i), Enqueued: uint64(i * 10), Ready: 1, OldestReadyAge: time.Duration(i) * time.Second})
+	}
+	require.Equal(t, stats, boundQueues(stats, 10), "within the bound: every queue")
+	got := boundQueues(stats, 3)
+	require.Len(t, got, 4)
+	require.Equal(t, []string{"q9", "q8", "q7", otherQueues}, []string{got[0].Queue, got[1].Queue, got[2].Queue, got[3].Queue})
+	o := got[3]
+	require.Equal(t, int64(7), o.Ready)
+	require.Equal(t, uint64(0+10+20+30+40+50+60), o.Enqueued)
+	require.Equal(t, 6*time.Second, o.OldestReadyAge)
+	require.Error(t, storage.DefaultLimits.ValidateQueueName(otherQueues), "the sum's label is no queue name")
 }
