@@ -63,6 +63,13 @@ func (s *Store) Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 		}
 		todo = append(todo, pending{idx: i, rec: r})
 	}
+	if len(todo) == 0 {
+		// No valid item: the queue still comes into being, as with any
+		// enqueue (one transaction that writes only its config).
+		if err := s.enqueueTxn(ctx, p, nil, res); err != nil {
+			return nil, fmt.Errorf("fdbsync: enqueue %q: %w", p.Queue, err)
+		}
+	}
 	for len(todo) > 0 {
 		n, size := 0, 0
 		for n < len(todo) && (n == 0 || size+recordSize(&todo[n].rec, 64+len(p.Queue)) <= txnBudget) {
