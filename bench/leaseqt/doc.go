@@ -3,8 +3,9 @@
 //
 //   - in process: the storage.Store driven directly (rocksstore with
 //     sync=always or sync=none, and memstore as a no-persistence baseline),
-//     with a small deadline-driven sweep loop and an in-process wake-up for
-//     waiting polls standing in for the sweeper and the RPC dispatcher;
+//     with the node's own sweeper (package sweeper, as `leaseq serve` runs
+//     it) and an in-process wake-up for waiting polls standing in for the
+//     RPC dispatcher;
 //   - over RPC: a real `leaseq serve` process started by the harness with
 //     a fresh --data directory and --listen on a free loopback port, driven
 //     through the rpc package's Go client.

@@ -3,8 +3,8 @@ package leaseqt
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -17,6 +17,7 @@ import (
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/memstore"
 	"github.com/leaseq/leaseq/storage/rocksstore"
+	"github.com/leaseq/leaseq/sweeper"
 )
 
 // Backends of InProcess.
@@ -25,8 +26,8 @@ const (
 	BackendMem   = "mem"
 )
 
-// sweepCap bounds the sweep loop's sleep when no deadline is known, as the
-// real sweeper's SweepInterval does; deadlines normally wake it earlier.
+// sweepCap is the sweeper's SweepInterval: its longest sleep when no
+// deadline is known (deadlines normally wake it earlier).
 const sweepCap = 100 * time.Millisecond
 
 // sweepLimit is SweepParams.Limit: large enough that a lease storm of
@@ -67,20 +68,13 @@ func (InProcess) Available() error { return nil }
 
 // Start implements target.System.
 func (p InProcess) Start(ctx context.Context, o target.StartOptions) (target.Instance, error) {
-	in := &inprocInstance{clk: o.Clock, lease: o.Lease, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	in := &inprocInstance{clk: o.Clock, lease: o.Lease}
 	in.ready.ch = make(chan struct{})
-	// Wake the sweep loop only for a deadline earlier than the one it
-	// sleeps towards, as the real sweeper re-arms: every poll creates a
-	// lease expiry, and sweeping after each would tax the steady state.
-	onDeadline := func(t time.Time) {
-		if t.UnixNano() >= in.armed.Load() {
-			return
-		}
-		select {
-		case in.wake <- struct{}{}:
-		default:
-		}
-	}
+	// The store reports new deadlines from its first commit on; the
+	// sweeper exists only after the store is open (Notify is a no-op on
+	// nil).
+	var sw atomic.Pointer[sweeper.Sweeper]
+	onDeadline := func(t time.Time) { sw.Load().Notify(t) }
 	switch p.Backend {
 	case BackendMem:
 		in.store = memstore.New(memstore.Options{OnDeadline: onDeadline})
@@ -94,25 +88,42 @@ func (p InProcess) Start(ctx context.Context, o target.StartOptions) (target.Ins
 	default:
 		return nil, fmt.Errorf("leaseqt: unknown backend %q", p.Backend)
 	}
-	go in.sweepLoop()
+	// The node's own sweeper, as `leaseq serve` runs it.
+	s, err := sweeper.New(sweeper.Config{
+		Store: in.store, Clock: o.Clock, Logger: slog.New(slog.DiscardHandler),
+		BatchLimit: sweepLimit, SweepInterval: sweepCap,
+		OnReady: func(queues []string) {
+			in.broadcast()
+			if f := in.onReady.Load(); f != nil {
+				(*f)(queues)
+			}
+		},
+	})
+	if err != nil {
+		_ = in.store.Close()
+		return nil, fmt.Errorf("leaseqt: sweeper: %w", err)
+	}
+	// Its life is the instance's (Close stops it), not Start's ctx.
+	if err := s.Start(context.Background()); err != nil {
+		_ = in.store.Close()
+		return nil, fmt.Errorf("leaseqt: start sweeper: %w", err)
+	}
+	sw.Store(s)
+	in.sweeper = s
 	return in, nil
 }
 
 type inprocInstance struct {
-	store storage.Store
-	clk   clock.Clock
-	lease time.Duration
-	wake  chan struct{}
-	armed atomic.Int64 // unix ns the sweep loop sleeps until
-	stop  chan struct{}
-	done  chan struct{}
-	ready struct {
+	store   storage.Store
+	sweeper *sweeper.Sweeper
+	clk     clock.Clock
+	lease   time.Duration
+	ready   struct {
 		sync.Mutex
 		ch chan struct{} // closed and replaced when items may have become ready
 	}
-	sweepErr error
-	// onReady, when set, is also told which queues the sweep loop made
-	// ready (the loopback RPC server's dispatcher).
+	// onReady, when set, is also told which queues the sweeper made ready
+	// (the loopback RPC server's dispatcher).
 	onReady   atomic.Pointer[func([]string)]
 	closeOnce sync.Once
 	closeErr  error
@@ -132,51 +143,16 @@ func (in *inprocInstance) broadcast() {
 	in.ready.ch = make(chan struct{})
 }
 
-// sweepLoop is a stand-in for the sweeper (which bench may not import):
-// one pass at each known deadline, capped at sweepCap.
-func (in *inprocInstance) sweepLoop() {
-	defer close(in.done)
-	ctx := context.Background()
-	for {
-		res, err := in.store.Sweep(ctx, storage.SweepParams{Now: in.clk.Now(), Limit: sweepLimit})
-		if err != nil {
-			if !errors.Is(err, storage.ErrClosed) {
-				in.sweepErr = fmt.Errorf("leaseqt: sweep: %w", err)
-			}
-			return
-		}
-		if len(res.ReadyQueues) > 0 {
-			in.broadcast()
-			if f := in.onReady.Load(); f != nil {
-				(*f)(res.ReadyQueues)
-			}
-		}
-		if res.More {
-			continue
-		}
-		d := sweepCap
-		if !res.Next.IsZero() {
-			d = min(d, max(0, in.clk.Until(res.Next)))
-		}
-		in.armed.Store(in.clk.Now().Add(d).UnixNano())
-		select {
-		case <-in.stop:
-			return
-		case <-in.wake:
-		case <-in.clk.After(d):
-		}
-	}
-}
-
 func (in *inprocInstance) setOnReady(f func([]string)) { in.onReady.Store(&f) }
 
 func (in *inprocInstance) PID() int { return os.Getpid() }
 
 func (in *inprocInstance) Close() error {
 	in.closeOnce.Do(func() {
-		close(in.stop)
-		<-in.done
-		in.closeErr = errors.Join(in.sweepErr, in.store.Close())
+		// A pass cut short by Stop counts as failed in the sweeper's
+		// metrics, so they say nothing here; the store's Close does.
+		in.sweeper.Stop()
+		in.closeErr = in.store.Close()
 	})
 	return in.closeErr
 }

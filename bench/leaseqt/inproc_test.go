@@ -95,7 +95,7 @@ func TestInProcess_ExpiredLeaseIsRedeliveredByTheSweepLoop(t *testing.T) {
 			first, err := a.Poll(ctx, "q", 10, 0)
 			require.NoError(t, err)
 			require.Len(t, first, 2)
-			// a hangs; b waits for the sweep loop to return the items.
+			// a hangs; b waits for the sweeper to return the items.
 			var again []target.Delivery
 			for len(again) < 2 {
 				ds, err := b.Poll(ctx, "q", 10, 5*time.Second)
@@ -140,7 +140,7 @@ func TestLoopback_RPCClientOverAServerInProcess(t *testing.T) {
 	require.Len(t, first, 2)
 	require.Equal(t, "x", string(first[0].Payload))
 	require.NoError(t, a.Ack(ctx, "q", first[:1]))
-	// first[1] is abandoned: the sweep loop expires its lease and wakes
+	// first[1] is abandoned: the sweeper expires its lease and wakes
 	// b's long poll through the server's dispatcher.
 	var got []string
 	for len(got) < 2 {

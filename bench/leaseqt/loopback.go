@@ -16,7 +16,7 @@ import (
 // own process, reached over loopback TCP with the rpc client: the RPC path
 // without a process boundary, so a -cpuprofile of the harness shows
 // leaseq's RPC and storage costs side by side. Lease expiry is the
-// in-process sweep loop, which wakes the server's long polls. It runs only
+// in-process system's sweeper, which wakes the server's long polls. It runs only
 // when named (-systems leaseq-loopback), to keep default runs short.
 type Loopback struct {
 	Sync rocksstore.SyncMode
