@@ -75,7 +75,9 @@ type dec struct {
 func (d *dec) take(n int) []byte {
 	if d.err != nil || len(d.b) < n {
 		d.err = errBadValue
-		return make([]byte, n)
+		// Zeros for the fixed-size readers (at most 16 bytes) so they
+		// can index; never a buffer of a length read from bad data.
+		return make([]byte, min(n, 16))
 	}
 	v := d.b[:n]
 	d.b = d.b[n:]
