@@ -178,7 +178,7 @@ func (s *Store) Ack(ctx context.Context, p storage.AckParams) ([]storage.Code, e
 	if err != nil {
 		return nil, fmt.Errorf("fdbsync: ack %q lease %s: %w", q, p.Lease, err)
 	}
-	return v.([]storage.Code), nil
+	return as[[]storage.Code](v)
 }
 
 // Nack implements storage.Store.
@@ -249,7 +249,7 @@ func (s *Store) Nack(ctx context.Context, p storage.NackParams) ([]storage.Code,
 		return nil, fmt.Errorf("fdbsync: nack %q lease %s: %w", q, p.Lease, err)
 	}
 	s.deadline(earliest)
-	return v.([]storage.Code), nil
+	return as[[]storage.Code](v)
 }
 
 // bury writes r to the dead-letter namespace and counts it.
@@ -322,5 +322,5 @@ func (s *Store) ExtendLease(ctx context.Context, p storage.ExtendParams) (time.T
 		return time.Time{}, fmt.Errorf("fdbsync: extend %q lease %s: %w", p.Queue, p.Lease, err)
 	}
 	s.deadline(exp)
-	return v.(time.Time), nil
+	return as[time.Time](v)
 }

@@ -53,7 +53,7 @@ func (s *Store) Stats(ctx context.Context, p storage.StatsParams) ([]storage.Que
 	if err != nil {
 		return nil, err
 	}
-	return v.([]storage.QueueStats), nil
+	return as[[]storage.QueueStats](v)
 }
 
 func (s *Store) counters(tx kv.Tx, q string) ([ctrCount]int64, error) {
@@ -163,7 +163,7 @@ func (s *Store) Queues(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return v.([]string), nil
+	return as[[]string](v)
 }
 
 func (s *Store) validLimit(n int) error {
@@ -206,7 +206,7 @@ func (s *Store) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item,
 	if err != nil {
 		return nil, err
 	}
-	return v.([]storage.Item), nil
+	return as[[]storage.Item](v)
 }
 
 func (s *Store) rowsToItems(tx kv.Tx, q string, rows []kv.KeyValue, state func(*record) storage.State) ([]storage.Item, error) {
@@ -363,7 +363,7 @@ func (s *Store) countStep(ctx context.Context, now time.Time, fn func(tx kv.Tx) 
 	if err != nil {
 		return 0, err
 	}
-	return v.(int), nil
+	return as[int](v)
 }
 
 // DeadList implements storage.Store.
@@ -403,7 +403,7 @@ func (s *Store) DeadList(ctx context.Context, p storage.DeadListParams) ([]stora
 	if err != nil {
 		return nil, err
 	}
-	return v.([]storage.DeadItem), nil
+	return as[[]storage.DeadItem](v)
 }
 
 // Redrive implements storage.Store.
@@ -519,7 +519,7 @@ func (s *Store) deadOp(ctx context.Context, p storage.RedriveParams, redrive boo
 	if err != nil {
 		return storage.RedriveResult{}, fmt.Errorf("fdbsync: dead-letter %q: %w", q, err)
 	}
-	return v.(storage.RedriveResult), nil
+	return as[storage.RedriveResult](v)
 }
 
 // QueueConfig implements storage.Store.
@@ -543,7 +543,7 @@ func (s *Store) QueueConfig(ctx context.Context, queue string) (storage.QueueCon
 	if err != nil {
 		return storage.QueueConfig{}, err
 	}
-	return v.(storage.QueueConfig), nil
+	return as[storage.QueueConfig](v)
 }
 
 // SetQueueConfig implements storage.Store. A plain set of a fixed value:

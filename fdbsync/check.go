@@ -20,7 +20,7 @@ func (s *Store) Check(ctx context.Context) (storage.CheckReport, error) {
 	if err != nil {
 		return storage.CheckReport{}, fmt.Errorf("fdbsync: check: %w", err)
 	}
-	return v.(storage.CheckReport), nil
+	return as[storage.CheckReport](v)
 }
 
 type itemRef struct {

@@ -225,7 +225,10 @@ func (s *Store) enqueueTxn(ctx context.Context, p storage.EnqueueParams, items [
 	if err != nil {
 		return err
 	}
-	out := v.(enqueueOutcome)
+	out, err := as[enqueueOutcome](v)
+	if err != nil {
+		return err
+	}
 	vs := out.vs
 	if out.stamped && !out.replayed {
 		if vs, err = last.Versionstamp(); err != nil {

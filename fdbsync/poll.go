@@ -90,7 +90,10 @@ func (s *Store) Poll(ctx context.Context, p storage.PollParams) (storage.PollRes
 	if err != nil {
 		return storage.PollResult{}, fmt.Errorf("fdbsync: poll %q: %w", p.Queue, err)
 	}
-	out := v.(pollOut)
+	out, err := as[pollOut](v)
+	if err != nil {
+		return storage.PollResult{}, fmt.Errorf("fdbsync: poll %q: %w", p.Queue, err)
+	}
 	if len(out.items) == 0 {
 		return storage.PollResult{}, nil
 	}

@@ -356,6 +356,18 @@ func (s *Store) view(ctx context.Context, fn func(tx kv.Tx) (any, error)) (any, 
 	return s.r.Transact(ctx, fn)
 }
 
+// as is the checked form of v.(T) for transaction results: a mismatch is
+// a bug in this package, reported as an error instead of a panic in a
+// caller's goroutine.
+func as[T any](v any) (T, error) {
+	t, ok := v.(T)
+	if !ok {
+		var zero T
+		return zero, fmt.Errorf("fdbsync: internal error: transaction returned %T, want %T", v, zero)
+	}
+	return t, nil
+}
+
 // add bumps a queue counter.
 func (s *Store) add(tx kv.Tx, q string, ctr byte, d int64) {
 	if d != 0 {

@@ -114,7 +114,7 @@ func (s *Store) sweepStep(ctx context.Context, now time.Time, fn func(tx kv.Tx) 
 	if err != nil {
 		return stepOut{}, err
 	}
-	return v.(stepOut), nil
+	return as[stepOut](v)
 }
 
 func (s *Store) expireLeases(ctx context.Context, now time.Time, limit int, res *storage.SweepResult, readyQ map[string]bool) error {
@@ -443,5 +443,5 @@ func (s *Store) nextDeadline(ctx context.Context) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	return v.(time.Time), nil
+	return as[time.Time](v)
 }
