@@ -367,32 +367,11 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	var ready atomic.Bool
 	collector := newNodeCollector()
 	collector.maxQueues = c.metricsQs
-	var httpSrv *http.Server
-	var httpWG sync.WaitGroup
-	if c.metrics != "" {
-		mln, err := net.Listen("tcp", c.metrics)
-		if err != nil {
-			return fmt.Errorf("metrics listener: %w", err)
-		}
-		c.metrics = mln.Addr().String() // the real port when given :0
-		httpSrv = metricsServer(collector, &ready, func() error {
-			if p := collector.node.Load(); p != nil && p.rocks != nil {
-				if err := p.rocks.Failed(); err != nil {
-					return err
-				}
-				if n, first := p.rocks.Corruption(); n > 0 {
-					return fmt.Errorf("corrupt data met %d times since start (first: %v); see leaseq check", n, first)
-				}
-			}
-			return nil
-		}, log)
-		httpWG.Go(func() {
-			if err := httpSrv.Serve(mln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics server failed", "err", err)
-			}
-		})
-		undo = append(undo, func() error { _ = httpSrv.Close(); httpWG.Wait(); return nil })
+	stopMetrics, err := startMetrics(&c, collector, &ready)
+	if err != nil {
+		return err
 	}
+	undo = append(undo, func() error { stopMetrics(false); return nil })
 
 	// The store reports new deadlines from its first commit on, possibly
 	// from other goroutines; the sweeper exists only after the store is
@@ -403,21 +382,7 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		return err
 	}
 	undo = append(undo, func() error { return closeStore(store) })
-
-	srv, err := rpc.NewServer(rpc.ServerConfig{
-		Store:              store,
-		Clock:              clk,
-		Logger:             log, // rpc adds svc=rpc
-		Limits:             c.limits,
-		MaxConns:           c.maxConns,
-		MaxWaitersPerQueue: c.maxWaiters,
-		MaxConnsPerAddr:    perAddrLimit(c.maxPerIP),
-		MaxInflightBytes:   c.maxInflight,
-		MaxWaiters:         c.nodeWaiters,
-		MaxMessageBytes:    c.maxMessage,
-		TLS:                c.tls,
-		Info:               nodeInfo(c),
-	})
+	srv, err := rpc.NewServer(rpcConfig(c, store, clk))
 	if err != nil {
 		return fmt.Errorf("rpc server: %w", err)
 	}
@@ -435,7 +400,6 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		return fmt.Errorf("sweeper: %w", err)
 	}
 	sw.Store(s)
-
 	ln, err := rpc.ListenMode(c.listen, c.socketMode)
 	if err != nil {
 		return err
@@ -445,7 +409,6 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	sigs := make(chan os.Signal, 2)
 	stopSignals := e.notifySignals(sigs)
 	defer stopSignals()
-
 	if err := s.Start(ctx); err != nil {
 		return fmt.Errorf("start sweeper: %w", err)
 	}
@@ -460,49 +423,12 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		stopRecover = recoverLoop(rocks, clk, log)
 	}
 	undo = nil // from here on, the shutdown below stops everything in order
+	log.Info("leaseq serving", servingAttrs(c, ln)...)
 
-	addr := ln.Addr().String()
-	if ln.Addr().Network() == "unix" {
-		addr = "unix:" + addr
-	}
-	dir, _ := filepath.Abs(c.data)
-	attrs := []any{
-		"version", version(),
-		"backend", c.backend,
-		"listen", addr,
-		"tls", tlsMode(c),
-		"metrics", c.metrics,
-		"sweep_interval", c.sweepInterval,
-		"pid", os.Getpid(),
-	}
-	if c.backend == "rocksdb" {
-		attrs = append(attrs, "data", dir, "sync", c.syncText)
-	} else {
-		attrs = append(attrs, "fdb_cluster_file", c.clusterFile, "fdb_subspace", c.subspace)
-	}
-	log.Info("leaseq serving", attrs...)
-
-	select {
-	case sig := <-sigs:
-		log.Info("shutting down", "signal", sig.String())
-	case <-ctx.Done():
-		log.Info("shutting down", "reason", context.Cause(ctx))
-	}
+	awaitShutdown(ctx, sigs, log)
 	ready.Store(false)
-
-	// A second signal during shutdown exits at once.
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		select {
-		case sig := <-sigs:
-			log.Warn("second signal: exiting without clean shutdown", "signal", sig.String())
-			e.exit(exitFailure)
-		case <-done:
-		}
-	})
-	defer wg.Wait()
-	defer close(done)
+	done := exitOnSecondSignal(e, sigs, log)
+	defer done()
 	if e.shutdownStarted != nil {
 		e.shutdownStarted()
 	}
@@ -515,19 +441,133 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	stopRecover()
 	collector.node.Store(nil)
 	err = closeStore(store)
-	if httpSrv != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		if herr := httpSrv.Shutdown(sctx); herr != nil {
-			_ = httpSrv.Close()
-		}
-		cancel()
-		httpWG.Wait()
-	}
+	stopMetrics(true)
 	if err != nil {
 		return err
 	}
 	log.Info("leaseq stopped")
 	return nil
+}
+
+// startMetrics serves /metrics, /healthz and /readyz on c.metrics (if set;
+// c.metrics becomes the real address when given :0). stop ends it,
+// gracefully or at once.
+func startMetrics(c *serveConfig, collector *nodeCollector, ready *atomic.Bool) (stop func(graceful bool), err error) {
+	if c.metrics == "" {
+		return func(bool) {}, nil
+	}
+	log := c.log
+	mln, err := net.Listen("tcp", c.metrics)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listener: %w", err)
+	}
+	c.metrics = mln.Addr().String()
+	httpSrv := metricsServer(collector, ready, nodeHealth(collector), log)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := httpSrv.Serve(mln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server failed", "err", err)
+		}
+	})
+	return func(graceful bool) {
+		if graceful {
+			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			if herr := httpSrv.Shutdown(sctx); herr != nil {
+				_ = httpSrv.Close()
+			}
+			cancel()
+		} else {
+			_ = httpSrv.Close()
+		}
+		wg.Wait()
+	}, nil
+}
+
+// nodeHealth is /readyz's check of a running node: a stopped store or
+// corrupt data met makes it not ready.
+func nodeHealth(collector *nodeCollector) func() error {
+	return func() error {
+		p := collector.node.Load()
+		if p == nil || p.rocks == nil {
+			return nil
+		}
+		if err := p.rocks.Failed(); err != nil {
+			return err
+		}
+		if n, first := p.rocks.Corruption(); n > 0 {
+			return fmt.Errorf("corrupt data met %d times since start (first: %v); see leaseq check", n, first)
+		}
+		return nil
+	}
+}
+
+// rpcConfig is the RPC server's configuration from the serve flags.
+func rpcConfig(c serveConfig, store storage.Store, clk clock.Clock) rpc.ServerConfig {
+	return rpc.ServerConfig{
+		Store:              store,
+		Clock:              clk,
+		Logger:             c.log, // rpc adds svc=rpc
+		Limits:             c.limits,
+		MaxConns:           c.maxConns,
+		MaxWaitersPerQueue: c.maxWaiters,
+		MaxConnsPerAddr:    perAddrLimit(c.maxPerIP),
+		MaxInflightBytes:   c.maxInflight,
+		MaxWaiters:         c.nodeWaiters,
+		MaxMessageBytes:    c.maxMessage,
+		TLS:                c.tls,
+		Info:               nodeInfo(c),
+	}
+}
+
+// servingAttrs are the fields of the "leaseq serving" log line.
+func servingAttrs(c serveConfig, ln net.Listener) []any {
+	addr := ln.Addr().String()
+	if ln.Addr().Network() == "unix" {
+		addr = "unix:" + addr
+	}
+	attrs := []any{
+		"version", version(),
+		"backend", c.backend,
+		"listen", addr,
+		"tls", tlsMode(c),
+		"metrics", c.metrics,
+		"sweep_interval", c.sweepInterval,
+		"pid", os.Getpid(),
+	}
+	if c.backend == "rocksdb" {
+		dir, _ := filepath.Abs(c.data)
+		return append(attrs, "data", dir, "sync", c.syncText)
+	}
+	return append(attrs, "fdb_cluster_file", c.clusterFile, "fdb_subspace", c.subspace)
+}
+
+// awaitShutdown waits for a signal or the end of ctx.
+func awaitShutdown(ctx context.Context, sigs <-chan os.Signal, log *slog.Logger) {
+	select {
+	case sig := <-sigs:
+		log.Info("shutting down", "signal", sig.String())
+	case <-ctx.Done():
+		log.Info("shutting down", "reason", context.Cause(ctx))
+	}
+}
+
+// exitOnSecondSignal exits the process at once on a signal during the
+// shutdown; done ends the watch.
+func exitOnSecondSignal(e *env, sigs <-chan os.Signal, log *slog.Logger) (done func()) {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case sig := <-sigs:
+			log.Warn("second signal: exiting without clean shutdown", "signal", sig.String())
+			e.exit(exitFailure)
+		case <-stop:
+		}
+	})
+	return func() {
+		close(stop)
+		wg.Wait()
+	}
 }
 
 // nodeInfo is what the node tells clients about itself (stats shows it).
