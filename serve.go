@@ -103,6 +103,7 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 		maxInflight := newChoice(strconv.Itoa(defaultInflightBytes()), parseSize)
 		fs.Var(maxInflight, "max-inflight-bytes", "incoming `bytes` of unanswered calls over all connections; beyond it the node reads no more calls until some are answered (default: a quarter of the machine's memory, 64MiB-4GiB)")
 		metricsQueues := fs.Int("metrics-max-queues", defaultMetricsQueues, "queues with /metrics series of their own (those with the most items enqueued); the rest are summed under queue=\"(other)\"")
+		maxQueues := fs.Int("max-queues", storage.DefaultLimits.MaxQueues, "most queues the node holds; creating one more (by enqueue or config) fails, existing queues keep working")
 		maxNodeWaiters := fs.Int("max-node-waiters", rpc.DefaultMaxWaiters, "maximum parked long polls plus subscriptions on the node (per queue: --max-waiters)")
 		maxConnsPerIP := fs.Int("max-conns-per-ip", rpc.DefaultMaxConnsPerAddr, "maximum open TCP connections from one IP address (0: no per-address limit)")
 		maxWaiters := fs.Int("max-waiters", rpc.DefaultMaxWaitersPerQueue, "maximum parked long polls plus subscriptions per queue (0 means the default)")
@@ -141,6 +142,9 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 			}
 			if *metricsQueues < 1 {
 				return usagef("--metrics-max-queues must be positive, got %d", *metricsQueues)
+			}
+			if *maxQueues < 1 {
+				return usagef("--max-queues must be positive, got %d", *maxQueues)
 			}
 			if *maxNodeWaiters < 1 {
 				return usagef("--max-node-waiters must be positive, got %d", *maxNodeWaiters)
@@ -218,6 +222,7 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 					MaxDedupKey:  maxDedupKey.val,
 					MaxReason:    maxReason.val,
 					MaxQueueName: d.MaxQueueName,
+					MaxQueues:    *maxQueues,
 				},
 				sweepInterval: *sweepInterval,
 				sweepBatch:    *sweepBatch,

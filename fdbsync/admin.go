@@ -154,6 +154,18 @@ func (s *Store) queueNames(tx kv.Tx) ([]string, error) {
 	return out, nil
 }
 
+// checkNewQueue applies Limits.MaxQueues before a queue is created: it
+// counts the queues (a snapshot read, so two nodes creating queues at
+// once may overshoot by a few).
+func (s *Store) checkNewQueue(tx kv.Tx) error {
+	pre := s.k.ns(nsQueue)
+	rows, err := tx.GetRange(pre, kv.PrefixEnd(pre), kv.RangeOptions{Snapshot: true, Limit: s.limits.MaxQueues})
+	if err != nil {
+		return err
+	}
+	return s.limits.CheckNewQueue(len(rows))
+}
+
 // Queues implements storage.Store.
 func (s *Store) Queues(ctx context.Context) ([]string, error) {
 	if err := s.checkOpen(); err != nil {
@@ -559,8 +571,20 @@ func (s *Store) SetQueueConfig(ctx context.Context, queue string, c storage.Queu
 	if err := s.limits.ValidateQueueConfig(c); err != nil {
 		return err
 	}
-	err := s.blind(ctx, time.Unix(0, 0), func(tx kv.Tx) {
+	_, _, _, err := s.mutate(ctx, time.Unix(0, 0), func(tx kv.Tx, call *call) (any, error) {
+		if call.prior != nil {
+			return nil, nil
+		}
+		if _, ok, err := s.config(tx, queue); err != nil {
+			return nil, err
+		} else if !ok {
+			if err := s.checkNewQueue(tx); err != nil {
+				return nil, err
+			}
+		}
 		tx.Set(s.k.queue(queue), encodeConfig(c))
+		call.set(tx, nil)
+		return nil, nil
 	})
 	if err != nil {
 		return fmt.Errorf("fdbsync: set config %q: %w", queue, err)

@@ -133,6 +133,9 @@ func (s *Store) enqueueTxn(ctx context.Context, p storage.EnqueueParams, items [
 			return nil, err
 		}
 		if !ok {
+			if err := s.checkNewQueue(tx); err != nil {
+				return nil, err
+			}
 			cfg = storage.DefaultQueueConfig()
 			tx.Set(s.k.queue(q), encodeConfig(cfg))
 		}

@@ -79,3 +79,13 @@ func TestConformanceFDBModelAgainstMemstoreNoFaults(t *testing.T) {
 func BenchmarkFDBModelStore(b *testing.B) {
 	storagetest.Bench(b, modelHarness(fdbmodel.Faults{}))
 }
+
+func TestFDBModel_MaxQueues(t *testing.T) {
+	t.Parallel()
+	storagetest.RunMaxQueues(t, func(t *testing.T, lim storage.Limits) storage.Store {
+		s, err := fdbsync.New(fdbmodel.New(fdbmodel.Options{Clock: clock.NewMock()}), fdbsync.Options{Limits: lim})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	})
+}

@@ -34,6 +34,7 @@ type Limits struct {
 	MaxDedupKey  int           // bytes per dedup key
 	MaxReason    int           // bytes per nack reason (longer is truncated)
 	MaxQueueName int           // bytes per queue name
+	MaxQueues    int           // queues per node (creating one more fails)
 }
 
 // DefaultLimits are the limits of DESIGN.md.
@@ -47,6 +48,7 @@ var DefaultLimits = Limits{
 	MaxDedupKey:  1024,
 	MaxReason:    4096,
 	MaxQueueName: 200,
+	MaxQueues:    10000,
 }
 
 // WithDefaults returns l with every zero (or negative) field replaced by
@@ -73,7 +75,19 @@ func (l Limits) WithDefaults() Limits {
 	orInt(&l.MaxDedupKey, d.MaxDedupKey)
 	orInt(&l.MaxReason, d.MaxReason)
 	orInt(&l.MaxQueueName, d.MaxQueueName)
+	orInt(&l.MaxQueues, d.MaxQueues)
 	return l
+}
+
+// CheckNewQueue reports whether one more queue may be created where
+// existing queues exist. The error wraps ErrInvalidArgument; existing
+// queues keep working.
+func (l Limits) CheckNewQueue(existing int) error {
+	max := l.WithDefaults().MaxQueues
+	if existing >= max {
+		return fmt.Errorf("%w: the node already has %d queues, its limit (--max-queues); use an existing queue", ErrInvalidArgument, existing)
+	}
+	return nil
 }
 
 // ValidateQueueName reports whether name is 1..l.MaxQueueName bytes of

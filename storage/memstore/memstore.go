@@ -333,6 +333,9 @@ func (s *Store) enqueueLocked(p storage.EnqueueParams) ([]storage.EnqueueResult,
 		return nil, time.Time{}, err
 	}
 	now := norm(p.Now)
+	if err := s.newQueueLocked(p.Queue); err != nil {
+		return nil, time.Time{}, err
+	}
 	q := s.queueLocked(p.Queue, true)
 	res := make([]storage.EnqueueResult, len(p.Items))
 	var next time.Time
@@ -953,8 +956,20 @@ func (s *Store) SetQueueConfig(_ context.Context, queue string, c storage.QueueC
 	if err := s.limits.ValidateQueueConfig(c); err != nil {
 		return fmt.Errorf("memstore: set queue config %q: %w", queue, err)
 	}
+	if err := s.newQueueLocked(queue); err != nil {
+		return fmt.Errorf("memstore: set queue config %q: %w", queue, err)
+	}
 	s.queueLocked(queue, true).cfg = c
 	return nil
+}
+
+// newQueueLocked checks that queue exists or may be created
+// (Limits.MaxQueues). REQUIRES: s.mu held.
+func (s *Store) newQueueLocked(queue string) error {
+	if s.mu.queues[queue] != nil {
+		return nil
+	}
+	return s.limits.CheckNewQueue(len(s.mu.queues))
 }
 
 // Close implements storage.Store. It drops all data.

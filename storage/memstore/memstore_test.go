@@ -46,3 +46,12 @@ func TestConformanceMemstoreReopenShim(t *testing.T) {
 	h.Reopen = func(_ testing.TB, s storage.Store) storage.Store { return s }
 	storagetest.Run(t, h)
 }
+
+func TestMemstore_MaxQueues(t *testing.T) {
+	t.Parallel()
+	storagetest.RunMaxQueues(t, func(t *testing.T, lim storage.Limits) storage.Store {
+		s := memstore.New(memstore.Options{Limits: lim})
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	})
+}

@@ -423,7 +423,10 @@ func (s *Store) SetQueueConfig(ctx context.Context, queue string, c storage.Queu
 		return fmt.Errorf("rocksstore: set queue config %q: %w", queue, err)
 	}
 	_, err := s.submit(1, func(o *opTx) error {
-		q := s.ensureQueue(o, queue, &c)
+		q, err := s.ensureQueue(o, queue, &c)
+		if err != nil {
+			return err
+		}
 		o.put(dbkeys.QueueConfigKey(queue), dbkeys.EncodeQueueConfig(recordFromConfig(c)))
 		q.mu.Lock()
 		old := q.cfg

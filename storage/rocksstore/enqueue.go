@@ -49,8 +49,8 @@ func (s *Store) enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 		// The queue still comes into being, as with any enqueue.
 		if s.queue(p.Queue) == nil {
 			if _, err := s.submit(0, func(o *opTx) error {
-				s.ensureQueue(o, p.Queue, nil)
-				return nil
+				_, err := s.ensureQueue(o, p.Queue, nil)
+				return err
 			}); err != nil {
 				return nil, err
 			}
@@ -58,7 +58,10 @@ func (s *Store) enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 		return res, nil
 	}
 	next, err := s.submit(valid, func(o *opTx) error {
-		q := s.ensureQueue(o, p.Queue, nil)
+		q, err := s.ensureQueue(o, p.Queue, nil)
+		if err != nil {
+			return err
+		}
 		cfg := q.config()
 		ids := s.allocIDs(o, valid, now)
 		d := o.delta(q)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/leaseq/leaseq/dbkeys"
 	"github.com/leaseq/leaseq/storage"
+	"github.com/leaseq/leaseq/storage/storagetest"
 )
 
 var t0 = time.Date(2031, time.March, 4, 5, 6, 7, 123456789, time.UTC)
@@ -704,4 +705,11 @@ func TestRocksStore_PartialLimits(t *testing.T) {
 	_, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: make([]storage.EnqueueItem, 11), Now: at(0)})
 	require.ErrorIs(t, err, storage.ErrInvalidArgument)
 	require.ErrorContains(t, err, "limit of 10")
+}
+
+func TestRocksStore_MaxQueues(t *testing.T) {
+	t.Parallel()
+	storagetest.RunMaxQueues(t, func(t *testing.T, lim storage.Limits) storage.Store {
+		return setup(t, func(o *Options) { o.Limits = lim }).s
+	})
 }

@@ -650,12 +650,16 @@ func (s *Store) queue(name string) *queueState {
 }
 
 // ensureQueue returns the queue, creating it with cfg (the default config
-// when nil) inside o's batch if needed. REQUIRES: on the committer.
-func (s *Store) ensureQueue(o *opTx, name string, cfg *storage.QueueConfig) *queueState {
+// when nil) inside o's batch if needed and Limits.MaxQueues allows.
+// REQUIRES: on the committer.
+func (s *Store) ensureQueue(o *opTx, name string, cfg *storage.QueueConfig) (*queueState, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if q := s.mu.queues[name]; q != nil {
-		return q
+		return q, nil
+	}
+	if err := s.limits.CheckNewQueue(len(s.mu.queues)); err != nil {
+		return nil, err
 	}
 	c := storage.DefaultQueueConfig()
 	if cfg != nil {
@@ -670,7 +674,7 @@ func (s *Store) ensureQueue(o *opTx, name string, cfg *storage.QueueConfig) *que
 		s.mu.Unlock()
 	})
 	s.log.Info("queue created", "queue", name)
-	return q
+	return q, nil
 }
 
 func (s *Store) queueNames() []string {
