@@ -292,83 +292,93 @@ max attempts):
 			sub, args := args[0], args[1:]
 			switch sub {
 			case "ls", "list":
-				if err := argsBetween(args, 1, 1, "dlq ls QUEUE"); err != nil {
-					return err
-				}
-				after, limit, err := pf.parse()
-				if err != nil {
-					return err
-				}
-				return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
-					limit, err := pf.fit(ctx, c, limit)
-					if err != nil {
-						return err
-					}
-					items, err := c.DeadList(ctx, storage.DeadListParams{Queue: args[0], After: after, Limit: limit})
-					if err != nil {
-						return err
-					}
-					enc := json.NewEncoder(e.stdout)
-					for _, d := range items {
-						j := toJSON(d.Item)
-						j.State = storage.StateDead.String()
-						j.Reason = d.Reason
-						j.DeadAt = fmtTime(d.DeadAt)
-						if err := enc.Encode(j); err != nil {
-							return err
-						}
-					}
-					return nil
-				})
+				return dlqList(ctx, e, cf, pf, args)
 			case "redrive", "purge":
-				if err := argsBetween(args, 1, -1, "dlq "+sub+" QUEUE ID... | --all"); err != nil {
-					return err
-				}
-				if *all == (len(args) > 1) {
-					return usagef("dlq %s: give either ids or --all", sub)
-				}
-				ids, err := parseIDs(args[1:])
-				if err != nil {
-					return err
-				}
-				op, verb := (*rpc.Client).Redrive, "redriven"
-				if sub == "purge" {
-					op, verb = (*rpc.Client).PurgeDead, "purged"
-				}
-				return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
-					if !*all {
-						res, err := op(c, ctx, storage.RedriveParams{Queue: args[0], IDs: ids})
-						if err != nil {
-							return err
-						}
-						return notAll(printCodes(e.stdout, ids, res.Codes), len(ids), verb)
-					}
-					// Page by page until a page comes back short: each
-					// call is one bounded transaction on the node.
-					page, err := batchSize(ctx, c, rpc.DefaultPageLimit)
-					if err != nil {
-						return err
-					}
-					page = min(page, rpc.DefaultPageLimit)
-					total := 0
-					for {
-						res, err := op(c, ctx, storage.RedriveParams{Queue: args[0], Limit: page})
-						if err != nil {
-							return err
-						}
-						total += res.Moved
-						if res.Moved < page {
-							break
-						}
-					}
-					fmt.Fprintf(e.stdout, "%s %d\n", verb, total)
-					return nil
-				})
+				return dlqAct(ctx, e, cf, sub, args, *all)
 			default:
 				return usagef("unknown dlq sub-command %q: want ls, redrive or purge", sub)
 			}
 		}
 	},
+}
+
+// dlqList prints a queue's dead items as JSON lines.
+func dlqList(ctx context.Context, e *env, cf *clientFlags, pf *pageFlags, args []string) error {
+	if err := argsBetween(args, 1, 1, "dlq ls QUEUE"); err != nil {
+		return err
+	}
+	after, limit, err := pf.parse()
+	if err != nil {
+		return err
+	}
+	return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+		limit, err := pf.fit(ctx, c, limit)
+		if err != nil {
+			return err
+		}
+		items, err := c.DeadList(ctx, storage.DeadListParams{Queue: args[0], After: after, Limit: limit})
+		if err != nil {
+			return err
+		}
+		enc := json.NewEncoder(e.stdout)
+		for _, d := range items {
+			j := toJSON(d.Item)
+			j.State = storage.StateDead.String()
+			j.Reason = d.Reason
+			j.DeadAt = fmtTime(d.DeadAt)
+			if err := enc.Encode(j); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// dlqAct redrives or purges (sub) the given dead items, or all of them.
+func dlqAct(ctx context.Context, e *env, cf *clientFlags, sub string, args []string, all bool) error {
+	if err := argsBetween(args, 1, -1, "dlq "+sub+" QUEUE ID... | --all"); err != nil {
+		return err
+	}
+	if all == (len(args) > 1) {
+		return usagef("dlq %s: give either ids or --all", sub)
+	}
+	ids, err := parseIDs(args[1:])
+	if err != nil {
+		return err
+	}
+	op, verb := (*rpc.Client).Redrive, "redriven"
+	if sub == "purge" {
+		op, verb = (*rpc.Client).PurgeDead, "purged"
+	}
+	return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+		if !all {
+			res, err := op(c, ctx, storage.RedriveParams{Queue: args[0], IDs: ids})
+			if err != nil {
+				return err
+			}
+			return notAll(printCodes(e.stdout, ids, res.Codes), len(ids), verb)
+		}
+		// Page by page until a page comes back short: each call is one
+		// bounded transaction on the node.
+		page, err := batchSize(ctx, c, rpc.DefaultPageLimit)
+		if err != nil {
+			return err
+		}
+		page = min(page, rpc.DefaultPageLimit)
+		total := 0
+		for {
+			res, err := op(c, ctx, storage.RedriveParams{Queue: args[0], Limit: page})
+			if err != nil {
+				return err
+			}
+			total += res.Moved
+			if res.Moved < page {
+				break
+			}
+		}
+		fmt.Fprintf(e.stdout, "%s %d\n", verb, total)
+		return nil
+	})
 }
 
 var configCommand = &command{
