@@ -113,8 +113,12 @@ func TestServer_UnreadAnswersAreBounded(t *testing.T) {
 	_, err := c.Stats(ctx, "big")
 	require.NoError(t, err)
 
-	// The stalled connection is dropped after ReplyStallTimeout.
-	b.clock.Add(time.Minute)
+	// The stalled connection is dropped after ReplyStallTimeout (advanced
+	// repeatedly: a waiter may arm its timer after an earlier advance).
+	eventually(t, 30*time.Second, func() bool {
+		b.clock.Add(time.Minute)
+		return b.srv.Metrics().ConnsOpen == 1 // only c is left
+	})
 	requireClosedByServer(t, conn)
 	eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ReplyBytesQueued == 0 })
 	_, err = c.Stats(ctx, "big")
@@ -136,8 +140,16 @@ func TestServer_NodeInflightBudget(t *testing.T) {
 	for range 30 {
 		polls = append(polls, goPoll(parker, "q", 1, 50*time.Second))
 	}
-	eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters > 0 })
-	time.Sleep(200 * time.Millisecond) // let the reader reach the budget (observation, not synchronisation)
+	// Wait until the number of parked polls stops growing: the reader
+	// has reached the budget.
+	last := -1
+	eventually(t, 30*time.Second, func() bool {
+		n := b.srv.Metrics().Waiters
+		stable := n > 0 && n == last
+		last = n
+		time.Sleep(200 * time.Millisecond) // observation interval, not synchronisation
+		return stable
+	})
 	parked := b.srv.Metrics().Waiters
 	require.Less(t, parked, 30, "every poll was read: no node budget")
 
