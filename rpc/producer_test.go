@@ -154,6 +154,11 @@ func TestProducer(t *testing.T) {
 			require.NoError(t, <-done)
 		}
 		require.Equal(t, []int{4}, cs.get())
+		eventually(t, 5*time.Second, func() bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return len(p.pending) == 2
+		})
 		select {
 		case err := <-done:
 			t.Fatalf("an item left before its linger ran out (err %v)", err)
@@ -184,6 +189,11 @@ func TestProducer(t *testing.T) {
 		// 400+400 fit in 1000 bytes, a third does not: two full calls left
 		// at once, the fifth item waits for its linger.
 		require.Equal(t, []int{2, 2}, cs.get())
+		eventually(t, 5*time.Second, func() bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return len(p.pending) == 1
+		})
 		b.clock.Add(time.Second)
 		wg.Wait()
 		require.Equal(t, []int{2, 2, 1}, cs.get())
