@@ -31,60 +31,84 @@ func (a readyEntry) less(b readyEntry) bool {
 	return binary.BigEndian.Uint64(a.id[8:]) < binary.BigEndian.Uint64(b.id[8:])
 }
 
-// readyHeap is a binary min-heap of readyEntry. Items mostly arrive in
-// order (new ids at the enqueue instant), so a push rarely moves.
-type readyHeap []readyEntry
+// heapItem orders the entries of a minHeap.
+type heapItem[T any] interface{ less(T) bool }
 
-func (h *readyHeap) push(e readyEntry) {
+// minHeap is a binary min-heap: the serve order of one priority
+// (readyHeap) and the global deadline heaps (timedHeap).
+type minHeap[T heapItem[T]] []T
+
+// readyHeap holds one priority's available items. They mostly arrive in
+// order (new ids at the enqueue instant), so a push rarely moves.
+type readyHeap = minHeap[readyEntry]
+
+func (h *minHeap[T]) push(e T) {
 	*h = append(*h, e)
-	s := *h
-	i := len(s) - 1
-	for i > 0 {
-		p := (i - 1) / 2
-		if !s[i].less(s[p]) {
-			break
-		}
-		s[i], s[p] = s[p], s[i]
-		i = p
-	}
+	h.up(len(*h) - 1)
 }
 
-func (h readyHeap) peek() (readyEntry, bool) {
+func (h minHeap[T]) peek() (T, bool) {
 	if len(h) == 0 {
-		return readyEntry{}, false
+		var zero T
+		return zero, false
 	}
 	return h[0], true
 }
 
-func (h *readyHeap) pop() readyEntry {
+func (h *minHeap[T]) pop() T {
 	s := *h
 	top := s[0]
 	n := len(s) - 1
 	s[0] = s[n]
+	var zero T
+	s[n] = zero // drop what it points to
 	s = s[:n]
-	i := 0
-	for {
-		l := 2*i + 1
-		if l >= n {
-			break
-		}
-		m := l
-		if r := l + 1; r < n && s[r].less(s[l]) {
-			m = r
-		}
-		if !s[m].less(s[i]) {
-			break
-		}
-		s[i], s[m] = s[m], s[i]
-		i = m
-	}
+	s.down(0)
 	*h = s
 	// Give memory back after a drain: a heap that held a large backlog
 	// keeps its array otherwise.
 	if cap(s) > 1024 && n < cap(s)/4 {
-		*h = append(readyHeap(nil), s...)
+		*h = append(minHeap[T](nil), s...)
 	}
 	return top
+}
+
+func (h minHeap[T]) up(i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if !h[i].less(h[p]) {
+			return
+		}
+		h[i], h[p] = h[p], h[i]
+		i = p
+	}
+}
+
+func (h minHeap[T]) down(i int) {
+	n := len(h)
+	for {
+		l := 2*i + 1
+		if l >= n {
+			return
+		}
+		m := l
+		if r := l + 1; r < n && h[r].less(h[l]) {
+			m = r
+		}
+		if !h[m].less(h[i]) {
+			return
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+}
+
+// fix restores the heap order around i after h[i] changed.
+func (h minHeap[T]) fix(i int) {
+	if i < len(h) {
+		h.up(i)
+		h.down(i)
+	}
 }
 
 // readyIndex is a queue's serve order: one heap per priority in use.
@@ -181,58 +205,10 @@ type timed struct {
 	q     *queueState
 }
 
-type timedHeap []timed
+// timedHeap is a deadline heap ordered by at.
+type timedHeap = minHeap[timed]
 
-func (h *timedHeap) push(e timed) {
-	*h = append(*h, e)
-	s := *h
-	i := len(s) - 1
-	for i > 0 {
-		p := (i - 1) / 2
-		if s[p].at <= s[i].at {
-			break
-		}
-		s[i], s[p] = s[p], s[i]
-		i = p
-	}
-}
-
-func (h timedHeap) peek() (timed, bool) {
-	if len(h) == 0 {
-		return timed{}, false
-	}
-	return h[0], true
-}
-
-func (h *timedHeap) pop() timed {
-	s := *h
-	top := s[0]
-	n := len(s) - 1
-	s[0] = s[n]
-	s[n] = timed{}
-	s = s[:n]
-	i := 0
-	for {
-		l := 2*i + 1
-		if l >= n {
-			break
-		}
-		m := l
-		if r := l + 1; r < n && s[r].at < s[l].at {
-			m = r
-		}
-		if s[i].at <= s[m].at {
-			break
-		}
-		s[i], s[m] = s[m], s[i]
-		i = m
-	}
-	*h = s
-	if cap(s) > 1024 && n < cap(s)/4 {
-		*h = append(timedHeap(nil), s...)
-	}
-	return top
-}
+func (a timed) less(b timed) bool { return a.at < b.at }
 
 // leaseState is a live lease as the committer knows it: the database's
 // lease record plus, per item, whether its payload is stored externally.
@@ -262,41 +238,11 @@ func (x *readyIndex) remove(prio uint8, e readyEntry) {
 		*h = s
 		x.n--
 		// Restore the heap order around i.
-		heapFix(s, i)
+		s.fix(i)
 		if len(s) == 0 {
 			x.used[prio/64] &^= 1 << (prio % 64)
 			x.heaps[prio] = nil
 		}
 		return
-	}
-}
-
-func heapFix(s readyHeap, i int) {
-	if i >= len(s) {
-		return
-	}
-	for i > 0 {
-		p := (i - 1) / 2
-		if !s[i].less(s[p]) {
-			break
-		}
-		s[i], s[p] = s[p], s[i]
-		i = p
-	}
-	n := len(s)
-	for {
-		l := 2*i + 1
-		if l >= n {
-			return
-		}
-		m := l
-		if r := l + 1; r < n && s[r].less(s[l]) {
-			m = r
-		}
-		if !s[m].less(s[i]) {
-			return
-		}
-		s[i], s[m] = s[m], s[i]
-		i = m
 	}
 }
