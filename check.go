@@ -38,12 +38,7 @@ With --backend=fdb it checks a FoundationDB deployment's subspace
 nodes run; it needs a 'make build-fdb' binary.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 		data := fs.String("data", "./data", "`dir`ectory of the RocksDB database")
-		backend := newChoice("rocksdb", func(s string) (string, error) {
-			if s != "rocksdb" && s != "fdb" {
-				return "", fmt.Errorf("want rocksdb or fdb, got %q", s)
-			}
-			return s, nil
-		})
+		backend := newChoice("rocksdb", parseBackend)
 		fs.Var(backend, "backend", "storage `backend`: rocksdb, or fdb (a consistent scan of the cluster's subspace; small deployments only, as one FDB transaction must finish within 5 s)")
 		clusterFile := fs.String("fdb-cluster-file", "", "FoundationDB cluster `file` for --backend=fdb")
 		subspace := newChoice("", parseSubspace)

@@ -186,6 +186,26 @@ func (p *pageFlags) parse() (after storage.ItemID, limit int, err error) {
 // fit lowers the default page size to the node's --max-batch; an -n the
 // user gave (flag or LEASEQ_N) is sent as given, so the node's limit error
 // names it.
+// list runs fetch for one page of the queue named by args (usage names
+// the expected arguments), with -n fitted to the node's batch limit.
+func (p *pageFlags) list(ctx context.Context, cf *clientFlags, args []string, usage string,
+	fetch func(ctx context.Context, c *rpc.Client, after storage.ItemID, limit int) error) error {
+	if err := argsBetween(args, 1, 1, usage); err != nil {
+		return err
+	}
+	after, limit, err := p.parse()
+	if err != nil {
+		return err
+	}
+	return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+		limit, err := p.fit(ctx, c, limit)
+		if err != nil {
+			return err
+		}
+		return fetch(ctx, c, after, limit)
+	})
+}
+
 func (p *pageFlags) fit(ctx context.Context, c *rpc.Client, limit int) (int, error) {
 	given := false
 	p.fs.Visit(func(f *flag.Flag) { given = given || f.Name == "n" })
@@ -213,18 +233,7 @@ lease fields; state says ready, delayed or inflight). Page with -n and
 		inflight := fs.Bool("inflight", false, "list leased (inflight) items instead")
 		pf := addPageFlags(fs)
 		return func(ctx context.Context, args []string) error {
-			if err := argsBetween(args, 1, 1, "QUEUE"); err != nil {
-				return err
-			}
-			after, limit, err := pf.parse()
-			if err != nil {
-				return err
-			}
-			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
-				limit, err := pf.fit(ctx, c, limit)
-				if err != nil {
-					return err
-				}
+			return pf.list(ctx, cf, args, "QUEUE", func(ctx context.Context, c *rpc.Client, after storage.ItemID, limit int) error {
 				items, err := c.Peek(ctx, storage.PeekParams{Queue: args[0], Inflight: *inflight, After: after, Limit: limit})
 				if err != nil {
 					return err
@@ -304,18 +313,7 @@ max attempts):
 
 // dlqList prints a queue's dead items as JSON lines.
 func dlqList(ctx context.Context, e *env, cf *clientFlags, pf *pageFlags, args []string) error {
-	if err := argsBetween(args, 1, 1, "dlq ls QUEUE"); err != nil {
-		return err
-	}
-	after, limit, err := pf.parse()
-	if err != nil {
-		return err
-	}
-	return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
-		limit, err := pf.fit(ctx, c, limit)
-		if err != nil {
-			return err
-		}
+	return pf.list(ctx, cf, args, "dlq ls QUEUE", func(ctx context.Context, c *rpc.Client, after storage.ItemID, limit int) error {
 		items, err := c.DeadList(ctx, storage.DeadListParams{Queue: args[0], After: after, Limit: limit})
 		if err != nil {
 			return err

@@ -214,6 +214,14 @@ func (c *choice[T]) Set(s string) error {
 
 // parseSize parses a byte count: a plain number, or one with a KiB, MiB or
 // GiB suffix (1MiB = 1048576).
+// parseBackend accepts the --backend values of serve and check.
+func parseBackend(s string) (string, error) {
+	if s != "rocksdb" && s != "fdb" {
+		return "", fmt.Errorf("want rocksdb or fdb, got %q", s)
+	}
+	return s, nil
+}
+
 // parseFileMode parses permission bits in octal ("0660", "600").
 func parseFileMode(s string) (fs.FileMode, error) {
 	n, err := strconv.ParseUint(s, 8, 32)

@@ -67,12 +67,7 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 		data := fs.String("data", "./data", "`dir`ectory of the RocksDB database (created if missing)")
 		listen := fs.String("listen", defaultAddr, "RPC listen `address`: host:port or unix:/path")
-		backend := newChoice("rocksdb", func(s string) (string, error) {
-			if s != "rocksdb" && s != "fdb" {
-				return "", fmt.Errorf("want rocksdb or fdb, got %q", s)
-			}
-			return s, nil
-		})
+		backend := newChoice("rocksdb", parseBackend)
 		fs.Var(backend, "backend", "storage `backend`: rocksdb or fdb")
 		clusterFile := fs.String("fdb-cluster-file", "", "FoundationDB cluster `file` for --backend=fdb (empty: the client library's default)")
 		subspace := newChoice("", parseSubspace)
