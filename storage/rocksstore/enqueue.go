@@ -45,17 +45,8 @@ func (s *Store) enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 		}
 		valid++
 	}
-	if valid == 0 {
-		// The queue still comes into being, as with any enqueue.
-		if s.queue(p.Queue) == nil {
-			if _, err := s.submit(0, func(o *opTx) error {
-				_, err := s.ensureQueue(o, p.Queue, nil)
-				return err
-			}); err != nil {
-				return nil, err
-			}
-		}
-		return res, nil
+	if valid == 0 && s.queue(p.Queue) != nil {
+		return res, nil // nothing to write (the batch below also creates a new queue)
 	}
 	next, err := s.submit(valid, func(o *opTx) error {
 		q, err := s.ensureQueue(o, p.Queue, nil)
