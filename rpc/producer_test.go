@@ -114,11 +114,7 @@ func TestProducer(t *testing.T) {
 				outs[i] <- out{res, err}
 			}()
 		}
-		eventually(t, 5*time.Second, func() bool {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			return len(p.pending) == 3
-		})
+		waitPending(t, p, 3)
 		b.clock.Add(time.Second)
 		for i, ch := range outs {
 			o := <-ch
@@ -154,11 +150,7 @@ func TestProducer(t *testing.T) {
 			require.NoError(t, <-done)
 		}
 		require.Equal(t, []int{4}, cs.get())
-		eventually(t, 5*time.Second, func() bool {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			return len(p.pending) == 2
-		})
+		waitPending(t, p, 2)
 		select {
 		case err := <-done:
 			t.Fatalf("an item left before its linger ran out (err %v)", err)
@@ -189,11 +181,7 @@ func TestProducer(t *testing.T) {
 		// 400+400 fit in 1000 bytes, a third does not: two full calls left
 		// at once, the fifth item waits for its linger.
 		require.Equal(t, []int{2, 2}, cs.get())
-		eventually(t, 5*time.Second, func() bool {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			return len(p.pending) == 1
-		})
+		waitPending(t, p, 1)
 		b.clock.Add(time.Second)
 		wg.Wait()
 		require.Equal(t, []int{2, 2, 1}, cs.get())
@@ -210,11 +198,7 @@ func TestProducer(t *testing.T) {
 			_, err := p.Enqueue(ctx, storage.EnqueueItem{Payload: []byte("x")})
 			errc <- err
 		}()
-		eventually(t, 5*time.Second, func() bool {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			return len(p.pending) == 1
-		})
+		waitPending(t, p, 1)
 		cancel()
 		require.ErrorIs(t, <-errc, context.Canceled)
 		require.NoError(t, p.Close())
@@ -240,11 +224,7 @@ func TestProducer(t *testing.T) {
 				}
 			}()
 		}
-		eventually(t, 5*time.Second, func() bool {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			return len(p.pending) == 3
-		})
+		waitPending(t, p, 3)
 		require.NoError(t, p.Close()) // no clock advance: Close sends them
 		wg.Wait()
 		require.Equal(t, int32(3), got.Load())
@@ -267,11 +247,7 @@ func TestProducer(t *testing.T) {
 				errs <- err
 			}()
 		}
-		eventually(t, 5*time.Second, func() bool {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			return len(p.pending) == 4
-		})
+		waitPending(t, p, 4)
 		require.NoError(t, c.Close())
 		b.clock.Add(time.Hour)
 		for i := 0; i < 4; i++ {
@@ -303,4 +279,14 @@ func assertNoErr(t *testing.T, err error) bool {
 		return false
 	}
 	return true
+}
+
+// waitPending waits until n items are queued in p, not yet sent.
+func waitPending(t *testing.T, p *Producer, n int) {
+	t.Helper()
+	eventually(t, 5*time.Second, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.pending) == n
+	})
 }
