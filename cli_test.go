@@ -243,6 +243,18 @@ func TestCLI_NackBackoffDeadLetterRedrive(t *testing.T) {
 	n.cli("enqueue", "jobs", "b")
 	require.Equal(t, "purged 2\n", n.cli("purge", "jobs").stdout)
 	require.Equal(t, int64(0), n.stats("jobs").Ready)
+
+	// queue delete keeps a queue with items unless --force.
+	n.cli("enqueue", "jobs", "c")
+	r = n.cliCode("queue", "delete", "jobs")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "queue not empty")
+	require.Contains(t, r.stderr, "--force")
+	require.Equal(t, "deleted 1\n", n.cli("queue", "delete", "jobs", "--force").stdout)
+	require.NotContains(t, n.cli("queues").stdout, "jobs")
+	r = n.cliCode("queue", "delete", "jobs")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "not found")
 }
 
 // TestCLI_BadInput: every kind of bad invocation exits non-zero with one
@@ -359,6 +371,7 @@ func TestCLI_Help(t *testing.T) {
 		{"poll", []string{"-n int", "--lease", "--wait", "--tls-ca", "--timeout", "base64"}},
 		{"nack", []string{"--delay", "--reason"}},
 		{"dlq", []string{"ls|redrive|purge", "--all"}},
+		{"queue", []string{"delete QUEUE", "--force", "not_found"}},
 	} {
 		r := runCLI(t, nil, "", tc.cmd, "--help")
 		require.Equal(t, 0, r.code, r.stderr)

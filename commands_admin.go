@@ -379,6 +379,46 @@ func dlqAct(ctx context.Context, e *env, cf *clientFlags, sub string, args []str
 	})
 }
 
+var queueCommand = &command{
+	name:    "queue",
+	args:    "delete QUEUE [--force]",
+	summary: "delete a queue",
+	help: `
+  queue delete QUEUE [--force]
+      delete QUEUE: its config, counters and dedup keys. A queue that still
+      holds items (ready, delayed, inflight or dead) is refused unless
+      --force, which deletes them too; their leases end, so acks from
+      consumers still holding them answer not_found. Prints "deleted N" (the
+      items deleted). A later enqueue creates the queue anew.`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addClientFlags(fs)
+		force := fs.Bool("force", false, "delete the queue's items too")
+		cliOnly(fs, "force")
+		return func(ctx context.Context, args []string) error {
+			if len(args) == 0 {
+				return usagef("missing sub-command: want delete")
+			}
+			if args[0] != "delete" {
+				return usagef("unknown sub-command %q: want delete", args[0])
+			}
+			if err := argsBetween(args[1:], 1, 1, "QUEUE"); err != nil {
+				return err
+			}
+			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+				n, err := c.DeleteQueue(ctx, args[1], *force)
+				if errors.Is(err, storage.ErrNotEmpty) {
+					return fmt.Errorf("%w (use --force to delete them with the queue)", err)
+				}
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(e.stdout, "deleted %d\n", n)
+				return nil
+			})
+		}
+	},
+}
+
 var configCommand = &command{
 	name:    "config",
 	args:    "QUEUE",

@@ -107,7 +107,7 @@ type command struct {
 // commands is the subcommand table, in the order help lists them.
 var commands = []*command{
 	serveCommand, enqueueCommand, pollCommand, ackCommand, nackCommand, extendCommand,
-	statsCommand, queuesCommand, peekCommand, purgeCommand, dlqCommand, configCommand,
+	statsCommand, queuesCommand, peekCommand, purgeCommand, dlqCommand, configCommand, queueCommand,
 	checkCommand, benchCommand,
 }
 

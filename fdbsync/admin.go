@@ -257,10 +257,15 @@ func (s *Store) Purge(ctx context.Context, p storage.PurgeParams) (int, error) {
 	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
 		return 0, err
 	}
-	q := p.Queue
+	return s.purgeLive(ctx, p.Queue, p.Now)
+}
+
+// purgeLive deletes q's available and inflight items, a chunk per
+// transaction, and returns how many it deleted.
+func (s *Store) purgeLive(ctx context.Context, q string, now time.Time) (int, error) {
 	total := 0
 	for {
-		n, err := s.countStep(ctx, p.Now, func(tx kv.Tx) (int, error) {
+		n, err := s.countStep(ctx, now, func(tx kv.Tx) (int, error) {
 			pre := s.k.availablePrefix(q)
 			rows, err := tx.GetRange(pre, kv.PrefixEnd(pre), kv.RangeOptions{Limit: purgeBatch})
 			if err != nil {
@@ -287,7 +292,7 @@ func (s *Store) Purge(ctx context.Context, p storage.PurgeParams) (int, error) {
 		}
 	}
 	for {
-		n, err := s.countStep(ctx, p.Now, func(tx kv.Tx) (int, error) {
+		n, err := s.countStep(ctx, now, func(tx kv.Tx) (int, error) {
 			pre := s.k.inflightPrefix(q)
 			rows, err := tx.GetRange(pre, kv.PrefixEnd(pre), kv.RangeOptions{Limit: 1})
 			if err != nil || len(rows) == 0 {

@@ -491,6 +491,22 @@ func (c *Client) Purge(ctx context.Context, queue string) (int, error) {
 	return int(res.Purged()), nil
 }
 
+// DeleteQueue removes queue (see storage.Store.DeleteQueue): refused with
+// an error wrapping storage.ErrNotEmpty while it holds items, unless force.
+// It returns how many items it deleted.
+func (c *Client) DeleteQueue(ctx context.Context, queue string, force bool) (int, error) {
+	f, release := c.q.DeleteQueue(ctx, func(p schema.Queue_deleteQueue_Params) error {
+		p.SetForce(force)
+		return p.SetQueue(queue)
+	})
+	defer release()
+	res, err := answer("delete queue", f.Struct)
+	if err != nil {
+		return 0, err
+	}
+	return int(res.Deleted()), nil
+}
+
 // DeadList pages through dead items after p.After (p.Limit 0: DefaultPageLimit).
 func (c *Client) DeadList(ctx context.Context, p storage.DeadListParams) ([]storage.DeadItem, error) {
 	f, release := c.q.DeadList(ctx, func(a schema.Queue_deadList_Params) error {

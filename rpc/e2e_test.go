@@ -120,13 +120,29 @@ func TestEndToEnd_EnqueuePollAck(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, 0, rr.Moved)
 
+				_, err = c.Enqueue(ctx, "jobs", payloads(2, 8))
+				require.NoError(t, err)
+				_, err = c.DeleteQueue(ctx, "jobs", false)
+				require.ErrorIs(t, err, storage.ErrNotEmpty, "a queue with items is kept without force")
+				require.ErrorContains(t, err, "2 items")
+				n, err = c.DeleteQueue(ctx, "jobs", true)
+				require.NoError(t, err)
+				require.Equal(t, 2, n)
+				names, err = c.Queues(ctx)
+				require.NoError(t, err)
+				require.Empty(t, names)
+				_, err = c.DeleteQueue(ctx, "jobs", true)
+				require.ErrorIs(t, err, storage.ErrNotFound)
+				_, err = c.DeleteQueue(ctx, "", true)
+				require.ErrorIs(t, err, storage.ErrInvalidArgument)
+
 				_, err = c.QueueConfig(ctx, "nope")
 				require.ErrorIs(t, err, storage.ErrNotFound)
 				var se *StatusError
 				require.True(t, errors.As(err, &se))
 
 				m := b.srv.Metrics()
-				require.Equal(t, uint64(2), m.Ops[OpEnqueue].Count)
+				require.Equal(t, uint64(3), m.Ops[OpEnqueue].Count)
 				require.Equal(t, uint64(1), m.Ops[OpGetConfig].Errors+0*m.Ops[OpGetConfig].Count)
 			})
 		}

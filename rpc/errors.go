@@ -42,6 +42,7 @@ var errorTable = []struct {
 	{storage.ErrNotFound, schema.ErrorCode_notFound},
 	{storage.ErrLeaseMismatch, schema.ErrorCode_leaseMismatch},
 	{storage.ErrLeaseExpired, schema.ErrorCode_leaseExpired},
+	{storage.ErrNotEmpty, schema.ErrorCode_notEmpty},
 	{ErrUnavailable, schema.ErrorCode_unavailable},
 	{storage.ErrClosed, schema.ErrorCode_unavailable},
 	{storage.ErrNoSpace, schema.ErrorCode_unavailable},

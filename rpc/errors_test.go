@@ -30,6 +30,7 @@ var storageSentinels = map[string]error{
 	"ErrCorrupt":         storage.ErrCorrupt,
 	"ErrNoSpace":         storage.ErrNoSpace,
 	"ErrUnavailable":     storage.ErrUnavailable,
+	"ErrNotEmpty":        storage.ErrNotEmpty,
 }
 
 func TestErrors_EveryStorageSentinelIsMapped(t *testing.T) {

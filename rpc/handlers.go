@@ -536,6 +536,25 @@ func (q *queueServer) Purge(ctx context.Context, call schema.Queue_purge) error 
 	})
 }
 
+// DeleteQueue implements schema.Queue_Server.
+func (q *queueServer) DeleteQueue(ctx context.Context, call schema.Queue_deleteQueue) error {
+	call.Go()
+	res, err := call.AllocResults()
+	return q.call(OpDeleteQueue, res, err, func() error {
+		args := call.Args()
+		queue, err := q.queueName(args.Queue)
+		if err != nil {
+			return err
+		}
+		n, err := q.s.cfg.Store.DeleteQueue(ctx, storage.DeleteQueueParams{Queue: queue, Force: args.Force(), Now: q.s.cfg.Clock.Now()})
+		if err != nil {
+			return err
+		}
+		res.SetDeleted(uint64(n))
+		return nil
+	})
+}
+
 // DeadList implements schema.Queue_Server.
 func (q *queueServer) DeadList(ctx context.Context, call schema.Queue_deadList) error {
 	call.Go()

@@ -26,12 +26,14 @@ const (
 	OpSetConfig
 	OpSubscribe
 	OpNodeInfo
+	OpDeleteQueue
 	numOps
 )
 
 var opNames = [numOps]string{
 	"enqueue", "poll", "ack", "nack", "extend", "stats", "queues", "peek", "purge",
 	"dead_list", "redrive", "purge_dead", "get_config", "set_config", "subscribe", "node_info",
+	"delete_queue",
 }
 
 // String returns the snake_case name used as a metric label.

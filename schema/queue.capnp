@@ -100,6 +100,7 @@ enum ErrorCode {
   unavailable @5;     # the node is shutting down or its store is closed: retry elsewhere/later
   tooManyWaiters @6;  # too many long polls or subscriptions waiting on this queue
   internal @7;        # the store failed (I/O, corruption); outcome unknown
+  notEmpty @8;        # deleteQueue without force: the queue still holds items
 }
 
 # Status is the first field of every result.
@@ -263,6 +264,12 @@ interface Queue {
   # nodeInfo describes the node: version, backend and durability mode
   # (`leaseq stats` shows it).
   nodeInfo @15 () -> (status :Status, info :NodeInfo);
+
+  # deleteQueue removes a queue: its config, counters and dedup keys; status
+  # notFound for no such queue. A queue that still holds items (ready,
+  # delayed, inflight or dead) is refused with status notEmpty unless force,
+  # which deletes them too (their leases end). deleted: items deleted.
+  deleteQueue @16 (queue :Text, force :Bool) -> (status :Status, deleted :UInt64);
 }
 
 # Consumer is implemented by the client and passed to Queue.subscribe.

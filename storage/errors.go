@@ -24,6 +24,10 @@ var (
 	// The wrapping error says which argument and why.
 	ErrInvalidArgument = errors.New("storage: invalid argument")
 
+	// ErrNotEmpty reports a queue that cannot be deleted because it still
+	// holds items (DeleteQueue without Force).
+	ErrNotEmpty = errors.New("storage: queue not empty")
+
 	// ErrClosed reports a call on a Store after Close.
 	ErrClosed = errors.New("storage: closed")
 

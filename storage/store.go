@@ -89,6 +89,15 @@ type Store interface {
 	// items are kept (see PurgeDead). The queue and its config remain.
 	Purge(ctx context.Context, p PurgeParams) (int, error)
 
+	// DeleteQueue removes a queue: its config, counters and dedup keys.
+	// A queue that still holds items (ready, delayed, inflight or dead) is
+	// refused with ErrNotEmpty unless p.Force, which deletes the items
+	// first (inflight items' leases end: acking them gives CodeNotFound).
+	// It returns how many items it deleted; ErrNotFound if no such queue.
+	// An enqueue or SetQueueConfig afterwards creates the queue anew, with
+	// the default config and zeroed counters.
+	DeleteQueue(ctx context.Context, p DeleteQueueParams) (int, error)
+
 	// DeadList pages through a queue's dead items in id order after
 	// p.After.
 	DeadList(ctx context.Context, p DeadListParams) ([]DeadItem, error)
@@ -224,6 +233,13 @@ type PeekParams struct {
 // PurgeParams are the arguments of Store.Purge.
 type PurgeParams struct {
 	Queue string
+	Now   time.Time
+}
+
+// DeleteQueueParams are the arguments of Store.DeleteQueue.
+type DeleteQueueParams struct {
+	Queue string
+	Force bool // delete the queue's items too, instead of refusing
 	Now   time.Time
 }
 

@@ -825,6 +825,38 @@ func (s *Store) Purge(_ context.Context, p storage.PurgeParams) (int, error) {
 	return n, nil
 }
 
+// DeleteQueue implements storage.Store.
+func (s *Store) DeleteQueue(_ context.Context, p storage.DeleteQueueParams) (int, error) {
+	if err := s.lockOpen("delete queue"); err != nil {
+		return 0, err
+	}
+	defer s.mu.Unlock()
+	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
+		return 0, fmt.Errorf("memstore: delete queue %q: %w", p.Queue, err)
+	}
+	q := s.queueLocked(p.Queue, false)
+	if q == nil {
+		return 0, fmt.Errorf("memstore: delete queue %q: %w", p.Queue, storage.ErrNotFound)
+	}
+	if len(q.items) > 0 && !p.Force {
+		return 0, fmt.Errorf("memstore: delete queue %q: %w: %d items (ready, delayed, inflight or dead)", p.Queue, storage.ErrNotEmpty, len(q.items))
+	}
+	n := len(q.items)
+	for _, e := range q.items {
+		switch e.loc {
+		case locAvailable:
+			s.takeAvailableLocked(q, e)
+		case locInflight:
+			s.releaseLocked(q, e)
+		}
+	}
+	for _, d := range q.dedup {
+		s.mu.dedupHeap.remove(d.idx)
+	}
+	delete(s.mu.queues, p.Queue)
+	return n, nil
+}
+
 // DeadList implements storage.Store. An unknown queue has no dead items.
 func (s *Store) DeadList(_ context.Context, p storage.DeadListParams) ([]storage.DeadItem, error) {
 	if err := s.lockOpen("dead list"); err != nil {

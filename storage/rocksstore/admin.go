@@ -3,7 +3,9 @@ package rocksstore
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/leaseq/leaseq/dbkeys"
@@ -187,6 +189,17 @@ func (s *Store) Purge(ctx context.Context, p storage.PurgeParams) (int, error) {
 	if q == nil {
 		return 0, nil
 	}
+	n, err := s.purgeLive(ctx, q)
+	if err != nil {
+		return n, fmt.Errorf("rocksstore: purge %q: %w", p.Queue, err)
+	}
+	return n, nil
+}
+
+// purgeLive deletes q's inflight and available items in chunks of
+// purgeChunk, each its own op, and returns how many it deleted. Items
+// enqueued meanwhile may or may not be deleted.
+func (s *Store) purgeLive(ctx context.Context, q *queueState) (int, error) {
 	q.mu.Lock()
 	budget := q.counters.Inflight + q.counters.Ready + q.counters.Delayed
 	q.mu.Unlock()
@@ -208,7 +221,7 @@ func (s *Store) Purge(ctx context.Context, p storage.PurgeParams) (int, error) {
 				return err
 			})
 			if err != nil {
-				return total, fmt.Errorf("rocksstore: purge %q: %w", p.Queue, err)
+				return total, err
 			}
 			total += n
 			if n == 0 {
@@ -219,9 +232,139 @@ func (s *Store) Purge(ctx context.Context, p storage.PurgeParams) (int, error) {
 	return total, nil
 }
 
-// purgeInflight deletes the items of q's leases, whole leases at a time,
-// until at least max items are gone or no lease is left.
-// REQUIRES: on the committer.
+// DeleteQueue implements storage.Store. With Force, the items go first in
+// chunks (purgeLive, then the dead ones); the last op removes the queue
+// only if it is empty at that point, so an enqueue racing with the delete
+// either lands before it (and is deleted, or makes a delete without Force
+// fail) or creates the queue anew after it.
+func (s *Store) DeleteQueue(ctx context.Context, p storage.DeleteQueueParams) (int, error) {
+	if err := s.enter("delete queue"); err != nil {
+		return 0, err
+	}
+	defer s.exit()
+	fail := func(n int, err error) (int, error) {
+		return n, fmt.Errorf("rocksstore: delete queue %q: %w", p.Queue, err)
+	}
+	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
+		return fail(0, err)
+	}
+	total := 0
+	for attempt := 0; ; attempt++ {
+		q := s.queue(p.Queue)
+		if q == nil {
+			return fail(total, storage.ErrNotFound)
+		}
+		if p.Force {
+			n, err := s.purgeLive(ctx, q)
+			total += n
+			if err != nil {
+				return fail(total, err)
+			}
+			n, err = s.purgeAllDead(ctx, q, nanos(p.Now))
+			total += n
+			if err != nil {
+				return fail(total, err)
+			}
+		}
+		var left int64
+		_, err := s.submit(1, func(o *opTx) error {
+			var err error
+			left, err = s.removeQueue(o, q)
+			return err
+		})
+		switch {
+		case err == nil:
+			s.log.Info("queue deleted", "queue", p.Queue, "items", total)
+			return total, nil
+		case errors.Is(err, storage.ErrNotEmpty) && p.Force && attempt < 3:
+			continue // enqueued meanwhile: delete those too
+		case errors.Is(err, storage.ErrNotEmpty):
+			return fail(total, fmt.Errorf("%w: %d items (ready, delayed, inflight or dead); delete them first or force", err, left))
+		default:
+			return fail(total, err)
+		}
+	}
+}
+
+// purgeAllDead deletes q's dead items, a chunk per op.
+func (s *Store) purgeAllDead(ctx context.Context, q *queueState, now int64) (int, error) {
+	total := 0
+	for {
+		if err := checkCtx(ctx, "purge dead"); err != nil {
+			return total, err
+		}
+		res, err := s.applyDead("purge dead", q, storage.RedriveParams{Queue: q.name, Limit: purgeChunk}, now, s.purgeDeadItem)
+		if err != nil {
+			return total, err
+		}
+		total += res.Moved
+		if res.Moved == 0 {
+			return total, nil
+		}
+	}
+}
+
+// removeQueue deletes an empty queue's config, counters and dedup keys
+// and forgets its state; ErrNotEmpty (with the item count) if it holds
+// items, ErrNotFound if it is gone already. REQUIRES: on the committer.
+func (s *Store) removeQueue(o *opTx, q *queueState) (int64, error) {
+	if !s.live(q) {
+		return 0, storage.ErrNotFound
+	}
+	q.mu.Lock()
+	c := q.counters
+	q.mu.Unlock()
+	if left := c.Ready + c.Delayed + c.Inflight + c.Dead; left != 0 || c.Leases != 0 {
+		return left, storage.ErrNotEmpty
+	}
+	// Dedup keys: the committed ones, and any this batch wrote.
+	prefix := dbkeys.DedupPrefix(q.name)
+	dedup := map[string][]byte{}
+	err := s.scanView(prefix, dbkeys.PrefixEnd(prefix), nil, func(k, v []byte) (bool, error) {
+		dedup[string(k)] = bytes.Clone(v)
+		return true, nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	for k, v := range o.b.writes {
+		if strings.HasPrefix(k, string(prefix)) {
+			dedup[k] = v // nil: deleted in this batch
+		}
+	}
+	for k, v := range dedup {
+		if v == nil {
+			continue
+		}
+		_, key, err := dbkeys.DecodeDedupKey([]byte(k))
+		if err != nil {
+			return 0, corrupt("delete queue", []byte(k), err)
+		}
+		rec, err := dbkeys.DecodeDedup(v)
+		if err != nil {
+			return 0, corrupt("delete queue", []byte(k), err)
+		}
+		o.del([]byte(k))
+		o.del(dbkeys.DedupExpiryKey(rec.ExpiresAt, q.name, key))
+	}
+	o.del(dbkeys.QueueConfigKey(q.name))
+	o.del(dbkeys.CountersKey(q.name))
+	// Counter deltas of earlier ops in this batch would be merged after
+	// the delete and bring the counters key back.
+	b := o.b
+	kept := b.deltas[:0]
+	for _, d := range b.deltas {
+		if d.q != q {
+			kept = append(kept, d)
+		}
+	}
+	b.deltas = kept
+	s.mu.Lock()
+	delete(s.mu.queues, q.name)
+	s.mu.Unlock()
+	return 0, nil
+}
+
 func (s *Store) purgeInflight(o *opTx, q *queueState, max int) int {
 	n := 0
 	d := o.delta(q)
@@ -299,14 +442,17 @@ func (s *Store) Redrive(ctx context.Context, p storage.RedriveParams) (storage.R
 
 // PurgeDead implements storage.Store.
 func (s *Store) PurgeDead(ctx context.Context, p storage.RedriveParams) (storage.RedriveResult, error) {
-	return s.deadOp(ctx, "purge dead", p, func(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, _ int64) {
-		if rec.PayloadExternal {
-			o.del(dbkeys.PayloadKey(q.name, id))
-		}
-		d := o.delta(q)
-		d.Dead--
-		d.Purged++
-	})
+	return s.deadOp(ctx, "purge dead", p, s.purgeDeadItem)
+}
+
+// purgeDeadItem deletes a dead item whose dlq record o already deleted.
+func (s *Store) purgeDeadItem(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, _ int64) {
+	if rec.PayloadExternal {
+		o.del(dbkeys.PayloadKey(q.name, id))
+	}
+	d := o.delta(q)
+	d.Dead--
+	d.Purged++
 }
 
 func (s *Store) deadOp(ctx context.Context, op string, p storage.RedriveParams, apply func(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, now int64)) (storage.RedriveResult, error) {
@@ -332,20 +478,32 @@ func (s *Store) deadOp(ctx context.Context, op string, p storage.RedriveParams, 
 		return fail(err)
 	}
 	q := s.queue(p.Queue)
-	var res storage.RedriveResult
-	ids := p.IDs
-	if byID {
-		res.Codes = make([]storage.Code, len(ids))
-		if q == nil {
+	if q == nil {
+		var res storage.RedriveResult
+		if byID {
+			res.Codes = make([]storage.Code, len(p.IDs))
 			for i := range res.Codes {
 				res.Codes[i] = storage.CodeNotFound
 			}
-			return res, nil
 		}
+		return res, nil
+	}
+	res, err := s.applyDead(op, q, p, nanos(p.Now), apply)
+	if err != nil {
+		return fail(err)
+	}
+	return res, nil
+}
+
+// applyDead runs apply on q's dead items selected by p (its IDs, or up to
+// p.Limit in id order), in one op.
+func (s *Store) applyDead(op string, q *queueState, p storage.RedriveParams, now int64, apply func(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, now int64)) (storage.RedriveResult, error) {
+	var res storage.RedriveResult
+	ids := p.IDs
+	byID := len(ids) > 0
+	if byID {
+		res.Codes = make([]storage.Code, len(ids))
 	} else {
-		if q == nil {
-			return res, nil
-		}
 		prefix := dbkeys.DLQPrefix(q.name)
 		err := s.scanView(prefix, dbkeys.PrefixEnd(prefix), nil, func(k, _ []byte) (bool, error) {
 			var id storage.ItemID
@@ -354,12 +512,19 @@ func (s *Store) deadOp(ctx context.Context, op string, p storage.RedriveParams, 
 			return len(ids) < p.Limit, nil
 		})
 		if err != nil {
-			return fail(err)
+			return res, err
 		}
 	}
-	now := nanos(p.Now)
 	next, err := s.submit(len(ids), func(o *opTx) error {
 		res.Moved = 0
+		if !s.live(q) {
+			// Deleted since: ids of a queue made anew under the same name
+			// are not q's.
+			for i := range res.Codes {
+				res.Codes[i] = storage.CodeNotFound
+			}
+			return nil
+		}
 		for i, id := range ids {
 			k := dbkeys.DLQKey(q.name, id)
 			v, ok, err := o.getForUpdate(k)
@@ -386,7 +551,7 @@ func (s *Store) deadOp(ctx context.Context, op string, p storage.RedriveParams, 
 		return nil
 	})
 	if err != nil {
-		return fail(err)
+		return res, err
 	}
 	if !next.IsZero() && s.onDeadline != nil {
 		s.onDeadline(next)

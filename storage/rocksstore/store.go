@@ -649,6 +649,13 @@ func (s *Store) queue(name string) *queueState {
 	return s.mu.queues[name]
 }
 
+// live reports whether q is still the state of its queue (not deleted).
+func (s *Store) live(q *queueState) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.queues[q.name] == q
+}
+
 // ensureQueue returns the queue, creating it with cfg (the default config
 // when nil) inside o's batch if needed and Limits.MaxQueues allows.
 // REQUIRES: on the committer.

@@ -77,6 +77,9 @@ func conformanceCases() []testCase {
 		{"DedupKeyRepeatedWithinOneBatch", testDedupWithinOneBatch},
 		{"DedupWindowZeroDisablesDedup", testDedupWindowZeroDisablesDedup},
 		{"PurgeDropsAvailableAndInflightButKeepsDead", testPurge},
+		{"DeleteQueueRefusesItemsUnlessForced", testDeleteQueueRefusesItemsUnlessForced},
+		{"DeleteEmptyQueue", testDeleteEmptyQueue},
+		{"DeleteQueueWithManyItems", testDeleteManyItems},
 		{"StatsAfterEveryKindOfOperation", testStatsAfterEveryOperation},
 		{"OldestReadyAgeCountsFromVisibleAt", testOldestReadyAge},
 		{"QueuesAreListedInByteOrder", testQueues},
@@ -101,6 +104,7 @@ func reopenCases() []testCase {
 	return []testCase{
 		{"ReopenKeepsEverything", testReopenKeepsEverything},
 		{"ReopenedLeaseExpiresOnTime", testReopenedLeaseExpires},
+		{"DeletedQueueStaysDeletedAfterReopen", testDeletedQueueStaysDeletedAfterReopen},
 	}
 }
 
@@ -791,6 +795,8 @@ func testClosed(t *testing.T, f *fixture) {
 	requireIs(t, err, storage.ErrClosed, "peek")
 	_, err = s.Purge(ctx, storage.PurgeParams{Queue: "q", Now: at(0)})
 	requireIs(t, err, storage.ErrClosed, "purge")
+	_, err = s.DeleteQueue(ctx, storage.DeleteQueueParams{Queue: "q", Force: true, Now: at(0)})
+	requireIs(t, err, storage.ErrClosed, "delete queue")
 	_, err = s.DeadList(ctx, storage.DeadListParams{Queue: "q", Limit: 1})
 	requireIs(t, err, storage.ErrClosed, "dead list")
 	_, err = s.Redrive(ctx, storage.RedriveParams{Queue: "q", Limit: 1, Now: at(0)})

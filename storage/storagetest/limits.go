@@ -216,4 +216,5 @@ func RunMaxQueues(t *testing.T, open func(t *testing.T, lim storage.Limits) stor
 	_, err = s.Enqueue(ctx, storage.EnqueueParams{Queue: "q1", Items: item, Now: now})
 	require.NoError(t, err)
 	require.NoError(t, s.SetQueueConfig(ctx, "q0", storage.DefaultQueueConfig()))
+	deleteFreesQueueSlot(t, ctx, s, now)
 }
