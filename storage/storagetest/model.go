@@ -205,6 +205,7 @@ func errClass(err error) string {
 		{storage.ErrInvalidArgument, "invalid_argument"},
 		{storage.ErrClosed, "closed"},
 		{storage.ErrCorrupt, "corrupt"},
+		{storage.ErrNotEmpty, "not_empty"},
 	} {
 		if errors.Is(err, c.err) {
 			return c.name
@@ -328,6 +329,10 @@ func (m *modelRun) randomOp() {
 	}
 	if m.rng.IntN(300) == 0 {
 		m.opPurge()
+		return
+	}
+	if m.rng.IntN(400) == 0 {
+		m.opDeleteQueue()
 		return
 	}
 	if m.sut.h.Reopen != nil && m.rng.IntN(150) == 0 {
@@ -862,6 +867,16 @@ func (m *modelRun) opPurge() {
 	now := m.now
 	m.compare("purge "+q, func(sd *side) any {
 		n, err := sd.store().Purge(m.ctx, storage.PurgeParams{Queue: q, Now: now})
+		return fmt.Sprint(n, " ", errClass(err))
+	})
+}
+
+func (m *modelRun) opDeleteQueue() {
+	q := m.queue()
+	force := m.rng.IntN(2) == 0
+	now := m.now
+	m.compare(fmt.Sprintf("delete queue %s force=%v", q, force), func(sd *side) any {
+		n, err := sd.store().DeleteQueue(m.ctx, storage.DeleteQueueParams{Queue: q, Force: force, Now: now})
 		return fmt.Sprint(n, " ", errClass(err))
 	})
 }
