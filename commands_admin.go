@@ -34,6 +34,7 @@ type statsJSON struct {
 	DeadLettered     uint64     `json:"dead_lettered"`
 	Redriven         uint64     `json:"redriven"`
 	Purged           uint64     `json:"purged"`
+	CorruptErrors    uint64     `json:"corrupt_errors"`
 	Config           configJSON `json:"config"`
 	// Backend and Sync describe the node, not the queue: repeated on every
 	// line so each line stands alone.
@@ -99,7 +100,7 @@ and version. --json prints one JSON object per queue and line instead
 							Leases: q.Leases, OldestReadyAgeMs: q.OldestReadyAge.Milliseconds(),
 							Enqueued: q.Enqueued, Duplicates: q.Duplicates, Delivered: q.Delivered, Acked: q.Acked,
 							Nacked: q.Nacked, Expired: q.Expired, DeadLettered: q.DeadLettered, Redriven: q.Redriven,
-							Purged: q.Purged, Config: toConfigJSON(q.Config), Backend: ni.Backend, Sync: ni.Sync,
+							Purged: q.Purged, CorruptErrors: q.CorruptErrors, Config: toConfigJSON(q.Config), Backend: ni.Backend, Sync: ni.Sync,
 						}); err != nil {
 							return err
 						}
@@ -114,7 +115,15 @@ and version. --json prints one JSON object per queue and line instead
 						q.Queue, q.Ready, q.Delayed, q.Inflight, q.Dead, q.Leases, q.OldestReadyAge.Round(time.Millisecond),
 						q.Enqueued, q.Acked, q.Nacked, q.Expired, q.DeadLettered)
 				}
-				return tw.Flush()
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				for _, q := range stats {
+					if q.CorruptErrors > 0 {
+						fmt.Fprintf(e.stdout, "WARNING: queue %s: %d calls met damaged data since the node started; items may be stuck (stop the node and run 'leaseq check')\n", q.Queue, q.CorruptErrors)
+					}
+				}
+				return nil
 			})
 		}
 	},

@@ -234,6 +234,7 @@ func writeStats(w schema.QueueStats, s *storage.QueueStats) error {
 	w.SetDeadLettered(s.DeadLettered)
 	w.SetRedriven(s.Redriven)
 	w.SetPurged(s.Purged)
+	w.SetCorruptErrors(s.CorruptErrors)
 	c, err := w.NewConfig()
 	if err != nil {
 		return err
@@ -268,6 +269,7 @@ func readStats(r schema.QueueStats) (storage.QueueStats, error) {
 		DeadLettered:   r.DeadLettered(),
 		Redriven:       r.Redriven(),
 		Purged:         r.Purged(),
+		CorruptErrors:  r.CorruptErrors(),
 		Config:         readConfig(c),
 	}, nil
 }

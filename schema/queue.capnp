@@ -179,6 +179,7 @@ struct QueueStats {
   redriven @14 :UInt64;
   purged @15 :UInt64;
   config @16 :QueueConfig;
+  corruptErrors @17 :UInt64; # calls on this queue that met damaged data since the node started
 }
 
 # NodeInfo describes the serving node.

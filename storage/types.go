@@ -213,5 +213,10 @@ type QueueStats struct {
 	DeadLettered uint64
 	Redriven     uint64
 	Purged       uint64 // items dropped by purge or dead purge
-	Config       QueueConfig
+	// CorruptErrors counts the calls on this queue that met damaged data
+	// (storage.ErrCorrupt) since the store was opened: non-zero means part
+	// of the queue may be unreachable until the data is repaired
+	// (rocksstore; the other backends report 0).
+	CorruptErrors uint64
+	Config        QueueConfig
 }

@@ -48,7 +48,7 @@ func (s *Store) Stats(ctx context.Context, p storage.StatsParams) ([]storage.Que
 			Enqueued: uint64(c.Enqueued), Duplicates: uint64(c.Duplicates), Delivered: uint64(c.Delivered),
 			Acked: uint64(c.Acked), Nacked: uint64(c.Nacked), Expired: uint64(c.Expired),
 			DeadLettered: uint64(c.DeadLettered), Redriven: uint64(c.Redriven), Purged: uint64(c.Purged),
-			Config: cfg,
+			Config: cfg, CorruptErrors: s.corruptErrors(name),
 		}
 		if ok {
 			st.OldestReadyAge = time.Duration(now - oldest)
@@ -210,7 +210,7 @@ func (s *Store) purgeLive(ctx context.Context, q *queueState) (int, error) {
 				return total, err
 			}
 			n := 0
-			_, err := s.submit(purgeChunk, func(o *opTx) error {
+			_, err := s.submit(q.name, purgeChunk, func(o *opTx) error {
 				var err error
 				if inflight {
 					n = s.purgeInflight(o, q, purgeChunk)
@@ -267,13 +267,16 @@ func (s *Store) DeleteQueue(ctx context.Context, p storage.DeleteQueueParams) (i
 			}
 		}
 		var left int64
-		_, err := s.submit(1, func(o *opTx) error {
+		_, err := s.submit(p.Queue, 1, func(o *opTx) error {
 			var err error
 			left, err = s.removeQueue(o, q)
 			return err
 		})
 		switch {
 		case err == nil:
+			s.corruptQ.Lock()
+			delete(s.corruptQ.n, p.Queue)
+			s.corruptQ.Unlock()
 			s.log.Info("queue deleted", "queue", p.Queue, "items", total)
 			return total, nil
 		case errors.Is(err, storage.ErrNotEmpty) && p.Force && attempt < 3:
@@ -515,7 +518,7 @@ func (s *Store) applyDead(op string, q *queueState, p storage.RedriveParams, now
 			return res, err
 		}
 	}
-	next, err := s.submit(len(ids), func(o *opTx) error {
+	next, err := s.submit(q.name, len(ids), func(o *opTx) error {
 		res.Moved = 0
 		if !s.live(q) {
 			// Deleted since: ids of a queue made anew under the same name
@@ -587,7 +590,7 @@ func (s *Store) SetQueueConfig(ctx context.Context, queue string, c storage.Queu
 	if err := s.limits.ValidateQueueConfig(c); err != nil {
 		return fmt.Errorf("rocksstore: set queue config %q: %w", queue, err)
 	}
-	_, err := s.submit(1, func(o *opTx) error {
+	_, err := s.submit(queue, 1, func(o *opTx) error {
 		q, err := s.ensureQueue(o, queue, &c)
 		if err != nil {
 			return err

@@ -110,7 +110,7 @@ func (s *Store) stopPipeline() {
 
 // submit runs fn in a batch and waits until the batch is durable under
 // the sync policy. REQUIRES: s.life held shared (enter).
-func (s *Store) submit(items int, fn func(o *opTx) error) (time.Time, error) {
+func (s *Store) submit(queue string, items int, fn func(o *opTx) error) (time.Time, error) {
 	o := &op{apply: fn, items: items, wake: make(chan bool, 1)}
 	p := &s.pipe
 	p.mu.Lock()
@@ -131,17 +131,34 @@ func (s *Store) submit(items int, fn func(o *opTx) error) (time.Time, error) {
 		<-o.wake
 	}
 	if o.err != nil && errors.Is(o.err, storage.ErrCorrupt) {
-		s.noteCorrupt(o.err)
+		s.noteCorrupt(queue, o.err)
 	}
 	return o.next, o.err
 }
 
-// noteCorrupt records undecodable data met by a call (Corruption).
-func (s *Store) noteCorrupt(err error) {
+// noteCorrupt records undecodable data met by a call on queue ("": not
+// one queue's, the sweeper's): Corruption, and the queue's
+// QueueStats.CorruptErrors.
+func (s *Store) noteCorrupt(queue string, err error) {
 	if s.m.corrupt.Add(1) == 1 {
 		s.corruptFirst.Store(&err)
 	}
-	s.log.Error("rocksstore: corrupt data", "err", err)
+	if queue != "" {
+		s.corruptQ.Lock()
+		if s.corruptQ.n == nil {
+			s.corruptQ.n = make(map[string]uint64)
+		}
+		s.corruptQ.n[queue]++
+		s.corruptQ.Unlock()
+	}
+	s.log.Error("rocksstore: corrupt data", "queue", queue, "err", err)
+}
+
+// corruptErrors returns how many calls on queue met damaged data.
+func (s *Store) corruptErrors(queue string) uint64 {
+	s.corruptQ.Lock()
+	defer s.corruptQ.Unlock()
+	return s.corruptQ.n[queue]
 }
 
 // Corruption reports how many calls met data they could not decode (a

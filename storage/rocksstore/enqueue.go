@@ -48,7 +48,7 @@ func (s *Store) enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 	if valid == 0 && s.queue(p.Queue) != nil {
 		return res, nil // nothing to write (the batch below also creates a new queue)
 	}
-	next, err := s.submit(valid, func(o *opTx) error {
+	next, err := s.submit(p.Queue, valid, func(o *opTx) error {
 		q, err := s.ensureQueue(o, p.Queue, nil)
 		if err != nil {
 			return err

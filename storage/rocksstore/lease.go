@@ -206,7 +206,7 @@ func (s *Store) settle(q *queueState, token storage.LeaseID, now int64, ids []st
 		}
 		return codes, nil
 	}
-	next, err := s.submit(len(ids), func(o *opTx) error {
+	next, err := s.submit(q.name, len(ids), func(o *opTx) error {
 		l := s.leases[token]
 		for i, id := range ids {
 			c, err := s.checkItem(o, q, token, l, id, now)
@@ -277,7 +277,7 @@ func (s *Store) extend(ctx context.Context, p storage.ExtendParams) (time.Time, 
 	}
 	now := nanos(p.Now)
 	var exp int64
-	_, err := s.submit(1, func(o *opTx) error {
+	_, err := s.submit(p.Queue, 1, func(o *opTx) error {
 		l := s.leases[p.Lease]
 		if l == nil || now >= l.exp {
 			return storage.ErrLeaseExpired

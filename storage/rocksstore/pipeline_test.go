@@ -239,6 +239,9 @@ func TestRocksStore_CorruptionIsReported(t *testing.T) {
 	n, first = b.s.Corruption()
 	require.Equal(t, uint64(2), n)
 	require.ErrorIs(t, first, storage.ErrCorrupt)
+	require.Equal(t, uint64(2), b.stats("q", at(time.Second)).CorruptErrors, "the queue's stats say so")
+	b.enqueueN("other", at(0), 1)
+	require.Zero(t, b.stats("other", at(time.Second)).CorruptErrors)
 
 	require.NoError(t, b.s.db.Put(b.s.swo, k, good)) // repaired, for the cleanup's Check
 	res := b.poll("q", 3, time.Minute, at(2*time.Second))

@@ -62,7 +62,7 @@ func (s *Store) poll(ctx context.Context, p storage.PollParams) (storage.PollRes
 		return storage.PollResult{}, nil
 	}
 	var res storage.PollResult
-	_, err := s.submit(p.Max, func(o *opTx) error {
+	_, err := s.submit(p.Queue, p.Max, func(o *opTx) error {
 		o.b.polls++
 		var err error
 		res, err = s.claim(o, q, now, p.Max, int64(lease))

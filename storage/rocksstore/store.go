@@ -93,6 +93,11 @@ type Store struct {
 		corrupt                                      atomic.Uint64
 	}
 	corruptFirst atomic.Pointer[error]
+	// corruptQ counts, per queue, the calls that met damaged data.
+	corruptQ struct {
+		sync.Mutex
+		n map[string]uint64
+	}
 }
 
 var _ storage.Store = (*Store)(nil)

@@ -51,7 +51,7 @@ func (s *Store) sweep(ctx context.Context, p storage.SweepParams) (storage.Sweep
 			var g map[string]bool
 			n := 0
 			max := min(sweepChunk, limit-done)
-			_, err := s.submit(max, func(o *opTx) error {
+			_, err := s.submit("", max, func(o *opTx) error {
 				part, g = storage.SweepResult{}, map[string]bool{}
 				n = step(o, max, &part, g)
 				return nil
@@ -87,7 +87,7 @@ func (s *Store) sweep(ctx context.Context, p storage.SweepParams) (storage.Sweep
 	}
 
 	var next int64
-	_, err = s.submit(0, func(o *opTx) error {
+	_, err = s.submit("", 0, func(o *opTx) error {
 		next = s.nextDeadline()
 		return nil
 	})
@@ -276,7 +276,7 @@ func (s *Store) sweepDedup(ctx context.Context, res *storage.SweepResult, now in
 			return err
 		}
 		dropped := 0
-		_, err = s.submit(len(keys), func(o *opTx) error {
+		_, err = s.submit("", len(keys), func(o *opTx) error {
 			dropped = 0
 			for _, k := range keys {
 				exp, qn, key, err := dbkeys.DecodeDedupExpiryKey(k)
