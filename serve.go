@@ -99,7 +99,7 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 		fs.Var(maxInflight, "max-inflight-bytes", "incoming `bytes` of unanswered calls over all connections; beyond it the node reads no more calls until some are answered (default: a quarter of the machine's memory, 64MiB-4GiB)")
 		metricsQueues := fs.Int("metrics-max-queues", defaultMetricsQueues, "queues with /metrics series of their own (those with the most items enqueued); the rest are summed under queue=\"(other)\"")
 		maxQueues := fs.Int("max-queues", storage.DefaultLimits.MaxQueues, "most queues the node holds; creating one more (by enqueue or config) fails, existing queues keep working")
-		maxNodeWaiters := fs.Int("max-node-waiters", rpc.DefaultMaxWaiters, "maximum parked long polls plus subscriptions on the node (per queue: --max-waiters)")
+		maxNodeWaiters := fs.Int("max-node-waiters", defaultNodeWaiters(), "maximum parked long polls plus subscriptions on the node (per queue: --max-waiters); each costs about 16 KiB (default: what fits in an eighth of the machine's memory, 1000-100000)")
 		maxConnsPerIP := fs.Int("max-conns-per-ip", rpc.DefaultMaxConnsPerAddr, "maximum open TCP connections from one IP address (0: no per-address limit)")
 		maxWaiters := fs.Int("max-waiters", rpc.DefaultMaxWaitersPerQueue, "maximum parked long polls plus subscriptions per queue (0 means the default)")
 		d := storage.DefaultLimits
@@ -642,9 +642,27 @@ func recoverLoop(rocks *rocksstore.Store, clk clock.Clock, log *slog.Logger) (st
 // defaultInflightBytes is --max-inflight-bytes' default: a quarter of the
 // machine's memory, within 64 MiB and 4 GiB.
 func defaultInflightBytes() int {
+	return int(min(max(machineMemory()/4, 64<<20), 4<<30))
+}
+
+// parkedPollCost is what one parked long poll or subscription holds on the
+// node, rounded up: a goroutine in go-capnp's call handling and its
+// buffers (BenchmarkRPC_ParkedPollMemory measures 14-18 KB per poll for
+// server and client together).
+const parkedPollCost = 16 << 10
+
+// defaultNodeWaiters is --max-node-waiters' default: as many parked polls
+// as fit in an eighth of the machine's memory, within 1,000 and
+// rpc.DefaultMaxWaiters.
+func defaultNodeWaiters() int {
+	return int(min(max(machineMemory()/8/parkedPollCost, 1000), rpc.DefaultMaxWaiters))
+}
+
+// machineMemory returns the machine's RAM in bytes (4 GiB if unknown).
+func machineMemory() int64 {
 	var si syscall.Sysinfo_t
 	if err := syscall.Sysinfo(&si); err != nil {
-		return 1 << 30
+		return 4 << 30
 	}
-	return int(min(max(int64(si.Totalram)*int64(si.Unit)/4, 64<<20), 4<<30))
+	return int64(si.Totalram) * int64(si.Unit)
 }

@@ -21,6 +21,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/rpc"
+
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -227,4 +229,16 @@ func TestBoundQueues(t *testing.T) {
 	require.Equal(t, uint64(0+10+20+30+40+50+60), o.Enqueued)
 	require.Equal(t, 6*time.Second, o.OldestReadyAge)
 	require.Error(t, storage.DefaultLimits.ValidateQueueName(otherQueues), "the sum's label is no queue name")
+}
+
+// TestDefaultNodeWaiters: the default cap on parked polls keeps their
+// memory within an eighth of the machine's.
+func TestDefaultNodeWaiters(t *testing.T) {
+	t.Parallel()
+	n := defaultNodeWaiters()
+	require.GreaterOrEqual(t, n, 1000)
+	require.LessOrEqual(t, n, rpc.DefaultMaxWaiters)
+	if n > 1000 {
+		require.LessOrEqual(t, int64(n)*parkedPollCost, machineMemory()/8)
+	}
 }

@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/schema"
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/memstore"
 	"github.com/leaseq/leaseq/storage/rocksstore"
@@ -271,4 +273,60 @@ func BenchmarkRPC_Producer(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkRPC_ParkedPollMemory measures what a parked long poll costs:
+// one connection parks parkedPolls polls over 5 empty queues (sent as
+// pipelined calls, no client goroutine per call), and the Go heap and
+// stack in use grow by bytes/parked-poll (server and client side
+// together, one process), and so does the number of goroutines (one on
+// each side: the node's handler parked in the dispatcher, go-capnp's
+// client-side cancel watcher). b.N only repeats the measurement.
+func BenchmarkRPC_ParkedPollMemory(b *testing.B) {
+	const parkedPolls = 10_000
+	srv, addr := benchServer(b, "mem")
+	var perPoll, goroutinesPerPoll float64
+	for range b.N {
+		c, err := Dial(context.Background(), addr, ClientOptions{})
+		require.NoError(b, err)
+		before := heapAndStacks()
+		goroutinesBefore := runtime.NumGoroutine()
+		ctx, cancel := context.WithCancel(context.Background())
+		releases := make([]func(), 0, parkedPolls)
+		for i := range parkedPolls {
+			queue := fmt.Sprintf("q%d", i%5)
+			_, release := c.q.Poll(ctx, func(p schema.Queue_poll_Params) error {
+				p.SetMax(1)
+				p.SetWaitMs(60_000)
+				return p.SetQueue(queue)
+			})
+			releases = append(releases, release)
+		}
+		deadline := time.Now().Add(time.Minute)
+		for srv.Metrics().Waiters < parkedPolls {
+			require.True(b, time.Now().Before(deadline), "only %d polls parked", srv.Metrics().Waiters)
+			time.Sleep(10 * time.Millisecond)
+		}
+		perPoll = float64(heapAndStacks()-before) / parkedPolls
+		goroutinesPerPoll = float64(runtime.NumGoroutine()-goroutinesBefore) / parkedPolls
+		cancel()
+		for _, r := range releases {
+			r()
+		}
+		require.NoError(b, c.Close())
+		for srv.Metrics().Waiters > 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	b.ReportMetric(perPoll, "bytes/parked-poll")
+	b.ReportMetric(goroutinesPerPoll, "goroutines/parked-poll")
+}
+
+// heapAndStacks returns the bytes of Go heap and goroutine stacks in use
+// after a GC.
+func heapAndStacks() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse + m.StackInuse
 }
