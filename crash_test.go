@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -78,7 +79,10 @@ func (l *crashLedger) delivered(round int, items []storage.Item) {
 // TestCrash_KillRestart runs a real `leaseq serve` (sync=always) under
 // concurrent producers and consumers, SIGKILLs it at random moments, runs
 // `leaseq check` on the directory it left, and restarts it on the same
-// data, crashRounds times. Afterwards every enqueue the node acknowledged
+// data, crashRounds times; as root, one round fills the data disk (a tmpfs)
+// first, so the node is killed while refusing enqueues for lack of space
+// (TestCrash_CorruptedWAL is the corrupted-WAL round, on a copy of such a
+// directory). Afterwards every enqueue the node acknowledged
 // is still there or was acked, and nothing whose ack was acknowledged came
 // back (checked on every delivery, and against a final scan).
 func TestCrash_KillRestart(t *testing.T) {
@@ -101,13 +105,24 @@ func TestCrash_KillRestart(t *testing.T) {
 	t.Logf("rounds=%d seed=%d (-crash-rounds or LEASEQ_CRASH_ROUNDS, LEASEQ_CRASH_SEED)", rounds, seed)
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 
-	data := filepath.Join(t.TempDir(), "data")
+	// As root, the data lives on a tmpfs of its own, and one round in the
+	// middle fills that disk before the SIGKILL.
+	dir := t.TempDir()
+	fullRound := -1
+	if os.Geteuid() == 0 {
+		require.NoError(t, syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=384m,mode=0700"))
+		t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+		fullRound = rounds / 2
+	} else {
+		t.Log("not root: no tmpfs, so no disk-full round")
+	}
+	data := filepath.Join(dir, "data")
 	ledger := newCrashLedger()
 	const queue = "crash"
 	const producers, consumers = 3, 3
 
 	for round := range rounds {
-		n := startNode(t, data, "--sync", "always")
+		n := startNode(t, data, "--sync", "always", "--min-free-disk", "32MiB")
 		if round == 0 {
 			// Short leases so items held by killed consumers come back in
 			// later rounds; few attempts so some die and DLQ paths run.
@@ -126,9 +141,27 @@ func TestCrash_KillRestart(t *testing.T) {
 		// few hundred writes in flight.
 		killAfter := time.Duration(rng.IntN(400)) * time.Millisecond
 		time.Sleep(killAfter) // the random moment itself, not synchronisation
+		var filler string
+		if round == fullRound {
+			filler = fillDisk(t, dir)
+			// Enqueues are refused now; the consumers go on acking.
+			// (The node reads the free space once a second.)
+			c := dialNode(t, n.addr)
+			var err error
+			eventually(t, 10*time.Second, func() bool {
+				_, err = c.Enqueue(context.Background(), queue, []storage.EnqueueItem{{Payload: []byte("x")}})
+				return err != nil
+			}, "enqueues still accepted on a full disk")
+			require.ErrorIs(t, err, rpc.ErrUnavailable, "round %d", round)
+			require.ErrorContains(t, err, "free", "round %d", round)
+			time.Sleep(200 * time.Millisecond)
+		}
 		n.kill()
 		cancel()
 		wg.Wait()
+		if filler != "" {
+			require.NoError(t, os.Remove(filler))
+		}
 
 		r := runCLI(t, nil, "", "check", "--data", data)
 		require.Equal(t, 0, r.code, "round %d: leaseq check after SIGKILL:\n%s%s", round, r.stdout, r.stderr)
@@ -217,6 +250,24 @@ func dialNode(t *testing.T, addr string) *rpc.Client {
 // crashProducer enqueues small batches until the node dies or ctx ends.
 // Only enqueues the node answered count; one interrupted by the kill may or
 // may not have happened.
+// fillDisk writes a file in dir until its filesystem is full and returns
+// the file's path.
+func fillDisk(t *testing.T, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "filler")
+	f, err := os.Create(path)
+	require.NoError(t, err)
+	chunk := make([]byte, 1<<20)
+	for {
+		if _, err := f.Write(chunk); err != nil {
+			require.ErrorIs(t, err, syscall.ENOSPC)
+			break
+		}
+	}
+	require.NoError(t, f.Close())
+	return path
+}
+
 func crashProducer(ctx context.Context, addr string, round, p int, l *crashLedger) {
 	c, err := rpc.Dial(ctx, addr, rpc.ClientOptions{})
 	if err != nil {
