@@ -118,13 +118,6 @@ func (s *Store) releaseLease(tx kv.Tx, lease storage.LeaseID, lr *leaseRec, done
 	tx.Set(s.k.lease(lease), lr.encode())
 }
 
-func (s *Store) validateIDs(q string, ids []storage.ItemID) error {
-	if err := s.limits.ValidateQueueName(q); err != nil {
-		return err
-	}
-	return s.limits.ValidateBatch(len(ids))
-}
-
 func codesFromMarker(c *call, n int) ([]storage.Code, error) {
 	b, err := c.result()
 	if err != nil {
@@ -153,7 +146,7 @@ func (s *Store) Ack(ctx context.Context, p storage.AckParams) ([]storage.Code, e
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
-	if err := s.validateIDs(p.Queue, p.IDs); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, err
 	}
 	q := p.Queue
@@ -186,13 +179,8 @@ func (s *Store) Nack(ctx context.Context, p storage.NackParams) ([]storage.Code,
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
-	if err := s.validateIDs(p.Queue, p.IDs); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, err
-	}
-	if p.Delay != nil {
-		if err := s.limits.ValidateDelay(*p.Delay); err != nil {
-			return nil, err
-		}
 	}
 	q := p.Queue
 	reason := s.limits.TruncateReason(p.Reason)
@@ -268,10 +256,7 @@ func (s *Store) ExtendLease(ctx context.Context, p storage.ExtendParams) (time.T
 	if err := s.checkOpen(); err != nil {
 		return time.Time{}, err
 	}
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
-		return time.Time{}, err
-	}
-	if err := s.limits.ValidateLease(p.Duration); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return time.Time{}, err
 	}
 	var exp time.Time

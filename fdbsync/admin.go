@@ -20,10 +20,8 @@ func (s *Store) Stats(ctx context.Context, p storage.StatsParams) ([]storage.Que
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
-	if p.Queue != "" {
-		if err := s.limits.ValidateQueueName(p.Queue); err != nil {
-			return nil, err
-		}
+	if err := p.Validate(s.limits); err != nil {
+		return nil, err
 	}
 	v, err := s.view(ctx, func(tx kv.Tx) (any, error) {
 		var queues []string
@@ -178,22 +176,12 @@ func (s *Store) Queues(ctx context.Context) ([]string, error) {
 	return as[[]string](v)
 }
 
-func (s *Store) validLimit(n int) error {
-	if n < 1 || n > s.limits.MaxBatch {
-		return fmt.Errorf("%w: limit %d outside [1, %d]", storage.ErrInvalidArgument, n, s.limits.MaxBatch)
-	}
-	return nil
-}
-
 // Peek implements storage.Store.
 func (s *Store) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item, error) {
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
-		return nil, err
-	}
-	if err := s.validLimit(p.Limit); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, err
 	}
 	v, err := s.view(ctx, func(tx kv.Tx) (any, error) {
@@ -254,7 +242,7 @@ func (s *Store) Purge(ctx context.Context, p storage.PurgeParams) (int, error) {
 	if err := s.checkOpen(); err != nil {
 		return 0, err
 	}
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return 0, err
 	}
 	return s.purgeLive(ctx, p.Queue, p.Now)
@@ -388,10 +376,7 @@ func (s *Store) DeadList(ctx context.Context, p storage.DeadListParams) ([]stora
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
-		return nil, err
-	}
-	if err := s.validLimit(p.Limit); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, err
 	}
 	v, err := s.view(ctx, func(tx kv.Tx) (any, error) {
@@ -437,16 +422,8 @@ func (s *Store) deadOp(ctx context.Context, p storage.RedriveParams, redrive boo
 	if err := s.checkOpen(); err != nil {
 		return storage.RedriveResult{}, err
 	}
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return storage.RedriveResult{}, err
-	}
-	if err := s.limits.ValidateBatch(len(p.IDs)); err != nil {
-		return storage.RedriveResult{}, err
-	}
-	if p.IDs == nil {
-		if err := s.validLimit(p.Limit); err != nil {
-			return storage.RedriveResult{}, err
-		}
 	}
 	q := p.Queue
 	v, _, _, err := s.mutate(ctx, p.Now, func(tx kv.Tx, c *call) (any, error) {
@@ -457,7 +434,7 @@ func (s *Store) deadOp(ctx context.Context, p storage.RedriveParams, redrive boo
 				return nil, errBadValue
 			}
 			res.Moved = int(uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3]))
-			if p.IDs != nil {
+			if len(p.IDs) > 0 {
 				if len(b[4:]) != len(p.IDs) {
 					return nil, errBadValue
 				}
@@ -470,7 +447,7 @@ func (s *Store) deadOp(ctx context.Context, p storage.RedriveParams, redrive boo
 		}
 		var ids []storage.ItemID
 		var vals [][]byte
-		if p.IDs != nil {
+		if len(p.IDs) > 0 {
 			ids = p.IDs
 			keys := make([][]byte, len(ids))
 			for i, id := range ids {

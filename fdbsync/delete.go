@@ -20,7 +20,7 @@ func (s *Store) DeleteQueue(ctx context.Context, p storage.DeleteQueueParams) (i
 	if err := s.checkOpen(); err != nil {
 		return 0, err
 	}
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return 0, err
 	}
 	total := 0

@@ -37,10 +37,7 @@ func (s *Store) Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
-		return nil, err
-	}
-	if err := s.limits.ValidateBatch(len(p.Items)); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, err
 	}
 	res := make([]storage.EnqueueResult, len(p.Items))

@@ -57,13 +57,7 @@ func (s *Store) Poll(ctx context.Context, p storage.PollParams) (storage.PollRes
 	if err := s.checkOpen(); err != nil {
 		return storage.PollResult{}, err
 	}
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
-		return storage.PollResult{}, err
-	}
-	if p.Max < 1 || p.Max > s.limits.MaxBatch {
-		return storage.PollResult{}, fmt.Errorf("%w: poll max %d outside [1, %d]", storage.ErrInvalidArgument, p.Max, s.limits.MaxBatch)
-	}
-	if err := s.limits.ValidateLease(p.Lease); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return storage.PollResult{}, err
 	}
 	tok, err := randomToken()

@@ -326,10 +326,7 @@ func (s *Store) Enqueue(_ context.Context, p storage.EnqueueParams) ([]storage.E
 
 // REQUIRES: s.mu held.
 func (s *Store) enqueueLocked(p storage.EnqueueParams) ([]storage.EnqueueResult, time.Time, error) {
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
-		return nil, time.Time{}, err
-	}
-	if err := s.limits.ValidateBatch(len(p.Items)); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, time.Time{}, err
 	}
 	now := norm(p.Now)
@@ -406,13 +403,7 @@ func (s *Store) Poll(_ context.Context, p storage.PollParams) (storage.PollResul
 
 // REQUIRES: s.mu held.
 func (s *Store) pollLocked(p storage.PollParams) (storage.PollResult, error) {
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
-		return storage.PollResult{}, err
-	}
-	if p.Max < 1 || p.Max > s.limits.MaxBatch {
-		return storage.PollResult{}, fmt.Errorf("%w: max %d outside [1, %d]", storage.ErrInvalidArgument, p.Max, s.limits.MaxBatch)
-	}
-	if err := s.limits.ValidateLease(p.Lease); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return storage.PollResult{}, err
 	}
 	now := norm(p.Now)
@@ -488,7 +479,7 @@ func (s *Store) Ack(_ context.Context, p storage.AckParams) ([]storage.Code, err
 		return nil, err
 	}
 	defer s.mu.Unlock()
-	if err := s.validateIDs(p.Queue, len(p.IDs)); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, fmt.Errorf("memstore: ack %q: %w", p.Queue, err)
 	}
 	now := norm(p.Now)
@@ -507,13 +498,6 @@ func (s *Store) Ack(_ context.Context, p storage.AckParams) ([]storage.Code, err
 	return codes, nil
 }
 
-func (s *Store) validateIDs(queue string, n int) error {
-	if err := s.limits.ValidateQueueName(queue); err != nil {
-		return err
-	}
-	return s.limits.ValidateBatch(n)
-}
-
 // Nack implements storage.Store.
 func (s *Store) Nack(_ context.Context, p storage.NackParams) ([]storage.Code, error) {
 	return lockedNotify(s, "nack", p.Queue, func() ([]storage.Code, time.Time, error) {
@@ -523,13 +507,8 @@ func (s *Store) Nack(_ context.Context, p storage.NackParams) ([]storage.Code, e
 
 // REQUIRES: s.mu held.
 func (s *Store) nackLocked(p storage.NackParams) ([]storage.Code, time.Time, error) {
-	if err := s.validateIDs(p.Queue, len(p.IDs)); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, time.Time{}, err
-	}
-	if p.Delay != nil {
-		if err := s.limits.ValidateDelay(*p.Delay); err != nil {
-			return nil, time.Time{}, err
-		}
 	}
 	now := norm(p.Now)
 	reason := s.limits.TruncateReason(p.Reason)
@@ -578,10 +557,7 @@ func (s *Store) ExtendLease(_ context.Context, p storage.ExtendParams) (time.Tim
 
 // REQUIRES: s.mu held.
 func (s *Store) extendLocked(p storage.ExtendParams) (time.Time, error) {
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
-		return time.Time{}, err
-	}
-	if err := s.limits.ValidateLease(p.Duration); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return time.Time{}, err
 	}
 	now := norm(p.Now)
@@ -689,11 +665,11 @@ func (s *Store) Stats(_ context.Context, p storage.StatsParams) ([]storage.Queue
 		return nil, err
 	}
 	defer s.mu.Unlock()
+	if err := p.Validate(s.limits); err != nil {
+		return nil, fmt.Errorf("memstore: stats %q: %w", p.Queue, err)
+	}
 	now := norm(p.Now)
 	if p.Queue != "" {
-		if err := s.limits.ValidateQueueName(p.Queue); err != nil {
-			return nil, fmt.Errorf("memstore: stats %q: %w", p.Queue, err)
-		}
 		q := s.queueLocked(p.Queue, false)
 		if q == nil {
 			return nil, fmt.Errorf("memstore: stats %q: %w", p.Queue, storage.ErrNotFound)
@@ -759,23 +735,13 @@ func (q *queue) selectLocked(loc location, after storage.ItemID, limit int) []*e
 	return sel
 }
 
-func (s *Store) validatePage(queue string, limit int) error {
-	if err := s.limits.ValidateQueueName(queue); err != nil {
-		return err
-	}
-	if limit < 1 || limit > s.limits.MaxBatch {
-		return fmt.Errorf("%w: limit %d outside [1, %d]", storage.ErrInvalidArgument, limit, s.limits.MaxBatch)
-	}
-	return nil
-}
-
 // Peek implements storage.Store. An unknown queue has no items.
 func (s *Store) Peek(_ context.Context, p storage.PeekParams) ([]storage.Item, error) {
 	if err := s.lockOpen("peek"); err != nil {
 		return nil, err
 	}
 	defer s.mu.Unlock()
-	if err := s.validatePage(p.Queue, p.Limit); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, fmt.Errorf("memstore: peek %q: %w", p.Queue, err)
 	}
 	q := s.queueLocked(p.Queue, false)
@@ -801,7 +767,7 @@ func (s *Store) Purge(_ context.Context, p storage.PurgeParams) (int, error) {
 		return 0, err
 	}
 	defer s.mu.Unlock()
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return 0, fmt.Errorf("memstore: purge %q: %w", p.Queue, err)
 	}
 	q := s.queueLocked(p.Queue, false)
@@ -831,7 +797,7 @@ func (s *Store) DeleteQueue(_ context.Context, p storage.DeleteQueueParams) (int
 		return 0, err
 	}
 	defer s.mu.Unlock()
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return 0, fmt.Errorf("memstore: delete queue %q: %w", p.Queue, err)
 	}
 	q := s.queueLocked(p.Queue, false)
@@ -863,7 +829,7 @@ func (s *Store) DeadList(_ context.Context, p storage.DeadListParams) ([]storage
 		return nil, err
 	}
 	defer s.mu.Unlock()
-	if err := s.validatePage(p.Queue, p.Limit); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, fmt.Errorf("memstore: dead list %q: %w", p.Queue, err)
 	}
 	q := s.queueLocked(p.Queue, false)
@@ -881,13 +847,10 @@ func (s *Store) DeadList(_ context.Context, p storage.DeadListParams) ([]storage
 // id (nil entry and CodeNotFound when not dead), or the first p.Limit dead
 // items. REQUIRES: s.mu held.
 func (s *Store) deadSelectionLocked(q *queue, p storage.RedriveParams) ([]*entry, []storage.Code, error) {
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, nil, err
 	}
 	if len(p.IDs) > 0 {
-		if err := s.limits.ValidateBatch(len(p.IDs)); err != nil {
-			return nil, nil, err
-		}
 		sel := make([]*entry, len(p.IDs))
 		codes := make([]storage.Code, len(p.IDs))
 		for i, id := range p.IDs {
@@ -902,9 +865,6 @@ func (s *Store) deadSelectionLocked(q *queue, p storage.RedriveParams) ([]*entry
 			sel[i] = e
 		}
 		return sel, codes, nil
-	}
-	if p.Limit < 1 || p.Limit > s.limits.MaxBatch {
-		return nil, nil, fmt.Errorf("%w: limit %d outside [1, %d]", storage.ErrInvalidArgument, p.Limit, s.limits.MaxBatch)
 	}
 	if q == nil {
 		return nil, nil, nil

@@ -20,11 +20,11 @@ func (s *Store) Stats(ctx context.Context, p storage.StatsParams) ([]storage.Que
 		return nil, err
 	}
 	defer s.exit()
+	if err := p.Validate(s.limits); err != nil {
+		return nil, fmt.Errorf("rocksstore: stats %q: %w", p.Queue, err)
+	}
 	var names []string
 	if p.Queue != "" {
-		if err := s.limits.ValidateQueueName(p.Queue); err != nil {
-			return nil, fmt.Errorf("rocksstore: stats %q: %w", p.Queue, err)
-		}
 		if s.queue(p.Queue) == nil {
 			return nil, fmt.Errorf("rocksstore: stats %q: %w", p.Queue, storage.ErrNotFound)
 		}
@@ -67,16 +67,6 @@ func (s *Store) Queues(ctx context.Context) ([]string, error) {
 	return s.queueNames(), nil
 }
 
-func (s *Store) validatePage(queue string, limit int) error {
-	if err := s.limits.ValidateQueueName(queue); err != nil {
-		return err
-	}
-	if limit < 1 || limit > s.limits.MaxBatch {
-		return fmt.Errorf("%w: limit %d outside [1, %d]", storage.ErrInvalidArgument, limit, s.limits.MaxBatch)
-	}
-	return nil
-}
-
 // pageRecords visits up to limit records of namespace prefix after id
 // after, in id order.
 func (s *Store) pageRecords(prefix []byte, after storage.ItemID, limit int, fn func(id storage.ItemID, rec *dbkeys.ItemRecord) error) error {
@@ -108,7 +98,7 @@ func (s *Store) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item,
 		return nil, err
 	}
 	defer s.exit()
-	if err := s.validatePage(p.Queue, p.Limit); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, fmt.Errorf("rocksstore: peek %q: %w", p.Queue, err)
 	}
 	if s.queue(p.Queue) == nil {
@@ -143,7 +133,7 @@ func (s *Store) DeadList(ctx context.Context, p storage.DeadListParams) ([]stora
 		return nil, err
 	}
 	defer s.exit()
-	if err := s.validatePage(p.Queue, p.Limit); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, fmt.Errorf("rocksstore: dead list %q: %w", p.Queue, err)
 	}
 	if s.queue(p.Queue) == nil {
@@ -182,7 +172,7 @@ func (s *Store) Purge(ctx context.Context, p storage.PurgeParams) (int, error) {
 		return 0, err
 	}
 	defer s.exit()
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return 0, fmt.Errorf("rocksstore: purge %q: %w", p.Queue, err)
 	}
 	q := s.queue(p.Queue)
@@ -245,7 +235,7 @@ func (s *Store) DeleteQueue(ctx context.Context, p storage.DeleteQueueParams) (i
 	fail := func(n int, err error) (int, error) {
 		return n, fmt.Errorf("rocksstore: delete queue %q: %w", p.Queue, err)
 	}
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return fail(0, err)
 	}
 	total := 0
@@ -466,17 +456,10 @@ func (s *Store) deadOp(ctx context.Context, op string, p storage.RedriveParams, 
 	fail := func(err error) (storage.RedriveResult, error) {
 		return storage.RedriveResult{}, fmt.Errorf("rocksstore: %s %q: %w", op, p.Queue, err)
 	}
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return fail(err)
 	}
 	byID := len(p.IDs) > 0
-	if byID {
-		if err := s.limits.ValidateBatch(len(p.IDs)); err != nil {
-			return fail(err)
-		}
-	} else if p.Limit < 1 || p.Limit > s.limits.MaxBatch {
-		return fail(fmt.Errorf("%w: limit %d outside [1, %d]", storage.ErrInvalidArgument, p.Limit, s.limits.MaxBatch))
-	}
 	if err := ctx.Err(); err != nil {
 		return fail(err)
 	}

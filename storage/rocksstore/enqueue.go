@@ -23,10 +23,7 @@ func (s *Store) Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 }
 
 func (s *Store) enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage.EnqueueResult, error) {
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
-		return nil, err
-	}
-	if err := s.limits.ValidateBatch(len(p.Items)); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {

@@ -100,13 +100,6 @@ func leaseRecord(l *leaseState) dbkeys.LeaseRecord {
 	return r
 }
 
-func (s *Store) validateIDs(queue string, n int) error {
-	if err := s.limits.ValidateQueueName(queue); err != nil {
-		return err
-	}
-	return s.limits.ValidateBatch(n)
-}
-
 // Ack implements storage.Store. An ack reads nothing from RocksDB when
 // every id is held by the lease: the in-memory lease knows its items.
 func (s *Store) Ack(ctx context.Context, p storage.AckParams) ([]storage.Code, error) {
@@ -114,7 +107,7 @@ func (s *Store) Ack(ctx context.Context, p storage.AckParams) ([]storage.Code, e
 		return nil, err
 	}
 	defer s.exit()
-	if err := s.validateIDs(p.Queue, len(p.IDs)); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, fmt.Errorf("rocksstore: ack %q: %w", p.Queue, err)
 	}
 	if err := checkCtx(ctx, "ack"); err != nil {
@@ -141,13 +134,8 @@ func (s *Store) Nack(ctx context.Context, p storage.NackParams) ([]storage.Code,
 		return nil, err
 	}
 	defer s.exit()
-	if err := s.validateIDs(p.Queue, len(p.IDs)); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, fmt.Errorf("rocksstore: nack %q: %w", p.Queue, err)
-	}
-	if p.Delay != nil {
-		if err := s.limits.ValidateDelay(*p.Delay); err != nil {
-			return nil, fmt.Errorf("rocksstore: nack %q: %w", p.Queue, err)
-		}
 	}
 	if err := checkCtx(ctx, "nack"); err != nil {
 		return nil, err
@@ -266,10 +254,7 @@ func (s *Store) ExtendLease(ctx context.Context, p storage.ExtendParams) (time.T
 }
 
 func (s *Store) extend(ctx context.Context, p storage.ExtendParams) (time.Time, error) {
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
-		return time.Time{}, err
-	}
-	if err := s.limits.ValidateLease(p.Duration); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return time.Time{}, err
 	}
 	if err := ctx.Err(); err != nil {

@@ -136,8 +136,10 @@ func testRedriveAll(t *testing.T, f *fixture) {
 	require.Equal(t, 2, res.Moved)
 	left := f.deadList("q", storage.ItemID{}, 10)
 	require.Equal(t, dead[2], left[0].ID, "redrive takes dead items in id order")
-	res, err = f.s.Redrive(f.ctx, storage.RedriveParams{Queue: "q", Limit: 10, Now: at(time.Second)})
+	// An empty (not nil) id list selects by Limit too.
+	res, err = f.s.Redrive(f.ctx, storage.RedriveParams{Queue: "q", IDs: []storage.ItemID{}, Limit: 10, Now: at(time.Second)})
 	require.NoError(t, err)
+	require.Nil(t, res.Codes)
 	require.Equal(t, 1, res.Moved)
 	res, err = f.s.Redrive(f.ctx, storage.RedriveParams{Queue: "q", Limit: 10, Now: at(time.Second)})
 	require.NoError(t, err)
