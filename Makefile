@@ -209,14 +209,21 @@ bench-compare: $(rocksdb_dep) ## compare Go benchmarks of REF (default HEAD~1) w
 
 # capnp compile runs inside schema/ (as schema/generate.go does): the
 # generated code embeds the schema's path ("queue.capnp:Queue"), so compiling
-# schema/queue.capnp from the root would change every interface name.
-generate: ## regenerate schema/*.capnp.go from schema/*.capnp (capnp + capnpc-go)
+# schema/queue.capnp from the root would change every interface name. A
+# schema whose $Go.import names a sub-package of schema (queueber.capnp:
+# github.com/leaseq/leaseq/schema/queueber) is generated into that
+# directory, so its types do not clash with queue.capnp's.
+generate: ## regenerate schema/**/*.capnp.go from schema/*.capnp (capnp + capnpc-go)
 	@if ! compgen -G 'schema/*.capnp' >/dev/null; then echo "generate: no schema/*.capnp, nothing to do"; exit 0; fi; \
 	$(GO) mod download capnproto.org/go/capnp/v3; \
 	std="$$($(GO) list -m -f '{{.Dir}}' capnproto.org/go/capnp/v3)/std"; \
 	cd schema; \
-	echo "(cd schema && capnp compile -I$$std -ogo" *.capnp")"; \
-	capnp compile -I"$$std" -ogo *.capnp
+	for f in *.capnp; do \
+		sub=$$(sed -n 's|^\$$Go.import("github.com/leaseq/leaseq/schema/\([^"]*\)");.*|\1|p' "$$f"); \
+		mkdir -p "$${sub:-.}"; \
+		echo "(cd schema && capnp compile -I$$std -ogo$${sub:+:$$sub} $$f)"; \
+		capnp compile -I"$$std" -ogo$${sub:+:$$sub} "$$f"; \
+	done
 
 verify: generate ## regenerate, then fail if the committed generated code differs
 	@git diff --exit-code --stat -- schema/ || { echo "verify: generated code in schema/ is out of date: run make generate and commit" >&2; exit 1; }
