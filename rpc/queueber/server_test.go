@@ -3,9 +3,16 @@ package queueber
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"fmt"
 	"log/slog"
 	"math"
+	"math/big"
 	"net"
 	"strings"
 	"sync"
@@ -66,12 +73,20 @@ type testBundle struct {
 // loopback listeners.
 func setup(t *testing.T, limits storage.Limits) *testBundle {
 	t.Helper()
+	return setupWith(t, func(c *rpc.ServerConfig) { c.Limits = limits })
+}
+
+// setupWith is setup with the server's config changed by mutate.
+func setupWith(t *testing.T, mutate func(*rpc.ServerConfig)) *testBundle {
+	t.Helper()
 	st, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncNone})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = st.Close() })
 	mock := clock.NewMock()
 	mock.Set(testStart)
-	srv, err := rpc.NewServer(rpc.ServerConfig{Store: st, Clock: mock, Logger: testLogger(t), Limits: limits})
+	cfg := rpc.ServerConfig{Store: st, Clock: mock, Logger: testLogger(t)}
+	mutate(&cfg)
+	srv, err := rpc.NewServer(cfg)
 	require.NoError(t, err)
 	t.Cleanup(srv.Stop)
 	b := &testBundle{t: t, store: st, clock: mock, srv: srv}
@@ -95,6 +110,12 @@ func (b *testBundle) dial() qbschema.Queue {
 	b.t.Helper()
 	nc, err := net.Dial("tcp", b.qb)
 	require.NoError(b.t, err)
+	return b.client(nc)
+}
+
+// client runs a Queueber client over nc.
+func (b *testBundle) client(nc net.Conn) qbschema.Queue {
+	b.t.Helper()
 	conn := capnprpc.NewConn(transport.NewStream(nc), &capnprpc.Options{Logger: quietLogger()})
 	q := qbschema.Queue(conn.Bootstrap(context.Background()))
 	b.t.Cleanup(func() {
@@ -442,6 +463,32 @@ func TestQueueber_LongPoll(t *testing.T) {
 		require.Equal(t, []string{"from leaseq"}, o.p.contents)
 	})
 
+	t.Run("AddWakesLeaseqPoll", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, storage.Limits{})
+		c := b.leaseq()
+		type out struct {
+			pr  storage.PollResult
+			err error
+		}
+		ch := make(chan out, 1)
+		go func() {
+			pr, err := c.Poll(context.Background(), testQueue, 10, time.Minute, 30*time.Second)
+			ch <- out{pr, err}
+		}()
+		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		ids, err := add(ctxT(t), b.dial(), addItem{contents: "from queueber"})
+		require.NoError(t, err)
+		select {
+		case o := <-ch:
+			require.NoError(t, o.err)
+			require.Len(t, o.pr.Items, 1)
+			require.Equal(t, ids[0], o.pr.Items[0].ID[:])
+		case <-time.After(10 * time.Second):
+			t.Fatal("leaseq poll did not return")
+		}
+	})
+
 	t.Run("TimesOutEmpty", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, storage.Limits{})
@@ -595,6 +642,71 @@ func TestQueueber_BadInput(t *testing.T) {
 	removed, err := remove(ctx, q, ids[0], p.lease)
 	require.NoError(t, err)
 	require.True(t, removed)
+}
+
+func TestQueueber_MutualTLS(t *testing.T) {
+	t.Parallel()
+	// The Queueber listener speaks the rpc server's TLS, client
+	// certificates included.
+	cert, pool := selfSigned(t)
+	b := setupWith(t, func(c *rpc.ServerConfig) {
+		c.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
+	})
+	dialTLS := func(certs []tls.Certificate) qbschema.Queue {
+		tc, err := tls.Dial("tcp", b.qb, &tls.Config{RootCAs: pool, Certificates: certs, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12})
+		require.NoError(t, err)
+		return b.client(tc)
+	}
+	ids, err := add(ctxT(t), dialTLS([]tls.Certificate{cert}), addItem{contents: "over tls"})
+	require.NoError(t, err)
+	require.Len(t, ids, 1)
+
+	_, err = add(ctxT(t), b.dial(), addItem{contents: "plain"})
+	require.Error(t, err, "a plain-text client is refused")
+	_, err = add(ctxT(t), dialTLS(nil), addItem{contents: "no client cert"})
+	require.Error(t, err, "a client without a certificate is refused")
+	st, err := b.store.Stats(ctxT(t), storage.StatsParams{Queue: testQueue, Now: b.clock.Now()})
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), st[0].Enqueued)
+}
+
+// selfSigned is a certificate for 127.0.0.1 usable by server and client,
+// and a pool that trusts it.
+func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "queueber test"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	leaf, err := x509.ParseCertificate(der)
+	require.NoError(t, err)
+	pool := x509.NewCertPool()
+	pool.AddCert(leaf)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, pool
+}
+
+func TestQueueber_SharesMaxConns(t *testing.T) {
+	t.Parallel()
+	// Connections of both listeners count against one MaxConns.
+	b := setupWith(t, func(c *rpc.ServerConfig) { c.MaxConns = 1 })
+	_ = b.leaseq()
+	eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 1 })
+	// The refused client gets an RPC Abort naming the limit; go-capnp's
+	// client reports it as the connection's end.
+	_, err := add(ctxT(t), b.dial(), addItem{contents: "x"})
+	require.Error(t, err)
+	require.Equal(t, uint64(1), b.srv.Metrics().ConnsRefused)
 }
 
 func TestQueueber_BootstrapChecksQueue(t *testing.T) {
