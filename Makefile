@@ -56,8 +56,10 @@ RACE_PKGS ?= . sweeper rpc storage/memstore storage/rocksstore fdbsync bench/lea
 
 # Debian packages the build needs: RocksDB (shared and static libraries
 # and headers, and through it snappy, lz4, zstd, zlib, bz2), the capnp
-# compiler, and a C++ toolchain for cgo.
-APT_PKGS := librocksdb-dev capnproto g++
+# compiler, and a C++ toolchain for cgo. libcapnp-dev (the C++ reference
+# implementation of Cap'n Proto) and pkg-config build the C++ clients in
+# docs/cpp, which the interop test (TestCpp_Interop) runs against a node.
+APT_PKGS := librocksdb-dev capnproto g++ libcapnp-dev pkg-config
 # capnpc-go must match the capnp runtime in go.mod, or generated code differs.
 CAPNP_VERSION := v3.1.0-alpha.2
 
@@ -103,7 +105,7 @@ help: ## list the targets and options
 	@echo
 	@sed -n '/^# Options/,/^$$/p' $(MAKEFILE_LIST) | sed 's/^# \{0,1\}//'
 
-deps: ## install what is missing (Debian): librocksdb-dev, capnproto, g++ via apt; capnpc-go via go install
+deps: ## install what is missing (Debian): librocksdb-dev, capnproto, g++, libcapnp-dev, pkg-config via apt; capnpc-go via go install
 	@command -v $(GO) >/dev/null || { echo "deps: Go 1.26 is required and not on PATH (install it from go.dev/dl)" >&2; exit 1; }
 	@missing=""; \
 	for p in $(APT_PKGS); do dpkg -s "$$p" >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -209,14 +211,21 @@ bench-compare: $(rocksdb_dep) ## compare Go benchmarks of REF (default HEAD~1) w
 
 # capnp compile runs inside schema/ (as schema/generate.go does): the
 # generated code embeds the schema's path ("queue.capnp:Queue"), so compiling
-# schema/queue.capnp from the root would change every interface name.
-generate: ## regenerate schema/*.capnp.go from schema/*.capnp (capnp + capnpc-go)
+# schema/queue.capnp from the root would change every interface name. A
+# schema whose $Go.import names a sub-package of schema (queueber.capnp:
+# github.com/leaseq/leaseq/schema/queueber) is generated into that
+# directory, so its types do not clash with queue.capnp's.
+generate: ## regenerate schema/**/*.capnp.go from schema/*.capnp (capnp + capnpc-go)
 	@if ! compgen -G 'schema/*.capnp' >/dev/null; then echo "generate: no schema/*.capnp, nothing to do"; exit 0; fi; \
 	$(GO) mod download capnproto.org/go/capnp/v3; \
 	std="$$($(GO) list -m -f '{{.Dir}}' capnproto.org/go/capnp/v3)/std"; \
 	cd schema; \
-	echo "(cd schema && capnp compile -I$$std -ogo" *.capnp")"; \
-	capnp compile -I"$$std" -ogo *.capnp
+	for f in *.capnp; do \
+		sub=$$(sed -n 's|^\$$Go.import("github.com/leaseq/leaseq/schema/\([^"]*\)");.*|\1|p' "$$f"); \
+		mkdir -p "$${sub:-.}"; \
+		echo "(cd schema && capnp compile -I$$std -ogo$${sub:+:$$sub} $$f)"; \
+		capnp compile -I"$$std" -ogo$${sub:+:$$sub} "$$f"; \
+	done
 
 verify: generate ## regenerate, then fail if the committed generated code differs
 	@git diff --exit-code --stat -- schema/ || { echo "verify: generated code in schema/ is out of date: run make generate and commit" >&2; exit 1; }
@@ -245,9 +254,11 @@ clean: ## remove built binaries and test artifacts (keeps ./data)
 	rm -rf bin/ bench-results/
 
 .PHONY: cpp-example
-cpp-example: ## build bin/leaseq-cpp-client from docs/cpp/client.c++ (C++ client example; needs libcapnp-dev)
+cpp-example: deps ## build the C++ client examples bin/leaseq-cpp-client (docs/cpp/client.c++) and bin/queueber-cpp-client (docs/cpp/queueber_client.c++)
 	@mkdir -p bin/cpp
 	std="$$($(GO) list -m -f '{{.Dir}}' capnproto.org/go/capnp/v3)/std"; \
-	cd schema && capnp compile -I"$$std" -oc++:../bin/cpp queue.capnp
+	cd schema && capnp compile -I"$$std" -oc++:../bin/cpp queue.capnp queueber.capnp
 	g++ -std=c++17 -O1 -Ibin/cpp docs/cpp/client.c++ bin/cpp/queue.capnp.c++ $$(pkg-config --cflags --libs capnp-rpc) -o bin/leaseq-cpp-client
+	g++ -std=c++17 -O1 -Ibin/cpp docs/cpp/queueber_client.c++ bin/cpp/queueber.capnp.c++ $$(pkg-config --cflags --libs capnp-rpc) -o bin/queueber-cpp-client
 	@echo "run: bin/leaseq-cpp-client [127.0.0.1:7700 | unix:/path]"
+	@echo "run: bin/queueber-cpp-client ADDR (a node's --queueber-listen address)"

@@ -78,6 +78,10 @@ func leaseqRules(fdbTag bool) importRules {
 			capnpPath:                           {"schema", "rpc", "bench", "."},
 			modulePath + "/bench":               {"bench", "."},
 			modulePath + "/storage/storagetest": {"storage/storagetest"}, // only _test.go files import it
+			// Queueber's protocol: its generated code is the business of its
+			// server alone, and only main wires that server in.
+			modulePath + "/schema/queueber": {"rpc/queueber"},
+			modulePath + "/rpc/queueber":    {"."},
 		},
 		forbidden: map[string][]string{
 			"dbkeys": {"storage", "sweeper", "rpc", "fdbsync", "bench", "schema", clockPath},
@@ -88,6 +92,7 @@ func leaseqRules(fdbTag bool) importRules {
 			"storage/storagetest": {"sweeper", "rpc", "fdbsync", "bench", "schema", capnpPath},
 			"sweeper":             {"rpc", "schema", "fdbsync", "bench", "storage/rocksstore", grocksdbPath, fdbPath, capnpPath},
 			"rpc":                 {"sweeper", "fdbsync", "bench", "storage/rocksstore", grocksdbPath, fdbPath},
+			"rpc!":                {"rpc/queueber", "schema/queueber"}, // the Queue server knows nothing of Queueber's
 			"fdbsync":             {"sweeper", "rpc", "bench", "schema", "storage/rocksstore", grocksdbPath, capnpPath},
 			"schema":              {"storage", "dbkeys", "sweeper", "rpc", "fdbsync", "bench", grocksdbPath, fdbPath},
 		},
@@ -243,7 +248,7 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 	t.Parallel()
 	m := func(s string) string { return modulePath + "/" + s }
 	pkgs := []*listedPackage{
-		{ImportPath: modulePath, Imports: []string{m("bench"), m("sweeper")}, Deps: []string{m("bench"), m("sweeper"), m("storage")}},
+		{ImportPath: modulePath, Imports: []string{m("bench"), m("sweeper"), m("rpc/queueber")}, Deps: []string{m("bench"), m("sweeper"), m("storage"), m("rpc/queueber")}},
 		{ImportPath: m("dbkeys"), Imports: []string{"bytes", "github.com/x/y"}, Deps: []string{"bytes", "github.com/x/y"}},
 		{ImportPath: m("storage"), Imports: []string{clockPath}, Deps: []string{clockPath}},
 		{ImportPath: m("storage/rocksstore"), Imports: []string{grocksdbPath, m("storage")}, Deps: []string{grocksdbPath, m("storage")}},
@@ -251,7 +256,9 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 		{ImportPath: m("rpc"), Imports: []string{m("bench"), capnpPath + "/v3"}, Deps: []string{m("bench"), capnpPath + "/v3"}},
 		{ImportPath: m("schema"), Imports: []string{capnpPath + "/v3", "github.com/other/lib"}, Deps: []string{capnpPath + "/v3", "github.com/other/lib"}},
 		{ImportPath: m("fdbsync"), Imports: []string{fdbPath + "/bindings/go/src/fdb", m("storage/storagetest")}, Deps: []string{fdbPath + "/bindings/go/src/fdb", m("storage/storagetest")}},
-		{ImportPath: m("bench"), Imports: []string{m("rpc")}, Deps: []string{m("rpc")}},
+		{ImportPath: m("bench"), Imports: []string{m("rpc"), m("rpc/queueber")}, Deps: []string{m("rpc"), m("rpc/queueber")}},
+		{ImportPath: m("rpc/queueber"), Imports: []string{m("rpc"), m("schema/queueber")}, Deps: []string{m("rpc"), m("schema/queueber")}},
+		{ImportPath: m("schema/queueber"), Imports: []string{capnpPath + "/v3"}, Deps: []string{capnpPath + "/v3"}},
 		{ImportPath: "bytes", Standard: true},
 		{ImportPath: "github.com/x/y"},
 	}
@@ -275,6 +282,7 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 		"schema imports github.com/other/lib: only stdlib and [capnproto.org/go/capnp]",
 		"fdbsync imports github.com/apple/foundationdb/bindings/go/src/fdb: only [] may",
 		"fdbsync imports github.com/leaseq/leaseq/storage/storagetest",
+		"bench imports github.com/leaseq/leaseq/rpc/queueber: only [.] may",
 	} {
 		require.Contains(t, bad, want)
 	}
@@ -282,6 +290,8 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 		"storage/rocksstore imports github.com/linxGnu/grocksdb", // the one allowed importer
 		". imports github.com/leaseq/leaseq/bench",               // main may import bench
 		"rpc imports capnproto.org",                              // rpc may use capnp
+		". imports github.com/leaseq/leaseq/rpc/queueber",        // main wires the Queueber server
+		"rpc/queueber imports",                                   // its schema and rpc
 	} {
 		require.NotContains(t, bad, notWant)
 	}

@@ -156,6 +156,12 @@ func TestRun_HelpAndUsageErrors(t *testing.T) {
 		{name: "BadLogFormat", args: []string{"check", "--log-format=xml"}, code: exitUsage, stderr: []string{"want text or json"}, oneLineEr: true},
 		{name: "ServeExtraArg", args: []string{"serve", "extra"}, code: exitUsage, stderr: []string{`unexpected argument "extra"`}, oneLineEr: true},
 		{name: "CheckConfigFromEnvAndFlags", args: []string{"serve", "--check-config", "--data", "/x"}, env: map[string]string{"LEASEQ_SYNC": "none", "LEASEQ_DATA": "/y"}, code: exitOK, stdout: []string{"data=/x\n", "sync=none\n", "log-level=info\n", "max-waiters=10000\n"}},
+		{name: "HelpServeQueueber", args: []string{"help", "serve"}, code: exitOK, stdout: []string{"--queueber-listen address", "--queueber-queue name", "[LEASEQ_QUEUEBER_LISTEN]", "Queueber compatibility"}},
+		{name: "QueueberListenAlone", args: []string{"serve", "--queueber-listen", "127.0.0.1:7701"}, code: exitUsage, stderr: []string{"--queueber-listen needs --queueber-queue"}, oneLineEr: true},
+		{name: "QueueberQueueAlone", args: []string{"serve"}, env: map[string]string{"LEASEQ_QUEUEBER_QUEUE": "jobs"}, code: exitUsage, stderr: []string{"--queueber-queue needs --queueber-listen"}, oneLineEr: true},
+		{name: "QueueberBadQueue", args: []string{"serve", "--queueber-listen", "127.0.0.1:7701", "--queueber-queue", "a/b"}, code: exitUsage, stderr: []string{"--queueber-queue:", "not in [A-Za-z0-9._-]"}, oneLineEr: true},
+		{name: "QueueberSameAddr", args: []string{"serve", "--listen", "127.0.0.1:7700", "--queueber-listen", "127.0.0.1:7700", "--queueber-queue", "q"}, code: exitUsage, stderr: []string{"is --listen's address"}, oneLineEr: true},
+		{name: "QueueberCheckConfig", args: []string{"serve", "--check-config", "--queueber-listen", "unix:/tmp/qb.sock", "--queueber-queue", "q", "--socket-mode", "0600"}, code: exitOK, stdout: []string{"queueber-listen=unix:/tmp/qb.sock\n", "queueber-queue=q\n", "socket-mode=0600\n"}},
 		{name: "CheckMissingDir", args: []string{"check", "--data", "/nonexistent/leaseq"}, code: exitFailure, stderr: []string{"leaseq check: no database at /nonexistent/leaseq"}, oneLineEr: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

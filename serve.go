@@ -27,6 +27,7 @@ import (
 
 	"github.com/leaseq/leaseq/fdbsync"
 	"github.com/leaseq/leaseq/rpc"
+	"github.com/leaseq/leaseq/rpc/queueber"
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/rocksstore"
 	"github.com/leaseq/leaseq/sweeper"
@@ -63,7 +64,15 @@ The --max-* and --min-lease flags set the limits every request is checked
 against; a request over a limit gets a clear error naming it.
 
 --backend=fdb serves from a FoundationDB cluster (--fdb-cluster-file)
-instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
+instead of RocksDB; it needs a binary built with 'make build-fdb'.
+
+--queueber-listen ADDR --queueber-queue NAME (always together) also serve
+Queueber's protocol (schema/queueber.capnp) on ADDR, host:port or
+unix:/path, over the one leaseq queue NAME, so Queueber clients work
+unchanged: add enqueues, poll leases (a long poll woken like any other),
+remove acks one item, extend extends a lease. That listener shares the
+node's TLS and connection limits; the README's "Queueber compatibility"
+section has the details.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 		data := fs.String("data", "./data", "`dir`ectory of the RocksDB database (created if missing)")
 		listen := fs.String("listen", defaultAddr, "RPC listen `address`: host:port or unix:/path")
@@ -123,6 +132,8 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 		fs.Var(maxReason, "max-reason", "longest nack reason kept, in `bytes` (longer ones are truncated)")
 		sweepInterval := fs.Duration("sweep-interval", sweeper.DefaultSweepInterval, "longest sleep of the sweeper when no deadline is known")
 		sweepBatch := fs.Int("sweep-batch", sweeper.DefaultBatchLimit, "leases expired per sweep transaction")
+		qbListen := fs.String("queueber-listen", "", "also serve Queueber's protocol (schema/queueber.capnp) on this `address`: host:port or unix:/path (needs --queueber-queue)")
+		qbQueue := fs.String("queueber-queue", "", "the leaseq queue `name` that Queueber clients on --queueber-listen add to and poll (needs --queueber-listen)")
 		checkConfig := fs.Bool("check-config", false, "validate flags and environment, print the effective settings, and exit")
 		lf := addLogFlags(fs, "info")
 		return func(ctx context.Context, args []string) error {
@@ -162,8 +173,11 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 			if *tlsClientCA != "" && *tlsCert == "" {
 				return usagef("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
 			}
-			if socketMode.set && !strings.HasPrefix(*listen, "unix:") {
-				return usagef("--socket-mode applies to a unix socket (--listen unix:/path) only")
+			if err := checkQueueberFlags(*listen, *qbListen, *qbQueue); err != nil {
+				return err
+			}
+			if socketMode.set && !strings.HasPrefix(*listen, "unix:") && !strings.HasPrefix(*qbListen, "unix:") {
+				return usagef("--socket-mode applies to a unix socket (--listen or --queueber-listen unix:/path) only")
 			}
 			if backend.val == "fdb" && recoverMode.set {
 				return usagef("--recover applies to --backend=rocksdb only")
@@ -189,6 +203,8 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 			return serve(ctx, e, serveConfig{
 				data:        *data,
 				listen:      *listen,
+				qbListen:    *qbListen,
+				qbQueue:     *qbQueue,
 				backend:     backend.val,
 				clusterFile: *clusterFile,
 				subspace:    subspace.val,
@@ -227,6 +243,25 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 	},
 }
 
+// checkQueueberFlags checks --queueber-listen and --queueber-queue: both or
+// neither, a valid queue name, an address other than --listen's.
+func checkQueueberFlags(listen, addr, queue string) error {
+	switch {
+	case addr == "" && queue == "":
+		return nil
+	case addr == "":
+		return usagef("--queueber-queue needs --queueber-listen (the address Queueber clients connect to)")
+	case queue == "":
+		return usagef("--queueber-listen needs --queueber-queue (the leaseq queue Queueber clients use)")
+	case addr == listen:
+		return usagef("--queueber-listen %s is --listen's address: give each protocol its own", addr)
+	}
+	if err := storage.DefaultLimits.ValidateQueueName(queue); err != nil {
+		return usagef("--queueber-queue: %v", err)
+	}
+	return nil
+}
+
 // serverTLS builds the node's TLS config; with a client CA, clients must
 // present a certificate it signed.
 func serverTLS(certFile, keyFile, clientCAFile string) (*tls.Config, error) {
@@ -261,6 +296,8 @@ func loadCertPool(file string) (*x509.CertPool, error) {
 type serveConfig struct {
 	data          string
 	listen        string
+	qbListen      string // --queueber-listen; "" when off
+	qbQueue       string // --queueber-queue
 	backend       string
 	clusterFile   string
 	subspace      string
@@ -405,6 +442,17 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		return err
 	}
 	undo = append(undo, func() error { _ = ln.Close(); return nil })
+	var qbln net.Listener
+	var qbBoot rpc.BootstrapFunc
+	if c.qbListen != "" {
+		if qbBoot, err = queueber.Bootstrap(srv, c.qbQueue); err != nil {
+			return err
+		}
+		if qbln, err = rpc.ListenMode(c.qbListen, c.socketMode); err != nil {
+			return fmt.Errorf("queueber listener: %w", err)
+		}
+		undo = append(undo, func() error { _ = qbln.Close(); return nil })
+	}
 
 	sigs := make(chan os.Signal, 2)
 	stopSignals := e.notifySignals(sigs)
@@ -416,6 +464,11 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	if err := srv.Start(ctx, ln); err != nil {
 		return fmt.Errorf("start rpc server: %w", err)
 	}
+	if qbln != nil {
+		if err := srv.StartBootstrap(ctx, qbln, qbBoot); err != nil {
+			return fmt.Errorf("start queueber listener: %w", err)
+		}
+	}
 	collector.node.Store(&nodeParts{store: store, rocks: rocks, srv: srv, sw: s, clk: clk})
 	ready.Store(true)
 	stopRecover := func() {}
@@ -423,7 +476,7 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		stopRecover = recoverLoop(rocks, clk, log)
 	}
 	undo = nil // from here on, the shutdown below stops everything in order
-	log.Info("leaseq serving", servingAttrs(c, ln)...)
+	log.Info("leaseq serving", servingAttrs(c, ln, qbln)...)
 
 	awaitShutdown(ctx, sigs, log)
 	ready.Store(false)
@@ -519,26 +572,36 @@ func rpcConfig(c serveConfig, store storage.Store, clk clock.Clock) rpc.ServerCo
 	}
 }
 
-// servingAttrs are the fields of the "leaseq serving" log line.
-func servingAttrs(c serveConfig, ln net.Listener) []any {
-	addr := ln.Addr().String()
-	if ln.Addr().Network() == "unix" {
-		addr = "unix:" + addr
-	}
+// servingAttrs are the fields of the "leaseq serving" log line; qbln is
+// the Queueber listener (nil: none).
+func servingAttrs(c serveConfig, ln, qbln net.Listener) []any {
 	attrs := []any{
 		"version", version(),
 		"backend", c.backend,
-		"listen", addr,
+		"listen", listenAddr(ln),
+	}
+	if qbln != nil {
+		attrs = append(attrs, "queueber_listen", listenAddr(qbln), "queueber_queue", c.qbQueue)
+	}
+	attrs = append(attrs,
 		"tls", tlsMode(c),
 		"metrics", c.metrics,
 		"sweep_interval", c.sweepInterval,
 		"pid", os.Getpid(),
-	}
+	)
 	if c.backend == "rocksdb" {
 		dir, _ := filepath.Abs(c.data)
 		return append(attrs, "data", dir, "sync", c.syncText)
 	}
 	return append(attrs, "fdb_cluster_file", c.clusterFile, "fdb_subspace", c.subspace)
+}
+
+// listenAddr is a listener's address as --listen takes it.
+func listenAddr(ln net.Listener) string {
+	if ln.Addr().Network() == "unix" {
+		return "unix:" + ln.Addr().String()
+	}
+	return ln.Addr().String()
 }
 
 // awaitShutdown waits for a signal or the end of ctx.

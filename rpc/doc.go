@@ -15,6 +15,14 @@
 // poll, an fsync) never holds up the connection's other calls. Wake is the
 // hook for the sweeper's "queues gained ready items".
 //
+// Other protocols. StartBootstrap serves another Cap'n Proto interface on a
+// listener of its own (rpc/queueber: Queueber's protocol), with the same
+// connection handling and limits; its handlers run their calls through
+// Conn.Call (metrics, shutdown draining, reply budget) and reach the queues
+// through Server.Enqueue, Poll, Ack and ExtendLease, which the Queue
+// handlers use too, so both protocols share the limits, the store and the
+// long-poll dispatcher.
+//
 // Errors. Request-level failures travel as a Status (schema.ErrorCode) in
 // every result, mapped from the storage sentinels by the one table in
 // errors.go; the client turns them back into *StatusError values that wrap

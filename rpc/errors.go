@@ -124,3 +124,13 @@ func internalReason(err error, ref uint64) error {
 	}
 	return fmt.Errorf("%w (the node logged the cause as ref=%d)", kind, ref)
 }
+
+// Overloaded reports whether err means "not now, retry later or elsewhere":
+// the wire codes unavailable (shutting down, store closed or out of disk
+// space) and tooManyWaiters of the table above. Protocols without status
+// codes (rpc/queueber) send such errors as Cap'n Proto "overloaded"
+// exceptions.
+func Overloaded(err error) bool {
+	c := codeOf(err)
+	return c == schema.ErrorCode_unavailable || c == schema.ErrorCode_tooManyWaiters
+}

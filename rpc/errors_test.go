@@ -155,3 +155,24 @@ func TestErrors_InternalReasonHidesCause(t *testing.T) {
 	require.NotContains(t, err.Error(), "rocksdb")
 	require.Contains(t, err.Error(), "ref=1")
 }
+
+func TestErrors_Overloaded(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{fmt.Errorf("x: %w", storage.ErrClosed), true},
+		{fmt.Errorf("x: %w", storage.ErrNoSpace), true},
+		{fmt.Errorf("x: %w", ErrUnavailable), true},
+		{fmt.Errorf("x: %w", ErrTooManyWaiters), true},
+		{context.Canceled, true},
+		{fmt.Errorf("x: %w", storage.ErrInvalidArgument), false},
+		{fmt.Errorf("x: %w", storage.ErrLeaseExpired), false},
+		{fmt.Errorf("x: %w", storage.ErrCorrupt), false},
+		{errors.New("disk on fire"), false},
+		{nil, false},
+	} {
+		require.Equal(t, c.want, Overloaded(c.err), "%v", c.err)
+	}
+}

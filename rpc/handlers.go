@@ -38,16 +38,7 @@ type statusResults interface {
 // fail answers a call with a request-level error. Unexpected errors (not in
 // the table) are logged, since they mean a broken store or a bug.
 func (q *queueServer) fail(op Op, res statusResults, err error) error {
-	code := codeOf(err)
-	if code == schema.ErrorCode_internal {
-		// The cause names server files and library internals: it goes to
-		// the log; the client gets a short reason and a reference to it.
-		ref := q.s.errRefs.Add(1)
-		q.s.log.Error("request failed", "op", op.String(), "remote", q.remote, "ref", ref, "err", err)
-		err = internalReason(err, ref)
-	} else {
-		q.s.log.Debug("request refused", "op", op.String(), "remote", q.remote, "err", err)
-	}
+	err = q.s.clientError(op, q.remote, err)
 	st, e := res.NewStatus()
 	if e != nil {
 		return e
@@ -162,32 +153,22 @@ func (q *queueServer) Enqueue(ctx context.Context, call schema.Queue_enqueue) er
 		results := make([]storage.EnqueueResult, n)
 		items := make([]storage.EnqueueItem, 0, n)
 		index := make([]int, 0, n) // items[k] is input index[k]
-		wake := false
 		for i := 0; i < n; i++ {
 			it, reason := q.enqueueItem(in.At(i))
 			if reason != "" {
 				results[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: reason}
 				continue
 			}
-			if it.Delay == 0 {
-				wake = true
-			}
 			items = append(items, it)
 			index = append(index, i)
 		}
 		if len(items) > 0 {
-			out, err := q.s.cfg.Store.Enqueue(ctx, storage.EnqueueParams{Queue: queue, Items: items, Now: q.s.cfg.Clock.Now()})
+			out, err := q.s.Enqueue(ctx, storage.EnqueueParams{Queue: queue, Items: items})
 			if err != nil {
 				return err
 			}
-			if len(out) != len(items) {
-				return fmt.Errorf("%w: store returned %d results for %d items", ErrInternal, len(out), len(items))
-			}
 			for k, r := range out {
 				results[index[k]] = r
-			}
-			if wake {
-				q.s.disp.Notify(queue)
 			}
 		}
 		l, err := res.NewResults(int32(n))
@@ -252,19 +233,8 @@ func (q *queueServer) Poll(ctx context.Context, call schema.Queue_poll) error {
 		if err != nil {
 			return err
 		}
-		max := args.Max()
-		if max == 0 || int64(max) > int64(q.s.limits.MaxBatch) {
-			return fmt.Errorf("%w: max must be 1-%d, got %d", storage.ErrInvalidArgument, q.s.limits.MaxBatch, max)
-		}
-		lease, err := q.leaseDur(args.LeaseMs(), "lease", true)
-		if err != nil {
-			return err
-		}
-		wait := durMs(args.WaitMs())
-		if err := q.s.limits.ValidateWait(wait); err != nil {
-			return err
-		}
-		pr, err := q.s.disp.Poll(ctx, storage.PollParams{Queue: queue, Max: int(max), Lease: lease}, wait)
+		// Server.Poll checks max, the lease and the wait.
+		pr, err := q.s.Poll(ctx, storage.PollParams{Queue: queue, Max: int(args.Max()), Lease: durMs(args.LeaseMs())}, durMs(args.WaitMs()))
 		if err != nil {
 			return err
 		}
@@ -335,11 +305,10 @@ func (q *queueServer) Ack(ctx context.Context, call schema.Queue_ack) error {
 		if err != nil {
 			return err
 		}
-		codes, err := q.s.cfg.Store.Ack(ctx, storage.AckParams{Queue: queue, Lease: lease, IDs: ids, Now: q.s.cfg.Clock.Now()})
+		codes, err := q.s.Ack(ctx, storage.AckParams{Queue: queue, Lease: lease, IDs: ids})
 		if err != nil {
 			return err
 		}
-		q.s.tracker.settled(lease, codes)
 		return setCodes(res.NewCodes, codes)
 	})
 }
@@ -404,8 +373,7 @@ func (q *queueServer) Extend(ctx context.Context, call schema.Queue_extend) erro
 		if err != nil {
 			return err
 		}
-		exp, err := q.s.cfg.Store.ExtendLease(ctx, storage.ExtendParams{Queue: queue, Lease: lease, Duration: d, Now: q.s.cfg.Clock.Now()})
-		q.s.tracker.extended(lease, exp, err)
+		exp, err := q.s.ExtendLease(ctx, storage.ExtendParams{Queue: queue, Lease: lease, Duration: d})
 		if err != nil {
 			return err
 		}

@@ -153,7 +153,7 @@ func (b *testBundle) dialErr(opts ClientOptions) (*Client, error) {
 	var err error
 	if b.addr == "" {
 		cs, ss := net.Pipe()
-		b.srv.admit(ss)
+		b.srv.admit(ss, b.srv.queueBootstrap)
 		c, err = NewClient(ctx, cs, opts)
 	} else {
 		c, err = Dial(ctx, b.addr, opts)

@@ -13,13 +13,11 @@ import (
 	"syscall"
 	"time"
 
-	"capnproto.org/go/capnp/v3"
 	capnprpc "capnproto.org/go/capnp/v3/rpc"
 	"github.com/benbjohnson/clock"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/leaseq/leaseq/rpc/dispatch"
-	"github.com/leaseq/leaseq/schema"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -247,11 +245,16 @@ func (s *Server) Limits() storage.Limits { return s.limits }
 // Start serves ln in the background until Stop (or ctx is done, which
 // calls Stop). It returns an error only if the server is already stopping.
 func (s *Server) Start(ctx context.Context, ln net.Listener) error {
+	return s.start(ctx, ln, s.queueBootstrap)
+}
+
+// start serves ln in the background with boot's bootstrap capabilities.
+func (s *Server) start(ctx context.Context, ln net.Listener, boot BootstrapFunc) error {
 	if !s.addListener(ln) {
 		return fmt.Errorf("rpc: start: %w: server stopped", ErrUnavailable)
 	}
 	go func() {
-		if err := s.acceptLoop(ctx, ln); err != nil {
+		if err := s.acceptLoop(ctx, ln, boot); err != nil {
 			s.log.Error("accept loop ended", "addr", ln.Addr().String(), "err", err)
 		}
 	}()
@@ -265,7 +268,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if !s.addListener(ln) {
 		return fmt.Errorf("rpc: serve: %w: server stopped", ErrUnavailable)
 	}
-	return s.acceptLoop(ctx, ln)
+	return s.acceptLoop(ctx, ln, s.queueBootstrap)
 }
 
 // addListener registers ln, or closes it and reports false when stopping.
@@ -282,7 +285,7 @@ func (s *Server) addListener(ln net.Listener) bool {
 	return true
 }
 
-func (s *Server) acceptLoop(ctx context.Context, ln net.Listener) error {
+func (s *Server) acceptLoop(ctx context.Context, ln net.Listener, boot BootstrapFunc) error {
 	stopWatch := make(chan struct{})
 	defer close(stopWatch)
 	defer s.removeListener(ln)
@@ -320,7 +323,7 @@ func (s *Server) acceptLoop(ctx context.Context, ln net.Listener) error {
 			continue
 		}
 		backoff = 0
-		s.admit(conn)
+		s.admit(conn, boot)
 	}
 }
 
@@ -357,9 +360,10 @@ func sourceIP(conn net.Conn) string {
 	return ""
 }
 
-// admit starts serving conn, or refuses it when at MaxConns, at
-// MaxConnsPerAddr for its source address, or stopping.
-func (s *Server) admit(conn net.Conn) {
+// admit starts serving conn with boot's bootstrap capability, or refuses
+// it when at MaxConns, at MaxConnsPerAddr for its source address, or
+// stopping.
+func (s *Server) admit(conn net.Conn, boot BootstrapFunc) {
 	ip := sourceIP(conn)
 	s.mu.Lock()
 	if s.mu.stopping {
@@ -401,7 +405,7 @@ func (s *Server) admit(conn net.Conn) {
 			}
 			s.mu.Unlock()
 		}()
-		s.serveConn(conn)
+		s.serveConn(conn, boot)
 	}()
 }
 
@@ -449,7 +453,7 @@ func (s *Server) refuse(conn net.Conn, reason string) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(conn, 1<<20))
 }
 
-func (s *Server) serveConn(conn net.Conn) {
+func (s *Server) serveConn(conn net.Conn, boot BootstrapFunc) {
 	remote := conn.RemoteAddr().String()
 	// A connection that stays silent (no handshake, no first message)
 	// must not hold its slot: close it after FirstMessageTimeout.
@@ -479,23 +483,23 @@ func (s *Server) serveConn(conn net.Conn) {
 
 	connCtx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	qs := &queueServer{s: s, remote: remote}
+	c := &Conn{s: s, remote: remote}
 	if s.cfg.ConnReplyLimitBytes > 0 {
-		qs.gate = newReplyGate(connCtx, func() {
+		c.gate = newReplyGate(connCtx, func() {
 			s.log.Warn("connection closed: the client does not read its answers", "remote", remote, "timeout", s.cfg.ReplyStallTimeout)
 			_ = conn.Close()
 		}, s.cfg.ConnReplyLimitBytes, s.cfg.ReplyStallTimeout, s.cfg.Clock, &s.replyBytes)
 	}
-	boot := capnp.Client(schema.Queue_ServerToClient(qs))
+	bootCap := boot(c)
 	tr := newNodeTransport(connCtx, conn, uint64(s.cfg.MaxMessageBytes), s.cfg.ConnFlowLimitBytes, s.inflight, s.cfg.MaxInflightBytes, func() {
 		spoke.Store(true)
 		silent.Stop()
 	})
-	if qs.gate != nil {
-		tr = &gatedTransport{Transport: tr, gate: qs.gate}
+	if c.gate != nil {
+		tr = &gatedTransport{Transport: tr, gate: c.gate}
 	}
 	rc := capnprpc.NewConn(tr,
-		&capnprpc.Options{BootstrapClient: boot, Logger: s.capnpLog})
+		&capnprpc.Options{BootstrapClient: bootCap, Logger: s.capnpLog})
 	select {
 	case <-rc.Done():
 	case <-s.closeAll:
