@@ -325,6 +325,57 @@ wait
 		require.Equal(t, queueStats{Ready: 1, Enqueued: 1, Delivered: 1, Nacked: 1}, n.stats("killq"), "nacked for redelivery at once")
 	})
 
+	t.Run("DrainTimeoutKills", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		job := script(t, dir, "hang.sh", `
+sleep 60 &
+echo $! > "$OUT/grandchild"
+echo "still busy" >&2
+wait
+`)
+		n.cli("enqueue", "drainkillq", "x")
+		w := n.startWork(t, []string{"OUT=" + dir}, "drainkillq", "--drain-timeout", "300ms", "--kill-grace", "1m", "--", job)
+		grandchild := readPID(t, filepath.Join(dir, "grandchild"))
+		w.signal(syscall.SIGTERM)
+		require.Equal(t, exitOK, w.wait(time.Minute), "a drain that ran out still ends the run normally")
+		require.Contains(t, w.stderr.String(), `msg="drain timeout: killing the running commands"`)
+		eventually(t, 10*time.Second, func() bool { return processGone(grandchild) }, "the job's background process %d survived", grandchild)
+		it := n.peekOne("drainkillq")
+		require.Equal(t, "interrupted: leaseq work stopped and its --drain-timeout ran out (process group killed): still busy", it.LastError)
+		require.Equal(t, queueStats{Ready: 1, Enqueued: 1, Delivered: 1, Nacked: 1}, n.stats("drainkillq"), "nacked for redelivery at once")
+	})
+
+	t.Run("LostLeaseKillsCommand", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		// The first delivery hangs; the second succeeds.
+		job := script(t, dir, "once.sh", `
+if [ "$LEASEQ_ATTEMPTS" = 1 ]; then
+	sleep 60 &
+	echo $! > "$OUT/grandchild"
+	wait
+fi
+`)
+		n.cli("enqueue", "lostq", "x")
+		w := n.startWork(t, []string{"OUT=" + dir}, "lostq", "--lease", "500ms", "--kill-grace", "1m", "--max-items", "2", "--", job)
+		grandchild := readPID(t, filepath.Join(dir, "grandchild"))
+		// Frozen past its lease, leaseq work cannot extend: the node
+		// expires the lease, the next extend finds it gone, and leaseq
+		// work kills the job rather than let it run on beside a
+		// redelivery.
+		w.signal(syscall.SIGSTOP)
+		eventually(t, 30*time.Second, func() bool { return n.stats("lostq").Expired == 1 }, "the lease never expired")
+		w.signal(syscall.SIGCONT)
+		require.Equal(t, exitItemsFailed, w.wait(time.Minute), "the first delivery counts as failed")
+		eventually(t, 10*time.Second, func() bool { return processGone(grandchild) }, "the job's background process %d survived", grandchild)
+		require.Contains(t, w.stderr.String(), `outcome="lease lost (the item will be delivered again) (process group killed)"`)
+		s := n.stats("lostq")
+		require.Equal(t, uint64(1), s.Expired, "the first lease ran out")
+		require.Equal(t, uint64(2), s.Delivered)
+		require.Equal(t, uint64(1), s.Acked, "the redelivery ran and was acked")
+	})
+
 	t.Run("TempFailUsesRetryDelay", func(t *testing.T) {
 		t.Parallel()
 		dir := t.TempDir()
