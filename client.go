@@ -50,14 +50,28 @@ type clientFlags struct {
 	timeout    *time.Duration
 }
 
+// defaultClientTimeout is the default --timeout of the client commands,
+// and how long work waits to connect.
+const defaultClientTimeout = 10 * time.Second
+
 func addClientFlags(fs *flag.FlagSet) *clientFlags {
+	cf := addConnFlags(fs)
+	cf.timeout = fs.Duration("timeout", defaultClientTimeout, "give up on the node after this long (a poll's --wait comes on top)")
+	return cf
+}
+
+// addConnFlags defines the connection flags without --timeout, for a
+// command that runs until stopped (work, whose --timeout is per item).
+// Its timeout is defaultClientTimeout, for dialing only.
+func addConnFlags(fs *flag.FlagSet) *clientFlags {
+	timeout := defaultClientTimeout
 	return &clientFlags{
 		addr:       fs.String("addr", defaultAddr, "node `address`: host:port or unix:/path"),
 		tlsCA:      fs.String("tls-ca", "", "CA bundle `file` (PEM) to verify the node; enables TLS"),
 		tlsCert:    fs.String("tls-client-cert", "", "client certificate `file` (PEM) for mutual TLS; enables TLS"),
 		tlsKey:     fs.String("tls-client-key", "", "client private key `file` (PEM)"),
 		serverName: fs.String("tls-server-name", "", "`name` expected in the node's certificate (default: the host of --addr)"),
-		timeout:    fs.Duration("timeout", 10*time.Second, "give up on the node after this long (a poll's --wait comes on top)"),
+		timeout:    &timeout,
 	}
 }
 
@@ -92,15 +106,11 @@ func (cf *clientFlags) with(ctx context.Context, extra time.Duration, fn func(ct
 	if *cf.timeout <= 0 {
 		return usagef("--timeout must be positive")
 	}
-	tc, err := cf.tlsConfig()
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(ctx, *cf.timeout+extra)
 	defer cancel()
-	c, err := rpc.Dial(ctx, *cf.addr, rpc.ClientOptions{TLS: tc})
+	c, err := cf.dial(ctx)
 	if err != nil {
-		return cf.dialError(tc, err)
+		return err
 	}
 	defer c.Close()
 	if err := fn(ctx, c); err != nil {
@@ -113,6 +123,19 @@ func (cf *clientFlags) with(ctx context.Context, extra time.Duration, fn func(ct
 		return err
 	}
 	return nil
+}
+
+// dial connects to the node within ctx, explaining a failure.
+func (cf *clientFlags) dial(ctx context.Context) (*rpc.Client, error) {
+	tc, err := cf.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	c, err := rpc.Dial(ctx, *cf.addr, rpc.ClientOptions{TLS: tc})
+	if err != nil {
+		return nil, cf.dialError(tc, err)
+	}
+	return c, nil
 }
 
 // dialError explains a failed Dial: nothing listening, a TLS certificate

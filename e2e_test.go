@@ -209,6 +209,7 @@ type polled struct {
 	Attempts   int    `json:"attempts"`
 	Priority   int    `json:"priority"`
 	EnqueuedAt string `json:"enqueued_at"`
+	VisibleAt  string `json:"visible_at"`
 	LastError  string `json:"last_error"`
 	Reason     string `json:"reason"`
 	DeadAt     string `json:"dead_at"`

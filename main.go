@@ -13,7 +13,8 @@
 // environment, usage, value parsers), serve.go (the node), metrics.go
 // (HTTP endpoints and the collector), check.go, client.go (what client
 // commands share, and bench), commands_items.go and commands_admin.go (the
-// client commands).
+// client commands), work.go and workchild.go (work: a program run once per
+// item, as a supervised worker).
 //
 // Subcommands live in the commands table. Each one defines its flags on its
 // own flag.FlagSet and returns the function that runs it, so a new command
@@ -29,6 +30,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -40,6 +42,9 @@ const (
 	exitOK      = 0
 	exitFailure = 1 // the command ran and failed (or check found violations)
 	exitUsage   = 2 // bad command line or environment
+	// exitItemsFailed: work --max-items ran, and at least one item's
+	// command failed (it was nacked).
+	exitItemsFailed = 3
 )
 
 // envPrefix prefixes the environment variable that sets each flag:
@@ -102,13 +107,17 @@ type command struct {
 	// raw commands parse their own arguments (bench): run passes them
 	// through untouched and setup's fs stays empty.
 	raw bool
+	// dashArgs commands take a program to run after "--" (work): what
+	// follows the first "--" is not parsed, and run passes the positionals,
+	// then "--" and what follows it.
+	dashArgs bool
 }
 
 // commands is the subcommand table, in the order help lists them.
 var commands = []*command{
 	serveCommand, enqueueCommand, pollCommand, ackCommand, nackCommand, extendCommand,
 	statsCommand, queuesCommand, peekCommand, purgeCommand, dlqCommand, configCommand, queueCommand,
-	checkCommand, benchCommand,
+	workCommand, checkCommand, benchCommand,
 }
 
 // usageError marks an error in how the command was invoked (exit 2).
@@ -163,19 +172,29 @@ func run(ctx context.Context, args []string, e *env) int {
 	}
 	fs, runCmd := newFlagSet(cmd, e)
 	pos := args[1:]
+	var afterDash []string
+	if cmd.dashArgs {
+		if i := slices.Index(pos, "--"); i >= 0 {
+			pos, afterDash = pos[:i], pos[i:]
+		}
+	}
 	if !cmd.raw {
 		var err error
-		pos, err = parseArgs(fs, args[1:], e.lookupEnv)
+		pos, err = parseArgs(fs, pos, e.lookupEnv)
 		if errors.Is(err, flag.ErrHelp) {
 			printCommandUsage(e.stdout, cmd, fs)
 			return exitOK
+		}
+		if err != nil && cmd.dashArgs && afterDash == nil {
+			// Most likely the command's own flags, without "--" before it.
+			err = fmt.Errorf(`missing "--" before the command (%v): want %s`, err, cmd.args)
 		}
 		if err != nil {
 			fmt.Fprintf(e.stderr, "leaseq %s: %s (run 'leaseq help %s')\n", cmd.name, oneLine(err), cmd.name)
 			return exitUsage
 		}
 	}
-	err := runCmd(ctx, pos)
+	err := runCmd(ctx, append(pos, afterDash...))
 	var ue usageError
 	var xe exitError
 	switch {

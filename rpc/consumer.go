@@ -28,11 +28,89 @@ type ConsumerConfig struct {
 	Clock   clock.Clock  // required: extend timers run on it
 	Logger  *slog.Logger // nil: discard
 	// NackDelay is the redelivery delay after a failure (nil: the queue's
-	// exponential backoff).
+	// exponential backoff). A handler error made by RetryAfter overrides
+	// it for its item.
 	NackDelay *time.Duration
+	// MaxItems, if positive, is how many items Consume takes in all: its
+	// workers never poll for more, and once every item taken is settled
+	// Consume returns nil, as after a cancel.
+	MaxItems int
 	// OnExtend, if set, is called after every automatic extend with its
 	// outcome (for metrics and tests).
 	OnExtend func(lease storage.LeaseID, expiresAt time.Time, err error)
+}
+
+// HandlerLease is what a Consume handler may learn about its item's lease
+// from its ctx (HandlerLeaseFrom).
+type HandlerLease struct {
+	Lease storage.LeaseID
+	// ExpiresAt is the lease's expiry as the poll returned it; Consume
+	// extends the lease every Lease/3 while the handler runs.
+	ExpiresAt time.Time
+}
+
+type handlerLeaseKey struct{}
+
+// HandlerLeaseFrom returns the lease of the item whose handler ctx is
+// given, and false for any other ctx.
+func HandlerLeaseFrom(ctx context.Context) (HandlerLease, bool) {
+	d, ok := ctx.Value(handlerLeaseKey{}).(HandlerLease)
+	return d, ok
+}
+
+// RetryAfter wraps err so that Consume nacks the item whose handler
+// returned it with redelivery delay d, instead of ConsumerConfig.NackDelay.
+// The nack reason is err's text.
+func RetryAfter(d time.Duration, err error) error {
+	return &retryAfterError{delay: d, err: err}
+}
+
+type retryAfterError struct {
+	delay time.Duration
+	err   error
+}
+
+func (r *retryAfterError) Error() string { return r.err.Error() }
+func (r *retryAfterError) Unwrap() error { return r.err }
+
+// nackDelay is the delay to nack with after err.
+func nackDelay(cfg ConsumerConfig, err error) *time.Duration {
+	var ra *retryAfterError
+	if errors.As(err, &ra) {
+		return &ra.delay
+	}
+	return cfg.NackDelay
+}
+
+// itemBudget counts the items a MaxItems consumer may still take. A worker
+// takes its poll size from it before polling and gives back what the poll
+// did not return, so the workers together never hold more than MaxItems.
+type itemBudget struct {
+	mu   sync.Mutex
+	left int
+}
+
+// take reserves up to n items and returns how many it reserved (0: the
+// budget is spent, or held by polls in flight).
+func (b *itemBudget) take(n int) int {
+	if b == nil {
+		return n
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n = min(n, b.left)
+	b.left -= n
+	return n
+}
+
+// give returns n reserved items that were not delivered.
+func (b *itemBudget) give(n int) {
+	if b == nil || n <= 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.left += n
 }
 
 // DefaultConsumerWait is the long-poll wait of Consume: long enough that an
@@ -42,8 +120,9 @@ const DefaultConsumerWait = 20 * time.Second
 // Consume runs cfg.Workers workers that poll cfg.Queue and run cfg.Handler
 // on every item until ctx is cancelled. Then it drains: no new polls, every
 // in-flight handler finishes and its item is acked or nacked, and Consume
-// returns nil. If polling fails (connection lost, bad config), the other
-// workers drain the same way and Consume returns the first error.
+// returns nil. With MaxItems it also returns nil once that many items have
+// been taken and settled. If polling fails (connection lost, bad config),
+// the other workers drain the same way and Consume returns the first error.
 func (c *Client) Consume(ctx context.Context, cfg ConsumerConfig) error {
 	if cfg.Handler == nil || cfg.Clock == nil {
 		return fmt.Errorf("leaseq consume: %w: Handler and Clock are required", storage.ErrInvalidArgument)
@@ -65,6 +144,11 @@ func (c *Client) Consume(ctx context.Context, cfg ConsumerConfig) error {
 	}
 	log := cfg.Logger.With("svc", "consumer", "queue", cfg.Queue)
 
+	var budget *itemBudget
+	if cfg.MaxItems > 0 {
+		budget = &itemBudget{left: cfg.MaxItems}
+	}
+
 	pollCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	var (
@@ -76,7 +160,7 @@ func (c *Client) Consume(ctx context.Context, cfg ConsumerConfig) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := c.consumeLoop(pollCtx, ctx, cfg, log); err != nil {
+			if err := c.consumeLoop(pollCtx, ctx, cfg, budget, log); err != nil {
 				errOnce.Do(func() { firstErr = err })
 				stop()
 			}
@@ -88,9 +172,16 @@ func (c *Client) Consume(ctx context.Context, cfg ConsumerConfig) error {
 
 // consumeLoop is one worker. pollCtx stops polling; parent carries values
 // for the handlers and settles (its cancellation does not cut them short).
-func (c *Client) consumeLoop(pollCtx, parent context.Context, cfg ConsumerConfig, log *slog.Logger) error {
+// A worker that finds budget spent ends: the items left are reserved by
+// workers still polling, which handle them.
+func (c *Client) consumeLoop(pollCtx, parent context.Context, cfg ConsumerConfig, budget *itemBudget, log *slog.Logger) error {
 	for pollCtx.Err() == nil {
-		pr, err := c.Poll(pollCtx, cfg.Queue, cfg.Batch, cfg.Lease, cfg.Wait)
+		n := budget.take(cfg.Batch)
+		if n == 0 {
+			return nil
+		}
+		pr, err := c.Poll(pollCtx, cfg.Queue, n, cfg.Lease, cfg.Wait)
+		budget.give(n - len(pr.Items))
 		if err != nil {
 			if pollCtx.Err() != nil {
 				return nil
@@ -110,7 +201,7 @@ func (c *Client) consumeLoop(pollCtx, parent context.Context, cfg ConsumerConfig
 // happen (so they are not held back by the rest of the batch), successes
 // acked together at the end.
 func (c *Client) handleBatch(ctx context.Context, cfg ConsumerConfig, log *slog.Logger, pr storage.PollResult) {
-	hctx, cancel := context.WithCancel(ctx)
+	hctx, cancel := context.WithCancel(context.WithValue(ctx, handlerLeaseKey{}, HandlerLease{Lease: pr.Lease, ExpiresAt: pr.ExpiresAt}))
 	defer cancel()
 
 	ticker := cfg.Clock.Ticker(cfg.Lease / 3)
@@ -150,7 +241,7 @@ func (c *Client) handleBatch(ctx context.Context, cfg ConsumerConfig, log *slog.
 			continue
 		}
 		log.Debug("handler failed", "job_id", it.ID.String(), "err", err)
-		codes, nerr := c.Nack(ctx, cfg.Queue, pr.Lease, []storage.ItemID{it.ID}, cfg.NackDelay, err.Error())
+		codes, nerr := c.Nack(ctx, cfg.Queue, pr.Lease, []storage.ItemID{it.ID}, nackDelay(cfg, err), err.Error())
 		if nerr != nil || codes[0] != storage.CodeOK {
 			log.Warn("nack failed", "job_id", it.ID.String(), "err", nerr, "code", codeString(codes))
 		}

@@ -116,6 +116,144 @@ func TestConsume(t *testing.T) {
 		}
 	})
 
+	t.Run("RetryAfterOverridesNackDelay", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, bundleOpts{})
+		c := b.dial()
+		ctx := ctxT(t)
+		_, err := c.Enqueue(ctx, "q", []storage.EnqueueItem{{Payload: []byte("later")}, {Payload: []byte("default")}})
+		require.NoError(t, err)
+		hour := time.Hour
+		var wg sync.WaitGroup
+		wg.Add(2)
+		r := startConsume(c, ConsumerConfig{
+			Queue: "q", Batch: 2, Lease: time.Minute, Clock: b.clock, NackDelay: &hour,
+			Handler: func(_ context.Context, it storage.Item) error {
+				defer wg.Done()
+				if string(it.Payload) == "later" {
+					return RetryAfter(5*time.Minute, errors.New("try again"))
+				}
+				return errors.New("broken")
+			},
+		})
+		wg.Wait()
+		require.NoError(t, r.stop(t))
+		peek, err := c.Peek(ctx, storage.PeekParams{Queue: "q"})
+		require.NoError(t, err)
+		require.Len(t, peek, 2)
+		got := map[string]storage.Item{}
+		for _, it := range peek {
+			got[string(it.Payload)] = it
+		}
+		require.Equal(t, "try again", got["later"].LastError, "the reason is the wrapped error's text")
+		require.Equal(t, testStart.Add(5*time.Minute), got["later"].VisibleAt)
+		require.Equal(t, "broken", got["default"].LastError)
+		require.Equal(t, testStart.Add(time.Hour), got["default"].VisibleAt)
+	})
+
+	t.Run("LeaseInHandlerContext", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, bundleOpts{})
+		c := b.dial()
+		ctx := ctxT(t)
+		_, err := c.Enqueue(ctx, "q", payloads(1, 8))
+		require.NoError(t, err)
+		_, ok := HandlerLeaseFrom(ctx)
+		require.False(t, ok, "not a handler's ctx")
+		got := make(chan HandlerLease, 1)
+		r := startConsume(c, ConsumerConfig{
+			Queue: "q", Lease: 42 * time.Second, Clock: b.clock,
+			Handler: func(hctx context.Context, it storage.Item) error {
+				d, ok := HandlerLeaseFrom(hctx)
+				require.True(t, ok)
+				got <- d
+				return nil
+			},
+		})
+		var d HandlerLease
+		select {
+		case d = <-got:
+		case <-time.After(10 * time.Second):
+			t.Fatal("handler not called")
+		}
+		require.NoError(t, r.stop(t))
+		require.Equal(t, testStart.Add(42*time.Second), d.ExpiresAt)
+		require.False(t, d.Lease.IsZero())
+	})
+
+	t.Run("MaxItemsStopsTaking", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, bundleOpts{})
+		c := b.dial()
+		ctx := ctxT(t)
+		_, err := c.Enqueue(ctx, "q", payloads(10, 8))
+		require.NoError(t, err)
+		var mu sync.Mutex
+		handled := 0
+		done := make(chan error, 1)
+		go func() {
+			done <- c.Consume(ctx, ConsumerConfig{
+				Queue: "q", Workers: 3, Batch: 2, MaxItems: 5, Lease: time.Minute, Clock: b.clock,
+				Handler: func(context.Context, storage.Item) error {
+					mu.Lock()
+					defer mu.Unlock()
+					handled++
+					return nil
+				},
+			})
+		}()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Consume did not return after MaxItems items")
+		}
+		require.Equal(t, 5, handled)
+		st, err := c.Stats(ctx, "q")
+		require.NoError(t, err)
+		require.Equal(t, uint64(5), st[0].Acked)
+		require.Equal(t, uint64(5), st[0].Delivered, "no worker polled beyond the budget")
+		require.Equal(t, int64(5), st[0].Ready)
+		require.Equal(t, 0, b.srv.Metrics().Waiters)
+	})
+
+	t.Run("MaxItemsWaitsForItems", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, bundleOpts{})
+		c := b.dial()
+		ctx := ctxT(t)
+		handled := make(chan struct{}, 4)
+		done := make(chan error, 1)
+		go func() {
+			done <- c.Consume(ctx, ConsumerConfig{
+				Queue: "q", Workers: 2, MaxItems: 2, Lease: time.Minute, Clock: b.clock,
+				Handler: func(context.Context, storage.Item) error {
+					handled <- struct{}{}
+					return nil
+				},
+			})
+		}()
+		// Both workers park on an empty queue, each holding one of the two.
+		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 2 })
+		_, err := c.Enqueue(ctx, "q", payloads(1, 8))
+		require.NoError(t, err)
+		<-handled
+		select {
+		case err := <-done:
+			t.Fatalf("Consume returned after 1 of 2 items: %v", err)
+		default:
+		}
+		_, err = c.Enqueue(ctx, "q", payloads(1, 8))
+		require.NoError(t, err)
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Consume did not return after MaxItems items")
+		}
+		require.Len(t, handled, 1)
+	})
+
 	t.Run("ExtendsAtLeaseThird", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, bundleOpts{})

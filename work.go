@@ -1,0 +1,259 @@
+// The work command: run a program once per item of a queue, as a
+// supervised worker on top of rpc.Client.Consume. workchild.go runs one
+// child process.
+
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/benbjohnson/clock"
+
+	"github.com/leaseq/leaseq/rpc"
+	"github.com/leaseq/leaseq/storage"
+)
+
+// exTempFail is EX_TEMPFAIL of sysexits.h: the command asks to be retried
+// later, after --retry-delay when given.
+const exTempFail = 75
+
+var workCommand = &command{
+	name:     "work",
+	args:     "QUEUE -- CMD [ARGS...]",
+	summary:  "run a program once per item of a queue (a supervised worker)",
+	dashArgs: true,
+	help: `
+Take items from QUEUE and run CMD with ARGS once per item, until stopped.
+"--" is required: everything after it is the command, never leaseq flags.
+
+Each run of CMD gets the item's payload on stdin and these variables
+(on top of leaseq work's own environment):
+
+  LEASEQ_QUEUE             the queue
+  LEASEQ_ID                the item id, 32 hex digits as the CLI prints it
+  LEASEQ_ATTEMPTS          deliveries so far, counting this one (1, 2, ...)
+  LEASEQ_ENQUEUED_AT       when the item was enqueued
+  LEASEQ_LAST_ERROR        the reason of the previous failed attempt ("" if none)
+  LEASEQ_LEASE_EXPIRES_AT  the lease's expiry when the item was handed over
+
+Times are RFC 3339 in UTC with milliseconds (2026-01-02T15:04:05.123Z), as
+poll prints them. The lease is extended every --lease/3 while CMD runs,
+so a long job keeps its item however long it takes.
+
+Exit 0 acks the item. Any other exit nacks it, with "exit status N: " and
+the last 1 KiB of CMD's stderr as the reason, so 'leaseq peek' (last_error)
+and 'leaseq dlq ls' (reason) show why; it is retried after the queue's
+backoff, or dead-lettered after its max attempts. Exit 75 (EX_TEMPFAIL)
+nacks it with --retry-delay when given. After --timeout, CMD's process
+group gets SIGTERM, then SIGKILL after --kill-grace, and the item is nacked
+with "timed out after D". If the lease is lost (the node was unreachable
+for a whole lease), CMD is killed the same way: the item will be delivered
+again.
+
+CMD runs in a process group of its own, with its stdout and stderr passed
+through. With --concurrency above 1, up to that many run at once and each
+line they print is prefixed with "[ID] " (whole lines: lines of different
+items never mix).
+
+SIGINT or SIGTERM stops taking items and lets the running ones finish (at
+most --drain-timeout, then they are killed as on --timeout and nacked for
+immediate redelivery); a second signal SIGKILLs their process groups at
+once and nacks their items the same way (a third signal exits without
+waiting for the node).
+
+Exit codes: 0 after a signal, or with --max-items once that many items
+were handled and all succeeded; 3 with --max-items if any item's command
+failed; 1 if leaseq work failed (lost the node, a bad queue name or lease)
+or was stopped by a second signal; 2 for a bad command line.
+
+Example:
+  leaseq work thumbnails --concurrency 4 --timeout 5m -- ./make-thumbnail.sh`,
+	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+		cf := addConnFlags(fs)
+		lf := addLogFlags(fs, "info")
+		conc := newChoice("1", intRange(1, 1000))
+		fs.Var(conc, "concurrency", "most `items` handled at once, each by its own run of CMD")
+		lease := newChoice(storage.DefaultLeaseDuration.String(), positiveDuration)
+		fs.Var(lease, "lease", "lease `duration` of each item, extended every third of it while CMD runs")
+		timeout := newChoice("0s", nonNegDuration)
+		fs.Var(timeout, "timeout", "kill CMD and nack its item after this `duration` (0: no limit)")
+		retryDelay := &optDuration{}
+		fs.Var(retryDelay, "retry-delay", "redeliver an item whose CMD exits 75 (EX_TEMPFAIL) after this `duration` (default: the queue's backoff)")
+		grace := newChoice("10s", positiveDuration)
+		fs.Var(grace, "kill-grace", "`duration` between SIGTERM and SIGKILL when CMD is killed")
+		drain := newChoice("0s", nonNegDuration)
+		fs.Var(drain, "drain-timeout", "after SIGINT/SIGTERM, kill running commands after this `duration` (0: wait for them)")
+		maxItems := newChoice("0", intRange(0, 1<<31-1))
+		fs.Var(maxItems, "max-items", "exit after handling this many `items` (0: run until stopped)")
+		// --timeout and --max-items change what happens to every item,
+		// and --retry-delay ends up stored in the node: an exported
+		// LEASEQ_TIMEOUT meant for the other client commands (where it
+		// bounds a call) must not kill every job after 10 s.
+		cliOnly(fs, "timeout", "retry-delay", "max-items")
+		return func(ctx context.Context, args []string) error {
+			w, err := parseWorkArgs(args)
+			if err != nil {
+				return err
+			}
+			w.concurrency, w.lease, w.timeout = conc.val, lease.val, timeout.val
+			w.killGrace, w.drainTimeout, w.maxItems = grace.val, drain.val, maxItems.val
+			if retryDelay.set {
+				w.retryDelay = &retryDelay.d
+			}
+			stderr := &lockedWriter{w: e.stderr}
+			log := lf.logger(stderr)
+			dctx, cancel := context.WithTimeout(ctx, *cf.timeout)
+			c, err := cf.dial(dctx)
+			cancel()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			return runWork(ctx, e, c, w, stderr, log)
+		}
+	},
+}
+
+// workConfig is a work command line, parsed.
+type workConfig struct {
+	queue        string
+	path         string   // CMD resolved through PATH
+	argv         []string // CMD and ARGS as given
+	concurrency  int
+	lease        time.Duration
+	timeout      time.Duration // per item; 0: none
+	killGrace    time.Duration
+	drainTimeout time.Duration // 0: none
+	retryDelay   *time.Duration
+	maxItems     int
+}
+
+// parseWorkArgs splits "QUEUE -- CMD [ARGS...]" and finds CMD.
+func parseWorkArgs(args []string) (workConfig, error) {
+	i := slices.Index(args, "--")
+	if i < 0 {
+		return workConfig{}, usagef(`missing "--" before the command: want QUEUE -- CMD [ARGS...]`)
+	}
+	if err := argsBetween(args[:i], 1, 1, "QUEUE -- CMD [ARGS...]"); err != nil {
+		return workConfig{}, err
+	}
+	argv := args[i+1:]
+	if len(argv) == 0 || argv[0] == "" {
+		return workConfig{}, usagef(`missing the command after "--": want QUEUE -- CMD [ARGS...]`)
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return workConfig{}, usagef("cannot run %q: %v", argv[0], unwrapExecError(err))
+	}
+	return workConfig{queue: args[0], path: path, argv: argv}, nil
+}
+
+// unwrapExecError drops exec.Error's own `exec: "name":` prefix, which the
+// caller already says.
+func unwrapExecError(err error) error {
+	var ee *exec.Error
+	if errors.As(err, &ee) {
+		return ee.Err
+	}
+	return err
+}
+
+// Why running commands are killed before they finish.
+var (
+	errSecondSignal = errors.New("interrupted: leaseq work got a second signal")
+	errDrainTimeout = errors.New("interrupted: leaseq work stopped and its --drain-timeout ran out")
+)
+
+// runWork consumes w.queue until a signal (or --max-items) and reports the
+// outcome as work's exit code.
+func runWork(ctx context.Context, e *env, c *rpc.Client, w workConfig, stderr *lockedWriter, logger *slog.Logger) error {
+	clk := clock.New()
+	log := logger.With("svc", "work", "queue", w.queue)
+	s := newSupervisor(w, clk, e.stdout, stderr, log)
+
+	sigs := make(chan os.Signal, 3)
+	stopSignals := e.notifySignals(sigs)
+	defer stopSignals()
+	takeCtx, stopTaking := context.WithCancel(ctx)
+	defer stopTaking()
+	done := make(chan struct{})
+	var second atomic.Bool
+	var wg sync.WaitGroup
+	wg.Go(func() { s.watchSignals(e, sigs, done, stopTaking, &second) })
+
+	log.Info("leaseq work started", "command", w.argv[0], "concurrency", w.concurrency, "lease", w.lease, "timeout", w.timeout)
+	err := c.Consume(takeCtx, rpc.ConsumerConfig{
+		Queue:    w.queue,
+		Workers:  w.concurrency,
+		Batch:    1, // one item per run of CMD; a batch would hold its later items unstarted
+		Lease:    w.lease,
+		Clock:    clk,
+		Logger:   logger, // Consume adds its own svc and queue
+		MaxItems: w.maxItems,
+		Handler:  s.handle,
+	})
+	close(done)
+	wg.Wait()
+	handled, failed := s.handled.Load(), s.failed.Load()
+	log.Info("leaseq work stopped", "handled", handled, "failed", failed)
+	switch {
+	case err != nil:
+		return err
+	case second.Load():
+		return exitError{exitFailure, fmt.Errorf("stopped by a second signal (%d items handled, %d failed)", handled, failed)}
+	case w.maxItems > 0 && failed > 0:
+		return exitError{exitItemsFailed, fmt.Errorf("%d of %d items failed (nacked)", failed, handled)}
+	}
+	return nil
+}
+
+// watchSignals turns the first signal into a drain (stopTaking), and the
+// drain timeout or a second signal into killing the running commands. A
+// third signal exits at once, should settling their items hang.
+func (s *supervisor) watchSignals(e *env, sigs <-chan os.Signal, done <-chan struct{}, stopTaking func(), second *atomic.Bool) {
+	select {
+	case sig := <-sigs:
+		s.log.Info("stopping: no new items, waiting for the running ones", "signal", sig.String(),
+			"running", s.running.Load(), "drain_timeout", s.cfg.drainTimeout)
+		stopTaking()
+	case <-done:
+		return
+	}
+	var drainC <-chan time.Time
+	if s.cfg.drainTimeout > 0 {
+		t := s.clk.Timer(s.cfg.drainTimeout)
+		defer t.Stop()
+		drainC = t.C
+	}
+	for killed := false; !killed; {
+		select {
+		case <-drainC:
+			drainC = nil
+			s.log.Warn("drain timeout: killing the running commands", "running", s.running.Load())
+			s.interrupt(errDrainTimeout)
+		case sig := <-sigs:
+			s.log.Warn("second signal: killing the running commands", "signal", sig.String(), "running", s.running.Load())
+			second.Store(true)
+			s.killNow(errSecondSignal)
+			killed = true
+		case <-done:
+			return
+		}
+	}
+	select {
+	case sig := <-sigs:
+		s.log.Warn("third signal: exiting without settling the running items", "signal", sig.String())
+		e.exit(exitFailure)
+	case <-done:
+	}
+}
