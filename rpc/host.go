@@ -109,10 +109,7 @@ func (s *Server) clientError(op Op, remote string, err error) error {
 // storage.ErrInvalidArgument that names its index) and nothing is written.
 // One result per item, in order; the payloads are not retained.
 func (s *Server) Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage.EnqueueResult, error) {
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
-		return nil, err
-	}
-	if err := s.limits.ValidateBatch(len(p.Items)); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, err
 	}
 	wake := false
@@ -148,13 +145,7 @@ func (s *Server) Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storag
 // the wait (or at Stop) is an empty result, not an error. Errors: the
 // limits' and the store's, ErrTooManyWaiters, ctx.Err().
 func (s *Server) Poll(ctx context.Context, p storage.PollParams, wait time.Duration) (storage.PollResult, error) {
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
-		return storage.PollResult{}, err
-	}
-	if p.Max < 1 || p.Max > s.limits.MaxBatch {
-		return storage.PollResult{}, fmt.Errorf("%w: max must be 1-%d, got %d", storage.ErrInvalidArgument, s.limits.MaxBatch, p.Max)
-	}
-	if err := s.limits.ValidateLease(p.Lease); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return storage.PollResult{}, err
 	}
 	if err := s.limits.ValidateWait(wait); err != nil {
@@ -168,10 +159,7 @@ func (s *Server) Poll(ctx context.Context, p storage.PollParams, wait time.Durat
 // leaseExpired). A subscription that was pushed the lease gets its credit
 // back.
 func (s *Server) Ack(ctx context.Context, p storage.AckParams) ([]storage.Code, error) {
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
-		return nil, err
-	}
-	if err := s.limits.ValidateBatch(len(p.IDs)); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return nil, err
 	}
 	p.Now = s.cfg.Clock.Now()
@@ -189,13 +177,10 @@ func (s *Server) Ack(ctx context.Context, p storage.AckParams) ([]storage.Code, 
 // storage.ErrLeaseMismatch (it belongs to another queue), the limits' and
 // the store's.
 func (s *Server) ExtendLease(ctx context.Context, p storage.ExtendParams) (time.Time, error) {
-	if err := s.limits.ValidateQueueName(p.Queue); err != nil {
-		return time.Time{}, err
-	}
 	if p.Duration == 0 {
 		return time.Time{}, fmt.Errorf("%w: lease duration must be given", storage.ErrInvalidArgument)
 	}
-	if err := s.limits.ValidateLease(p.Duration); err != nil {
+	if err := p.Validate(s.limits); err != nil {
 		return time.Time{}, err
 	}
 	p.Now = s.cfg.Clock.Now()
