@@ -88,6 +88,7 @@ func leaseqRules(fdbTag bool) importRules {
 			"storage/storagetest": {"sweeper", "rpc", "fdbsync", "bench", "schema", capnpPath},
 			"sweeper":             {"rpc", "schema", "fdbsync", "bench", "storage/rocksstore", grocksdbPath, fdbPath, capnpPath},
 			"rpc":                 {"sweeper", "fdbsync", "bench", "storage/rocksstore", grocksdbPath, fdbPath},
+			"rpc/errcode":         {capnpPath, "schema", "rpc!"}, // the error table every front end shares
 			"fdbsync":             {"sweeper", "rpc", "bench", "schema", "storage/rocksstore", grocksdbPath, capnpPath},
 			"schema":              {"storage", "dbkeys", "sweeper", "rpc", "fdbsync", "bench", grocksdbPath, fdbPath},
 		},

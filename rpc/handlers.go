@@ -9,6 +9,7 @@ import (
 
 	"capnproto.org/go/capnp/v3"
 
+	"github.com/leaseq/leaseq/rpc/errcode"
 	"github.com/leaseq/leaseq/schema"
 	"github.com/leaseq/leaseq/storage"
 )
@@ -44,7 +45,7 @@ func (q *queueServer) fail(op Op, res statusResults, err error) error {
 		// the log; the client gets a short reason and a reference to it.
 		ref := q.s.errRefs.Add(1)
 		q.s.log.Error("request failed", "op", op.String(), "remote", q.remote, "ref", ref, "err", err)
-		err = internalReason(err, ref)
+		err = errcode.InternalReason(err, ref)
 	} else {
 		q.s.log.Debug("request refused", "op", op.String(), "remote", q.remote, "err", err)
 	}
