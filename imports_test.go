@@ -89,6 +89,7 @@ func leaseqRules(fdbTag bool) importRules {
 			"sweeper":             {"rpc", "schema", "fdbsync", "bench", "storage/rocksstore", grocksdbPath, fdbPath, capnpPath},
 			"rpc":                 {"sweeper", "fdbsync", "bench", "storage/rocksstore", grocksdbPath, fdbPath},
 			"rpc/errcode":         {capnpPath, "schema", "rpc!"}, // the error table every front end shares
+			"rpc/httpapi":         {capnpPath, "schema", "rpc!"}, // HTTP/JSON shares errcode and dispatch, not Cap'n Proto
 			"fdbsync":             {"sweeper", "rpc", "bench", "schema", "storage/rocksstore", grocksdbPath, capnpPath},
 			"schema":              {"storage", "dbkeys", "sweeper", "rpc", "fdbsync", "bench", grocksdbPath, fdbPath},
 		},
@@ -253,6 +254,7 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 		{ImportPath: m("schema"), Imports: []string{capnpPath + "/v3", "github.com/other/lib"}, Deps: []string{capnpPath + "/v3", "github.com/other/lib"}},
 		{ImportPath: m("fdbsync"), Imports: []string{fdbPath + "/bindings/go/src/fdb", m("storage/storagetest")}, Deps: []string{fdbPath + "/bindings/go/src/fdb", m("storage/storagetest")}},
 		{ImportPath: m("bench"), Imports: []string{m("rpc")}, Deps: []string{m("rpc")}},
+		{ImportPath: m("rpc/httpapi"), Imports: []string{m("rpc")}, Deps: []string{m("rpc"), m("schema"), capnpPath + "/v3"}},
 		{ImportPath: "bytes", Standard: true},
 		{ImportPath: "github.com/x/y"},
 	}
@@ -276,6 +278,8 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 		"schema imports github.com/other/lib: only stdlib and [capnproto.org/go/capnp]",
 		"fdbsync imports github.com/apple/foundationdb/bindings/go/src/fdb: only [] may",
 		"fdbsync imports github.com/leaseq/leaseq/storage/storagetest",
+		"rpc/httpapi depends on github.com/leaseq/leaseq/rpc (forbidden: rpc!)",
+		"rpc/httpapi depends on capnproto.org/go/capnp/v3",
 	} {
 		require.Contains(t, bad, want)
 	}
