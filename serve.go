@@ -27,6 +27,7 @@ import (
 
 	"github.com/leaseq/leaseq/fdbsync"
 	"github.com/leaseq/leaseq/rpc"
+	"github.com/leaseq/leaseq/rpc/httpapi"
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/rocksstore"
 	"github.com/leaseq/leaseq/sweeper"
@@ -40,8 +41,9 @@ Run a leaseq node: open (or create) the RocksDB database in --data, start
 the sweeper that expires leases and wakes delayed items at their deadlines,
 serve the Cap'n Proto RPC interface on --listen, and run until SIGINT or
 SIGTERM. The first signal shuts down in order: stop accepting connections,
-let running calls finish (parked long polls return empty), stop the
-sweeper, close the store. A second signal exits at once.
+let running calls finish (parked long polls return empty over RPC, 503
+unavailable over HTTP), stop the sweeper, close the store. A second signal
+exits at once.
 
 --sync=always (the default) fsyncs the write-ahead log before any enqueue,
 ack, nack or poll returns; --sync=none writes the log without fsync, which
@@ -52,6 +54,12 @@ is on, and the address it listens on.
 only. With --tls-cert and --tls-key the node speaks TLS; adding
 --tls-client-ca requires every client to present a certificate signed by
 that CA (mutual TLS).
+
+--http ADDR (host:port or unix:/path; off by default) also serves the
+queue operations as an HTTP/JSON API (routes under /v1/, described by
+GET /v1/openapi.json) over the same store, limits, long-poll waiters and
+error codes, with the same TLS as --listen. --max-message bounds its
+request bodies too.
 
 --metrics ADDR serves Prometheus metrics on http://ADDR/metrics (queue
 depth by state, oldest ready age, per-operation counts and latency
@@ -91,6 +99,7 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 		fs.Var(socketMode, "socket-mode", "permission `bits` (octal) of the unix socket for --listen unix:/path; connecting needs write permission")
 		fs.Var(recoverMode, "recover", "`point-in-time`: open a database whose write-ahead log is damaged, dropping every write after the damage (the node refuses to start on such a log otherwise; keep a copy of --data first)")
 		metricsAddr := fs.String("metrics", "", "serve /metrics, /healthz and /readyz over HTTP on `host:port` (empty: off)")
+		httpAddr := fs.String("http", "", "serve the HTTP/JSON API on `address`, host:port or unix:/path, with the TLS of --tls-* (empty: off)")
 		tlsCert := fs.String("tls-cert", "", "server certificate `file` (PEM); enables TLS with --tls-key")
 		tlsKey := fs.String("tls-key", "", "server private key `file` (PEM)")
 		tlsClientCA := fs.String("tls-client-ca", "", "CA bundle `file` (PEM): require client certificates signed by it (mutual TLS)")
@@ -106,7 +115,7 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 		maxPayload := newChoice(strconv.Itoa(d.MaxPayload), parseSize)
 		fs.Var(maxPayload, "max-payload", "largest item payload, in `bytes` (KiB/MiB suffixes allowed)")
 		maxMessage := newChoice(strconv.Itoa(rpc.DefaultMaxMessageBytes), parseSize)
-		fs.Var(maxMessage, "max-message", "largest incoming RPC message, in `bytes`")
+		fs.Var(maxMessage, "max-message", "largest incoming RPC message or HTTP API request body, in `bytes`")
 		maxBatch := newChoice(strconv.Itoa(d.MaxBatch), intRange(1, 100000))
 		fs.Var(maxBatch, "max-batch", "most `items` or ids in one call")
 		minLease := newChoice(d.MinLease.String(), positiveDuration)
@@ -162,8 +171,11 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 			if *tlsClientCA != "" && *tlsCert == "" {
 				return usagef("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
 			}
-			if socketMode.set && !strings.HasPrefix(*listen, "unix:") {
-				return usagef("--socket-mode applies to a unix socket (--listen unix:/path) only")
+			if socketMode.set && !strings.HasPrefix(*listen, "unix:") && !strings.HasPrefix(*httpAddr, "unix:") {
+				return usagef("--socket-mode applies to a unix socket (--listen or --http unix:/path) only")
+			}
+			if *httpAddr != "" && (*httpAddr == *listen || *httpAddr == *metricsAddr) {
+				return usagef("--http %s is also the address of --listen or --metrics", *httpAddr)
 			}
 			if backend.val == "fdb" && recoverMode.set {
 				return usagef("--recover applies to --backend=rocksdb only")
@@ -198,6 +210,7 @@ instead of RocksDB; it needs a binary built with 'make build-fdb'.`,
 				minFreeDisk: int64(minFreeDisk.val),
 				socketMode:  socketMode.val,
 				metrics:     *metricsAddr,
+				http:        *httpAddr,
 				tls:         tc,
 				mutualTLS:   *tlsClientCA != "",
 				maxConns:    *maxConns,
@@ -270,6 +283,7 @@ type serveConfig struct {
 	minFreeDisk   int64
 	socketMode    fs.FileMode
 	metrics       string
+	http          string // the HTTP API's address; "" when off
 	tls           *tls.Config
 	mutualTLS     bool
 	maxConns      int
@@ -405,6 +419,11 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		return err
 	}
 	undo = append(undo, func() error { _ = ln.Close(); return nil })
+	httpLn, err := listenHTTP(&c)
+	if err != nil {
+		return err
+	}
+	undo = append(undo, func() error { closeListener(httpLn); return nil })
 
 	sigs := make(chan os.Signal, 2)
 	stopSignals := e.notifySignals(sigs)
@@ -416,7 +435,12 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	if err := srv.Start(ctx, ln); err != nil {
 		return fmt.Errorf("start rpc server: %w", err)
 	}
-	collector.node.Store(&nodeParts{store: store, rocks: rocks, srv: srv, sw: s, clk: clk})
+	undo = append(undo, func() error { srv.Stop(); return nil })
+	api, err := startHTTP(ctx, c, httpLn, store, clk, srv)
+	if err != nil {
+		return err
+	}
+	collector.node.Store(&nodeParts{store: store, rocks: rocks, srv: srv, api: api, sw: s, clk: clk})
 	ready.Store(true)
 	stopRecover := func() {}
 	if rocks != nil {
@@ -435,7 +459,11 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 
 	// Reverse order of start: no new connections or calls, running calls
 	// finish (their writes are durable before they answer), then no more
-	// sweeps, then the store.
+	// sweeps, then the store. The HTTP API goes first: it shares the RPC
+	// server's dispatcher.
+	if api != nil {
+		api.Stop()
+	}
 	srv.Stop()
 	s.Stop()
 	stopRecover()
@@ -483,6 +511,56 @@ func startMetrics(c *serveConfig, collector *nodeCollector, ready *atomic.Bool) 
 	}, nil
 }
 
+// listenHTTP opens the HTTP API's listener (nil when --http is off);
+// c.http becomes the real address, as the log shows it.
+func listenHTTP(c *serveConfig) (net.Listener, error) {
+	if c.http == "" {
+		return nil, nil
+	}
+	ln, err := rpc.ListenMode(c.http, c.socketMode)
+	if err != nil {
+		return nil, fmt.Errorf("http listener: %w", err)
+	}
+	c.http = listenAddr(ln)
+	return ln, nil
+}
+
+func closeListener(ln net.Listener) {
+	if ln != nil {
+		_ = ln.Close()
+	}
+}
+
+// startHTTP serves the HTTP API on ln (nil: off, and a nil server) over
+// the RPC server's store, limits, dispatcher, in-flight budget and TLS.
+func startHTTP(ctx context.Context, c serveConfig, ln net.Listener, store storage.Store, clk clock.Clock, srv *rpc.Server) (*httpapi.Server, error) {
+	if ln == nil {
+		return nil, nil
+	}
+	sem, size := srv.InflightBudget()
+	api, err := httpapi.New(httpapi.Config{
+		Store:         store,
+		Clock:         clk,
+		Logger:        c.log, // httpapi adds svc=http
+		Limits:        c.limits,
+		Dispatcher:    srv.Dispatcher(),
+		Inflight:      sem,
+		InflightLimit: size,
+		Leases:        srv,
+		MaxBodyBytes:  c.maxMessage,
+		TLS:           c.tls,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("http api: %w", err)
+	}
+	// Handlers that share the listener (a dashboard under /ui/) are
+	// mounted here, before Start: api.Mount(pattern, handler).
+	if err := api.Start(ctx, ln); err != nil {
+		return nil, fmt.Errorf("start http api: %w", err)
+	}
+	return api, nil
+}
+
 // nodeHealth is /readyz's check of a running node: a stopped store or
 // corrupt data met makes it not ready.
 func nodeHealth(collector *nodeCollector) func() error {
@@ -521,14 +599,11 @@ func rpcConfig(c serveConfig, store storage.Store, clk clock.Clock) rpc.ServerCo
 
 // servingAttrs are the fields of the "leaseq serving" log line.
 func servingAttrs(c serveConfig, ln net.Listener) []any {
-	addr := ln.Addr().String()
-	if ln.Addr().Network() == "unix" {
-		addr = "unix:" + addr
-	}
 	attrs := []any{
 		"version", version(),
 		"backend", c.backend,
-		"listen", addr,
+		"listen", listenAddr(ln),
+		"http", c.http,
 		"tls", tlsMode(c),
 		"metrics", c.metrics,
 		"sweep_interval", c.sweepInterval,
@@ -539,6 +614,14 @@ func servingAttrs(c serveConfig, ln net.Listener) []any {
 		return append(attrs, "data", dir, "sync", c.syncText)
 	}
 	return append(attrs, "fdb_cluster_file", c.clusterFile, "fdb_subspace", c.subspace)
+}
+
+// listenAddr is ln's address as --listen and --http take it.
+func listenAddr(ln net.Listener) string {
+	if ln.Addr().Network() == "unix" {
+		return "unix:" + ln.Addr().String()
+	}
+	return ln.Addr().String()
 }
 
 // awaitShutdown waits for a signal or the end of ctx.
