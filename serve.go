@@ -419,11 +419,6 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		return err
 	}
 	undo = append(undo, func() error { _ = ln.Close(); return nil })
-	httpLn, err := listenHTTP(&c)
-	if err != nil {
-		return err
-	}
-	undo = append(undo, func() error { closeListener(httpLn); return nil })
 
 	sigs := make(chan os.Signal, 2)
 	stopSignals := e.notifySignals(sigs)
@@ -436,7 +431,7 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		return fmt.Errorf("start rpc server: %w", err)
 	}
 	undo = append(undo, func() error { srv.Stop(); return nil })
-	api, err := startHTTP(ctx, c, httpLn, store, clk, srv)
+	api, err := startHTTP(ctx, &c, store, clk, srv)
 	if err != nil {
 		return err
 	}
@@ -511,30 +506,12 @@ func startMetrics(c *serveConfig, collector *nodeCollector, ready *atomic.Bool) 
 	}, nil
 }
 
-// listenHTTP opens the HTTP API's listener (nil when --http is off);
-// c.http becomes the real address, as the log shows it.
-func listenHTTP(c *serveConfig) (net.Listener, error) {
+// startHTTP serves the HTTP API on c.http (nothing, and a nil server,
+// when --http is off) over the RPC server's store, limits, dispatcher,
+// in-flight budget and TLS. c.http becomes the real address, as the log
+// shows it.
+func startHTTP(ctx context.Context, c *serveConfig, store storage.Store, clk clock.Clock, srv *rpc.Server) (*httpapi.Server, error) {
 	if c.http == "" {
-		return nil, nil
-	}
-	ln, err := rpc.ListenMode(c.http, c.socketMode)
-	if err != nil {
-		return nil, fmt.Errorf("http listener: %w", err)
-	}
-	c.http = listenAddr(ln)
-	return ln, nil
-}
-
-func closeListener(ln net.Listener) {
-	if ln != nil {
-		_ = ln.Close()
-	}
-}
-
-// startHTTP serves the HTTP API on ln (nil: off, and a nil server) over
-// the RPC server's store, limits, dispatcher, in-flight budget and TLS.
-func startHTTP(ctx context.Context, c serveConfig, ln net.Listener, store storage.Store, clk clock.Clock, srv *rpc.Server) (*httpapi.Server, error) {
-	if ln == nil {
 		return nil, nil
 	}
 	sem, size := srv.InflightBudget()
@@ -555,7 +532,12 @@ func startHTTP(ctx context.Context, c serveConfig, ln net.Listener, store storag
 	}
 	// Handlers that share the listener (a dashboard under /ui/) are
 	// mounted here, before Start: api.Mount(pattern, handler).
-	if err := api.Start(ctx, ln); err != nil {
+	ln, err := rpc.ListenMode(c.http, c.socketMode)
+	if err != nil {
+		return nil, fmt.Errorf("http listener: %w", err)
+	}
+	c.http = listenAddr(ln)
+	if err := api.Start(ctx, ln); err != nil { // closes ln on failure
 		return nil, fmt.Errorf("start http api: %w", err)
 	}
 	return api, nil

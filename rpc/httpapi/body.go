@@ -59,10 +59,9 @@ func (c *call) readBody(limit int64) ([]byte, error) {
 	}
 	body := http.MaxBytesReader(c.w, c.r.Body, limit)
 	var buf []byte
-	if c.r.ContentLength > 0 {
-		buf = make([]byte, 0, c.r.ContentLength+1) // +1: room to see EOF
-	}
 	for {
+		// A known length is read in one step (+1: room to see EOF),
+		// after the budget admitted it.
 		step := int64(readStep)
 		if c.r.ContentLength >= 0 {
 			step = max(c.r.ContentLength+1-int64(len(buf)), 1)

@@ -46,8 +46,9 @@ func TestServer_Config(t *testing.T) {
 // Start's ctx stops the server.
 func TestServer_StartStop(t *testing.T) {
 	t.Parallel()
+	store := openRocks(t)
 	for range 20 {
-		srv, err := New(Config{Store: openRocks(t), Clock: testClock()})
+		srv, err := New(Config{Store: store, Clock: testClock()})
 		require.NoError(t, err)
 		srv.Stop()
 		srv.Stop()
@@ -62,7 +63,23 @@ func TestServer_StartStop(t *testing.T) {
 		require.Contains(t, rec.Body.String(), `"code":"unavailable"`)
 	}
 
-	srv, err := New(Config{Store: openRocks(t), Clock: testClock()})
+	// Start, serve, Stop, over and over: every goroutine ends (goleak).
+	for range 20 {
+		srv, err := New(Config{Store: store, Clock: testClock()})
+		require.NoError(t, err)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		require.NoError(t, srv.Start(context.Background(), ln))
+		tr := &http.Transport{}
+		resp, err := (&http.Client{Transport: tr}).Get("http://" + ln.Addr().String() + "/v1/queues")
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		srv.Stop()
+		tr.CloseIdleConnections()
+	}
+
+	srv, err := New(Config{Store: store, Clock: testClock()})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
