@@ -93,6 +93,8 @@ func leaseqRules(fdbTag bool) importRules {
 			"sweeper":             {"rpc", "schema", "fdbsync", "bench", "storage/rocksstore", grocksdbPath, fdbPath, capnpPath},
 			"rpc":                 {"sweeper", "fdbsync", "bench", "storage/rocksstore", grocksdbPath, fdbPath},
 			"rpc!":                {"rpc/queueber", "schema/queueber"}, // the Queue server knows nothing of Queueber's
+			"rpc/errcode":         {capnpPath, "schema", "rpc!"},       // the error table every front end shares
+			"rpc/httpapi":         {capnpPath, "schema", "rpc!"},       // HTTP/JSON shares errcode and dispatch, not Cap'n Proto
 			"fdbsync":             {"sweeper", "rpc", "bench", "schema", "storage/rocksstore", grocksdbPath, capnpPath},
 			"schema":              {"storage", "dbkeys", "sweeper", "rpc", "fdbsync", "bench", grocksdbPath, fdbPath},
 		},
@@ -259,6 +261,7 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 		{ImportPath: m("bench"), Imports: []string{m("rpc"), m("rpc/queueber")}, Deps: []string{m("rpc"), m("rpc/queueber")}},
 		{ImportPath: m("rpc/queueber"), Imports: []string{m("rpc"), m("schema/queueber")}, Deps: []string{m("rpc"), m("schema/queueber")}},
 		{ImportPath: m("schema/queueber"), Imports: []string{capnpPath + "/v3"}, Deps: []string{capnpPath + "/v3"}},
+		{ImportPath: m("rpc/httpapi"), Imports: []string{m("rpc")}, Deps: []string{m("rpc"), m("schema"), capnpPath + "/v3"}},
 		{ImportPath: "bytes", Standard: true},
 		{ImportPath: "github.com/x/y"},
 	}
@@ -283,6 +286,8 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 		"fdbsync imports github.com/apple/foundationdb/bindings/go/src/fdb: only [] may",
 		"fdbsync imports github.com/leaseq/leaseq/storage/storagetest",
 		"bench imports github.com/leaseq/leaseq/rpc/queueber: only [.] may",
+		"rpc/httpapi depends on github.com/leaseq/leaseq/rpc (forbidden: rpc!)",
+		"rpc/httpapi depends on capnproto.org/go/capnp/v3",
 	} {
 		require.Contains(t, bad, want)
 	}

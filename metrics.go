@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/leaseq/leaseq/rpc"
+	"github.com/leaseq/leaseq/rpc/httpapi"
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/rocksstore"
 	"github.com/leaseq/leaseq/sweeper"
@@ -62,6 +63,7 @@ type nodeParts struct {
 	store storage.Store
 	rocks *rocksstore.Store // nil for other backends
 	srv   *rpc.Server
+	api   *httpapi.Server // nil without --http
 	sw    *sweeper.Sweeper
 	clk   clock.Clock
 }
@@ -85,6 +87,7 @@ type nodeCollector struct {
 	storeFailed, diskFree, corrupt                        *prometheus.Desc
 	sweeps, sweepFails, sweepItems, sweepLag, sweepMaxLag *prometheus.Desc
 	sweepDuration                                         *prometheus.Desc
+	httpCount, httpErrors, httpLatency                    *prometheus.Desc
 }
 
 func newNodeCollector() *nodeCollector {
@@ -125,6 +128,9 @@ func newNodeCollector() *nodeCollector {
 		sweepLag:      d("sweeper_lag_seconds", "How late the last timer-driven sweep started after its deadline."),
 		sweepMaxLag:   d("sweeper_max_lag_seconds", "Largest sweeper lag seen."),
 		sweepDuration: d("sweeper_last_pass_seconds", "Duration of the last sweeper pass."),
+		httpCount:     d("http_requests_total", "HTTP API requests answered, by route (--http).", "op"),
+		httpErrors:    d("http_request_errors_total", "HTTP API requests answered with an error, by route (--http).", "op"),
+		httpLatency:   d("http_request_duration_seconds", "HTTP API request latency by route (a long poll includes its wait; count: requests).", "op"),
 	}
 }
 
@@ -135,6 +141,7 @@ func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.connsOpen, c.connsAccepted, c.connsRefused, c.waiters, c.subs, c.pushed, c.replyBytes,
 		c.commits, c.syncCommits, c.commitLatency, c.fsyncLatency, c.calls, c.items, c.claimPasses, c.polls, c.claimed, c.storeFailed, c.diskFree, c.corrupt,
 		c.sweeps, c.sweepFails, c.sweepItems, c.sweepLag, c.sweepMaxLag, c.sweepDuration,
+		c.httpCount, c.httpErrors, c.httpLatency,
 	} {
 		ch <- d
 	}
@@ -202,6 +209,13 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.subs, float64(m.Subscriptions))
 	counter(c.pushed, m.ItemsPushed)
 	gauge(c.replyBytes, float64(m.ReplyBytesQueued))
+	if p.api != nil {
+		for _, o := range p.api.Metrics().Ops {
+			counter(c.httpCount, o.Count, o.Op)
+			counter(c.httpErrors, o.Errors, o.Op)
+			ch <- prometheus.MustNewConstSummary(c.httpLatency, o.Count, o.Sum.Seconds(), nil, o.Op)
+		}
+	}
 
 	if p.rocks != nil {
 		r := p.rocks.Metrics()

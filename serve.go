@@ -27,6 +27,7 @@ import (
 
 	"github.com/leaseq/leaseq/fdbsync"
 	"github.com/leaseq/leaseq/rpc"
+	"github.com/leaseq/leaseq/rpc/httpapi"
 	"github.com/leaseq/leaseq/rpc/queueber"
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/rocksstore"
@@ -41,8 +42,9 @@ Run a leaseq node: open (or create) the RocksDB database in --data, start
 the sweeper that expires leases and wakes delayed items at their deadlines,
 serve the Cap'n Proto RPC interface on --listen, and run until SIGINT or
 SIGTERM. The first signal shuts down in order: stop accepting connections,
-let running calls finish (parked long polls return empty), stop the
-sweeper, close the store. A second signal exits at once.
+let running calls finish (parked long polls return empty over RPC, 503
+unavailable over HTTP), stop the sweeper, close the store. A second signal
+exits at once.
 
 --sync=always (the default) fsyncs the write-ahead log before any enqueue,
 ack, nack or poll returns; --sync=none writes the log without fsync, which
@@ -53,6 +55,12 @@ is on, and the address it listens on.
 only. With --tls-cert and --tls-key the node speaks TLS; adding
 --tls-client-ca requires every client to present a certificate signed by
 that CA (mutual TLS).
+
+--http ADDR (host:port or unix:/path; off by default) also serves the
+queue operations as an HTTP/JSON API (routes under /v1/, described by
+GET /v1/openapi.json) over the same store, limits, long-poll waiters and
+error codes, with the same TLS as --listen. --max-message bounds its
+request bodies too.
 
 --metrics ADDR serves Prometheus metrics on http://ADDR/metrics (queue
 depth by state, oldest ready age, per-operation counts and latency
@@ -100,6 +108,7 @@ section has the details.`,
 		fs.Var(socketMode, "socket-mode", "permission `bits` (octal) of the unix socket for --listen unix:/path; connecting needs write permission")
 		fs.Var(recoverMode, "recover", "`point-in-time`: open a database whose write-ahead log is damaged, dropping every write after the damage (the node refuses to start on such a log otherwise; keep a copy of --data first)")
 		metricsAddr := fs.String("metrics", "", "serve /metrics, /healthz and /readyz over HTTP on `host:port` (empty: off)")
+		httpAddr := fs.String("http", "", "serve the HTTP/JSON API on `address`, host:port or unix:/path, with the TLS of --tls-* (empty: off)")
 		tlsCert := fs.String("tls-cert", "", "server certificate `file` (PEM); enables TLS with --tls-key")
 		tlsKey := fs.String("tls-key", "", "server private key `file` (PEM)")
 		tlsClientCA := fs.String("tls-client-ca", "", "CA bundle `file` (PEM): require client certificates signed by it (mutual TLS)")
@@ -115,7 +124,7 @@ section has the details.`,
 		maxPayload := newChoice(strconv.Itoa(d.MaxPayload), parseSize)
 		fs.Var(maxPayload, "max-payload", "largest item payload, in `bytes` (KiB/MiB suffixes allowed)")
 		maxMessage := newChoice(strconv.Itoa(rpc.DefaultMaxMessageBytes), parseSize)
-		fs.Var(maxMessage, "max-message", "largest incoming RPC message, in `bytes`")
+		fs.Var(maxMessage, "max-message", "largest incoming RPC message or HTTP API request body, in `bytes`")
 		maxBatch := newChoice(strconv.Itoa(d.MaxBatch), intRange(1, 100000))
 		fs.Var(maxBatch, "max-batch", "most `items` or ids in one call")
 		minLease := newChoice(d.MinLease.String(), positiveDuration)
@@ -176,8 +185,11 @@ section has the details.`,
 			if err := checkQueueberFlags(*listen, *qbListen, *qbQueue); err != nil {
 				return err
 			}
-			if socketMode.set && !strings.HasPrefix(*listen, "unix:") && !strings.HasPrefix(*qbListen, "unix:") {
-				return usagef("--socket-mode applies to a unix socket (--listen or --queueber-listen unix:/path) only")
+			if socketMode.set && !strings.HasPrefix(*listen, "unix:") && !strings.HasPrefix(*qbListen, "unix:") && !strings.HasPrefix(*httpAddr, "unix:") {
+				return usagef("--socket-mode applies to a unix socket (--listen, --http or --queueber-listen unix:/path) only")
+			}
+			if *httpAddr != "" && (*httpAddr == *listen || *httpAddr == *metricsAddr || *httpAddr == *qbListen) {
+				return usagef("--http %s is also the address of --listen, --metrics or --queueber-listen", *httpAddr)
 			}
 			if backend.val == "fdb" && recoverMode.set {
 				return usagef("--recover applies to --backend=rocksdb only")
@@ -214,6 +226,7 @@ section has the details.`,
 				minFreeDisk: int64(minFreeDisk.val),
 				socketMode:  socketMode.val,
 				metrics:     *metricsAddr,
+				http:        *httpAddr,
 				tls:         tc,
 				mutualTLS:   *tlsClientCA != "",
 				maxConns:    *maxConns,
@@ -307,6 +320,7 @@ type serveConfig struct {
 	minFreeDisk   int64
 	socketMode    fs.FileMode
 	metrics       string
+	http          string // the HTTP API's address; "" when off
 	tls           *tls.Config
 	mutualTLS     bool
 	maxConns      int
@@ -464,12 +478,17 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	if err := srv.Start(ctx, ln); err != nil {
 		return fmt.Errorf("start rpc server: %w", err)
 	}
+	undo = append(undo, func() error { srv.Stop(); return nil })
 	if qbln != nil {
 		if err := srv.StartBootstrap(ctx, qbln, qbBoot); err != nil {
 			return fmt.Errorf("start queueber listener: %w", err)
 		}
 	}
-	collector.node.Store(&nodeParts{store: store, rocks: rocks, srv: srv, sw: s, clk: clk})
+	api, err := startHTTP(ctx, &c, store, clk, srv)
+	if err != nil {
+		return err
+	}
+	collector.node.Store(&nodeParts{store: store, rocks: rocks, srv: srv, api: api, sw: s, clk: clk})
 	ready.Store(true)
 	stopRecover := func() {}
 	if rocks != nil {
@@ -488,7 +507,11 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 
 	// Reverse order of start: no new connections or calls, running calls
 	// finish (their writes are durable before they answer), then no more
-	// sweeps, then the store.
+	// sweeps, then the store. The HTTP API goes first: it shares the RPC
+	// server's dispatcher.
+	if api != nil {
+		api.Stop()
+	}
 	srv.Stop()
 	s.Stop()
 	stopRecover()
@@ -536,6 +559,43 @@ func startMetrics(c *serveConfig, collector *nodeCollector, ready *atomic.Bool) 
 	}, nil
 }
 
+// startHTTP serves the HTTP API on c.http (nothing, and a nil server,
+// when --http is off) over the RPC server's store, limits, dispatcher,
+// in-flight budget and TLS. c.http becomes the real address, as the log
+// shows it.
+func startHTTP(ctx context.Context, c *serveConfig, store storage.Store, clk clock.Clock, srv *rpc.Server) (*httpapi.Server, error) {
+	if c.http == "" {
+		return nil, nil
+	}
+	sem, size := srv.InflightBudget()
+	api, err := httpapi.New(httpapi.Config{
+		Store:         store,
+		Clock:         clk,
+		Logger:        c.log, // httpapi adds svc=http
+		Limits:        c.limits,
+		Dispatcher:    srv.Dispatcher(),
+		Inflight:      sem,
+		InflightLimit: size,
+		Leases:        srv,
+		MaxBodyBytes:  c.maxMessage,
+		TLS:           c.tls,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("http api: %w", err)
+	}
+	// Handlers that share the listener (a dashboard under /ui/) are
+	// mounted here, before Start: api.Mount(pattern, handler).
+	ln, err := rpc.ListenMode(c.http, c.socketMode)
+	if err != nil {
+		return nil, fmt.Errorf("http listener: %w", err)
+	}
+	c.http = listenAddr(ln)
+	if err := api.Start(ctx, ln); err != nil { // closes ln on failure
+		return nil, fmt.Errorf("start http api: %w", err)
+	}
+	return api, nil
+}
+
 // nodeHealth is /readyz's check of a running node: a stopped store or
 // corrupt data met makes it not ready.
 func nodeHealth(collector *nodeCollector) func() error {
@@ -579,6 +639,7 @@ func servingAttrs(c serveConfig, ln, qbln net.Listener) []any {
 		"version", version(),
 		"backend", c.backend,
 		"listen", listenAddr(ln),
+		"http", c.http,
 	}
 	if qbln != nil {
 		attrs = append(attrs, "queueber_listen", listenAddr(qbln), "queueber_queue", c.qbQueue)
@@ -596,7 +657,8 @@ func servingAttrs(c serveConfig, ln, qbln net.Listener) []any {
 	return append(attrs, "fdb_cluster_file", c.clusterFile, "fdb_subspace", c.subspace)
 }
 
-// listenAddr is a listener's address as --listen takes it.
+// listenAddr is ln's address as --listen, --http and --queueber-listen
+// take it.
 func listenAddr(ln net.Listener) string {
 	if ln.Addr().Network() == "unix" {
 		return "unix:" + ln.Addr().String()

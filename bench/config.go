@@ -160,7 +160,7 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs := flag.NewFlagSet("leaseq bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var systems string
-	fs.StringVar(&systems, "systems", "", "comma-separated systems or families to run (leaseq, peers, redis, beanstalkd, nats, leaseq-rpc-always, ...); default all available")
+	fs.StringVar(&systems, "systems", "", "comma-separated systems or families to run (leaseq, peers, redis, beanstalkd, nats, leaseq-rpc-always, leaseq-http, ...); default all available except leaseq-http and leaseq-loopback")
 	fs.DurationVar(&c.Duration, "duration", c.Duration, "length of each timed workload")
 	fs.DurationVar(&c.ChurnDuration, "churn-duration", c.ChurnDuration, "length of the tombstone churn run")
 	fs.IntVar(&c.Intervals, "intervals", c.Intervals, "churn: intervals the run is split into for the last/first ratio")

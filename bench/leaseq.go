@@ -8,7 +8,8 @@ import (
 
 // leaseqSystems lists leaseq's own systems: over RPC against a real
 // `leaseq serve` (the rows to compare with peers), then in process, then
-// the loopback diagnostics (run only when named).
+// the HTTP API of a real `leaseq serve --http` and the loopback
+// diagnostics (these two run only when named).
 func leaseqSystems(bin *leaseqt.Binary) []target.System {
 	return []target.System{
 		leaseqt.RPC{Sync: "always", Bin: bin},
@@ -16,6 +17,8 @@ func leaseqSystems(bin *leaseqt.Binary) []target.System {
 		leaseqt.InProcess{Backend: leaseqt.BackendRocks, Sync: rocksstore.SyncAlways},
 		leaseqt.InProcess{Backend: leaseqt.BackendRocks, Sync: rocksstore.SyncNone},
 		leaseqt.InProcess{Backend: leaseqt.BackendMem},
+		leaseqt.HTTP{Sync: "always", Bin: bin},
+		leaseqt.HTTP{Sync: "none", Bin: bin},
 		leaseqt.Loopback{Sync: rocksstore.SyncAlways},
 		leaseqt.Loopback{Sync: rocksstore.SyncNone},
 	}

@@ -39,3 +39,34 @@ func TestRun_LeaseqServeOverRPC(t *testing.T) {
 	require.EqualValues(t, c.StormItems, storm.Items)
 	require.Less(t, storm.Extra["after_last_expiry_s"], (30 * time.Second).Seconds())
 }
+
+// TestRun_LeaseqServeOverHTTP drives real `leaseq serve --http` processes
+// through their HTTP API: produce, steady and lease-storm rows. The storm
+// completes only if the sweeper's wake-ups reach polls parked over HTTP.
+func TestRun_LeaseqServeOverHTTP(t *testing.T) {
+	t.Parallel()
+	c := tinyConfig(t)
+	c.Workloads = []string{WorkloadProduce, WorkloadE2E, WorkloadStorm}
+	c.Systems = []string{"leaseq-http"}
+	bin := &leaseqt.Binary{}
+	t.Cleanup(func() { require.NoError(t, bin.Close()) })
+	rep, err := Run(context.Background(), c, leaseqSystems(bin))
+	require.NoError(t, err)
+	require.Empty(t, rep.Skipped)
+	require.Equal(t, []string{"leaseq-http-always", "leaseq-http-none"}, rep.Config.Systems, "-systems leaseq-http names both")
+	require.Len(t, rep.Results, 4*2) // produce-b1, produce-b100, e2e, storm
+	for _, r := range rep.Results {
+		require.Empty(t, r.Err, "%s/%s", r.Row, r.System)
+		require.Empty(t, r.Incomplete, "%s/%s", r.Row, r.System)
+		require.Positive(t, r.Items, "%s/%s", r.Row, r.System)
+		require.False(t, r.InProcess, "CPU and RSS are the server process's")
+		require.Equal(t, "leaseq", r.Family)
+		if r.Row == "storm" {
+			require.EqualValues(t, c.StormItems, r.Items)
+		}
+	}
+	// Not in a default run.
+	for _, s := range selectSystems(leaseqSystems(bin), nil) {
+		require.NotContains(t, s.Name(), "leaseq-http")
+	}
+}

@@ -25,8 +25,8 @@
 //
 // Errors. Request-level failures travel as a Status (schema.ErrorCode) in
 // every result, mapped from the storage sentinels by the one table in
-// errors.go; the client turns them back into *StatusError values that wrap
-// the same sentinels. Cap'n Proto exceptions mean transport or internal
+// rpc/errcode (which the HTTP API shares); the client turns them back into
+// *StatusError values that wrap the same sentinels. Cap'n Proto exceptions mean transport or internal
 // failure only.
 //
 // Limits. Every limit of storage.Limits is checked here before the store is
@@ -43,6 +43,12 @@
 // pusher is a goroutine owned by the server; a shared lease tracker returns
 // its credit when its leases are acked or nacked (on any connection),
 // extended leases stay counted, and expired ones are freed by the clock.
+//
+// Sharing. Another front end of the same node (rpc/httpapi) shares the
+// server's Dispatcher, its InflightBudget, and reports acks, nacks and
+// extends with LeaseSettled and LeaseExtended, so waiter limits, the
+// in-flight bytes bound and subscription credit are per node, not per
+// protocol. The error codes of both come from rpc/errcode.
 //
 // Concurrency: Server, Client and Subscription are safe for concurrent use.
 // Lock order: Server.mu and leaseTracker.mu are leaves (never held while

@@ -4,71 +4,29 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"go/ast"
-	"go/parser"
-	"go/token"
-	"path/filepath"
-	"runtime"
-	"sort"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/rpc/errcode"
 	"github.com/leaseq/leaseq/schema"
 	"github.com/leaseq/leaseq/storage"
 )
 
-// storageSentinels names every sentinel of storage/errors.go. The test
-// below parses that file, so a new sentinel fails it until it is listed
-// here and mapped in errorTable.
-var storageSentinels = map[string]error{
-	"ErrNotFound":        storage.ErrNotFound,
-	"ErrLeaseMismatch":   storage.ErrLeaseMismatch,
-	"ErrLeaseExpired":    storage.ErrLeaseExpired,
-	"ErrInvalidArgument": storage.ErrInvalidArgument,
-	"ErrClosed":          storage.ErrClosed,
-	"ErrCorrupt":         storage.ErrCorrupt,
-	"ErrNoSpace":         storage.ErrNoSpace,
-	"ErrUnavailable":     storage.ErrUnavailable,
-	"ErrNotEmpty":        storage.ErrNotEmpty,
-}
-
-func TestErrors_EveryStorageSentinelIsMapped(t *testing.T) {
+// TestErrors_CodesMirrorSchema: errcode's codes and item code names are
+// the schema's enums, value for value and name for name, so the one table
+// in errcode is the wire mapping too.
+func TestErrors_CodesMirrorSchema(t *testing.T) {
 	t.Parallel()
-	_, file, _, ok := runtime.Caller(0)
-	require.True(t, ok)
-	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(filepath.Dir(file), "..", "storage", "errors.go"), nil, 0)
-	require.NoError(t, err)
-	var names []string
-	for _, d := range f.Decls {
-		g, ok := d.(*ast.GenDecl)
-		if !ok || g.Tok != token.VAR {
-			continue
-		}
-		for _, spec := range g.Specs {
-			for _, n := range spec.(*ast.ValueSpec).Names {
-				if n.IsExported() {
-					names = append(names, n.Name)
-				}
-			}
-		}
+	codes := append([]errcode.Code{errcode.None}, errcode.All()...)
+	for _, c := range codes {
+		require.Equal(t, schema.ErrorCode(c).String(), c.String(), "errcode.Code(%d)", c)
 	}
-	sort.Strings(names)
-	require.NotEmpty(t, names)
-	for _, name := range names {
-		sentinel, ok := storageSentinels[name]
-		require.True(t, ok, "storage.%s is not listed in storageSentinels (and maybe not in errorTable)", name)
-		mapped := false
-		for _, e := range errorTable {
-			if e.err == sentinel {
-				mapped = true
-			}
-		}
-		require.True(t, mapped, "storage.%s has no entry in errorTable", name)
-		// Wrapped, as stores return them, it maps to its code.
-		code := codeOf(fmt.Errorf("store: op: %w", sentinel))
-		require.NotEqual(t, schema.ErrorCode_none, code)
+	require.Equal(t, "", schema.ErrorCode(len(codes)).String(), "the schema has a code errcode lacks")
+	for c := storage.CodeOK; c <= storage.CodeInvalid; c++ {
+		require.Equal(t, wireCode(c).String(), errcode.ItemCodeName(c))
 	}
+	require.Equal(t, "", schema.ResultCode(storage.CodeInvalid+1).String(), "the schema has a result code errcode lacks")
 }
 
 func TestErrors_Table(t *testing.T) {
@@ -95,10 +53,11 @@ func TestErrors_Table(t *testing.T) {
 	}
 	// Every code the server can send maps back to a sentinel the client
 	// can match, and round-trips to the same code.
-	for _, e := range errorTable {
-		back := errorOf("op", e.code, "detail")
+	for _, sentinel := range errcode.Sentinels() {
+		code := codeOf(sentinel)
+		back := errorOf("op", code, "detail")
 		require.Error(t, back)
-		require.Equal(t, e.code, codeOf(back), "%v", e.err)
+		require.Equal(t, code, codeOf(back), "%v", sentinel)
 		var se *StatusError
 		require.True(t, errors.As(back, &se))
 		require.Equal(t, "detail", se.Message)

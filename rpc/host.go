@@ -8,6 +8,7 @@ import (
 
 	"capnproto.org/go/capnp/v3"
 
+	"github.com/leaseq/leaseq/rpc/errcode"
 	"github.com/leaseq/leaseq/schema"
 	"github.com/leaseq/leaseq/storage"
 )
@@ -88,7 +89,7 @@ func (c *Conn) Call(op Op, reply *capnp.Message, body func() error) error {
 }
 
 // clientError is err as a client may see it: an internal failure is logged
-// with a new reference and replaced by internalReason; a refusal (bad
+// with a new reference and replaced by errcode.InternalReason; a refusal (bad
 // argument, shutdown, ...) is logged at debug and returned as it is.
 func (s *Server) clientError(op Op, remote string, err error) error {
 	if codeOf(err) == schema.ErrorCode_internal {
@@ -96,7 +97,7 @@ func (s *Server) clientError(op Op, remote string, err error) error {
 		// the log; the client gets a short reason and a reference to it.
 		ref := s.errRefs.Add(1)
 		s.log.Error("request failed", "op", op.String(), "remote", remote, "ref", ref, "err", err)
-		return internalReason(err, ref)
+		return errcode.InternalReason(err, ref)
 	}
 	s.log.Debug("request refused", "op", op.String(), "remote", remote, "err", err)
 	return err

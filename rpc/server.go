@@ -515,6 +515,39 @@ func (s *Server) Wake(queues []string) {
 	s.disp.Notify(queues...)
 }
 
+// Dispatcher returns the server's long-poll dispatcher, for other front
+// ends of the same node (the HTTP API): their long polls park in the same
+// per-queue lines under the same MaxWaitersPerQueue and MaxWaiters, and
+// their Notify calls wake this server's polls and subscriptions (and the
+// other way round). Stop closes it: a front end sharing it stops first.
+func (s *Server) Dispatcher() *dispatch.Dispatcher { return s.disp }
+
+// InflightBudget returns the node-wide budget of incoming bytes of
+// unanswered calls (ServerConfig.MaxInflightBytes) and its size, for other
+// front ends of the same node to draw on while they handle a request; nil
+// and 0 when unbounded. A request larger than size should take size.
+func (s *Server) InflightBudget() (*semaphore.Weighted, int64) {
+	if s.inflight == nil {
+		return nil, 0
+	}
+	return s.inflight, s.cfg.MaxInflightBytes
+}
+
+// LeaseSettled tells the server that ids of lease were acked or nacked
+// through another front end (codes as the store returned them), so a
+// subscription that was pushed the lease gets its credit back at once
+// instead of at the lease's expiry.
+func (s *Server) LeaseSettled(lease storage.LeaseID, codes []storage.Code) {
+	s.tracker.settled(lease, codes)
+}
+
+// LeaseExtended tells the server of an extend through another front end
+// (the store's answer: the new expiry, or its error), so a subscription's
+// credit for the lease follows the new expiry.
+func (s *Server) LeaseExtended(lease storage.LeaseID, expires time.Time, err error) {
+	s.tracker.extended(lease, expires, err)
+}
+
 // Stop stops accepting, ends parked long polls (they return empty) and
 // subscriptions, waits for running calls to finish, then closes every
 // connection and waits for all goroutines. Calls arriving meanwhile are

@@ -248,3 +248,57 @@ func TestSubscribe(t *testing.T) {
 		require.ErrorIs(t, err, ErrTooManyWaiters)
 	})
 }
+
+// TestServer_SharedWithOtherFrontEnds: what another front end of the node
+// (the HTTP API) does through the accessors reaches this server: a settle
+// reported with LeaseSettled returns a subscription's credit, a Notify on
+// Dispatcher wakes its long polls, and the in-flight budget is the one of
+// MaxInflightBytes.
+func TestServer_SharedWithOtherFrontEnds(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{mutate: func(c *ServerConfig) { c.MaxInflightBytes = 1 << 20 }})
+	sem, size := b.srv.InflightBudget()
+	require.NotNil(t, sem)
+	require.Equal(t, int64(1<<20), size)
+
+	c := b.dial()
+	ctx := ctxT(t)
+	_, err := c.Enqueue(ctx, "q", payloads(2, 8))
+	require.NoError(t, err)
+	sub, err := c.Subscribe(ctx, SubscribeOptions{Queue: "q", Prefetch: 1, Lease: time.Minute})
+	require.NoError(t, err)
+	defer sub.Cancel()
+	d := recvDelivery(t, sub)
+	require.Len(t, d.Items, 1)
+	// Acked behind the server's back, as another front end would, then
+	// reported: the second item is pushed.
+	codes, err := b.store.Ack(ctx, storage.AckParams{Queue: "q", Lease: d.Lease, IDs: []storage.ItemID{d.Items[0].ID}, Now: b.clock.Now()})
+	require.NoError(t, err)
+	b.srv.LeaseSettled(d.Lease, codes)
+	require.Len(t, recvDelivery(t, sub).Items, 1)
+
+	// A poll parked on the server wakes on a Notify from elsewhere.
+	done := make(chan []storage.Item, 1)
+	go func() {
+		res, err := c.Poll(ctx, "p", 1, time.Minute, 30*time.Second)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res.Items
+	}()
+	eventually(t, 10*time.Second, func() bool { return b.srv.Dispatcher().QueueWaiters("p") == 1 })
+	_, err = b.store.Enqueue(ctx, storage.EnqueueParams{Queue: "p", Items: payloads(1, 8), Now: b.clock.Now()})
+	require.NoError(t, err)
+	b.srv.Dispatcher().Notify("p")
+	select {
+	case items := <-done:
+		require.Len(t, items, 1)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the parked poll was not woken")
+	}
+
+	unbounded := setup(t, bundleOpts{mutate: func(c *ServerConfig) { c.MaxInflightBytes = -1 }})
+	sem, size = unbounded.srv.InflightBudget()
+	require.Nil(t, sem)
+	require.Zero(t, size)
+}

@@ -1,4 +1,4 @@
-// Package leaseqt puts leaseq itself under the benchmark harness, in two
+// Package leaseqt puts leaseq itself under the benchmark harness, in three
 // ways:
 //
 //   - in process: the storage.Store driven directly (rocksstore with
@@ -8,7 +8,11 @@
 //     RPC dispatcher;
 //   - over RPC: a real `leaseq serve` process started by the harness with
 //     a fresh --data directory and --listen on a free loopback port, driven
-//     through the rpc package's Go client.
+//     through the rpc package's Go client;
+//   - over HTTP: the same process started with --http, driven through its
+//     HTTP/JSON API (package rpc/httpapi) by net/http, one keep-alive
+//     connection per worker and payloads in base64; run only when named
+//     (-systems leaseq-http), to compare HTTP enqueue with RPC enqueue.
 //
 // The RPC rows are the ones to compare with peers (every peer is a server
 // reached over loopback TCP); the in-process rows show what the storage

@@ -1,0 +1,186 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"slices"
+
+	"github.com/leaseq/leaseq/rpc/errcode"
+	"github.com/leaseq/leaseq/storage"
+)
+
+// Media types the API reads.
+const (
+	mediaJSON  = "application/json"
+	mediaOctet = "application/octet-stream"
+)
+
+// readStep is how much of a body is read (and drawn from the in-flight
+// budget) at a time when its length is not known in advance.
+const readStep = 64 << 10
+
+// call is one request being handled.
+type call struct {
+	s *Server
+	w http.ResponseWriter
+	r *http.Request
+	// held is what the request holds of the in-flight budget; wrap
+	// gives it back once the answer is written.
+	held int64
+}
+
+// mediaType returns the request's media type without parameters ("" when
+// it has none).
+func (c *call) mediaType() (string, error) {
+	ct := c.r.Header.Get("Content-Type")
+	if ct == "" {
+		return "", nil
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return "", statusError(http.StatusUnsupportedMediaType, "%w: Content-Type %q: %v", storage.ErrInvalidArgument, ct, err)
+	}
+	return mt, nil
+}
+
+// readBody reads the request body, at most limit bytes (413 beyond).
+// The bytes read are drawn from the in-flight budget before they are
+// read, so when the node's budget is spent the API stops reading bodies
+// as the RPC server stops reading messages; a body larger than the whole
+// budget takes all of it.
+func (c *call) readBody(limit int64) ([]byte, error) {
+	if c.r.ContentLength > limit {
+		return nil, tooLarge(limit)
+	}
+	body := http.MaxBytesReader(c.w, c.r.Body, limit)
+	var buf []byte
+	for {
+		// A known length is read in one step (+1: room to see EOF),
+		// after the budget admitted it.
+		step := int64(readStep)
+		if c.r.ContentLength >= 0 {
+			step = max(c.r.ContentLength+1-int64(len(buf)), 1)
+		}
+		took, err := c.take(step)
+		if err != nil {
+			return nil, err
+		}
+		buf = slices.Grow(buf, int(step))
+		n, err := body.Read(buf[len(buf) : len(buf)+int(step)])
+		buf = buf[:len(buf)+n]
+		if unused := took - min(int64(n), took); unused > 0 {
+			c.s.cfg.Inflight.Release(unused)
+			c.held -= unused
+		}
+		if errors.Is(err, io.EOF) {
+			return buf, nil
+		}
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, tooLarge(limit)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: reading the request body: %v", storage.ErrInvalidArgument, err)
+		}
+	}
+}
+
+// take draws up to n bytes from the in-flight budget for this request
+// and returns how many it took (0 without a budget, or once the request
+// holds the whole budget).
+func (c *call) take(n int64) (int64, error) {
+	b := c.s.cfg.Inflight
+	if b == nil {
+		return 0, nil
+	}
+	n = min(n, c.s.cfg.InflightLimit-c.held)
+	if n <= 0 {
+		return 0, nil
+	}
+	if hook := c.s.onBudgetWait; hook != nil {
+		hook()
+	}
+	if err := b.Acquire(c.r.Context(), n); err != nil {
+		return 0, fmt.Errorf("%w: waiting for the node's in-flight bytes budget: %v", errcode.ErrUnavailable, err)
+	}
+	c.held += n
+	return n, nil
+}
+
+// release gives back what the request holds of the in-flight budget.
+func (c *call) release() {
+	if c.held > 0 {
+		c.s.cfg.Inflight.Release(c.held)
+		c.held = 0
+	}
+}
+
+func tooLarge(limit int64) error {
+	return statusError(http.StatusRequestEntityTooLarge, "%w: request body exceeds the limit of %d bytes", storage.ErrInvalidArgument, limit)
+}
+
+// decodeJSON reads a JSON body into v. An empty body leaves v as it is
+// (for routes whose fields are all optional); any other body must be
+// application/json (415 otherwise), hold exactly one JSON value, and name
+// only fields v has.
+func (c *call) decodeJSON(v any) error {
+	mt, err := c.mediaType()
+	if err != nil {
+		return err
+	}
+	if mt != "" && mt != mediaJSON {
+		return wrongType(mt, mediaJSON)
+	}
+	body, err := c.readBody(c.s.cfg.MaxBodyBytes)
+	if err != nil {
+		return err
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil
+	}
+	if mt == "" {
+		return wrongType(mt, mediaJSON)
+	}
+	return decodeStrict(body, v)
+}
+
+// decodeStrict decodes exactly one JSON value with only known fields.
+func decodeStrict(body []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: request body: %v", storage.ErrInvalidArgument, err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("%w: request body: more data after the JSON value", storage.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// wrongType is the 415 for a body of media type got where want is needed.
+func wrongType(got string, want ...string) error {
+	if got == "" {
+		got = "none"
+	}
+	return statusError(http.StatusUnsupportedMediaType, "%w: Content-Type %s: want %s (curl: --json, or -H 'Content-Type: application/json')",
+		storage.ErrInvalidArgument, got, joinOr(want))
+}
+
+func joinOr(xs []string) string {
+	switch len(xs) {
+	case 0:
+		return ""
+	case 1:
+		return xs[0]
+	}
+	out := xs[0]
+	for _, x := range xs[1 : len(xs)-1] {
+		out += ", " + x
+	}
+	return out + " or " + xs[len(xs)-1]
+}
