@@ -26,6 +26,7 @@ const (
 	fdbPath      = "github.com/apple/foundationdb"
 	capnpPath    = "capnproto.org/go/capnp"
 	clockPath    = "github.com/benbjohnson/clock"
+	chromedpPath = "github.com/chromedp"
 )
 
 // listedPackage is the part of `go list -json` output the rules need.
@@ -78,6 +79,9 @@ func leaseqRules(fdbTag bool) importRules {
 			capnpPath:                           {"schema", "rpc", "bench", "."},
 			modulePath + "/bench":               {"bench", "."},
 			modulePath + "/storage/storagetest": {"storage/storagetest"}, // only _test.go files import it
+			// The headless-browser driver is for rpc/webui's _test.go files
+			// only: no package of the binary imports it.
+			chromedpPath: nil,
 		},
 		forbidden: map[string][]string{
 			"dbkeys": {"storage", "sweeper", "rpc", "fdbsync", "bench", "schema", clockPath},
@@ -90,6 +94,9 @@ func leaseqRules(fdbTag bool) importRules {
 			"rpc":                 {"sweeper", "fdbsync", "bench", "storage/rocksstore", grocksdbPath, fdbPath},
 			"fdbsync":             {"sweeper", "rpc", "bench", "schema", "storage/rocksstore", grocksdbPath, capnpPath},
 			"schema":              {"storage", "dbkeys", "sweeper", "rpc", "fdbsync", "bench", grocksdbPath, fdbPath},
+			// The dashboard is HTML over a storage.Store: no Cap'n Proto, and
+			// not the RPC server it sits beside (main wires both).
+			"rpc/webui": {"rpc!", "rpc/dispatch", "schema", capnpPath, "storage/memstore", "storage/storagetest", chromedpPath},
 		},
 		stdlibOnly: []string{"dbkeys"},
 		directOnly: map[string][]string{
@@ -252,6 +259,7 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 		{ImportPath: m("schema"), Imports: []string{capnpPath + "/v3", "github.com/other/lib"}, Deps: []string{capnpPath + "/v3", "github.com/other/lib"}},
 		{ImportPath: m("fdbsync"), Imports: []string{fdbPath + "/bindings/go/src/fdb", m("storage/storagetest")}, Deps: []string{fdbPath + "/bindings/go/src/fdb", m("storage/storagetest")}},
 		{ImportPath: m("bench"), Imports: []string{m("rpc")}, Deps: []string{m("rpc")}},
+		{ImportPath: m("rpc/webui"), Imports: []string{m("rpc"), chromedpPath + "/chromedp"}, Deps: []string{m("rpc"), chromedpPath + "/chromedp", capnpPath + "/v3"}},
 		{ImportPath: "bytes", Standard: true},
 		{ImportPath: "github.com/x/y"},
 	}
@@ -275,6 +283,9 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 		"schema imports github.com/other/lib: only stdlib and [capnproto.org/go/capnp]",
 		"fdbsync imports github.com/apple/foundationdb/bindings/go/src/fdb: only [] may",
 		"fdbsync imports github.com/leaseq/leaseq/storage/storagetest",
+		"rpc/webui depends on github.com/leaseq/leaseq/rpc (forbidden: rpc!)",
+		"rpc/webui depends on capnproto.org/go/capnp/v3",
+		"rpc/webui imports github.com/chromedp/chromedp: only [] may",
 	} {
 		require.Contains(t, bad, want)
 	}
