@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/storage"
 )
 
 func TestPreview(t *testing.T) {
@@ -104,4 +106,31 @@ func TestSameHost(t *testing.T) {
 	} {
 		require.Equal(t, tc.want, sameHost(tc.raw, tc.host), "%s vs %s", tc.raw, tc.host)
 	}
+}
+
+// TestWriteQueueRow checks the escaping of the one fragment built outside
+// html/template, with names no queue can have (the store refuses them) in
+// case that rule ever loosens.
+func TestWriteQueueRow(t *testing.T) {
+	t.Parallel()
+	u := &UI{prefix: "/ui"}
+	for _, name := range []string{`<script>alert(1)</script>`, `a"onmouseover="x`, `a'b&c`, "x\u202Ey", `../../admin`} {
+		var b strings.Builder
+		u.writeQueueRow(&b, &storage.QueueStats{Queue: name, Ready: 3, Dead: 1}, rate{})
+		row := b.String()
+		require.NotContains(t, row, "<script", name)
+		require.NotContains(t, row, `"onmouseover`, name)
+		require.NotContains(t, row, "'", name)
+		require.NotContains(t, row, "&c", name)
+		require.NotContains(t, row, "../", name)
+		require.Equal(t, 8, strings.Count(row, "<td"), name)
+		require.Equal(t, 2, strings.Count(row, "<a href="), name)
+	}
+	var b strings.Builder
+	u.writeQueueRow(&b, &storage.QueueStats{Queue: "orders.eu", Ready: 1234, Inflight: 0, Dead: 2, OldestReadyAge: 90 * time.Second},
+		rate{Enqueue: 2, Ack: 0.5, OK: true})
+	require.Equal(t, `<tr><td class="name"><a href="/ui/queues/orders.eu">orders.<wbr>eu</a></td>`+
+		`<td class="num" data-v="1234">1,234</td><td class="num opt zero" data-v="0">0</td>`+
+		`<td class="num zero" data-v="0">0</td><td class="num warn" data-v="2"><a href="/ui/queues/orders.eu/dead">2</a></td>`+
+		`<td class="num" data-v="90000">1m30s</td><td class="num" data-v="2">2.00/s</td><td class="num" data-v="0.5">0.50/s</td></tr>`+"\n", b.String())
 }

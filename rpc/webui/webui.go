@@ -54,9 +54,10 @@ type Config struct {
 	// discards. The UI adds svc=webui. Payloads are never logged.
 	Logger *slog.Logger
 	// Prefix is the path the handler is mounted at, such as "/ui": it
-	// serves Prefix+"/" and below, and every link it renders starts with
-	// it. "" mounts at the root. It must start with "/" and not end with
-	// one.
+	// serves Prefix+"/" and below, given the full request path (mount it
+	// with mux.Handle(Prefix+"/", ui.Handler()), no http.StripPrefix), and
+	// every link it renders starts with it. "" mounts at the root. It must
+	// start with "/" and not end with one.
 	Prefix string
 	// RequireClientCert refuses (403) every request that did not come over
 	// TLS with a verified client certificate. Set it when the node requires

@@ -100,7 +100,7 @@ func TestWebUI_QueueListRates(t *testing.T) {
 	b := setup(t, nil)
 	b.enqueueN("jobs", 1)
 	_, body := b.get("/ui/") // the first sample
-	require.Contains(t, rowOf(t, body, "jobs"), `<td class="num" data-v="0">—</td>`, "no rate before a second sample")
+	require.Contains(t, rowOf(t, body, "jobs"), `<td class="num zero" data-v="0">—</td>`, "no rate before a second sample")
 	require.Contains(t, body, "rates appear after a few seconds")
 
 	b.enqueueN("jobs", 60)
@@ -123,7 +123,7 @@ func TestWebUI_QueueListRates(t *testing.T) {
 	// Past the window with no sample in it: no rate rather than a wrong one.
 	b.clock.Add(2 * time.Minute)
 	_, body = b.get("/ui/")
-	require.Contains(t, rowOf(t, body, "jobs"), `<td class="num" data-v="0">—</td>`)
+	require.Contains(t, rowOf(t, body, "jobs"), `<td class="num zero" data-v="0">—</td>`)
 }
 
 func TestWebUI_RateSamplerTicker(t *testing.T) {
@@ -176,9 +176,9 @@ func TestWebUI_QueuePage(t *testing.T) {
 	require.Contains(t, body, "12s ago")
 	require.Contains(t, body, `<span class="badge ready">ready</span>`)
 	require.Contains(t, body, "0 / 7", "attempts / max attempts")
-	require.Contains(t, body, "<th scope=\"row\">Default lease</th><td>1m30s</td>")
-	require.Contains(t, body, "<th scope=\"row\">Max attempts</th><td>7</td>")
-	require.Contains(t, body, "<th scope=\"row\">Enqueued</th><td>5</td>")
+	require.Contains(t, body, "<dt>Default lease</dt><dd>1m30s</dd>")
+	require.Contains(t, body, "<dt>Max attempts</dt><dd>7</dd>")
+	require.Contains(t, body, "<dt>Enqueued</dt><dd>5</dd>")
 	require.NotContains(t, body, ids[3].String(), "page size 3")
 	next := "/ui/queues/jobs?after=" + ids[2].String()
 	require.Contains(t, body, `<a href="`+next+`">Next page »</a>`)
@@ -233,7 +233,7 @@ func TestWebUI_DottedQueueNames(t *testing.T) {
 	b.enqueue("v1.orders-eu_2", "up")
 	b.kill("...", "why", "x")
 	_, body := b.get("/ui/")
-	require.Contains(t, body, `href="/ui/queues/v1.orders-eu_2">v1.orders-eu_2</a>`)
+	require.Contains(t, body, `href="/ui/queues/v1.orders-eu_2">v1.<wbr>orders-<wbr>eu_<wbr>2</a>`)
 	res, body := b.get("/ui/queues/v1.orders-eu_2")
 	require.Equal(t, http.StatusOK, res.StatusCode)
 	require.Contains(t, body, "up")

@@ -28,7 +28,7 @@
   function refresh() {
     if (inFlight || document.hidden || !refreshOn() || busy()) return;
     inFlight = true;
-    fetch(location.href, { cache: "no-store", credentials: "same-origin", headers: { "X-Leaseq-Refresh": "1" } })
+    fetch(location.href, { cache: "no-store", credentials: "same-origin" })
       .then(function (r) {
         if (!r.ok || r.redirected) throw new Error("status " + r.status);
         return r.text();
