@@ -56,8 +56,9 @@ RACE_PKGS ?= . sweeper rpc storage/memstore storage/rocksstore fdbsync bench/lea
 
 # Debian packages the build needs: RocksDB (shared and static libraries
 # and headers, and through it snappy, lz4, zstd, zlib, bz2), the capnp
-# compiler, and a C++ toolchain for cgo.
-APT_PKGS := librocksdb-dev capnproto g++
+# compiler, and a C++ toolchain for cgo; and for the tests, Chromium, which
+# rpc/webui's browser test drives headless (it fails without it).
+APT_PKGS := librocksdb-dev capnproto g++ chromium
 # capnpc-go must match the capnp runtime in go.mod, or generated code differs.
 CAPNP_VERSION := v3.1.0-alpha.2
 
@@ -103,7 +104,7 @@ help: ## list the targets and options
 	@echo
 	@sed -n '/^# Options/,/^$$/p' $(MAKEFILE_LIST) | sed 's/^# \{0,1\}//'
 
-deps: ## install what is missing (Debian): librocksdb-dev, capnproto, g++ via apt; capnpc-go via go install
+deps: ## install what is missing (Debian): librocksdb-dev, capnproto, g++, chromium via apt; capnpc-go via go install
 	@command -v $(GO) >/dev/null || { echo "deps: Go 1.26 is required and not on PATH (install it from go.dev/dl)" >&2; exit 1; }
 	@missing=""; \
 	for p in $(APT_PKGS); do dpkg -s "$$p" >/dev/null 2>&1 || missing="$$missing $$p"; done; \

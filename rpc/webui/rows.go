@@ -10,15 +10,14 @@ import (
 
 // writeQueueRow appends one row of the queue list to b.
 //
-// This is the one piece of HTML built outside html/template. The queue list
-// of a large node is a thousand rows of eight cells, and html/template's
-// per-action escaping (reflection calls) made that page cost ~26 ms of CPU
-// with 1,000 queues, refreshed every few seconds by every open dashboard;
-// written here it costs a few ms (BenchmarkQueueList). The rules that keep
-// it safe: every value written goes through html.EscapeString (text and
-// double-quoted attribute values alike), names in URLs go through
-// url.PathEscape first (queueHref), and markup comes only from constants.
-// TestWriteQueueRow feeds it hostile names.
+// This is the one piece of HTML built outside html/template: the queue
+// list of a large node is a thousand rows of eight cells, refreshed every
+// few seconds by every open dashboard, and html/template's per-action
+// escaping dominates that page (BenchmarkQueueList; docs/BENCHMARKS.md).
+// The rules that keep it safe: every value written goes through
+// html.EscapeString (text and double-quoted attribute values alike), names
+// in URLs go through url.PathEscape first (queueHref), and markup comes
+// only from constants. TestWriteQueueRow feeds it hostile names.
 func (u *UI) writeQueueRow(b *strings.Builder, s *storage.QueueStats, rt rate) {
 	b.WriteString(`<tr><td class="name"><a href="`)
 	b.WriteString(html.EscapeString(u.queueHref(s.Queue, "")))
