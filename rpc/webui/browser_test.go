@@ -306,6 +306,16 @@ func TestBrowser_Dashboard(t *testing.T) {
 	step(t, ctx, chromedp.SendKeys(chromedp.ID("filter"), "pay"))
 	waitFor(t, ctx, `[...document.querySelectorAll("#queue-table tbody tr")].filter(r => !r.hidden).length === 1`)
 	require.Contains(t, eval[string](t, ctx, `location.search`), "q=pay")
+	require.Equal(t, "1 of 6 queues shown", eval[string](t, ctx, `document.getElementById("shown").textContent`))
+	typeFilter := func(v string) {
+		eval[bool](t, ctx, fmt.Sprintf(`(f => (f.value = %q, f.dispatchEvent(new Event("input")), true))(document.getElementById("filter"))`, v))
+	}
+	typeFilter("ts")
+	require.Equal(t, "2 of 6 queues shown", eval[string](t, ctx, `document.getElementById("shown").textContent`), "payments, reports")
+	typeFilter("")
+	require.Equal(t, "6 of 6 queues", eval[string](t, ctx, `document.getElementById("shown").textContent`))
+	require.Equal(t, 6, eval[int](t, ctx, `[...document.querySelectorAll("#queue-table tbody tr")].filter(r => !r.hidden).length`))
+	require.NotContains(t, eval[string](t, ctx, `location.search`), "q=")
 
 	// Payloads are text, never markup, whatever they hold.
 	b.enqueue("escaping", `<img src=x onerror="window.pwned=1">`, `</code><script>window.pwned=2</script>`)

@@ -583,3 +583,17 @@ func TestWebUI_RootPrefix(t *testing.T) {
 	res, _ = b.get("/queues/jobs")
 	require.Equal(t, http.StatusOK, res.StatusCode)
 }
+
+// Close stops the sampler (goleak in TestMain checks the goroutine is
+// gone), is idempotent, and leaves the pages working.
+func TestWebUI_Close(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *Config) { c.SampleInterval = time.Second })
+	b.enqueue("jobs", "x")
+	b.ui.Close()
+	b.ui.Close()
+	b.clock.Add(5 * time.Second) // a stopped ticker fires nothing
+	res, body := b.get("/ui/")
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, body, `href="/ui/queues/jobs"`)
+}

@@ -83,7 +83,10 @@
       if (hit) shown++;
     });
     var out = document.getElementById("shown");
-    if (out && q) out.textContent = shown + " of " + total + " queues shown";
+    if (out) {
+      if (out.getAttribute("data-server") === null) out.setAttribute("data-server", out.textContent);
+      out.textContent = q ? shown + " of " + total + " queues shown" : out.getAttribute("data-server");
+    }
   }
 
   function setupFilter() {
