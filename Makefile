@@ -58,8 +58,10 @@ RACE_PKGS ?= . sweeper rpc storage/memstore storage/rocksstore fdbsync bench/lea
 # and headers, and through it snappy, lz4, zstd, zlib, bz2), the capnp
 # compiler, and a C++ toolchain for cgo. libcapnp-dev (the C++ reference
 # implementation of Cap'n Proto) and pkg-config build the C++ clients in
-# docs/cpp, which the interop test (TestCpp_Interop) runs against a node.
-APT_PKGS := librocksdb-dev capnproto g++ libcapnp-dev pkg-config
+# docs/cpp, which the interop test (TestCpp_Interop) runs against a node;
+# Chromium is driven headless by rpc/webui's browser test. Those tests fail
+# without them.
+APT_PKGS := librocksdb-dev capnproto g++ libcapnp-dev pkg-config chromium
 # capnpc-go must match the capnp runtime in go.mod, or generated code differs.
 CAPNP_VERSION := v3.1.0-alpha.2
 
@@ -105,7 +107,7 @@ help: ## list the targets and options
 	@echo
 	@sed -n '/^# Options/,/^$$/p' $(MAKEFILE_LIST) | sed 's/^# \{0,1\}//'
 
-deps: ## install what is missing (Debian): librocksdb-dev, capnproto, g++, libcapnp-dev, pkg-config via apt; capnpc-go via go install
+deps: ## install what is missing (Debian): librocksdb-dev, capnproto, g++, libcapnp-dev, pkg-config, chromium via apt; capnpc-go via go install
 	@command -v $(GO) >/dev/null || { echo "deps: Go 1.26 is required and not on PATH (install it from go.dev/dl)" >&2; exit 1; }
 	@missing=""; \
 	for p in $(APT_PKGS); do dpkg -s "$$p" >/dev/null 2>&1 || missing="$$missing $$p"; done; \

@@ -78,6 +78,15 @@ func TestServe_HTTPAPI(t *testing.T) {
 	require.Contains(t, st.stdout, `"inflight":1`)
 	require.Contains(t, st.stdout, `"acked":1`)
 
+	// The dashboard is on the same listener, over the same store.
+	code, body = httpDo(t, c, "GET", "http://"+api+"/ui/", "")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "jobs")
+	code, body = httpDo(t, c, "GET", "http://"+api+"/ui/queues/jobs", "")
+	require.Equal(t, http.StatusOK, code, body)
+	code, _ = httpDo(t, c, "GET", "http://"+api+"/ui/queues/nope", "")
+	require.Equal(t, http.StatusNotFound, code)
+
 	// A long poll parked over HTTP wakes on an enqueue over RPC.
 	woken := make(chan string, 1)
 	go func() {

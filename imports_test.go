@@ -26,6 +26,7 @@ const (
 	fdbPath      = "github.com/apple/foundationdb"
 	capnpPath    = "capnproto.org/go/capnp"
 	clockPath    = "github.com/benbjohnson/clock"
+	chromedpPath = "github.com/chromedp"
 )
 
 // listedPackage is the part of `go list -json` output the rules need.
@@ -82,6 +83,9 @@ func leaseqRules(fdbTag bool) importRules {
 			// server alone, and only main wires that server in.
 			modulePath + "/schema/queueber": {"rpc/queueber"},
 			modulePath + "/rpc/queueber":    {"."},
+			// The headless-browser driver is for rpc/webui's _test.go files
+			// only: no package of the binary imports it.
+			chromedpPath: nil,
 		},
 		forbidden: map[string][]string{
 			"dbkeys": {"storage", "sweeper", "rpc", "fdbsync", "bench", "schema", clockPath},
@@ -97,6 +101,9 @@ func leaseqRules(fdbTag bool) importRules {
 			"rpc/httpapi":         {capnpPath, "schema", "rpc!"},       // HTTP/JSON shares errcode and dispatch, not Cap'n Proto
 			"fdbsync":             {"sweeper", "rpc", "bench", "schema", "storage/rocksstore", grocksdbPath, capnpPath},
 			"schema":              {"storage", "dbkeys", "sweeper", "rpc", "fdbsync", "bench", grocksdbPath, fdbPath},
+			// The dashboard is HTML over a storage.Store: no Cap'n Proto, and
+			// not the RPC server it sits beside (main wires both).
+			"rpc/webui": {"rpc!", "rpc/dispatch", "schema", capnpPath, "storage/memstore", "storage/storagetest", chromedpPath},
 		},
 		stdlibOnly: []string{"dbkeys"},
 		directOnly: map[string][]string{
@@ -262,6 +269,7 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 		{ImportPath: m("rpc/queueber"), Imports: []string{m("rpc"), m("schema/queueber")}, Deps: []string{m("rpc"), m("schema/queueber")}},
 		{ImportPath: m("schema/queueber"), Imports: []string{capnpPath + "/v3"}, Deps: []string{capnpPath + "/v3"}},
 		{ImportPath: m("rpc/httpapi"), Imports: []string{m("rpc")}, Deps: []string{m("rpc"), m("schema"), capnpPath + "/v3"}},
+		{ImportPath: m("rpc/webui"), Imports: []string{m("rpc"), chromedpPath + "/chromedp"}, Deps: []string{m("rpc"), chromedpPath + "/chromedp", capnpPath + "/v3"}},
 		{ImportPath: "bytes", Standard: true},
 		{ImportPath: "github.com/x/y"},
 	}
@@ -288,6 +296,9 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 		"bench imports github.com/leaseq/leaseq/rpc/queueber: only [.] may",
 		"rpc/httpapi depends on github.com/leaseq/leaseq/rpc (forbidden: rpc!)",
 		"rpc/httpapi depends on capnproto.org/go/capnp/v3",
+		"rpc/webui depends on github.com/leaseq/leaseq/rpc (forbidden: rpc!)",
+		"rpc/webui depends on capnproto.org/go/capnp/v3",
+		"rpc/webui imports github.com/chromedp/chromedp: only [] may",
 	} {
 		require.Contains(t, bad, want)
 	}

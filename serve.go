@@ -29,6 +29,7 @@ import (
 	"github.com/leaseq/leaseq/rpc"
 	"github.com/leaseq/leaseq/rpc/httpapi"
 	"github.com/leaseq/leaseq/rpc/queueber"
+	"github.com/leaseq/leaseq/rpc/webui"
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/rocksstore"
 	"github.com/leaseq/leaseq/sweeper"
@@ -484,7 +485,7 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 			return fmt.Errorf("start queueber listener: %w", err)
 		}
 	}
-	api, err := startHTTP(ctx, &c, store, clk, srv)
+	api, closeUI, err := startHTTP(ctx, &c, store, clk, srv)
 	if err != nil {
 		return err
 	}
@@ -511,6 +512,7 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	// server's dispatcher.
 	if api != nil {
 		api.Stop()
+		closeUI()
 	}
 	srv.Stop()
 	s.Stop()
@@ -563,9 +565,9 @@ func startMetrics(c *serveConfig, collector *nodeCollector, ready *atomic.Bool) 
 // when --http is off) over the RPC server's store, limits, dispatcher,
 // in-flight budget and TLS. c.http becomes the real address, as the log
 // shows it.
-func startHTTP(ctx context.Context, c *serveConfig, store storage.Store, clk clock.Clock, srv *rpc.Server) (*httpapi.Server, error) {
+func startHTTP(ctx context.Context, c *serveConfig, store storage.Store, clk clock.Clock, srv *rpc.Server) (*httpapi.Server, func(), error) {
 	if c.http == "" {
-		return nil, nil
+		return nil, func() {}, nil
 	}
 	sem, size := srv.InflightBudget()
 	api, err := httpapi.New(httpapi.Config{
@@ -581,19 +583,36 @@ func startHTTP(ctx context.Context, c *serveConfig, store storage.Store, clk clo
 		TLS:           c.tls,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("http api: %w", err)
+		return nil, nil, fmt.Errorf("http api: %w", err)
 	}
-	// Handlers that share the listener (a dashboard under /ui/) are
-	// mounted here, before Start: api.Mount(pattern, handler).
+	// The dashboard shares the listener, under /ui/.
+	ui, err := webui.New(webui.Config{
+		Store:             store,
+		Clock:             clk,
+		Logger:            c.log, // webui adds svc=webui
+		Prefix:            "/ui",
+		RequireClientCert: c.mutualTLS,
+		Limits:            c.limits,
+		OnReady:           srv.Wake,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("dashboard: %w", err)
+	}
+	if err := api.Mount("/ui/", ui.Handler()); err != nil {
+		ui.Close()
+		return nil, nil, err
+	}
 	ln, err := rpc.ListenMode(c.http, c.socketMode)
 	if err != nil {
-		return nil, fmt.Errorf("http listener: %w", err)
+		ui.Close()
+		return nil, nil, fmt.Errorf("http listener: %w", err)
 	}
 	c.http = listenAddr(ln)
 	if err := api.Start(ctx, ln); err != nil { // closes ln on failure
-		return nil, fmt.Errorf("start http api: %w", err)
+		ui.Close()
+		return nil, nil, fmt.Errorf("start http api: %w", err)
 	}
-	return api, nil
+	return api, ui.Close, nil
 }
 
 // nodeHealth is /readyz's check of a running node: a stopped store or
