@@ -52,14 +52,11 @@ func (h HTTP) Start(ctx context.Context, o target.StartOptions) (target.Instance
 	if err != nil {
 		return nil, err
 	}
-	rpcPort, err := procx.FreePort()
+	ports, err := procx.FreePorts(2)
 	if err != nil {
 		return nil, err
 	}
-	httpPort, err := procx.FreePort()
-	if err != nil {
-		return nil, err
-	}
+	rpcPort, httpPort := ports[0], ports[1]
 	addr := "127.0.0.1:" + strconv.Itoa(httpPort)
 	p, err := procx.Start(ctx, o.Clock, h.Name(), o.Dir, addr, serveReadyWait, bin, "serve",
 		"--data", filepath.Join(o.Dir, "data"), "--listen", "127.0.0.1:"+strconv.Itoa(rpcPort), "--http", addr, "--sync", h.Sync)
