@@ -104,7 +104,7 @@ func (p RedriveParams) Validate(l Limits) error {
 // limit): 1..MaxBatch.
 func (l Limits) validateLimit(name string, n int) error {
 	if n < 1 || n > l.MaxBatch {
-		return fmt.Errorf("%w: %s %d outside [1, %d]", ErrInvalidArgument, name, n, l.MaxBatch)
+		return fmt.Errorf("%w: %s must be 1-%d, got %d", ErrInvalidArgument, name, l.MaxBatch, n)
 	}
 	return nil
 }
