@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/rpc/rpctest"
 )
 
 // TestCLI_EnqueuePollAck walks one item through enqueue, poll and ack with
@@ -115,7 +117,7 @@ func TestCLI_LongPollWakeUp(t *testing.T) {
 		done <- res{r, time.Since(start)}
 	}()
 	// The poll is parked once the node counts a waiter.
-	eventually(t, 30*time.Second, func() bool {
+	rpctest.Eventually(t, 30*time.Second, func() bool {
 		_, page := httpGet(t, "http://"+metrics+"/metrics")
 		return metricValue(page, "leaseq_rpc_waiters") == "1"
 	}, "the long poll never parked")
@@ -533,7 +535,7 @@ func TestCLI_MaxConns(t *testing.T) {
 	require.Contains(t, r.stderr, "at its --max-conns limit")
 	require.Equal(t, 1, strings.Count(r.stderr, "\n"), "%q", r.stderr)
 	require.NoError(t, c.Close())
-	eventually(t, 30*time.Second, func() bool { return n.cliCode("queues").code == 0 }, "the slot was not freed")
+	rpctest.Eventually(t, 30*time.Second, func() bool { return n.cliCode("queues").code == 0 }, "the slot was not freed")
 }
 
 // TestCLI_StatsShowsSyncMode: stats says which durability mode the node

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/rpc"
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -148,7 +149,7 @@ func TestCrash_KillRestart(t *testing.T) {
 			// (The node reads the free space once a second.)
 			c := dialNode(t, n.addr)
 			var err error
-			eventually(t, 10*time.Second, func() bool {
+			rpctest.Eventually(t, 10*time.Second, func() bool {
 				_, err = c.Enqueue(context.Background(), queue, []storage.EnqueueItem{{Payload: []byte("x")}})
 				return err != nil
 			}, "enqueues still accepted on a full disk")
@@ -179,7 +180,7 @@ func TestCrash_KillRestart(t *testing.T) {
 	// Let the leases of the last round's consumers run out and be swept
 	// first: an item moving from inflight to ready between the two peeks
 	// below would be seen by neither.
-	eventually(t, time.Minute, func() bool {
+	rpctest.Eventually(t, time.Minute, func() bool {
 		st, err := c.Stats(ctx, queue)
 		require.NoError(t, err)
 		return len(st) == 1 && st[0].Inflight == 0 && st[0].Leases == 0

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/rpc/rpctest"
 )
 
 // leaseqBin is the leaseq binary built once by TestMain; the end-to-end,
@@ -117,7 +119,7 @@ func startNodeUmask(t *testing.T, data, umask string, extra ...string) *node {
 			t.Logf("leaseq serve logs:\n%s", n.logs)
 		}
 	})
-	eventually(t, time.Minute, func() bool {
+	rpctest.Eventually(t, time.Minute, func() bool {
 		select {
 		case <-n.exited:
 			t.Fatalf("leaseq serve exited early (%v):\n%s", n.err, n.logs)

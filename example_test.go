@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/rpc"
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -84,7 +85,7 @@ func TestREADME_GoClientExample(t *testing.T) {
 		}
 	}
 	// Acks are sent after the handler returns: wait for both.
-	eventually(t, time.Minute, func() bool { return n.stats("jobs").Acked == 2 }, "items not acked")
+	rpctest.Eventually(t, time.Minute, func() bool { return n.stats("jobs").Acked == 2 }, "items not acked")
 	cancel()
 	require.NoError(t, <-errc, "Consume drains and returns nil on cancel")
 	require.Equal(t, queueStats{Enqueued: 2, Delivered: 2, Acked: 2}, n.stats("jobs"))

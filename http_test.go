@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/rpc/rpctest"
 )
 
 // httpDo sends a JSON body (nil: none) to a node's HTTP API and returns
@@ -93,7 +95,7 @@ func TestServe_HTTPAPI(t *testing.T) {
 		_, body := httpDo(t, c, "POST", base+"/poll", `{"wait_ms":60000}`)
 		woken <- body
 	}()
-	eventually(t, time.Minute, func() bool {
+	rpctest.Eventually(t, time.Minute, func() bool {
 		_, page := httpGet(t, "http://"+metrics+"/metrics")
 		return metricValue(page, "leaseq_rpc_waiters") == "1"
 	}, "the HTTP poll did not park on the node's dispatcher")
@@ -126,7 +128,7 @@ func TestServe_HTTPAPI(t *testing.T) {
 		code, body := httpDo(t, c, "POST", "http://"+api+"/v1/queues/empty/poll", `{"wait_ms":60000}`)
 		parked <- answer{code, body}
 	}()
-	eventually(t, time.Minute, func() bool {
+	rpctest.Eventually(t, time.Minute, func() bool {
 		_, page := httpGet(t, "http://"+metrics+"/metrics")
 		return metricValue(page, "leaseq_rpc_waiters") == "1"
 	}, "the HTTP poll did not park")
@@ -154,7 +156,7 @@ func TestServe_HTTPAPIMutualTLS(t *testing.T) {
 		"--tls-cert", srvCert, "--tls-key", srvKey, "--tls-client-ca", ca.file)
 
 	pool := x509.NewCertPool()
-	pool.AddCert(ca.cert)
+	pool.AddCert(ca.Cert)
 	client := func(certs ...tls.Certificate) *http.Client {
 		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: certs, MinVersion: tls.VersionTLS12}}
 		t.Cleanup(tr.CloseIdleConnections)

@@ -79,6 +79,7 @@ func leaseqRules(fdbTag bool) importRules {
 			capnpPath:                           {"schema", "rpc", "bench", "."},
 			modulePath + "/bench":               {"bench", "."},
 			modulePath + "/storage/storagetest": {"storage/storagetest"}, // only _test.go files import it
+			modulePath + "/rpc/rpctest":         {"rpc/rpctest"},         // test helpers: only _test.go files import it
 			// Queueber's protocol: its generated code is the business of its
 			// server alone, and only main wires that server in.
 			modulePath + "/schema/queueber": {"rpc/queueber"},

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -88,7 +89,7 @@ func TestServe_RedeliveryLatency(t *testing.T) {
 // from its /metrics endpoint.
 func waitParked(t *testing.T, metrics string) {
 	t.Helper()
-	eventually(t, 30*time.Second, func() bool {
+	rpctest.Eventually(t, 30*time.Second, func() bool {
 		_, page := httpGet(t, "http://"+metrics+"/metrics")
 		return metricValue(page, "leaseq_rpc_waiters") == "1"
 	}, "the long poll never parked")

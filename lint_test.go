@@ -76,7 +76,7 @@ func lintFile(fset *token.FileSet, f *ast.File) []string {
 // by TestImports_Rules), so they never reach the binary: they are test code
 // that happens to be importable, and may seed from or time with the real
 // clock like any _test.go file.
-var testOnlyDirs = []string{"storage/storagetest/"}
+var testOnlyDirs = []string{"storage/storagetest/", "rpc/rpctest/"}
 
 // lintExempt reports whether a repo-relative path may use the real clock
 // and the default logger: package main at the root (the wiring: main.go,

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/fdbsync"
+	"github.com/leaseq/leaseq/rpc/rpctest"
 )
 
 // syncBuffer is a bytes.Buffer safe for the logger and the test to share.
@@ -60,20 +61,6 @@ func newTestEnv(vars map[string]string) *testEnv {
 		exit: func(code int) { te.exits <- code },
 	}
 	return te
-}
-
-// eventually polls cond until it holds or timeout passes. The polling
-// interval is a retry delay, not synchronisation: the test fails only on
-// the timeout.
-func eventually(t *testing.T, timeout time.Duration, cond func() bool, msg string, args ...any) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out: "+msg, args...)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func TestParseArgs(t *testing.T) {
@@ -201,7 +188,7 @@ func TestRun_ServeThenCheck(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("serve never registered for signals")
 	}
-	eventually(t, time.Minute, func() bool { return strings.Contains(te.errOut.String(), `"msg":"leaseq serving"`) },
+	rpctest.Eventually(t, time.Minute, func() bool { return strings.Contains(te.errOut.String(), `"msg":"leaseq serving"`) },
 		"no startup log: %s", te.errOut)
 	require.Contains(t, te.errOut.String(), `"sync":"none"`)
 	sigc <- syscall.SIGINT

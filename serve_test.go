@@ -23,6 +23,7 @@ import (
 
 	"github.com/leaseq/leaseq/rpc"
 
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -174,14 +175,14 @@ func TestServe_DiskFull(t *testing.T) {
 	for i := 0; i < 10000 && enqueue() == nil; i++ {
 	}
 	require.Error(t, enqueue())
-	eventually(t, 30*time.Second, func() bool { code, _ := get("/readyz"); return code == http.StatusServiceUnavailable },
+	rpctest.Eventually(t, 30*time.Second, func() bool { code, _ := get("/readyz"); return code == http.StatusServiceUnavailable },
 		"/readyz stayed 200 with the store stopped")
 	_, page := get("/metrics")
 	require.Contains(t, page, "leaseq_store_failed 1")
 
 	// Space comes back: the node reopens the store by itself.
 	require.NoError(t, os.Remove(filler))
-	eventually(t, 30*time.Second, func() bool { code, _ := get("/readyz"); return code == http.StatusOK },
+	rpctest.Eventually(t, 30*time.Second, func() bool { code, _ := get("/readyz"); return code == http.StatusOK },
 		"the node did not recover after space came back")
 	_, page = get("/metrics")
 	require.Contains(t, page, "leaseq_store_failed 0")

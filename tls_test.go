@@ -1,86 +1,43 @@
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/rpc/rpctest"
 )
 
-// testCA is a throwaway certificate authority that writes PEM files.
+// testCA is a throwaway certificate authority (rpctest.CA) that writes
+// its certificates as PEM files into dir, for the serve and client flags.
 type testCA struct {
+	*rpctest.CA
 	t    *testing.T
 	dir  string
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
 	file string // the CA certificate, PEM
 }
 
 func newTestCA(t *testing.T, dir, name string) *testCA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		KeyUsage:              x509.KeyUsageCertSign,
-		BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(t, err)
-	cert, err := x509.ParseCertificate(der)
-	require.NoError(t, err)
-	ca := &testCA{t: t, dir: dir, cert: cert, key: key, file: filepath.Join(dir, name+".pem")}
-	writePEM(t, ca.file, "CERTIFICATE", der)
+	ca := &testCA{CA: rpctest.NewCA(t, name), t: t, dir: dir, file: filepath.Join(dir, name+".pem")}
+	ca.WriteCert(t, ca.file)
 	return ca
 }
 
-// issue signs a leaf certificate for name and returns its cert and key
-// files; server certificates are valid for 127.0.0.1.
+// issue signs a leaf certificate for name (a server's or a client's) and
+// returns its cert and key files.
 func (ca *testCA) issue(name string, server bool) (certFile, keyFile string) {
-	t := ca.t
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
+	ca.t.Helper()
+	usage := x509.ExtKeyUsageClientAuth
 	if server {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
+		usage = x509.ExtKeyUsageServerAuth
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	require.NoError(t, err)
-	kder, err := x509.MarshalECPrivateKey(key)
-	require.NoError(t, err)
 	certFile, keyFile = filepath.Join(ca.dir, name+".crt"), filepath.Join(ca.dir, name+".key")
-	writePEM(t, certFile, "CERTIFICATE", der)
-	writePEM(t, keyFile, "EC PRIVATE KEY", kder)
+	rpctest.WriteKeyPair(ca.t, ca.Issue(ca.t, name, usage), certFile, keyFile)
 	return certFile, keyFile
-}
-
-func writePEM(t *testing.T, file, typ string, der []byte) {
-	t.Helper()
-	require.NoError(t, os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600))
 }
 
 // TestCLI_MutualTLS: with --tls-client-ca the node refuses clients without

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/rpc"
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -88,7 +89,7 @@ func script(t *testing.T, dir, name, body string) string {
 func waitFile(t *testing.T, path string) string {
 	t.Helper()
 	var b []byte
-	eventually(t, 30*time.Second, func() bool {
+	rpctest.Eventually(t, 30*time.Second, func() bool {
 		var err error
 		b, err = os.ReadFile(path)
 		return err == nil && len(b) > 0
@@ -251,7 +252,7 @@ sleep 60
 			elapsed := time.Since(start)
 			require.GreaterOrEqual(t, elapsed, tc.minTime, tc.name)
 			require.Less(t, elapsed, 20*time.Second, "%s: a group gone on SIGTERM is not waited for", tc.name)
-			eventually(t, 10*time.Second, func() bool { return processGone(grandchild) }, "%s: the background job %d survived", tc.name, grandchild)
+			rpctest.Eventually(t, 10*time.Second, func() bool { return processGone(grandchild) }, "%s: the background job %d survived", tc.name, grandchild)
 
 			it := n.peekOne(queue)
 			require.Equal(t, 1, it.Attempts)
@@ -306,7 +307,7 @@ wait
 		w := n.startWork(t, []string{"OUT=" + dir}, "killq", "--kill-grace", "1m", "--", job)
 		grandchild := readPID(t, filepath.Join(dir, "grandchild"))
 		w.signal(syscall.SIGINT)
-		eventually(t, 30*time.Second, func() bool { return strings.Contains(w.stderr.String(), "stopping: no new items") },
+		rpctest.Eventually(t, 30*time.Second, func() bool { return strings.Contains(w.stderr.String(), "stopping: no new items") },
 			"first signal not handled")
 		select {
 		case <-w.exited:
@@ -319,7 +320,7 @@ wait
 		require.Equal(t, exitFailure, w.wait(time.Minute))
 		require.Less(t, time.Since(start), 30*time.Second, "SIGKILL at once, not after --kill-grace")
 		require.Contains(t, w.stderr.String(), "leaseq work: stopped by a second signal (1 items handled, 1 failed)\n")
-		eventually(t, 10*time.Second, func() bool { return processGone(grandchild) }, "the job's background process %d survived", grandchild)
+		rpctest.Eventually(t, 10*time.Second, func() bool { return processGone(grandchild) }, "the job's background process %d survived", grandchild)
 		it := n.peekOne("killq")
 		require.Equal(t, "interrupted: leaseq work got a second signal (process group killed)", it.LastError)
 		require.Equal(t, queueStats{Ready: 1, Enqueued: 1, Delivered: 1, Nacked: 1}, n.stats("killq"), "nacked for redelivery at once")
@@ -340,7 +341,7 @@ wait
 		w.signal(syscall.SIGTERM)
 		require.Equal(t, exitOK, w.wait(time.Minute), "a drain that ran out still ends the run normally")
 		require.Contains(t, w.stderr.String(), `msg="drain timeout: killing the running commands"`)
-		eventually(t, 10*time.Second, func() bool { return processGone(grandchild) }, "the job's background process %d survived", grandchild)
+		rpctest.Eventually(t, 10*time.Second, func() bool { return processGone(grandchild) }, "the job's background process %d survived", grandchild)
 		it := n.peekOne("drainkillq")
 		require.Equal(t, "interrupted: leaseq work stopped and its --drain-timeout ran out (process group killed): still busy", it.LastError)
 		require.Equal(t, queueStats{Ready: 1, Enqueued: 1, Delivered: 1, Nacked: 1}, n.stats("drainkillq"), "nacked for redelivery at once")
@@ -365,10 +366,10 @@ fi
 		// work kills the job rather than let it run on beside a
 		// redelivery.
 		w.signal(syscall.SIGSTOP)
-		eventually(t, 30*time.Second, func() bool { return n.stats("lostq").Expired == 1 }, "the lease never expired")
+		rpctest.Eventually(t, 30*time.Second, func() bool { return n.stats("lostq").Expired == 1 }, "the lease never expired")
 		w.signal(syscall.SIGCONT)
 		require.Equal(t, exitItemsFailed, w.wait(time.Minute), "the first delivery counts as failed")
-		eventually(t, 10*time.Second, func() bool { return processGone(grandchild) }, "the job's background process %d survived", grandchild)
+		rpctest.Eventually(t, 10*time.Second, func() bool { return processGone(grandchild) }, "the job's background process %d survived", grandchild)
 		require.Contains(t, w.stderr.String(), `outcome="lease lost (the item will be delivered again) (process group killed)"`)
 		s := n.stats("lostq")
 		require.Equal(t, uint64(1), s.Expired, "the first lease ran out")
@@ -444,7 +445,7 @@ rm "$OUT/active/$LEASEQ_ID"
 // waitExists waits for a marker file to exist.
 func waitExists(t *testing.T, path string) {
 	t.Helper()
-	eventually(t, 30*time.Second, func() bool {
+	rpctest.Eventually(t, 30*time.Second, func() bool {
 		_, err := os.Stat(path)
 		return err == nil
 	}, "%s never appeared", path)

@@ -13,6 +13,7 @@ import (
 	"capnproto.org/go/capnp/v3"
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/schema"
 	"github.com/leaseq/leaseq/storage"
 )
@@ -75,7 +76,7 @@ func TestBadInput_Wire(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, conn.(*net.TCPConn).CloseWrite())
 		requireClosedByServer(t, conn)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 0 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 0 })
 		requireServing(t, b)
 	})
 

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/rpc/rpctest"
 )
 
 // lockedBuf is a goroutine-safe log sink.
@@ -54,7 +56,7 @@ func TestServer_SilentConnectionLosesItsSlot(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bundleOpts{mutate: func(c *ServerConfig) { c.MaxConns = 1 }})
 	silent := silentConn(t, b.addr)
-	eventually(t, 10*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 1 })
+	rpctest.Eventually(t, 10*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 1 })
 	// The slot is taken: a real client is refused.
 	_, err := b.dialErr(ClientOptions{})
 	require.ErrorIs(t, err, ErrTooManyConns)
@@ -63,11 +65,11 @@ func TestServer_SilentConnectionLosesItsSlot(t *testing.T) {
 	require.False(t, closedByPeer(silent), "closed before its deadline")
 	// Advance in steps: the server may have armed its timer after the
 	// first advance.
-	eventually(t, 10*time.Second, func() bool {
+	rpctest.Eventually(t, 10*time.Second, func() bool {
 		b.clock.Add(time.Second)
 		return closedByPeer(silent)
 	})
-	eventually(t, 10*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 0 })
+	rpctest.Eventually(t, 10*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 0 })
 	c := b.dial()
 	_, err = c.Queues(ctxT(t))
 	require.NoError(t, err)
@@ -85,7 +87,7 @@ func TestServer_MaxConnsPerAddr(t *testing.T) {
 	require.ErrorIs(t, err, ErrTooManyConns)
 	require.Contains(t, err.Error(), "from 127.0.0.1")
 	require.NoError(t, c1.Close())
-	eventually(t, 10*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 1 })
+	rpctest.Eventually(t, 10*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 1 })
 	c3 := b.dial()
 	for _, c := range []*Client{c2, c3} {
 		_, err := c.Queues(ctxT(t))

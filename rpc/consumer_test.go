@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -51,7 +52,7 @@ func TestConsume(t *testing.T) {
 		seen := map[storage.ItemID]int{}
 		all := make(chan struct{})
 		r := startConsume(c, ConsumerConfig{
-			Queue: "q", Workers: 3, Batch: 2, Lease: time.Minute, Clock: b.clock, Logger: testLogger(t),
+			Queue: "q", Workers: 3, Batch: 2, Lease: time.Minute, Clock: b.clock, Logger: rpctest.Logger(t),
 			Handler: func(_ context.Context, it storage.Item) error {
 				mu.Lock()
 				defer mu.Unlock()
@@ -234,7 +235,7 @@ func TestConsume(t *testing.T) {
 			})
 		}()
 		// Both workers park on an empty queue, each holding one of the two.
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 2 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 2 })
 		_, err := c.Enqueue(ctx, "q", payloads(1, 8))
 		require.NoError(t, err)
 		<-handled
@@ -334,7 +335,7 @@ func TestConsume(t *testing.T) {
 		b := setup(t, bundleOpts{})
 		c := b.dial()
 		r := startConsume(c, ConsumerConfig{Queue: "q", Clock: b.clock, Handler: func(context.Context, storage.Item) error { return nil }})
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		b.srv.Stop()
 		select {
 		case err := <-r.done:

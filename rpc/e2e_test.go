@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -161,7 +162,7 @@ func TestEndToEnd_Rocks(t *testing.T) {
 			ctx := ctxT(t)
 
 			ch := goPoll(c, "q", 10, 30*time.Second)
-			eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+			rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 			res, err := producer.Enqueue(ctx, "q", payloads(1, 256))
 			require.NoError(t, err)
 			o := recvPoll(t, ch)

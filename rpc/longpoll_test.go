@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -29,23 +30,15 @@ type pollOut struct {
 }
 
 func goPoll(c *Client, queue string, max int, wait time.Duration) <-chan pollOut {
-	ch := make(chan pollOut, 1)
-	go func() {
+	return rpctest.Go(func() pollOut {
 		pr, err := c.Poll(context.Background(), queue, max, time.Minute, wait)
-		ch <- pollOut{pr, err}
-	}()
-	return ch
+		return pollOut{pr, err}
+	})
 }
 
 func recvPoll(t *testing.T, ch <-chan pollOut) pollOut {
 	t.Helper()
-	select {
-	case o := <-ch:
-		return o
-	case <-time.After(10 * time.Second):
-		t.Fatal("poll did not return")
-	}
-	return pollOut{}
+	return rpctest.Recv(t, ch, 10*time.Second)
 }
 
 func TestLongPoll(t *testing.T) {
@@ -56,7 +49,7 @@ func TestLongPoll(t *testing.T) {
 		b := setup(t, bundleOpts{})
 		consumer, producer := b.dial(), b.dial()
 		ch := goPoll(consumer, "q", 10, 30*time.Second)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		res, err := producer.Enqueue(ctxT(t), "q", payloads(1, 8))
 		require.NoError(t, err)
 		o := recvPoll(t, ch)
@@ -71,7 +64,7 @@ func TestLongPoll(t *testing.T) {
 		b := setup(t, bundleOpts{})
 		c := b.dial()
 		ch := goPoll(c, "q", 10, 30*time.Second)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		// Straight into the store: no notification, as when a delayed item
 		// becomes ready. Only Wake (the sweeper's OnReady) tells the waiter.
 		_, err := b.store.Enqueue(ctxT(t), storage.EnqueueParams{Queue: "q", Items: payloads(1, 8), Now: b.clock.Now()})
@@ -98,7 +91,7 @@ func TestLongPoll(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, held.Items, 1)
 		ch := goPoll(waiter, "q", 10, 30*time.Second)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		zero := time.Duration(0)
 		codes, err := worker.Nack(ctx, "q", held.Lease, []storage.ItemID{res[0].ID}, &zero, "retry")
 		require.NoError(t, err)
@@ -127,7 +120,7 @@ func TestLongPoll(t *testing.T) {
 		require.Equal(t, int64(1), st[0].Dead)
 
 		ch := goPoll(waiter, "q", 10, 30*time.Second)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		rr, err := worker.Redrive(ctx, storage.RedriveParams{Queue: "q", IDs: []storage.ItemID{res[0].ID}})
 		require.NoError(t, err)
 		require.Equal(t, []storage.Code{storage.CodeOK}, rr.Codes)
@@ -154,7 +147,7 @@ func TestLongPoll(t *testing.T) {
 		b := setup(t, bundleOpts{})
 		c := b.dial()
 		ch := goPoll(c, "q", 10, 5*time.Second)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		b.clock.Add(5 * time.Second)
 		o := recvPoll(t, ch)
 		require.NoError(t, o.err)
@@ -167,12 +160,12 @@ func TestLongPoll(t *testing.T) {
 		b := setup(t, bundleOpts{})
 		c := b.dial()
 		ch := goPoll(c, "q", 10, 60*time.Second)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		require.NoError(t, c.Close())
 		o := recvPoll(t, ch)
 		require.Error(t, o.err)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 0 })
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 0 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 0 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 0 })
 		// The server serves others as before.
 		c2 := b.dial()
 		_, err := c2.Enqueue(ctxT(t), "q", payloads(1, 8))
@@ -189,10 +182,10 @@ func TestLongPoll(t *testing.T) {
 			_, err := c.Poll(ctx, "q", 1, 0, 60*time.Second)
 			done <- err
 		}()
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		cancel()
 		require.Error(t, <-done)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 0 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 0 })
 	})
 
 	t.Run("MaxWaitersPerQueue", func(t *testing.T) {
@@ -201,14 +194,14 @@ func TestLongPoll(t *testing.T) {
 		c := b.dial()
 		ch1 := goPoll(c, "q", 1, 60*time.Second)
 		ch2 := goPoll(c, "q", 1, 60*time.Second)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 2 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 2 })
 		_, err := c.Poll(ctxT(t), "q", 1, 0, time.Second)
 		require.ErrorIs(t, err, ErrTooManyWaiters)
 		// Another queue is not affected, nor a poll that does not wait.
 		_, err = c.Poll(ctxT(t), "q", 1, 0, 0)
 		require.NoError(t, err)
 		ch3 := goPoll(c, "other", 1, 60*time.Second)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 3 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 3 })
 		_, err = c.Enqueue(ctxT(t), "q", payloads(2, 8))
 		require.NoError(t, err)
 		_, err = c.Enqueue(ctxT(t), "other", payloads(1, 8))
@@ -233,13 +226,13 @@ func TestLongPoll(t *testing.T) {
 		for i := range chans {
 			chans[i] = goPoll(c, "q", 1, 60*time.Second)
 		}
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == n })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == n })
 		before := cs.polls.Load()
 		_, err := c.Enqueue(ctxT(t), "q", payloads(1, 8))
 		require.NoError(t, err)
 		// Exactly one poller gets the item; the others stay parked.
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == n-1 && cs.polls.Load()-before >= 1 })
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == n-1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == n-1 && cs.polls.Load()-before >= 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == n-1 })
 		// The winner polled once and passed the wake on to at most one
 		// more, which found nothing: never n store polls for one item.
 		require.LessOrEqual(t, cs.polls.Load()-before, int64(2))
@@ -267,7 +260,7 @@ func TestLongPoll(t *testing.T) {
 		for i := range chans {
 			chans[i] = goPoll(c, "q", 1, 60*time.Second)
 		}
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == n })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == n })
 		// One enqueue call of n items notifies once; the woken waiters
 		// pass the wake along while they find items.
 		_, err := c.Enqueue(ctxT(t), "q", payloads(n, 8))
@@ -290,7 +283,7 @@ func TestLongPoll(t *testing.T) {
 		b := setup(t, bundleOpts{})
 		c := b.dial()
 		ch := goPoll(c, "q", 1, 60*time.Second)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		b.srv.Stop()
 		o := recvPoll(t, ch)
 		// Either the empty answer arrived before the connection closed,
@@ -309,12 +302,12 @@ func TestServer_MaxConns(t *testing.T) {
 	_, err := b.dialErr(ClientOptions{})
 	require.ErrorIs(t, err, ErrTooManyConns)
 	require.Contains(t, err.Error(), "too many connections")
-	eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ConnsRefused == 1 })
+	rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ConnsRefused == 1 })
 	// The admitted client is unaffected.
 	_, err = c1.Enqueue(ctxT(t), "q", payloads(1, 8))
 	require.NoError(t, err)
 	require.NoError(t, c1.Close())
-	eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 0 })
+	rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 0 })
 	c3 := b.dial()
 	_, err = c3.Queues(ctxT(t))
 	require.NoError(t, err)

@@ -2,11 +2,8 @@ package rpc
 
 import (
 	"context"
-	"log/slog"
 	"net"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/memstore"
 )
@@ -25,47 +23,6 @@ func TestMain(m *testing.M) {
 // testStart is the mock clock's starting instant: a real-looking date, so
 // no instant on the wire is the zero value (0 ms means "unset").
 var testStart = time.Date(2026, 11, 22, 1, 0, 0, 0, time.UTC)
-
-// testLogger writes to t.Log until the test's cleanup runs: go-capnp
-// reports a connection's end from a goroutine of its own that may outlive
-// the test by a moment, and t.Log after the end panics.
-func testLogger(t testing.TB) *slog.Logger {
-	w := &tLogWriter{t: t}
-	t.Cleanup(func() {
-		w.mu.Lock()
-		w.done = true
-		w.mu.Unlock()
-	})
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type tLogWriter struct {
-	t    testing.TB
-	mu   sync.Mutex
-	done bool
-}
-
-func (w *tLogWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
-// eventually polls fn until it returns true or timeout passes (real time:
-// it waits on the system under test, never on the mock clock).
-func eventually(t testing.TB, timeout time.Duration, fn func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !fn() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v", timeout)
-		}
-		time.Sleep(time.Millisecond) // polling interval of the helper, not synchronisation
-	}
-}
 
 // storeFactory builds a fresh Store for a test.
 type storeFactory struct {
@@ -107,7 +64,7 @@ func setup(t *testing.T, o bundleOpts) *testBundle {
 	mock := clock.NewMock()
 	mock.Set(testStart)
 	b := &testBundle{t: t, store: o.factory.open(t), clock: mock}
-	cfg := ServerConfig{Store: b.store, Clock: mock, Logger: testLogger(t)}
+	cfg := ServerConfig{Store: b.store, Clock: mock, Logger: rpctest.Logger(t)}
 	if o.mutate != nil {
 		o.mutate(&cfg)
 	}
@@ -147,7 +104,7 @@ func (b *testBundle) dialErr(opts ClientOptions) (*Client, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if opts.Logger == nil {
-		opts.Logger = testLogger(b.t)
+		opts.Logger = rpctest.Logger(b.t)
 	}
 	var c *Client
 	var err error

@@ -15,6 +15,7 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/memstore"
 )
@@ -120,12 +121,12 @@ func TestServer_StartStopStress(t *testing.T) {
 	t.Parallel()
 	for i := 0; i < 15; i++ {
 		st := memstore.New(memstore.Options{})
-		srv, err := NewServer(ServerConfig{Store: st, Clock: clock.NewMock(), Logger: testLogger(t)})
+		srv, err := NewServer(ServerConfig{Store: st, Clock: clock.NewMock(), Logger: rpctest.Logger(t)})
 		require.NoError(t, err)
 		ln, err := Listen("127.0.0.1:0")
 		require.NoError(t, err)
 		require.NoError(t, srv.Start(context.Background(), ln))
-		c, err := Dial(ctxT(t), ln.Addr().String(), ClientOptions{Logger: testLogger(t)})
+		c, err := Dial(ctxT(t), ln.Addr().String(), ClientOptions{Logger: rpctest.Logger(t)})
 		require.NoError(t, err)
 		done := make(chan struct{})
 		go func() {
@@ -249,7 +250,7 @@ func TestServer_AcceptRetriesTemporaryErrors(t *testing.T) {
 	st := memstore.New(memstore.Options{})
 	defer st.Close()
 	// The real clock: the retry backoff is a few milliseconds.
-	srv, err := NewServer(ServerConfig{Store: st, Clock: clock.New(), Logger: testLogger(t)})
+	srv, err := NewServer(ServerConfig{Store: st, Clock: clock.New(), Logger: rpctest.Logger(t)})
 	require.NoError(t, err)
 	defer srv.Stop()
 	ln, err := Listen("127.0.0.1:0")
@@ -257,7 +258,7 @@ func TestServer_AcceptRetriesTemporaryErrors(t *testing.T) {
 	fl := &flakyListener{Listener: ln}
 	fl.fails.Store(3)
 	require.NoError(t, srv.Start(context.Background(), fl))
-	c, err := Dial(ctxT(t), ln.Addr().String(), ClientOptions{Logger: testLogger(t)})
+	c, err := Dial(ctxT(t), ln.Addr().String(), ClientOptions{Logger: rpctest.Logger(t)})
 	require.NoError(t, err)
 	defer c.Close()
 	_, err = c.Queues(ctxT(t))

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -177,7 +178,7 @@ func TestProducer(t *testing.T) {
 				assertNoErr(t, err)
 			}()
 		}
-		eventually(t, 5*time.Second, func() bool { return len(cs.get()) == 2 })
+		rpctest.Eventually(t, 5*time.Second, func() bool { return len(cs.get()) == 2 })
 		// 400+400 fit in 1000 bytes, a third does not: two full calls left
 		// at once, the fifth item waits for its linger.
 		require.Equal(t, []int{2, 2}, cs.get())
@@ -284,7 +285,7 @@ func assertNoErr(t *testing.T, err error) bool {
 // waitPending waits until n items are queued in p, not yet sent.
 func waitPending(t *testing.T, p *Producer, n int) {
 	t.Helper()
-	eventually(t, 5*time.Second, func() bool {
+	rpctest.Eventually(t, 5*time.Second, func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		return len(p.pending) == n

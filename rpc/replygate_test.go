@@ -9,6 +9,7 @@ import (
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/schema"
 	"github.com/leaseq/leaseq/storage"
 )
@@ -98,7 +99,7 @@ func TestServer_UnreadAnswersAreBounded(t *testing.T) {
 	// The server answers until the socket buffers and the budget are full,
 	// then stops reading the connection.
 	var last uint64
-	eventually(t, 30*time.Second, func() bool {
+	rpctest.Eventually(t, 30*time.Second, func() bool {
 		n := peeks()
 		stable := n > 0 && n == last
 		last = n
@@ -115,12 +116,12 @@ func TestServer_UnreadAnswersAreBounded(t *testing.T) {
 
 	// The stalled connection is dropped after ReplyStallTimeout (advanced
 	// repeatedly: a waiter may arm its timer after an earlier advance).
-	eventually(t, 30*time.Second, func() bool {
+	rpctest.Eventually(t, 30*time.Second, func() bool {
 		b.clock.Add(time.Minute)
 		return b.srv.Metrics().ConnsOpen == 1 // only c is left
 	})
 	requireClosedByServer(t, conn)
-	eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ReplyBytesQueued == 0 })
+	rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ReplyBytesQueued == 0 })
 	_, err = c.Stats(ctx, "big")
 	require.NoError(t, err)
 }
@@ -143,7 +144,7 @@ func TestServer_NodeInflightBudget(t *testing.T) {
 	// Wait until the number of parked polls stops growing: the reader
 	// has reached the budget.
 	last := -1
-	eventually(t, 30*time.Second, func() bool {
+	rpctest.Eventually(t, 30*time.Second, func() bool {
 		n := b.srv.Metrics().Waiters
 		stable := n > 0 && n == last
 		last = n

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -138,7 +139,7 @@ func TestSubscribe(t *testing.T) {
 		sub, err := c.Subscribe(ctx, SubscribeOptions{Queue: "q", Prefetch: 8})
 		require.NoError(t, err)
 		defer sub.Cancel()
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		res, err := c.Enqueue(ctx, "q", payloads(1, 8))
 		require.NoError(t, err)
 		d := recvDelivery(t, sub)
@@ -153,12 +154,12 @@ func TestSubscribe(t *testing.T) {
 		c := b.dial()
 		sub, err := c.Subscribe(ctxT(t), SubscribeOptions{Queue: "q", Prefetch: 1})
 		require.NoError(t, err)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Subscriptions == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Subscriptions == 1 })
 		sub.Cancel()
 		sub.Cancel()
 		requireEnded(t, sub)
 		require.NoError(t, sub.Err())
-		eventually(t, 30*time.Second, func() bool {
+		rpctest.Eventually(t, 30*time.Second, func() bool {
 			m := b.srv.Metrics()
 			return m.Subscriptions == 0 && m.Waiters == 0
 		})
@@ -170,10 +171,10 @@ func TestSubscribe(t *testing.T) {
 		c := b.dial()
 		sub, err := c.Subscribe(ctxT(t), SubscribeOptions{Queue: "q", Prefetch: 1})
 		require.NoError(t, err)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Subscriptions == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Subscriptions == 1 })
 		require.NoError(t, c.Close())
 		requireEnded(t, sub)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Subscriptions == 0 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Subscriptions == 0 })
 		sub.Cancel() // harmless after the end
 	})
 
@@ -184,7 +185,7 @@ func TestSubscribe(t *testing.T) {
 		sub, err := c.Subscribe(ctxT(t), SubscribeOptions{Queue: "q", Prefetch: 1})
 		require.NoError(t, err)
 		defer sub.Cancel()
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		b.srv.Stop()
 		requireEnded(t, sub)
 		require.ErrorIs(t, sub.Err(), ErrUnavailable)
@@ -201,7 +202,7 @@ func TestSubscribe(t *testing.T) {
 		require.NoError(t, err)
 		defer sub.Cancel()
 		// The consumer reads nothing: pushes stop at the credit.
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ItemsPushed == 5 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ItemsPushed == 5 })
 		st, err := c.Stats(ctx, "q")
 		require.NoError(t, err)
 		require.Equal(t, int64(5), st[0].Inflight)
@@ -241,7 +242,7 @@ func TestSubscribe(t *testing.T) {
 		sub, err := c.Subscribe(ctxT(t), SubscribeOptions{Queue: "q", Prefetch: 1})
 		require.NoError(t, err)
 		defer sub.Cancel()
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		_, err = c.Subscribe(ctxT(t), SubscribeOptions{Queue: "q", Prefetch: 1})
 		require.ErrorIs(t, err, ErrTooManyWaiters)
 		_, err = c.Poll(context.Background(), "q", 1, 0, time.Second)
@@ -286,7 +287,7 @@ func TestServer_SharedWithOtherFrontEnds(t *testing.T) {
 		}
 		done <- res.Items
 	}()
-	eventually(t, 10*time.Second, func() bool { return b.srv.Dispatcher().QueueWaiters("p") == 1 })
+	rpctest.Eventually(t, 10*time.Second, func() bool { return b.srv.Dispatcher().QueueWaiters("p") == 1 })
 	_, err = b.store.Enqueue(ctx, storage.EnqueueParams{Queue: "p", Items: payloads(1, 8), Now: b.clock.Now()})
 	require.NoError(t, err)
 	b.srv.Dispatcher().Notify("p")

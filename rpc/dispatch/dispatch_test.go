@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -70,7 +71,7 @@ func (w watchingStore) WatchReady(ctx context.Context, queue string) (<-chan str
 
 func eventually(t *testing.T, fn func() bool) {
 	t.Helper()
-	require.Eventually(t, fn, 10*time.Second, time.Millisecond)
+	rpctest.Eventually(t, 10*time.Second, fn)
 }
 
 type out struct {
@@ -79,23 +80,15 @@ type out struct {
 }
 
 func goPoll(d *Dispatcher, ctx context.Context, queue string, wait time.Duration) <-chan out {
-	ch := make(chan out, 1)
-	go func() {
+	return rpctest.Go(func() out {
 		r, err := d.Poll(ctx, storage.PollParams{Queue: queue, Max: 1}, wait)
-		ch <- out{r, err}
-	}()
-	return ch
+		return out{r, err}
+	})
 }
 
 func recv(t *testing.T, ch <-chan out) out {
 	t.Helper()
-	select {
-	case o := <-ch:
-		return o
-	case <-time.After(10 * time.Second):
-		t.Fatal("poll did not return")
-	}
-	return out{}
+	return rpctest.Recv(t, ch, 10*time.Second)
 }
 
 func setup(t *testing.T, store Poller, max int) (*Dispatcher, *clock.Mock) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/leaseq/leaseq/rpc"
 	"github.com/leaseq/leaseq/rpc/dispatch"
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -64,7 +65,7 @@ func recvPoll(t *testing.T, ch <-chan answer) PollResponse {
 // parked waits until n polls are parked on queue.
 func parked(t *testing.T, d *dispatch.Dispatcher, queue string, n int) {
 	t.Helper()
-	eventually(t, 30*time.Second, func() bool { return d.QueueWaiters(queue) == n })
+	rpctest.Eventually(t, 30*time.Second, func() bool { return d.QueueWaiters(queue) == n })
 }
 
 func TestHTTP_LongPoll(t *testing.T) {
@@ -203,7 +204,7 @@ func TestHTTP_SharesTheRPCDispatcher(t *testing.T) {
 	require.NoError(t, rs.Start(context.Background(), ln))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	rc, err := rpc.Dial(ctx, ln.Addr().String(), rpc.ClientOptions{Logger: testLogger(t)})
+	rc, err := rpc.Dial(ctx, ln.Addr().String(), rpc.ClientOptions{Logger: rpctest.Logger(t)})
 	require.NoError(t, err)
 	defer rc.Close()
 

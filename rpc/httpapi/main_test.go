@@ -5,12 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/rocksstore"
 )
@@ -28,45 +27,6 @@ func TestMain(m *testing.M) {
 
 // testStart is the mock clock's starting instant.
 var testStart = time.Date(2026, 11, 22, 1, 0, 0, 0, time.UTC)
-
-// testLogger writes to t.Log until the test's cleanup runs.
-func testLogger(t testing.TB) *slog.Logger {
-	w := &tLogWriter{t: t}
-	t.Cleanup(func() {
-		w.mu.Lock()
-		w.done = true
-		w.mu.Unlock()
-	})
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type tLogWriter struct {
-	t    testing.TB
-	mu   sync.Mutex
-	done bool
-}
-
-func (w *tLogWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
-// eventually polls fn until it returns true or timeout passes (real time:
-// it waits on the system under test, never on the mock clock).
-func eventually(t testing.TB, timeout time.Duration, fn func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !fn() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v", timeout)
-		}
-		time.Sleep(time.Millisecond) // polling interval of the helper, not synchronisation
-	}
-}
 
 // testBundle is one API server on a real RocksDB store and a real
 // loopback listener, and a client for it.
@@ -99,7 +59,7 @@ func setupWith(t *testing.T, mutate func(*Config), before func(*Server)) *testBu
 	mock := clock.NewMock()
 	mock.Set(testStart)
 	b := &testBundle{t: t, store: openRocks(t), clock: mock}
-	cfg := Config{Store: b.store, Clock: mock, Logger: testLogger(t)}
+	cfg := Config{Store: b.store, Clock: mock, Logger: rpctest.Logger(t)}
 	if mutate != nil {
 		mutate(&cfg)
 	}

@@ -15,6 +15,8 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/semaphore"
+
+	"github.com/leaseq/leaseq/rpc/rpctest"
 )
 
 func testClock() *clock.Mock {
@@ -87,7 +89,7 @@ func TestServer_StartStop(t *testing.T) {
 	require.NoError(t, srv.Start(ctx, ln))
 	require.Error(t, srv.Start(ctx, ln), "started twice")
 	cancel()
-	eventually(t, 30*time.Second, func() bool {
+	rpctest.Eventually(t, 30*time.Second, func() bool {
 		c, err := net.Dial("tcp", ln.Addr().String())
 		if err == nil {
 			_ = c.Close()

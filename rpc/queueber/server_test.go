@@ -3,19 +3,13 @@ package queueber
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
 	"log/slog"
 	"math"
-	"math/big"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/leaseq/leaseq/rpc"
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	qbschema "github.com/leaseq/leaseq/schema/queueber"
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/rocksstore"
@@ -84,7 +79,7 @@ func setupWith(t *testing.T, mutate func(*rpc.ServerConfig)) *testBundle {
 	t.Cleanup(func() { _ = st.Close() })
 	mock := clock.NewMock()
 	mock.Set(testStart)
-	cfg := rpc.ServerConfig{Store: st, Clock: mock, Logger: testLogger(t)}
+	cfg := rpc.ServerConfig{Store: st, Clock: mock, Logger: rpctest.Logger(t)}
 	mutate(&cfg)
 	srv, err := rpc.NewServer(cfg)
 	require.NoError(t, err)
@@ -397,7 +392,7 @@ func TestQueueber_DelayedAdd(t *testing.T) {
 
 	// A long poll parks; the item comes due and the sweeper wakes it.
 	ch := goPoll(q, 30, 1, 30)
-	eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+	rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 	b.clock.Add(5 * time.Second)
 	require.Equal(t, 1, b.sweep().Promoted)
 	o := recvPoll(t, ch)
@@ -412,23 +407,15 @@ type pollOut struct {
 }
 
 func goPoll(q qbschema.Queue, leaseSecs uint64, n uint32, timeoutSecs uint64) <-chan pollOut {
-	ch := make(chan pollOut, 1)
-	go func() {
+	return rpctest.Go(func() pollOut {
 		p, err := poll(context.Background(), q, leaseSecs, n, timeoutSecs)
-		ch <- pollOut{p, err}
-	}()
-	return ch
+		return pollOut{p, err}
+	})
 }
 
 func recvPoll(t *testing.T, ch <-chan pollOut) pollOut {
 	t.Helper()
-	select {
-	case o := <-ch:
-		return o
-	case <-time.After(10 * time.Second):
-		t.Fatal("poll did not return")
-	}
-	return pollOut{}
+	return rpctest.Recv(t, ch, 10*time.Second)
 }
 
 func TestQueueber_LongPoll(t *testing.T) {
@@ -439,7 +426,7 @@ func TestQueueber_LongPoll(t *testing.T) {
 		b := setup(t, storage.Limits{})
 		consumer, producer := b.dial(), b.dial()
 		ch := goPoll(consumer, 30, 10, 30)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		ids, err := add(ctxT(t), producer, addItem{contents: "wake"})
 		require.NoError(t, err)
 		o := recvPoll(t, ch)
@@ -454,7 +441,7 @@ func TestQueueber_LongPoll(t *testing.T) {
 		// Queueber long poll on the same queue.
 		b := setup(t, storage.Limits{})
 		ch := goPoll(b.dial(), 30, 10, 30)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		res, err := b.leaseq().Enqueue(ctxT(t), testQueue, []storage.EnqueueItem{{Payload: []byte("from leaseq")}})
 		require.NoError(t, err)
 		o := recvPoll(t, ch)
@@ -476,7 +463,7 @@ func TestQueueber_LongPoll(t *testing.T) {
 			pr, err := c.Poll(context.Background(), testQueue, 10, time.Minute, 30*time.Second)
 			ch <- out{pr, err}
 		}()
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		ids, err := add(ctxT(t), b.dial(), addItem{contents: "from queueber"})
 		require.NoError(t, err)
 		select {
@@ -493,7 +480,7 @@ func TestQueueber_LongPoll(t *testing.T) {
 		t.Parallel()
 		b := setup(t, storage.Limits{})
 		ch := goPoll(b.dial(), 30, 10, 2)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		b.clock.Add(2 * time.Second)
 		o := recvPoll(t, ch)
 		require.NoError(t, o.err)
@@ -505,7 +492,7 @@ func TestQueueber_LongPoll(t *testing.T) {
 		t.Parallel()
 		b := setup(t, storage.Limits{MaxWait: 10 * time.Second})
 		ch := goPoll(b.dial(), 30, 1, 0)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		b.clock.Add(9 * time.Second)
 		select {
 		case o := <-ch:
@@ -522,7 +509,7 @@ func TestQueueber_LongPoll(t *testing.T) {
 		t.Parallel()
 		b := setup(t, storage.Limits{})
 		ch := goPoll(b.dial(), 30, 1, 30)
-		eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
+		rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().Waiters == 1 })
 		b.srv.Stop()
 		o := recvPoll(t, ch)
 		// Empty, or the connection's end if Stop closed it first.
@@ -648,9 +635,12 @@ func TestQueueber_MutualTLS(t *testing.T) {
 	t.Parallel()
 	// The Queueber listener speaks the rpc server's TLS, client
 	// certificates included.
-	cert, pool := selfSigned(t)
+	ca := rpctest.NewCA(t, "queueber test CA")
+	pool := ca.Pool
+	serverCert := ca.Issue(t, "queueber server", x509.ExtKeyUsageServerAuth)
+	cert := ca.Issue(t, "queueber client", x509.ExtKeyUsageClientAuth)
 	b := setupWith(t, func(c *rpc.ServerConfig) {
-		c.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
+		c.TLS = &tls.Config{Certificates: []tls.Certificate{serverCert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
 	})
 	dialTLS := func(certs []tls.Certificate) qbschema.Queue {
 		tc, err := tls.Dial("tcp", b.qb, &tls.Config{RootCAs: pool, Certificates: certs, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12})
@@ -670,38 +660,12 @@ func TestQueueber_MutualTLS(t *testing.T) {
 	require.Equal(t, uint64(1), st[0].Enqueued)
 }
 
-// selfSigned is a certificate for 127.0.0.1 usable by server and client,
-// and a pool that trusts it.
-func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "queueber test"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(t, err)
-	leaf, err := x509.ParseCertificate(der)
-	require.NoError(t, err)
-	pool := x509.NewCertPool()
-	pool.AddCert(leaf)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, pool
-}
-
 func TestQueueber_SharesMaxConns(t *testing.T) {
 	t.Parallel()
 	// Connections of both listeners count against one MaxConns.
 	b := setupWith(t, func(c *rpc.ServerConfig) { c.MaxConns = 1 })
 	_ = b.leaseq()
-	eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 1 })
+	rpctest.Eventually(t, 30*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 1 })
 	// The refused client gets an RPC Abort naming the limit; go-capnp's
 	// client reports it as the connection's end.
 	_, err := add(ctxT(t), b.dial(), addItem{contents: "x"})
@@ -734,46 +698,6 @@ func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// eventually polls fn until it returns true or timeout passes (real time:
-// it waits on the system under test, never on the mock clock).
-func eventually(t testing.TB, timeout time.Duration, fn func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !fn() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v", timeout)
-		}
-		time.Sleep(time.Millisecond) // polling interval of the helper, not synchronisation
-	}
-}
-
-// testLogger writes to t.Log until the test's cleanup runs (go-capnp may
-// log from a goroutine that outlives the test by a moment).
-func testLogger(t testing.TB) *slog.Logger {
-	w := &tLogWriter{t: t}
-	t.Cleanup(func() {
-		w.mu.Lock()
-		w.done = true
-		w.mu.Unlock()
-	})
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type tLogWriter struct {
-	t    testing.TB
-	mu   sync.Mutex
-	done bool
-}
-
-func (w *tLogWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	}
-	return len(p), nil
 }
 
 // quietLogger drops the client side's logs (a normal close logs at ERROR

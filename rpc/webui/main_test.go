@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -18,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/rocksstore"
 )
@@ -29,39 +29,13 @@ func TestMain(m *testing.M) {
 // testStart is the mock clock's starting instant: a real-looking date.
 var testStart = time.Date(2026, 11, 22, 9, 30, 0, 0, time.UTC)
 
-// testLogger writes to t.Log until the test's cleanup runs.
-func testLogger(t testing.TB) *slog.Logger {
-	w := &tLogWriter{t: t}
-	t.Cleanup(func() {
-		w.mu.Lock()
-		w.done = true
-		w.mu.Unlock()
-	})
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type tLogWriter struct {
-	t    testing.TB
-	mu   sync.Mutex
-	done bool
-}
-
-func (w *tLogWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
 // openRocks opens a RocksDB store in a fresh temporary directory, closed
 // at cleanup. sync=none: these tests are about the pages, not durability.
 func openRocks(t testing.TB) *rocksstore.Store {
 	t.Helper()
 	dir := t.TempDir()
 	require.NoError(t, os.Chmod(dir, 0o700)) // as leaseq serve keeps it: no warning in the log
-	s, err := rocksstore.Open(dir, rocksstore.Options{Sync: rocksstore.SyncNone, Logger: testLogger(t)})
+	s, err := rocksstore.Open(dir, rocksstore.Options{Sync: rocksstore.SyncNone, Logger: rpctest.Logger(t)})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.Close()) })
 	return s
@@ -91,7 +65,7 @@ func setup(t testing.TB, mutate func(*Config)) *testBundle {
 	cfg := Config{
 		Store:          b.store,
 		Clock:          mock,
-		Logger:         testLogger(t),
+		Logger:         rpctest.Logger(t),
 		Prefix:         "/ui",
 		SampleInterval: -1,
 		OnReady: func(q []string) {
