@@ -78,6 +78,9 @@ func leaseqRules(fdbTag bool) importRules {
 			capnpPath:                           {"schema", "rpc", "bench", "."},
 			modulePath + "/bench":               {"bench", "."},
 			modulePath + "/storage/storagetest": {"storage/storagetest"}, // only _test.go files import it
+			// The invariant rules of Check: the backends feed them facts.
+			modulePath + "/storage/check":           {"storage/check", "storage/rocksstore", "storage/memstore", "fdbsync"},
+			modulePath + "/storage/check/checktest": {"storage/check/checktest"}, // only _test.go files import it
 		},
 		forbidden: map[string][]string{
 			"dbkeys": {"storage", "sweeper", "rpc", "fdbsync", "bench", "schema", clockPath},
@@ -86,10 +89,12 @@ func leaseqRules(fdbTag bool) importRules {
 			"storage/rocksstore":  {clockPath, "sweeper", "rpc", "fdbsync", "bench", "schema", fdbPath, capnpPath},
 			"storage/memstore":    {clockPath, "sweeper", "rpc", "fdbsync", "bench", "schema", "storage/rocksstore", grocksdbPath, fdbPath, capnpPath},
 			"storage/storagetest": {"sweeper", "rpc", "fdbsync", "bench", "schema", capnpPath},
-			"sweeper":             {"rpc", "schema", "fdbsync", "bench", "storage/rocksstore", grocksdbPath, fdbPath, capnpPath},
-			"rpc":                 {"sweeper", "fdbsync", "bench", "storage/rocksstore", grocksdbPath, fdbPath},
-			"fdbsync":             {"sweeper", "rpc", "bench", "schema", "storage/rocksstore", grocksdbPath, capnpPath},
-			"schema":              {"storage", "dbkeys", "sweeper", "rpc", "fdbsync", "bench", grocksdbPath, fdbPath},
+			// Pure rules over facts: no backend, no database, no clock.
+			"storage/check": {clockPath, grocksdbPath, fdbPath, capnpPath, "dbkeys", "storage/rocksstore", "storage/memstore", "storage/storagetest", "fdbsync", "sweeper", "rpc", "bench", "schema"},
+			"sweeper":       {"rpc", "schema", "fdbsync", "bench", "storage/rocksstore", grocksdbPath, fdbPath, capnpPath},
+			"rpc":           {"sweeper", "fdbsync", "bench", "storage/rocksstore", grocksdbPath, fdbPath},
+			"fdbsync":       {"sweeper", "rpc", "bench", "schema", "storage/rocksstore", grocksdbPath, capnpPath},
+			"schema":        {"storage", "dbkeys", "sweeper", "rpc", "fdbsync", "bench", grocksdbPath, fdbPath},
 		},
 		stdlibOnly: []string{"dbkeys"},
 		directOnly: map[string][]string{
@@ -248,7 +253,9 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 		{ImportPath: m("storage"), Imports: []string{clockPath}, Deps: []string{clockPath}},
 		{ImportPath: m("storage/rocksstore"), Imports: []string{grocksdbPath, m("storage")}, Deps: []string{grocksdbPath, m("storage")}},
 		{ImportPath: m("sweeper"), Imports: []string{m("storage/rocksstore")}, Deps: []string{m("storage/rocksstore"), grocksdbPath, m("storage")}},
-		{ImportPath: m("rpc"), Imports: []string{m("bench"), capnpPath + "/v3"}, Deps: []string{m("bench"), capnpPath + "/v3"}},
+		{ImportPath: m("rpc"), Imports: []string{m("bench"), capnpPath + "/v3", m("storage/check")}, Deps: []string{m("bench"), capnpPath + "/v3", m("storage/check")}},
+		{ImportPath: m("storage/check"), Imports: []string{m("storage/memstore")}, Deps: []string{m("storage/memstore")}},
+		{ImportPath: m("storage/memstore"), Imports: []string{m("storage/check")}, Deps: []string{m("storage/check")}},
 		{ImportPath: m("schema"), Imports: []string{capnpPath + "/v3", "github.com/other/lib"}, Deps: []string{capnpPath + "/v3", "github.com/other/lib"}},
 		{ImportPath: m("fdbsync"), Imports: []string{fdbPath + "/bindings/go/src/fdb", m("storage/storagetest")}, Deps: []string{fdbPath + "/bindings/go/src/fdb", m("storage/storagetest")}},
 		{ImportPath: m("bench"), Imports: []string{m("rpc")}, Deps: []string{m("rpc")}},
@@ -275,6 +282,8 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 		"schema imports github.com/other/lib: only stdlib and [capnproto.org/go/capnp]",
 		"fdbsync imports github.com/apple/foundationdb/bindings/go/src/fdb: only [] may",
 		"fdbsync imports github.com/leaseq/leaseq/storage/storagetest",
+		"rpc imports github.com/leaseq/leaseq/storage/check: only [storage/check storage/rocksstore storage/memstore fdbsync] may",
+		"storage/check depends on github.com/leaseq/leaseq/storage/memstore",
 	} {
 		require.Contains(t, bad, want)
 	}
@@ -282,6 +291,7 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 		"storage/rocksstore imports github.com/linxGnu/grocksdb", // the one allowed importer
 		". imports github.com/leaseq/leaseq/bench",               // main may import bench
 		"rpc imports capnproto.org",                              // rpc may use capnp
+		"storage/memstore imports",                               // a backend feeds the rules
 	} {
 		require.NotContains(t, bad, notWant)
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -622,7 +621,7 @@ func TestRocksStore_CheckDetectsEachInvariant(t *testing.T) {
 			rep, err = s.Check(ctx)
 			require.NoError(t, err)
 			require.False(t, rep.OK())
-			require.Contains(t, strings.Join(rep.Violations, "\n"), c.want)
+			require.Contains(t, fmt.Sprint(rep.Violations), c.want)
 		})
 	}
 }
