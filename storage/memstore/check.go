@@ -1,7 +1,9 @@
 package memstore
 
 import (
+	"bytes"
 	"context"
+	"slices"
 
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/check"
@@ -47,6 +49,7 @@ func (s *Store) Check(_ context.Context) (storage.CheckReport, error) {
 			}
 			fl.IDs = append(fl.IDs, id)
 		}
+		slices.SortFunc(fl.IDs, func(a, b storage.ItemID) int { return bytes.Compare(a[:], b[:]) })
 		f.Leases = append(f.Leases, fl)
 	}
 	if !s.mu.leaseHeap.valid(func(l *lease) int { return l.idx }) {
@@ -69,6 +72,9 @@ func (s *Store) Check(_ context.Context) (storage.CheckReport, error) {
 		}
 		f.DedupExpiries = append(f.DedupExpiries, check.DedupExpiry{Queue: d.q.name, Key: d.key, ExpiresAt: d.expires})
 	}
+	// The structures are maps: sort what was found in map order, so the
+	// report is the same from run to run.
+	slices.Sort(f.Corrupt)
 	return check.Run(layout, &f), nil
 }
 
