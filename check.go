@@ -111,7 +111,9 @@ func checkReport(ctx context.Context, e *env, store storage.Store, data string) 
 	return printReport(e, rep, err, data)
 }
 
-// printReport prints a check's violations and summary.
+// printReport prints a check's violations, one a line with its kind in
+// brackets, and a summary; the report lists at most check.MaxViolations of
+// them, and the summary says how many there are in all.
 func printReport(e *env, rep storage.CheckReport, err error, data string) error {
 	if err != nil {
 		return fmt.Errorf("check %s: %w", data, err)
@@ -120,7 +122,11 @@ func printReport(e *env, rep storage.CheckReport, err error, data string) error 
 		fmt.Fprintln(e.stdout, v)
 	}
 	if !rep.OK() {
-		return exitError{exitFailure, fmt.Errorf("%s: %d invariant violations (%d items, %d leases)", data, len(rep.Violations), rep.Items, rep.Leases)}
+		listed := ""
+		if n := len(rep.Violations); n < rep.Total {
+			listed = fmt.Sprintf(", the first %d listed", n)
+		}
+		return exitError{exitFailure, fmt.Errorf("%s: %d invariant violations%s (%d items, %d leases)", data, rep.Total, listed, rep.Items, rep.Leases)}
 	}
 	fmt.Fprintf(e.stdout, "ok: %s: %d items, %d leases, all invariants hold\n", data, rep.Items, rep.Leases)
 	return nil

@@ -87,6 +87,9 @@ func leaseqRules(fdbTag bool) importRules {
 			// The headless-browser driver is for rpc/webui's _test.go files
 			// only: no package of the binary imports it.
 			chromedpPath: nil,
+			// The invariant rules of Check: the backends feed them facts.
+			modulePath + "/storage/check":           {"storage/check", "storage/rocksstore", "storage/memstore", "fdbsync"},
+			modulePath + "/storage/check/checktest": {"storage/check/checktest"}, // only _test.go files import it
 		},
 		forbidden: map[string][]string{
 			"dbkeys": {"storage", "sweeper", "rpc", "fdbsync", "bench", "schema", clockPath},
@@ -105,6 +108,8 @@ func leaseqRules(fdbTag bool) importRules {
 			// The dashboard is HTML over a storage.Store: no Cap'n Proto, and
 			// not the RPC server it sits beside (main wires both).
 			"rpc/webui": {"rpc!", "rpc/dispatch", "schema", capnpPath, "storage/memstore", "storage/storagetest", chromedpPath},
+			// Pure rules over facts: no backend, no database, no clock.
+			"storage/check": {clockPath, grocksdbPath, fdbPath, capnpPath, "dbkeys", "storage/rocksstore", "storage/memstore", "storage/storagetest", "fdbsync", "sweeper", "rpc", "bench", "schema"},
 		},
 		stdlibOnly: []string{"dbkeys"},
 		directOnly: map[string][]string{
@@ -263,7 +268,9 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 		{ImportPath: m("storage"), Imports: []string{clockPath}, Deps: []string{clockPath}},
 		{ImportPath: m("storage/rocksstore"), Imports: []string{grocksdbPath, m("storage")}, Deps: []string{grocksdbPath, m("storage")}},
 		{ImportPath: m("sweeper"), Imports: []string{m("storage/rocksstore")}, Deps: []string{m("storage/rocksstore"), grocksdbPath, m("storage")}},
-		{ImportPath: m("rpc"), Imports: []string{m("bench"), capnpPath + "/v3"}, Deps: []string{m("bench"), capnpPath + "/v3"}},
+		{ImportPath: m("rpc"), Imports: []string{m("bench"), capnpPath + "/v3", m("storage/check")}, Deps: []string{m("bench"), capnpPath + "/v3", m("storage/check")}},
+		{ImportPath: m("storage/check"), Imports: []string{m("storage/memstore")}, Deps: []string{m("storage/memstore")}},
+		{ImportPath: m("storage/memstore"), Imports: []string{m("storage/check")}, Deps: []string{m("storage/check")}},
 		{ImportPath: m("schema"), Imports: []string{capnpPath + "/v3", "github.com/other/lib"}, Deps: []string{capnpPath + "/v3", "github.com/other/lib"}},
 		{ImportPath: m("fdbsync"), Imports: []string{fdbPath + "/bindings/go/src/fdb", m("storage/storagetest")}, Deps: []string{fdbPath + "/bindings/go/src/fdb", m("storage/storagetest")}},
 		{ImportPath: m("bench"), Imports: []string{m("rpc"), m("rpc/queueber")}, Deps: []string{m("rpc"), m("rpc/queueber")}},
@@ -300,6 +307,8 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 		"rpc/webui depends on github.com/leaseq/leaseq/rpc (forbidden: rpc!)",
 		"rpc/webui depends on capnproto.org/go/capnp/v3",
 		"rpc/webui imports github.com/chromedp/chromedp: only [] may",
+		"rpc imports github.com/leaseq/leaseq/storage/check: only [storage/check storage/rocksstore storage/memstore fdbsync] may",
+		"storage/check depends on github.com/leaseq/leaseq/storage/memstore",
 	} {
 		require.Contains(t, bad, want)
 	}
@@ -309,6 +318,7 @@ func TestImports_RulesCatchViolations(t *testing.T) {
 		"rpc imports capnproto.org",                              // rpc may use capnp
 		". imports github.com/leaseq/leaseq/rpc/queueber",        // main wires the Queueber server
 		"rpc/queueber imports",                                   // its schema and rpc
+		"storage/memstore imports",                               // a backend feeds the rules
 	} {
 		require.NotContains(t, bad, notWant)
 	}

@@ -3,253 +3,244 @@ package fdbsync
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/leaseq/leaseq/fdbsync/kv"
 	"github.com/leaseq/leaseq/storage"
+	"github.com/leaseq/leaseq/storage/check"
 )
 
-// Check implements storage.Store with one consistent full scan (one read
-// version). On a real cluster a database too large to scan within 5 s
-// fails with transaction_too_old; Check is for tests and small deployments.
+// layout: the ready index r holds ready items only; delayed items are in
+// the per-queue delayed index d (which keeps their priority, for
+// promotion) and the global one D (the sweeper's).
+var layout = check.Layout{DelayedIndexes: []string{"d", "D"}}
+
+// Check implements storage.Store: one consistent full scan (one read
+// version, snapshot reads) into check.Facts, reporting keys and values
+// that do not decode, judged by storage/check. On a real cluster a
+// database too large to scan within 5 s fails with transaction_too_old;
+// Check is for tests and small deployments.
 func (s *Store) Check(ctx context.Context) (storage.CheckReport, error) {
 	if err := s.checkOpen(); err != nil {
 		return storage.CheckReport{}, err
 	}
-	v, err := s.view(ctx, func(tx kv.Tx) (any, error) { return s.check(tx) })
+	v, err := s.view(ctx, func(tx kv.Tx) (any, error) { return s.checkFacts(tx) })
 	if err != nil {
 		return storage.CheckReport{}, fmt.Errorf("fdbsync: check: %w", err)
 	}
-	return as[storage.CheckReport](v)
+	f, err := as[*check.Facts](v)
+	if err != nil {
+		return storage.CheckReport{}, err
+	}
+	return check.Run(layout, f), nil
 }
 
-type itemRef struct {
-	q  string
-	id storage.ItemID
-}
-
-func (s *Store) scan(tx kv.Tx, tag byte) ([]kv.KeyValue, []byte, error) {
+// each calls fn with the key (after the namespace prefix) and value of
+// every row of a namespace, in key order, by snapshot read.
+func (s *Store) each(tx kv.Tx, tag byte, fn func(rest, v []byte)) error {
 	pre := s.k.ns(tag)
 	rows, err := tx.GetRange(pre, kv.PrefixEnd(pre), kv.RangeOptions{Snapshot: true})
-	return rows, pre, err
+	if err != nil {
+		return err
+	}
+	for _, row := range rows {
+		fn(row.Key[len(pre):], row.Value)
+	}
+	return nil
 }
 
-func (s *Store) check(tx kv.Tx) (storage.CheckReport, error) {
-	var rep storage.CheckReport
-	bad := func(f string, a ...any) { rep.Violations = append(rep.Violations, fmt.Sprintf(f, a...)) }
+// queueID decodes <queue> <id>, the tail of a per-queue item key.
+func queueID(rest []byte) (string, storage.ItemID, bool) {
+	var id storage.ItemID
+	q, tail, err := readStr(rest)
+	if err != nil || len(tail) != len(id) {
+		return "", id, false
+	}
+	copy(id[:], tail)
+	return q, id, true
+}
 
-	queues, err := s.queueNames(tx)
-	if err != nil {
-		return rep, err
-	}
-	cfgs := map[string]storage.QueueConfig{}
-	for _, q := range queues {
-		c, _, err := s.config(tx, q)
-		if err != nil {
-			return rep, err
-		}
-		cfgs[q] = c
-	}
-	type counts struct{ ready, delayed, inflight, dead, leases int64 }
-	cnt := map[string]*counts{}
-	get := func(q string) *counts {
-		if cnt[q] == nil {
-			cnt[q] = &counts{}
-		}
-		return cnt[q]
-	}
-	where := map[itemRef]string{}
-	records := map[itemRef]record{}
-	// Per-queue id namespaces: a, i, x.
-	for _, ns := range []struct {
-		tag  byte
-		name string
-	}{{nsAvailable, "available"}, {nsInflight, "in_progress"}, {nsDead, "dlq"}} {
-		rows, pre, err := s.scan(tx, ns.tag)
-		if err != nil {
-			return rep, err
-		}
-		for _, row := range rows {
-			q, tail, err := readStr(row.Key[len(pre):])
-			if err != nil || len(tail) != 16 {
-				bad("%s: malformed key %x", ns.name, row.Key)
-				continue
+// checkFacts scans every namespace Check looks at into facts.
+func (s *Store) checkFacts(tx kv.Tx) (*check.Facts, error) {
+	f := &check.Facts{}
+	steps := []struct {
+		tag byte
+		fn  func(rest, v []byte)
+	}{
+		{nsQueue, func(rest, v []byte) {
+			q, tail, err := readStr(rest)
+			if err != nil || len(tail) != 0 {
+				f.Corruptf("q: malformed key %x", rest)
+				return
 			}
-			var id storage.ItemID
-			copy(id[:], tail)
-			ref := itemRef{q, id}
-			if prev, ok := where[ref]; ok {
-				bad("item %s/%s in both %s and %s", q, id, prev, ns.name)
+			if _, err := decodeConfig(v); err != nil {
+				f.Corruptf("queue %q: bad config: %v", q, err)
 			}
-			where[ref] = ns.name
-			r, err := decodeRecord(row.Value)
+			f.Queues = append(f.Queues, q)
+		}},
+		{nsCounter, func(rest, v []byte) {
+			q, tail, err := readStr(rest)
+			if err != nil || len(tail) != 1 || tail[0] == 0 || tail[0] >= ctrCount {
+				f.Corruptf("c: malformed key %x", rest)
+				return
+			}
+			if n := len(f.Counters); n == 0 || f.Counters[n-1].Queue != q {
+				f.Counters = append(f.Counters, check.Counters{Queue: q})
+			}
+			c, n := &f.Counters[len(f.Counters)-1], counterValue(v)
+			switch tail[0] {
+			case ctrReady:
+				c.Ready = n
+			case ctrDelayed:
+				c.Delayed = n
+			case ctrInflight:
+				c.Inflight = n
+			case ctrDead:
+				c.Dead = n
+			case ctrLeases:
+				c.Leases = n
+			}
+		}},
+		{nsAvailable, s.itemFacts(f, "a", storage.StateReady)},
+		{nsInflight, s.itemFacts(f, "i", storage.StateInflight)},
+		{nsDead, s.itemFacts(f, "x", storage.StateDead)},
+		{nsReady, func(rest, _ []byte) {
+			q, tail, err := readStr(rest)
+			if err != nil || len(tail) != 1+8+16 {
+				f.Corruptf("r: malformed key %x", rest)
+				return
+			}
+			prio := tail[0]
+			vis, id, _ := readTime(tail[1:])
+			f.Serve = append(f.Serve, check.ServeEntry{Queue: q, Priority: prio, VisibleAt: vis, ID: storage.ItemID(id)})
+		}},
+		{nsDelayed, func(rest, v []byte) {
+			q, tail, err := readStr(rest)
+			if err != nil || len(tail) != 8+16 || len(v) != 1 {
+				f.Corruptf("d: malformed key %x or value %x", rest, v)
+				return
+			}
+			vis, tail, _ := readTime(tail)
+			f.Delayed = append(f.Delayed, check.DelayedEntry{Index: "d", Queue: q, ID: storage.ItemID(tail), VisibleAt: vis, Priority: v[0], HasPriority: true})
+		}},
+		{nsDelayAll, func(rest, _ []byte) {
+			vis, tail, err := readTime(rest)
+			q, id, ok := queueID(tail)
+			if err != nil || !ok {
+				f.Corruptf("D: malformed key %x", rest)
+				return
+			}
+			f.Delayed = append(f.Delayed, check.DelayedEntry{Index: "D", Queue: q, ID: id, VisibleAt: vis})
+		}},
+		{nsLease, func(rest, v []byte) {
+			if len(rest) != 16 {
+				f.Corruptf("l: malformed key %x", rest)
+				return
+			}
+			token := storage.LeaseID(rest)
+			lr, err := decodeLease(v)
 			if err != nil {
-				bad("item %s/%s in %s: %v", q, id, ns.name, err)
-				continue
+				f.Corruptf("lease %s: %v", token, err)
+				return
 			}
-			rep.Items++
-			switch ns.tag {
-			case nsAvailable:
-				records[ref] = r
-			case nsInflight:
-				records[ref] = r
-				get(q).inflight++
-			case nsDead:
-				get(q).dead++
+			f.Leases = append(f.Leases, check.Lease{Token: token, Queue: lr.queue, ExpiresAt: lr.expiry, IDs: lr.ids})
+		}},
+		{nsExpiry, func(rest, _ []byte) {
+			at, tail, err := readTime(rest)
+			if err != nil || len(tail) != 16 {
+				f.Corruptf("e: malformed key %x", rest)
+				return
 			}
-			if ns.tag != nsDead {
-				if max := maxAttempts(&r, cfgs[q]); r.maxAttempts != 0 && r.attempts > max {
-					bad("item %s/%s has %d attempts over max %d", q, id, r.attempts, max)
-				}
+			f.LeaseExpiries = append(f.LeaseExpiries, check.LeaseExpiry{Token: storage.LeaseID(tail), ExpiresAt: at})
+		}},
+		{nsDedup, func(rest, v []byte) {
+			q, tail, err := readStr(rest)
+			key, tail2, err2 := readStr(tail)
+			if err != nil || err2 != nil || len(tail2) != 0 {
+				f.Corruptf("u: malformed key %x", rest)
+				return
 			}
-			if _, ok := cfgs[q]; !ok {
-				bad("item %s/%s in unknown queue", q, id)
+			d, err := decodeDedup(v)
+			if err != nil {
+				f.Corruptf("dedup key %q of %q: %v", key, q, err)
+				return
 			}
+			f.Dedups = append(f.Dedups, check.Dedup{Queue: q, Key: key, ID: d.id, ExpiresAt: d.expires})
+		}},
+		{nsDedupExp, func(rest, _ []byte) {
+			at, tail, err := readTime(rest)
+			var q, key string
+			var err2, err3 error
+			if err == nil {
+				q, tail, err2 = readStr(tail)
+			}
+			if err == nil && err2 == nil {
+				key, tail, err3 = readStr(tail)
+			}
+			if err != nil || err2 != nil || err3 != nil || len(tail) != 0 {
+				f.Corruptf("U: malformed key %x", rest)
+				return
+			}
+			f.DedupExpiries = append(f.DedupExpiries, check.DedupExpiry{Queue: q, Key: key, ExpiresAt: at})
+		}},
+	}
+	for _, st := range steps {
+		if err := s.each(tx, st.tag, st.fn); err != nil {
+			return nil, err
 		}
 	}
-	// Index entries must match available records one to one.
-	indexed := map[itemRef]int{}
-	rows, pre, err := s.scan(tx, nsReady)
-	if err != nil {
-		return rep, err
-	}
-	for _, row := range rows {
-		q, tail, err := readStr(row.Key[len(pre):])
-		if err != nil || len(tail) != 1+8+16 {
-			bad("visibility_index: malformed key %x", row.Key)
-			continue
+	return f, s.payloadFacts(tx, f)
+}
+
+// itemFacts returns the step that reads the item records of one
+// namespace.
+func (s *Store) itemFacts(f *check.Facts, name string, st storage.State) func(rest, v []byte) {
+	return func(rest, v []byte) {
+		q, id, ok := queueID(rest)
+		if !ok {
+			f.Corruptf("%s: malformed key %x", name, rest)
+			return
 		}
-		vis, _, _ := readTime(tail[1:])
-		var id storage.ItemID
-		copy(id[:], tail[9:])
-		ref := itemRef{q, id}
-		indexed[ref]++
-		get(q).ready++
-		r, ok := records[ref]
-		if !ok || where[ref] != "available" || r.delayed || r.prio != tail[0] || !r.visibleAt.Equal(vis) {
-			bad("ready index entry %s/%s does not match an available ready item", q, id)
-		}
-	}
-	rows, pre, err = s.scan(tx, nsDelayed)
-	if err != nil {
-		return rep, err
-	}
-	for _, row := range rows {
-		q, tail, err := readStr(row.Key[len(pre):])
-		if err != nil || len(tail) != 8+16 {
-			bad("delayed index: malformed key %x", row.Key)
-			continue
-		}
-		vis, _, _ := readTime(tail)
-		var id storage.ItemID
-		copy(id[:], tail[8:])
-		ref := itemRef{q, id}
-		indexed[ref]++
-		get(q).delayed++
-		r, ok := records[ref]
-		if !ok || where[ref] != "available" || !r.delayed || !r.visibleAt.Equal(vis) {
-			bad("delayed index entry %s/%s does not match an available delayed item", q, id)
-		}
-		if v, err := tx.Get(s.k.delayAll(vis, q, id), true); err != nil {
-			return rep, err
-		} else if v == nil {
-			bad("delayed item %s/%s missing from the global delayed index", q, id)
-		}
-	}
-	rows, _, err = s.scan(tx, nsDelayAll)
-	if err != nil {
-		return rep, err
-	}
-	delayedCount := 0
-	for _, c := range cnt {
-		delayedCount += int(c.delayed)
-	}
-	if len(rows) != delayedCount {
-		bad("global delayed index has %d entries, per-queue index %d", len(rows), delayedCount)
-	}
-	for ref, name := range where {
-		if name == "available" && indexed[ref] != 1 {
-			bad("available item %s/%s has %d index entries", ref.q, ref.id, indexed[ref])
-		}
-	}
-	// Leases: each inflight item listed by exactly its lease; each lease
-	// has one expiry entry and lists no missing item.
-	listed := map[itemRef]int{}
-	rows, pre, err = s.scan(tx, nsLease)
-	if err != nil {
-		return rep, err
-	}
-	expiries := map[storage.LeaseID]time.Time{}
-	for _, row := range rows {
-		var lease storage.LeaseID
-		copy(lease[:], row.Key[len(pre):])
-		lr, err := decodeLease(row.Value)
+		r, err := decodeRecord(v)
 		if err != nil {
-			bad("lease %s: %v", lease, err)
-			continue
+			f.Corruptf("%s: item %s of %q: %v", name, id, q, err)
+			return
 		}
-		rep.Leases++
-		get(lr.queue).leases++
-		expiries[lease] = lr.expiry
-		if len(lr.ids) == 0 {
-			bad("lease %s lists no items", lease)
+		it := check.Item{Queue: q, ID: id, State: st, Priority: r.prio, VisibleAt: r.visibleAt, Attempts: r.attempts,
+			MaxAttempts: r.maxAttempts, Lease: r.lease, DeathRecord: r.reason != "" || !r.deadAt.IsZero()}
+		if st == storage.StateReady && r.delayed {
+			it.State = storage.StateDelayed
 		}
-		for _, id := range lr.ids {
-			ref := itemRef{lr.queue, id}
-			listed[ref]++
-			r, ok := records[ref]
-			if !ok || where[ref] != "in_progress" || r.lease != lease {
-				bad("lease %s lists %s/%s which it does not hold", lease, lr.queue, id)
-			}
+		if r.chunked {
+			it.Payload, it.PayloadParts = string(r.pid[:]), int(r.nchunks)
 		}
+		f.Items = append(f.Items, it)
 	}
-	for ref, name := range where {
-		if name == "in_progress" && listed[ref] != 1 {
-			bad("inflight item %s/%s listed by %d leases", ref.q, ref.id, listed[ref])
+}
+
+// payloadFacts adds the chunked payloads (p), one per payload id with its
+// number of chunks, each marked pending while its upload entry (P) is
+// there.
+func (s *Store) payloadFacts(tx kv.Tx, f *check.Facts) error {
+	pending := map[string]bool{}
+	if err := s.each(tx, nsUpload, func(rest, _ []byte) {
+		if len(rest) != 8+16 {
+			f.Corruptf("P: malformed key %x", rest)
+			return
 		}
+		pending[string(rest[8:])] = true
+	}); err != nil {
+		return err
 	}
-	rows, pre, err = s.scan(tx, nsExpiry)
-	if err != nil {
-		return rep, err
-	}
-	seenExp := map[storage.LeaseID]int{}
-	for _, row := range rows {
-		at, tail, err := readTime(row.Key[len(pre):])
-		if err != nil || len(tail) != 16 {
-			bad("lease_expiry: malformed key %x", row.Key)
-			continue
+	return s.each(tx, nsChunk, func(rest, _ []byte) {
+		if len(rest) != 16+2 {
+			f.Corruptf("p: malformed key %x", rest)
+			return
 		}
-		var lease storage.LeaseID
-		copy(lease[:], tail)
-		seenExp[lease]++
-		if exp, ok := expiries[lease]; !ok || !exp.Equal(at) {
-			bad("lease_expiry entry for %s does not match a lease", lease)
+		pid := string(rest[:16])
+		if n := len(f.Payloads); n > 0 && f.Payloads[n-1].Ref == pid {
+			f.Payloads[n-1].Parts++
+			return
 		}
-	}
-	for lease := range expiries {
-		if seenExp[lease] != 1 {
-			bad("lease %s has %d expiry entries", lease, seenExp[lease])
-		}
-	}
-	// Counters equal the scan.
-	for _, q := range queues {
-		c, err := s.counters(tx, q)
-		if err != nil {
-			return rep, err
-		}
-		want := get(q)
-		for _, x := range []struct {
-			name      string
-			got, want int64
-		}{
-			{"ready", c[ctrReady], want.ready}, {"delayed", c[ctrDelayed], want.delayed},
-			{"inflight", c[ctrInflight], want.inflight}, {"dead", c[ctrDead], want.dead},
-			{"leases", c[ctrLeases], want.leases},
-		} {
-			if x.got != x.want {
-				bad("queue %s: %s counter %d, scan %d", q, x.name, x.got, x.want)
-			}
-		}
-	}
-	return rep, nil
+		f.Payloads = append(f.Payloads, check.Payload{Ref: pid, Parts: 1, Pending: pending[pid]})
+	})
 }

@@ -37,7 +37,7 @@
 //	e <expiry> <lease>             lease expiry index
 //	x <queue> <id>                 dead item record with reason and time
 //	u <queue> <key>                dedup key: first id, expiry
-//	U <expires> <queue> <key>      dedup expiry index
+//	U <expires> <queue> <key>      dedup expiry index (one entry per key)
 //	p <payload id> <n>             payload chunk n (payloads over 16 KiB)
 //	P <created> <payload id>       chunks not yet referenced by an item
 //	t <created> <token>            idempotency marker: result of a committed call
@@ -150,6 +150,16 @@
 // the random source and per-node bookkeeping and is never held across a
 // transaction. Returned slices belong to the caller. Close ends watch
 // goroutines and removes this node's heartbeats.
+//
+// # Check
+//
+// Check reads every namespace in one transaction (one read version,
+// snapshot reads) into storage/check facts, where the invariants live:
+// the ready index r holds ready items only, and a delayed item has one
+// entry in d and one in D. Chunked payloads count as pending while their
+// upload entry P is there. Only the decoding is here. Each rule has a test
+// that writes raw keys through a model transaction and requires Check to
+// report exactly that kind (check_internal_test.go).
 //
 // # What the model cannot show
 //

@@ -156,6 +156,7 @@ func (s *Store) enqueueTxn(ctx context.Context, p storage.EnqueueParams, items [
 		di := 0
 		for i := range items {
 			r := items[i].rec
+			var staleExp []byte // the expiry entry of an expired dedup record this item replaces
 			if r.dedupKey != "" {
 				cur := dvals[di]
 				di++
@@ -174,6 +175,7 @@ func (s *Store) enqueueTxn(ctx context.Context, p storage.EnqueueParams, items [
 						dups++
 						continue
 					}
+					staleExp = s.k.dedupExp(d.expires, q, r.dedupKey)
 				}
 				if cfg.DedupWindow > 0 {
 					here[r.dedupKey] = order
@@ -194,6 +196,13 @@ func (s *Store) enqueueTxn(ctx context.Context, p storage.EnqueueParams, items [
 				ready++
 			}
 			if r.dedupKey != "" && cfg.DedupWindow > 0 {
+				// Replace the expired record's expiry entry: one entry
+				// per key, as in rocksstore (a rule of storage/check). The
+				// sweeper would skip a stale one, but DeleteQueue, which
+				// clears the current one, would leave it behind.
+				if staleExp != nil {
+					tx.Clear(staleExp)
+				}
 				exp := p.Now.Add(cfg.DedupWindow)
 				tx.SetVersionstampedValue(s.k.dedup(q, r.dedupKey), withOffset(dedupRec{id: id, expires: exp}.encode(), dedupIDOffset))
 				tx.Set(s.k.dedupExp(exp, q, r.dedupKey), nil)

@@ -22,6 +22,9 @@
 //
 // Subpackages: rocksstore (embedded RocksDB, the default), memstore (the
 // reference model used by tests and benchmark baselines), storagetest (the
-// conformance suite every Store passes). The package never reads a clock:
+// conformance suite every Store passes), check (the invariants of
+// DESIGN.md that Store.Check verifies, written once: each backend's Check
+// only scans its own representation into check.Facts and lets check.Run
+// judge them and build the CheckReport). The package never reads a clock:
 // callers pass instants in the Params.
 package storage

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -120,8 +121,10 @@ type Store interface {
 	SetQueueConfig(ctx context.Context, queue string, c QueueConfig) error
 
 	// Check verifies every invariant of DESIGN.md with a full scan and
-	// reports each violation. It is for tests and `leaseq check`; it may
-	// be slow.
+	// reports each violation. The rules live in storage/check; a backend
+	// feeds them what its scan found. It is for tests and `leaseq check`;
+	// it may be slow. An error means the scan failed (I/O, ctx, ErrClosed);
+	// data that does not decode is a violation (check.KindCorrupt).
 	Check(ctx context.Context) (CheckReport, error)
 
 	// Close releases resources. Calls after Close return ErrClosed. Close
@@ -264,12 +267,44 @@ type RedriveResult struct {
 	Moved int
 }
 
-// CheckReport is the outcome of Store.Check.
+// CheckReport is the outcome of Store.Check. Every backend builds it with
+// storage/check, which holds the rules, so the format and the cap on the
+// list are the same everywhere.
 type CheckReport struct {
-	Items      int // items seen (available + inflight + dead)
-	Leases     int
-	Violations []string // empty when every invariant holds
+	Items  int // items seen (available + inflight + dead)
+	Leases int
+	// Violations lists what is broken, in a stable order, at most
+	// check.MaxViolations of them; empty when every invariant holds.
+	Violations []Violation
+	// Total counts every violation found, listed or not.
+	Total int
 }
 
 // OK reports whether no invariant was violated.
-func (r CheckReport) OK() bool { return len(r.Violations) == 0 }
+func (r CheckReport) OK() bool { return r.Total == 0 && len(r.Violations) == 0 }
+
+// Kinds returns the distinct kinds of the listed violations, sorted.
+func (r CheckReport) Kinds() []ViolationKind {
+	var ks []ViolationKind
+	for _, v := range r.Violations {
+		if !slices.Contains(ks, v.Kind) {
+			ks = append(ks, v.Kind)
+		}
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// ViolationKind names the rule a violation breaks. It is a stable code for
+// tests and tools to match on; the message is for people and may change.
+// storage/check defines the kinds and documents each.
+type ViolationKind string
+
+// Violation is one broken rule found by Store.Check.
+type Violation struct {
+	Kind ViolationKind
+	Msg  string // what is broken, naming the queue, item, lease or key
+}
+
+// String returns the message followed by the kind in brackets.
+func (v Violation) String() string { return v.Msg + " [" + string(v.Kind) + "]" }

@@ -1,153 +1,147 @@
 package memstore
 
 import (
+	"bytes"
 	"context"
-	"fmt"
+	"slices"
 
 	"github.com/leaseq/leaseq/storage"
+	"github.com/leaseq/leaseq/storage/check"
 )
 
-// Check implements storage.Store: it verifies the invariants of DESIGN.md
-// against the model's own structures, with a full scan.
+// layout: one heap per priority holds every available item (ready and
+// delayed) in serve order; one store-wide heap holds the delayed ones.
+var layout = check.Layout{ServeIndexHoldsDelayed: true, DelayedIndexes: []string{"delayed"}}
+
+// Check implements storage.Store: it turns the model's structures into
+// check.Facts, under the mutex, and lets storage/check judge them. What
+// only memstore can get wrong (an entry filed under another id, a heap out
+// of order or holding a stale object) is reported as check.KindCorrupt.
 func (s *Store) Check(_ context.Context) (storage.CheckReport, error) {
 	if err := s.lockOpen("check"); err != nil {
 		return storage.CheckReport{}, err
 	}
 	defer s.mu.Unlock()
-	var rep storage.CheckReport
-	bad := func(format string, args ...any) {
-		rep.Violations = append(rep.Violations, fmt.Sprintf(format, args...))
-	}
-
-	delayedSeen := 0
+	var f check.Facts
 	for _, name := range s.queueNamesLocked() {
-		q := s.mu.queues[name]
-		var ready, delayed, inflight, dead, availInHeaps int64
-		for id, e := range q.items {
-			rep.Items++
-			if e.item.ID != id || e.item.Queue != name {
-				bad("queue %q: item %s is filed under id %s / queue %q", name, e.item.ID, id, e.item.Queue)
-			}
-			// Invariant 1: exactly one location.
-			switch e.loc {
-			case locAvailable:
-				// Invariant 2: exactly one index entry.
-				h := q.avail[e.item.Priority]
-				if h == nil || e.availIdx < 0 || e.availIdx >= len(h.s) || h.s[e.availIdx] != e {
-					bad("queue %q: available item %s is not in its priority index", name, id)
-				}
-				if e.lease != nil {
-					bad("queue %q: available item %s still points at a lease", name, id)
-				}
-				if e.delayed {
-					delayed++
-					delayedSeen++
-					if e.delayIdx < 0 || e.delayIdx >= len(s.mu.delayed.s) || s.mu.delayed.s[e.delayIdx] != e {
-						bad("queue %q: delayed item %s is not in the delayed index", name, id)
-					}
-				} else {
-					ready++
-					if e.delayIdx != -1 {
-						bad("queue %q: ready item %s is in the delayed index", name, id)
-					}
-				}
-			case locInflight:
-				inflight++
-				// Invariant 3: listed by exactly one (its) lease.
-				if e.lease == nil || e.lease.items[id] != e || s.mu.leases[e.lease.id] != e.lease || e.lease.q != q {
-					bad("queue %q: inflight item %s is not listed by a live lease record of its queue", name, id)
-				}
-				if e.availIdx != -1 || e.delayIdx != -1 || e.delayed {
-					bad("queue %q: inflight item %s is still indexed as available", name, id)
-				}
-			case locDead:
-				dead++
-				if e.availIdx != -1 || e.delayIdx != -1 || e.lease != nil {
-					bad("queue %q: dead item %s is still indexed elsewhere", name, id)
-				}
-			default:
-				bad("queue %q: item %s has no location (%d)", name, id, e.loc)
-			}
-			// Invariant 5, for items whose limit cannot move under them
-			// (a queue's max_attempts may be lowered by SetQueueConfig).
-			if m := e.item.MaxAttempts; m > 0 && e.loc != locDead && e.item.Attempts > m {
-				bad("queue %q: item %s has %d attempts, max %d", name, id, e.item.Attempts, m)
-			}
+		s.queueFactsLocked(&f, name, s.mu.queues[name])
+	}
+	if !s.mu.delayed.valid(func(e *entry) int { return e.delayIdx }) {
+		f.Corruptf("the delayed heap is out of order")
+	}
+	for _, e := range s.mu.delayed.s {
+		if !s.ownEntryLocked(&f, "the delayed heap", e) {
+			continue
 		}
-		for prio, h := range q.avail {
-			if h == nil {
+		f.Delayed = append(f.Delayed, check.DelayedEntry{Index: "delayed", Queue: e.item.Queue, ID: e.item.ID, VisibleAt: e.item.VisibleAt})
+	}
+	for token, l := range s.mu.leases {
+		if l.id != token {
+			f.Corruptf("lease %s is filed under %s", l.id, token)
+		}
+		if s.mu.queues[l.q.name] != l.q {
+			f.Corruptf("lease %s points at a stale queue %q", token, l.q.name)
+		}
+		fl := check.Lease{Token: token, Queue: l.q.name, ExpiresAt: l.expires}
+		for id, e := range l.items {
+			if cur := l.q.items[id]; cur != nil && cur != e {
+				f.Corruptf("lease %s lists a stale copy of item %s", token, id)
+			}
+			fl.IDs = append(fl.IDs, id)
+		}
+		slices.SortFunc(fl.IDs, func(a, b storage.ItemID) int { return bytes.Compare(a[:], b[:]) })
+		f.Leases = append(f.Leases, fl)
+	}
+	if !s.mu.leaseHeap.valid(func(l *lease) int { return l.idx }) {
+		f.Corruptf("the lease heap is out of order")
+	}
+	for _, l := range s.mu.leaseHeap.s {
+		if cur := s.mu.leases[l.id]; cur != nil && cur != l {
+			f.Corruptf("the lease heap holds a stale copy of lease %s", l.id)
+			continue
+		}
+		f.LeaseExpiries = append(f.LeaseExpiries, check.LeaseExpiry{Token: l.id, ExpiresAt: l.expires})
+	}
+	if !s.mu.dedupHeap.valid(func(d *dedupEntry) int { return d.idx }) {
+		f.Corruptf("the dedup heap is out of order")
+	}
+	for _, d := range s.mu.dedupHeap.s {
+		if cur := d.q.dedup[d.key]; cur != nil && cur != d {
+			f.Corruptf("the dedup heap holds a stale copy of key %q of %q", d.key, d.q.name)
+			continue
+		}
+		f.DedupExpiries = append(f.DedupExpiries, check.DedupExpiry{Queue: d.q.name, Key: d.key, ExpiresAt: d.expires})
+	}
+	// The structures are maps: sort what was found in map order, so the
+	// report is the same from run to run.
+	slices.Sort(f.Corrupt)
+	return check.Run(layout, &f), nil
+}
+
+// queueFactsLocked adds one queue's config, counters, items, serve-order
+// heaps and dedup keys to f. REQUIRES: s.mu held.
+func (s *Store) queueFactsLocked(f *check.Facts, name string, q *queue) {
+	f.Queues = append(f.Queues, name)
+	f.Counters = append(f.Counters, check.Counters{Queue: name, Ready: q.st.Ready, Delayed: q.st.Delayed,
+		Inflight: q.st.Inflight, Dead: q.st.Dead, Leases: q.st.Leases})
+	for id, e := range q.items {
+		if e.item.ID != id || e.item.Queue != name {
+			f.Corruptf("item %s of %q is filed under id %s of %q", e.item.ID, e.item.Queue, id, name)
+		}
+		it := check.Item{Queue: name, ID: id, Priority: e.item.Priority, VisibleAt: e.item.VisibleAt,
+			Attempts: e.item.Attempts, MaxAttempts: e.item.MaxAttempts}
+		if e.lease != nil {
+			it.Lease = e.lease.id
+		}
+		switch e.loc {
+		case locAvailable:
+			it.State = storage.StateReady
+			if e.delayed {
+				it.State = storage.StateDelayed
+			}
+		case locInflight:
+			it.State = storage.StateInflight
+		case locDead:
+			// The model keeps an item's reason after a redrive, so the
+			// location is its death record.
+			it.State, it.DeathRecord = storage.StateDead, true
+		}
+		if e.loc != locAvailable && e.delayed {
+			f.Corruptf("%s item %s of %q is flagged delayed", it.State, id, name)
+		}
+		f.Items = append(f.Items, it)
+	}
+	for prio, h := range q.avail {
+		if h == nil {
+			continue
+		}
+		if !h.valid(func(e *entry) int { return e.availIdx }) {
+			f.Corruptf("queue %q: the priority %d heap is out of order", name, prio)
+		}
+		for _, e := range h.s {
+			if !s.ownEntryLocked(f, "a serve-order heap", e) {
 				continue
 			}
-			availInHeaps += int64(len(h.s))
-			if !h.valid(func(e *entry) int { return e.availIdx }) {
-				bad("queue %q: priority %d index is not a valid heap", name, prio)
-			}
-			for _, e := range h.s {
-				if q.items[e.item.ID] != e || e.loc != locAvailable || int(e.item.Priority) != prio {
-					bad("queue %q: priority %d index lists %s, which is not an available item of that priority", name, prio, e.item.ID)
-				}
-			}
-		}
-		if availInHeaps != ready+delayed {
-			bad("queue %q: %d index entries for %d available items", name, availInHeaps, ready+delayed)
-		}
-		var leases int64
-		for _, l := range s.mu.leases {
-			if l.q == q {
-				leases++
-			}
-		}
-		// Invariant 4: counters equal the scan.
-		for _, c := range []struct {
-			what      string
-			got, want int64
-		}{
-			{"ready", q.st.Ready, ready},
-			{"delayed", q.st.Delayed, delayed},
-			{"inflight", q.st.Inflight, inflight},
-			{"dead", q.st.Dead, dead},
-			{"leases", q.st.Leases, leases},
-		} {
-			if c.got != c.want {
-				bad("queue %q: %s counter is %d, a scan counts %d", name, c.what, c.got, c.want)
-			}
-		}
-		for key, d := range q.dedup {
-			if d.key != key || d.q != q || d.idx < 0 || d.idx >= len(s.mu.dedupHeap.s) || s.mu.dedupHeap.s[d.idx] != d {
-				bad("queue %q: dedup key %q is not indexed", name, key)
-			}
+			f.Serve = append(f.Serve, check.ServeEntry{Queue: name, Priority: uint8(prio), VisibleAt: e.item.VisibleAt, ID: e.item.ID})
 		}
 	}
-	if delayedSeen != len(s.mu.delayed.s) || !s.mu.delayed.valid(func(e *entry) int { return e.delayIdx }) {
-		bad("delayed index has %d entries for %d delayed items, or is not a heap", len(s.mu.delayed.s), delayedSeen)
+	for key, d := range q.dedup {
+		if d.key != key || d.q != q {
+			f.Corruptf("dedup key %q of %q is filed under %q of %q", d.key, d.q.name, key, name)
+		}
+		f.Dedups = append(f.Dedups, check.Dedup{Queue: name, Key: key, ID: d.id, ExpiresAt: d.expires})
 	}
+}
 
-	for id, l := range s.mu.leases {
-		rep.Leases++
-		if l.id != id {
-			bad("lease %s is filed under %s", l.id, id)
-		}
-		if len(l.items) == 0 {
-			bad("lease %s lists no items", id)
-		}
-		if l.idx < 0 || l.idx >= len(s.mu.leaseHeap.s) || s.mu.leaseHeap.s[l.idx] != l {
-			bad("lease %s has no expiry index entry", id)
-		}
-		for iid, e := range l.items {
-			if l.q.items[iid] != e || e.loc != locInflight || e.lease != l {
-				bad("lease %s lists item %s, which is not inflight under it", id, iid)
-			}
+// ownEntryLocked reports whether e, found in the named heap, is the
+// entry its queue files under its id (or no entry is filed there);
+// otherwise it reports the stale object as corrupt. REQUIRES: s.mu held.
+func (s *Store) ownEntryLocked(f *check.Facts, heap string, e *entry) bool {
+	if q := s.mu.queues[e.item.Queue]; q != nil {
+		if cur := q.items[e.item.ID]; cur != nil && cur != e {
+			f.Corruptf("%s holds a stale copy of item %s of %q", heap, e.item.ID, e.item.Queue)
+			return false
 		}
 	}
-	if len(s.mu.leaseHeap.s) != len(s.mu.leases) || !s.mu.leaseHeap.valid(func(l *lease) int { return l.idx }) {
-		bad("lease expiry index has %d entries for %d leases, or is not a heap", len(s.mu.leaseHeap.s), len(s.mu.leases))
-	}
-	nDedup := 0
-	for _, q := range s.mu.queues {
-		nDedup += len(q.dedup)
-	}
-	if nDedup != len(s.mu.dedupHeap.s) || !s.mu.dedupHeap.valid(func(d *dedupEntry) int { return d.idx }) {
-		bad("dedup expiry index has %d entries for %d keys, or is not a heap", len(s.mu.dedupHeap.s), nDedup)
-	}
-	return rep, nil
+	return true
 }

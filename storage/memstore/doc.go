@@ -26,6 +26,10 @@
 //   - every inflight item is listed by exactly one lease; leases sit in a
 //     store-wide heap by expiry; dedup keys in a store-wide heap by expiry.
 //
+// Check turns these structures into storage/check facts, where the
+// invariants live; it reports only what is memstore's own (an entry filed
+// under another id, a heap out of order or holding a stale object).
+//
 // Choices where the storage contract is silent are listed in the
 // storagetest package documentation, which pins them with tests.
 package memstore

@@ -19,6 +19,12 @@
 //     and has one lease_expiry entry;
 //   - dead items carry reason and dead_at.
 //
+// Check (check.go) scans these namespaces in one snapshot into
+// storage/check facts, where the invariants live; only the decoding is
+// here. An available record keeps its Delayed flag when the sweeper
+// promotes it, so Check counts it delayed only while its delayed entry is
+// there.
+//
 // Payloads up to defaultInlineMax (4 KiB) live inside the item record;
 // larger ones under a payload key written once at enqueue and deleted at
 // ack or dead purge, so poll, nack and expiry do not rewrite them.

@@ -5,14 +5,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/leaseq/leaseq/dbkeys"
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/storagetest"
 )
@@ -559,70 +557,6 @@ func TestRocksStore_ReopenKeepsLeasesAndIndexes(t *testing.T) {
 			require.Len(t, got.Items, 5)
 			m := b.s.Metrics()
 			require.Positive(t, m.Commits)
-		})
-	}
-}
-
-func TestRocksStore_CheckDetectsEachInvariant(t *testing.T) {
-	t.Parallel()
-	cases := []struct {
-		name    string
-		want    string
-		corrupt func(t *testing.T, s *Store, avail, inflight storage.ItemID, lease storage.LeaseID)
-	}{
-		{"ItemInTwoNamespaces", "invariant 1", func(t *testing.T, s *Store, avail, _ storage.ItemID, _ storage.LeaseID) {
-			v, ok, err := s.getRaw(dbkeys.AvailableKey("q", avail))
-			require.NoError(t, err)
-			require.True(t, ok)
-			rec, err := dbkeys.DecodeItem(v)
-			require.NoError(t, err)
-			rec.Dead, rec.Reason = true, "x"
-			require.NoError(t, s.db.Put(s.swo, dbkeys.DLQKey("q", avail), dbkeys.EncodeItem(rec)))
-		}},
-		{"MissingVisibilityEntry", "invariant 2", func(t *testing.T, s *Store, avail, _ storage.ItemID, _ storage.LeaseID) {
-			v, _, err := s.getRaw(dbkeys.AvailableKey("q", avail))
-			require.NoError(t, err)
-			rec, err := dbkeys.DecodeItem(v)
-			require.NoError(t, err)
-			require.NoError(t, s.db.Delete(s.swo, dbkeys.VisibilityKey("q", rec.Priority, rec.VisibleAt, avail)))
-		}},
-		{"LeaseMissing", "invariant 3", func(t *testing.T, s *Store, _, _ storage.ItemID, lease storage.LeaseID) {
-			require.NoError(t, s.db.Delete(s.swo, dbkeys.LeaseKey(lease)))
-		}},
-		{"CounterDrift", "invariant 4", func(t *testing.T, s *Store, _, _ storage.ItemID, _ storage.LeaseID) {
-			require.NoError(t, s.db.Merge(s.swo, dbkeys.CountersKey("q"), dbkeys.EncodeCounters(dbkeys.Counters{Ready: 1})))
-		}},
-		{"TooManyAttempts", "invariant 5", func(t *testing.T, s *Store, _, inflight storage.ItemID, _ storage.LeaseID) {
-			k := dbkeys.InProgressKey("q", inflight)
-			v, _, err := s.getRaw(k)
-			require.NoError(t, err)
-			rec, err := dbkeys.DecodeItem(v)
-			require.NoError(t, err)
-			rec.MaxAttempts, rec.Attempts = 1, 2
-			require.NoError(t, s.db.Put(s.swo, k, dbkeys.EncodeItem(rec)))
-		}},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			s, err := Open(t.TempDir(), testOptions(t))
-			require.NoError(t, err)
-			defer s.Close()
-			ctx := context.Background()
-			res, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Now: at(0), Items: []storage.EnqueueItem{{}, {}}})
-			require.NoError(t, err)
-			r, err := s.Poll(ctx, storage.PollParams{Queue: "q", Max: 1, Now: at(0)})
-			require.NoError(t, err)
-			rep, err := s.Check(ctx)
-			require.NoError(t, err)
-			require.True(t, rep.OK(), rep.Violations)
-			require.Equal(t, 2, rep.Items)
-			require.Equal(t, 1, rep.Leases)
-			c.corrupt(t, s, res[1].ID, res[0].ID, r.Lease)
-			rep, err = s.Check(ctx)
-			require.NoError(t, err)
-			require.False(t, rep.OK())
-			require.Contains(t, strings.Join(rep.Violations, "\n"), c.want)
 		})
 	}
 }
