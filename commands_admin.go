@@ -13,52 +13,19 @@ import (
 	"time"
 
 	"github.com/leaseq/leaseq/rpc"
+	"github.com/leaseq/leaseq/rpc/httpapi"
 	"github.com/leaseq/leaseq/storage"
 )
 
-// statsJSON is one queue in `stats --json`. Durations are milliseconds.
+// statsJSON is one queue in `stats --json`: the HTTP API's JSON form of
+// its stats, and the node's backend and sync mode. Durations are
+// milliseconds.
 type statsJSON struct {
-	Queue            string     `json:"queue"`
-	Ready            int64      `json:"ready"`
-	Delayed          int64      `json:"delayed"`
-	Inflight         int64      `json:"inflight"`
-	Dead             int64      `json:"dead"`
-	Leases           int64      `json:"leases"`
-	OldestReadyAgeMs int64      `json:"oldest_ready_age_ms"`
-	Enqueued         uint64     `json:"enqueued"`
-	Duplicates       uint64     `json:"duplicates"`
-	Delivered        uint64     `json:"delivered"`
-	Acked            uint64     `json:"acked"`
-	Nacked           uint64     `json:"nacked"`
-	Expired          uint64     `json:"expired"`
-	DeadLettered     uint64     `json:"dead_lettered"`
-	Redriven         uint64     `json:"redriven"`
-	Purged           uint64     `json:"purged"`
-	CorruptErrors    uint64     `json:"corrupt_errors"`
-	Config           configJSON `json:"config"`
+	httpapi.QueueStats
 	// Backend and Sync describe the node, not the queue: repeated on every
 	// line so each line stands alone.
 	Backend string `json:"backend,omitempty"`
 	Sync    string `json:"sync,omitempty"`
-}
-
-// configJSON is a queue config in JSON output. Durations are milliseconds.
-type configJSON struct {
-	MaxAttempts   uint32 `json:"max_attempts"`
-	LeaseMs       int64  `json:"lease_ms"`
-	DedupWindowMs int64  `json:"dedup_window_ms"`
-	BackoffBaseMs int64  `json:"backoff_base_ms"`
-	BackoffMaxMs  int64  `json:"backoff_max_ms"`
-}
-
-func toConfigJSON(c storage.QueueConfig) configJSON {
-	return configJSON{
-		MaxAttempts:   c.MaxAttempts,
-		LeaseMs:       c.LeaseDuration.Milliseconds(),
-		DedupWindowMs: c.DedupWindow.Milliseconds(),
-		BackoffBaseMs: c.BackoffBase.Milliseconds(),
-		BackoffMaxMs:  c.BackoffMax.Milliseconds(),
-	}
 }
 
 var statsCommand = &command{
@@ -95,13 +62,7 @@ and version. --json prints one JSON object per queue and line instead
 				if *asJSON {
 					enc := json.NewEncoder(e.stdout)
 					for _, q := range stats {
-						if err := enc.Encode(statsJSON{
-							Queue: q.Queue, Ready: q.Ready, Delayed: q.Delayed, Inflight: q.Inflight, Dead: q.Dead,
-							Leases: q.Leases, OldestReadyAgeMs: q.OldestReadyAge.Milliseconds(),
-							Enqueued: q.Enqueued, Duplicates: q.Duplicates, Delivered: q.Delivered, Acked: q.Acked,
-							Nacked: q.Nacked, Expired: q.Expired, DeadLettered: q.DeadLettered, Redriven: q.Redriven,
-							Purged: q.Purged, CorruptErrors: q.CorruptErrors, Config: toConfigJSON(q.Config), Backend: ni.Backend, Sync: ni.Sync,
-						}); err != nil {
+						if err := enc.Encode(statsJSON{QueueStats: httpapi.NewQueueStats(&q), Backend: ni.Backend, Sync: ni.Sync}); err != nil {
 							return err
 						}
 					}
@@ -498,7 +459,7 @@ queue into a change of it.`,
 					}
 				}
 				if *asJSON {
-					return json.NewEncoder(e.stdout).Encode(toConfigJSON(cfg))
+					return json.NewEncoder(e.stdout).Encode(httpapi.NewQueueConfig(cfg))
 				}
 				fmt.Fprintf(e.stdout, "max-attempts=%d\nlease=%v\ndedup-window=%v\nbackoff-base=%v\nbackoff-max=%v\n",
 					cfg.MaxAttempts, cfg.LeaseDuration, cfg.DedupWindow, cfg.BackoffBase, cfg.BackoffMax)

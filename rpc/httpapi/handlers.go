@@ -374,7 +374,7 @@ func (s *Server) queues(c *call) (any, error) {
 	}
 	out := QueuesResponse{Queues: make([]QueueStats, len(st))}
 	for i := range st {
-		out.Queues[i] = toStats(&st[i])
+		out.Queues[i] = NewQueueStats(&st[i])
 	}
 	return out, nil
 }
@@ -391,7 +391,7 @@ func (s *Server) stats(c *call) (any, error) {
 	if len(st) != 1 {
 		return nil, fmt.Errorf("httpapi: store returned %d stats for queue %q", len(st), queue)
 	}
-	return toStats(&st[0]), nil
+	return NewQueueStats(&st[0]), nil
 }
 
 func (s *Server) setConfig(c *call) (any, error) {
@@ -422,7 +422,7 @@ func (s *Server) setConfig(c *call) (any, error) {
 	if err := s.cfg.Store.SetQueueConfig(c.r.Context(), queue, next); err != nil {
 		return nil, err
 	}
-	return toConfig(next), nil
+	return NewQueueConfig(next), nil
 }
 
 // page reads the after and limit query parameters of a listing.

@@ -256,7 +256,9 @@ type QueueConfig struct {
 	BackoffMaxMs  int64  `json:"backoff_max_ms"`
 }
 
-func toConfig(c storage.QueueConfig) QueueConfig {
+// NewQueueConfig is c in its JSON form (the CLI's --json output uses it
+// too).
+func NewQueueConfig(c storage.QueueConfig) QueueConfig {
 	return QueueConfig{
 		MaxAttempts:   c.MaxAttempts,
 		LeaseMs:       c.LeaseDuration.Milliseconds(),
@@ -322,13 +324,15 @@ type QueueStats struct {
 	Config           QueueConfig `json:"config"`
 }
 
-func toStats(q *storage.QueueStats) QueueStats {
+// NewQueueStats is q in its JSON form (the CLI's `stats --json` uses it
+// too).
+func NewQueueStats(q *storage.QueueStats) QueueStats {
 	return QueueStats{
 		Queue: q.Queue, Ready: q.Ready, Delayed: q.Delayed, Inflight: q.Inflight, Dead: q.Dead, Leases: q.Leases,
 		OldestReadyAgeMs: q.OldestReadyAge.Milliseconds(),
 		Enqueued:         q.Enqueued, Duplicates: q.Duplicates, Delivered: q.Delivered, Acked: q.Acked, Nacked: q.Nacked,
 		Expired: q.Expired, DeadLettered: q.DeadLettered, Redriven: q.Redriven, Purged: q.Purged,
-		CorruptErrors: q.CorruptErrors, Config: toConfig(q.Config),
+		CorruptErrors: q.CorruptErrors, Config: NewQueueConfig(q.Config),
 	}
 }
 
