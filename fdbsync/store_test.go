@@ -80,12 +80,14 @@ func BenchmarkFDBModelStore(b *testing.B) {
 	storagetest.Bench(b, modelHarness(fdbmodel.Faults{}))
 }
 
-func TestFDBModel_MaxQueues(t *testing.T) {
+func TestFDBModel_Limits(t *testing.T) {
 	t.Parallel()
-	storagetest.RunMaxQueues(t, func(t *testing.T, lim storage.Limits) storage.Store {
+	open := func(t *testing.T, lim storage.Limits) storage.Store {
 		s, err := fdbsync.New(fdbmodel.New(fdbmodel.Options{Clock: clock.NewMock()}), fdbsync.Options{Limits: lim})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = s.Close() })
 		return s
-	})
+	}
+	t.Run("MaxQueues", func(t *testing.T) { storagetest.RunMaxQueues(t, open) })
+	t.Run("PartialLimits", func(t *testing.T) { storagetest.RunPartialLimits(t, open) })
 }

@@ -47,11 +47,13 @@ func TestConformanceMemstoreReopenShim(t *testing.T) {
 	storagetest.Run(t, h)
 }
 
-func TestMemstore_MaxQueues(t *testing.T) {
+func TestMemstore_Limits(t *testing.T) {
 	t.Parallel()
-	storagetest.RunMaxQueues(t, func(t *testing.T, lim storage.Limits) storage.Store {
+	open := func(t *testing.T, lim storage.Limits) storage.Store {
 		s := memstore.New(memstore.Options{Limits: lim})
 		t.Cleanup(func() { _ = s.Close() })
 		return s
-	})
+	}
+	t.Run("MaxQueues", func(t *testing.T) { storagetest.RunMaxQueues(t, open) })
+	t.Run("PartialLimits", func(t *testing.T) { storagetest.RunPartialLimits(t, open) })
 }

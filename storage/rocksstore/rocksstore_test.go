@@ -628,22 +628,11 @@ func TestRocksStore_PurgeUnderLoad(t *testing.T) {
 	}
 }
 
-// TestRocksStore_PartialLimits: a Limits with one field set keeps the
-// defaults for the others (it used to take effect only when whole, so
-// MaxPayload 0 refused every payload).
-func TestRocksStore_PartialLimits(t *testing.T) {
+func TestRocksStore_Limits(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(o *Options) { o.Limits = storage.Limits{MaxBatch: 10} })
-	require.Equal(t, storage.DefaultLimits.MaxPayload, b.s.limits.MaxPayload)
-	b.enqueue("q", at(0), storage.EnqueueItem{Payload: []byte("a normal payload")})
-	_, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: make([]storage.EnqueueItem, 11), Now: at(0)})
-	require.ErrorIs(t, err, storage.ErrInvalidArgument)
-	require.ErrorContains(t, err, "limit of 10")
-}
-
-func TestRocksStore_MaxQueues(t *testing.T) {
-	t.Parallel()
-	storagetest.RunMaxQueues(t, func(t *testing.T, lim storage.Limits) storage.Store {
+	open := func(t *testing.T, lim storage.Limits) storage.Store {
 		return setup(t, func(o *Options) { o.Limits = lim }).s
-	})
+	}
+	t.Run("MaxQueues", func(t *testing.T) { storagetest.RunMaxQueues(t, open) })
+	t.Run("PartialLimits", func(t *testing.T) { storagetest.RunPartialLimits(t, open) })
 }

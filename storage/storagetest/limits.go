@@ -191,6 +191,35 @@ func testReasonIsTruncated(t *testing.T, f *fixture) {
 	require.Equal(t, multi[:lim.MaxReason-2], got, "cut before the rune that does not fit")
 }
 
+// RunPartialLimits checks that a store given Limits with only some fields
+// set takes storage.DefaultLimits for the others, field by field: opened
+// with {MaxBatch: 10}, payloads up to the default MaxPayload are accepted,
+// a batch of 11 is refused, and a long nack reason is cut at the default
+// MaxReason (not at 0).
+func RunPartialLimits(t *testing.T, open func(t *testing.T, lim storage.Limits) storage.Store) {
+	t.Helper()
+	s := open(t, storage.Limits{MaxBatch: 10})
+	ctx := context.Background()
+	now := time.Unix(1_700_000_000, 0)
+	def := storage.DefaultLimits
+	res, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: bytes.Repeat([]byte("p"), def.MaxPayload)}}, Now: now})
+	require.NoError(t, err)
+	require.Equal(t, storage.CodeOK, res[0].Code, "a payload of the default MaxPayload: %s", res[0].Err)
+	_, err = s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: make([]storage.EnqueueItem, 11), Now: now})
+	require.ErrorIs(t, err, storage.ErrInvalidArgument, "MaxBatch 10 applies")
+	p, err := s.Poll(ctx, storage.PollParams{Queue: "q", Max: 1, Lease: time.Minute, Now: now})
+	require.NoError(t, err)
+	require.Len(t, p.Items, 1)
+	zero := time.Duration(0)
+	reason := strings.Repeat("r", def.MaxReason+10)
+	codes, err := s.Nack(ctx, storage.NackParams{Queue: "q", Lease: p.Lease, IDs: []storage.ItemID{p.Items[0].ID}, Delay: &zero, Reason: reason, Now: now})
+	require.NoError(t, err)
+	require.Equal(t, []storage.Code{storage.CodeOK}, codes)
+	items, err := s.Peek(ctx, storage.PeekParams{Queue: "q", Limit: 1, Now: now})
+	require.NoError(t, err)
+	require.Equal(t, reason[:def.MaxReason], items[0].LastError, "the reason is cut at the default MaxReason")
+}
+
 // RunMaxQueues checks Limits.MaxQueues on a store opened with limits
 // {MaxQueues: 2}: a third queue is refused (ErrInvalidArgument) by both
 // Enqueue and SetQueueConfig, and the existing queues keep working.
