@@ -89,9 +89,13 @@ func (q *queueServer) leaseFor(n uint64) (time.Duration, error) {
 	return min(max(secs(n), q.limits.MinLease), q.limits.MaxLease), nil
 }
 
-// token decodes a lease token from the wire.
-func token(b []byte) (storage.LeaseID, error) {
+// leaseArg reads and checks a request's lease field (16 bytes).
+func leaseArg(get func() ([]byte, error)) (storage.LeaseID, error) {
 	var l storage.LeaseID
+	b, err := get()
+	if err != nil {
+		return l, invalid("lease: %v", err)
+	}
 	if len(b) != len(l) {
 		return l, invalid("lease must be %d bytes, got %d", len(l), len(b))
 	}
@@ -232,11 +236,7 @@ func (q *queueServer) Remove(ctx context.Context, call qbschema.Queue_remove) er
 		if err != nil {
 			return invalid("req: %v", err)
 		}
-		lb, err := req.Lease()
-		if err != nil {
-			return invalid("lease: %v", err)
-		}
-		lease, err := token(lb)
+		lease, err := leaseArg(req.Lease)
 		if err != nil {
 			return err
 		}
@@ -280,11 +280,7 @@ func (q *queueServer) Extend(ctx context.Context, call qbschema.Queue_extend) er
 		if err != nil {
 			return invalid("req: %v", err)
 		}
-		lb, err := req.Lease()
-		if err != nil {
-			return invalid("lease: %v", err)
-		}
-		lease, err := token(lb)
+		lease, err := leaseArg(req.Lease)
 		if err != nil {
 			return err
 		}
