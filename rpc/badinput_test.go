@@ -95,6 +95,25 @@ func TestBadInput_Wire(t *testing.T) {
 		requireServing(t, b)
 	})
 
+	// A framed message whose root is not a struct (null, or a list) is no
+	// rpc.capnp Message: the server must end the connection, not crash
+	// (FuzzServerConn found the null root taking the whole node down).
+	for name, segment := range map[string][]byte{
+		"NullRootMessage": make([]byte, 8),
+		"ListRootMessage": {0x01, 0, 0, 0, 0x02, 0, 0, 0}, // a root pointer to an empty list of bytes
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, bundleOpts{})
+			conn := rawConn(t, b)
+			hdr := []byte{0, 0, 0, 0, byte(len(segment) / 8), 0, 0, 0}
+			_, err := conn.Write(append(hdr, segment...))
+			require.NoError(t, err)
+			requireClosedByServer(t, conn)
+			requireServing(t, b)
+		})
+	}
+
 	t.Run("MessageOverLimit", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, bundleOpts{mutate: func(c *ServerConfig) { c.MaxMessageBytes = 256 << 10 }})

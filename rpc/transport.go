@@ -33,6 +33,10 @@ func newLimitedCodec(rwc io.ReadWriteCloser, maxBytes uint64) *limitedCodec {
 	return &limitedCodec{dec: dec, enc: capnp.NewEncoder(rwc), c: rwc, maxBytes: maxBytes}
 }
 
+// errNotAStruct ends a connection whose peer sent a message whose root is
+// not a struct.
+var errNotAStruct = errors.New("rpc: message root is not a struct")
+
 func (c *limitedCodec) Encode(m *capnp.Message) error { return c.enc.Encode(m) }
 
 func (c *limitedCodec) Decode() (*capnp.Message, error) {
@@ -44,6 +48,19 @@ func (c *limitedCodec) Decode() (*capnp.Message, error) {
 	// through several accessors); 4x the message size bounds the work
 	// per message while leaving honest messages far from the limit.
 	m.ResetReadLimit(4 * c.maxBytes)
+	// An RPC message is a struct. go-capnp reads any other root (null, a
+	// list) as a zero rpccp.Message whose Message() is nil, which the
+	// layers above would dereference: refuse it here, once, and the
+	// connection ends like for any undecodable message.
+	root, err := m.Root()
+	if err != nil {
+		m.Release()
+		return nil, err
+	}
+	if root.Struct().Segment() == nil {
+		m.Release()
+		return nil, errNotAStruct
+	}
 	if c.first != nil {
 		c.first()
 		c.first = nil
