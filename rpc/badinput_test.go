@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"capnproto.org/go/capnp/v3"
+	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/schema"
@@ -35,6 +36,20 @@ func requireClosedByServer(t *testing.T, conn net.Conn) {
 	if err != nil && errorsAs(err, &ne) && ne.Timeout() {
 		t.Fatal("server did not close the connection")
 	}
+}
+
+// newRPCMessage returns the framed bytes of one rpc.capnp Message built by
+// build.
+func newRPCMessage(t testing.TB, build func(rpccp.Message) error) []byte {
+	msg, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+	require.NoError(t, err)
+	defer msg.Release()
+	m, err := rpccp.NewRootMessage(seg)
+	require.NoError(t, err)
+	require.NoError(t, build(m))
+	b, err := msg.Marshal()
+	require.NoError(t, err)
+	return b
 }
 
 // requireServing checks that a fresh client still gets full service.
@@ -113,6 +128,48 @@ func TestBadInput_Wire(t *testing.T) {
 			requireServing(t, b)
 		})
 	}
+
+	// A call whose target is the promised answer of its own question makes
+	// go-capnp v3.1.0-alpha.2 dereference a nil pipeline caller (a panic in
+	// its receive goroutine: the whole node would go down). The server
+	// ends such a connection instead (guardTransport; see doc.go).
+	t.Run("CallOnItsOwnAnswer", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, bundleOpts{})
+		conn := rawConn(t, b)
+		boot := newRPCMessage(t, func(m rpccp.Message) error {
+			bs, err := m.NewBootstrap()
+			if err != nil {
+				return err
+			}
+			bs.SetQuestionId(0)
+			return nil
+		})
+		call := newRPCMessage(t, func(m rpccp.Message) error {
+			c, err := m.NewCall()
+			if err != nil {
+				return err
+			}
+			c.SetQuestionId(1)
+			c.SetInterfaceId(schema.Queue_TypeID)
+			c.SetMethodId(6) // queues
+			tgt, err := c.NewTarget()
+			if err != nil {
+				return err
+			}
+			pa, err := tgt.NewPromisedAnswer()
+			if err != nil {
+				return err
+			}
+			pa.SetQuestionId(1)
+			_, err = c.NewParams()
+			return err
+		})
+		_, err := conn.Write(append(boot, call...))
+		require.NoError(t, err)
+		requireClosedByServer(t, conn)
+		requireServing(t, b)
+	})
 
 	t.Run("MessageOverLimit", func(t *testing.T) {
 		t.Parallel()
