@@ -52,6 +52,94 @@ func newRPCMessage(t testing.TB, build func(rpccp.Message) error) []byte {
 	return b
 }
 
+// rawSubscribe bootstraps on conn and sends subscribe("q", prefetch 1)
+// whose consumer is an interface pointer to entry 0 of a cap table of caps
+// entries, each a null capability (CapDescriptor none). It returns the
+// answer's status code.
+func rawSubscribe(t *testing.T, conn net.Conn, caps int32) schema.ErrorCode {
+	t.Helper()
+	boot := newRPCMessage(t, func(m rpccp.Message) error {
+		bs, err := m.NewBootstrap()
+		if err != nil {
+			return err
+		}
+		bs.SetQuestionId(0)
+		return nil
+	})
+	call := newRPCMessage(t, func(m rpccp.Message) error {
+		c, err := m.NewCall()
+		if err != nil {
+			return err
+		}
+		c.SetQuestionId(1)
+		c.SetInterfaceId(schema.Queue_TypeID)
+		c.SetMethodId(14) // subscribe
+		tgt, err := c.NewTarget()
+		if err != nil {
+			return err
+		}
+		pa, err := tgt.NewPromisedAnswer()
+		if err != nil {
+			return err
+		}
+		pa.SetQuestionId(0)
+		p, err := c.NewParams()
+		if err != nil {
+			return err
+		}
+		args, err := schema.NewQueue_subscribe_Params(p.Segment())
+		if err != nil {
+			return err
+		}
+		if err := args.SetQueue("q"); err != nil {
+			return err
+		}
+		args.SetPrefetch(1)
+		if err := capnp.Struct(args).SetPtr(1, capnp.NewInterface(p.Segment(), 0).ToPtr()); err != nil {
+			return err
+		}
+		if err := p.SetContent(args.ToPtr()); err != nil {
+			return err
+		}
+		if caps > 0 {
+			l, err := p.NewCapTable(caps)
+			if err != nil {
+				return err
+			}
+			for i := range int(caps) {
+				l.At(i).SetNone()
+			}
+		}
+		return nil
+	})
+	_, err := conn.Write(append(boot, call...))
+	require.NoError(t, err)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	dec := capnp.NewDecoder(conn)
+	for {
+		msg, err := dec.Decode()
+		require.NoError(t, err, "no answer to subscribe")
+		m, err := rpccp.ReadRootMessage(msg)
+		require.NoError(t, err)
+		if m.Which() != rpccp.Message_Which_return {
+			continue
+		}
+		ret, err := m.Return()
+		require.NoError(t, err)
+		if ret.AnswerId() != 1 {
+			continue
+		}
+		require.Equal(t, rpccp.Return_Which_results, ret.Which())
+		res, err := ret.Results()
+		require.NoError(t, err)
+		content, err := res.Content()
+		require.NoError(t, err)
+		st, err := schema.Queue_subscribe_Results(content.Struct()).Status()
+		require.NoError(t, err)
+		return st.Code()
+	}
+}
+
 // requireServing checks that a fresh client still gets full service.
 func requireServing(t *testing.T, b *testBundle) {
 	t.Helper()
@@ -170,6 +258,19 @@ func TestBadInput_Wire(t *testing.T) {
 		requireClosedByServer(t, conn)
 		requireServing(t, b)
 	})
+
+	// subscribe whose consumer is a null capability (a descriptor of
+	// none, or an index past the cap table) is refused with a status; the
+	// server must not call it.
+	for name, caps := range map[string]int32{"NullConsumer": 1, "ConsumerPastCapTable": 0} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, bundleOpts{})
+			code := rawSubscribe(t, rawConn(t, b), caps)
+			require.Equal(t, schema.ErrorCode_invalidArgument, code)
+			requireServing(t, b)
+		})
+	}
 
 	t.Run("MessageOverLimit", func(t *testing.T) {
 		t.Parallel()
