@@ -262,5 +262,5 @@ cpp-example: deps ## build the C++ client examples bin/leaseq-cpp-client (docs/c
 	cd schema && capnp compile -I"$$std" -oc++:../bin/cpp queue.capnp queueber.capnp
 	g++ -std=c++17 -O1 -Ibin/cpp docs/cpp/client.c++ bin/cpp/queue.capnp.c++ $$(pkg-config --cflags --libs capnp-rpc) -o bin/leaseq-cpp-client
 	g++ -std=c++17 -O1 -Ibin/cpp docs/cpp/queueber_client.c++ bin/cpp/queueber.capnp.c++ $$(pkg-config --cflags --libs capnp-rpc) -o bin/queueber-cpp-client
-	@echo "run: bin/leaseq-cpp-client [127.0.0.1:7700 | unix:/path]"
+	@echo "run: bin/leaseq-cpp-client [127.0.0.1:7700 | unix:/path] [--wait-done]"
 	@echo "run: bin/queueber-cpp-client ADDR (a node's --queueber-listen address)"

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"capnproto.org/go/capnp/v3"
+	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/rpc/rpctest"
@@ -35,6 +36,108 @@ func requireClosedByServer(t *testing.T, conn net.Conn) {
 	var ne net.Error
 	if err != nil && errorsAs(err, &ne) && ne.Timeout() {
 		t.Fatal("server did not close the connection")
+	}
+}
+
+// newRPCMessage returns the framed bytes of one rpc.capnp Message built by
+// build.
+func newRPCMessage(t testing.TB, build func(rpccp.Message) error) []byte {
+	msg, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+	require.NoError(t, err)
+	defer msg.Release()
+	m, err := rpccp.NewRootMessage(seg)
+	require.NoError(t, err)
+	require.NoError(t, build(m))
+	b, err := msg.Marshal()
+	require.NoError(t, err)
+	return b
+}
+
+// rawSubscribe bootstraps on conn and sends subscribe("q", prefetch 1)
+// whose consumer is an interface pointer to entry 0 of a cap table of caps
+// entries, each a null capability (CapDescriptor none). It returns the
+// answer's status code.
+func rawSubscribe(t *testing.T, conn net.Conn, caps int32) schema.ErrorCode {
+	t.Helper()
+	boot := newRPCMessage(t, func(m rpccp.Message) error {
+		bs, err := m.NewBootstrap()
+		if err != nil {
+			return err
+		}
+		bs.SetQuestionId(0)
+		return nil
+	})
+	call := newRPCMessage(t, func(m rpccp.Message) error {
+		c, err := m.NewCall()
+		if err != nil {
+			return err
+		}
+		c.SetQuestionId(1)
+		c.SetInterfaceId(schema.Queue_TypeID)
+		c.SetMethodId(14) // subscribe
+		tgt, err := c.NewTarget()
+		if err != nil {
+			return err
+		}
+		pa, err := tgt.NewPromisedAnswer()
+		if err != nil {
+			return err
+		}
+		pa.SetQuestionId(0)
+		p, err := c.NewParams()
+		if err != nil {
+			return err
+		}
+		args, err := schema.NewQueue_subscribe_Params(p.Segment())
+		if err != nil {
+			return err
+		}
+		if err := args.SetQueue("q"); err != nil {
+			return err
+		}
+		args.SetPrefetch(1)
+		if err := capnp.Struct(args).SetPtr(1, capnp.NewInterface(p.Segment(), 0).ToPtr()); err != nil {
+			return err
+		}
+		if err := p.SetContent(args.ToPtr()); err != nil {
+			return err
+		}
+		if caps > 0 {
+			l, err := p.NewCapTable(caps)
+			if err != nil {
+				return err
+			}
+			for i := range int(caps) {
+				l.At(i).SetNone()
+			}
+		}
+		return nil
+	})
+	_, err := conn.Write(append(boot, call...))
+	require.NoError(t, err)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	dec := capnp.NewDecoder(conn)
+	for {
+		msg, err := dec.Decode()
+		require.NoError(t, err, "no answer to subscribe")
+		m, err := rpccp.ReadRootMessage(msg)
+		require.NoError(t, err)
+		if m.Which() != rpccp.Message_Which_return {
+			continue
+		}
+		ret, err := m.Return()
+		require.NoError(t, err)
+		if ret.AnswerId() != 1 {
+			continue
+		}
+		require.Equal(t, rpccp.Return_Which_results, ret.Which())
+		res, err := ret.Results()
+		require.NoError(t, err)
+		content, err := res.Content()
+		require.NoError(t, err)
+		st, err := schema.Queue_subscribe_Results(content.Struct()).Status()
+		require.NoError(t, err)
+		return st.Code()
 	}
 }
 
@@ -95,6 +198,80 @@ func TestBadInput_Wire(t *testing.T) {
 		requireClosedByServer(t, conn)
 		requireServing(t, b)
 	})
+
+	// A framed message whose root is not a struct (null, or a list) is no
+	// rpc.capnp Message: the server must end the connection, not crash
+	// (FuzzServerConn found the null root taking the whole node down).
+	for name, segment := range map[string][]byte{
+		"NullRootMessage": make([]byte, 8),
+		"ListRootMessage": {0x01, 0, 0, 0, 0x02, 0, 0, 0}, // a root pointer to an empty list of bytes
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, bundleOpts{})
+			conn := rawConn(t, b)
+			hdr := []byte{0, 0, 0, 0, byte(len(segment) / 8), 0, 0, 0}
+			_, err := conn.Write(append(hdr, segment...))
+			require.NoError(t, err)
+			requireClosedByServer(t, conn)
+			requireServing(t, b)
+		})
+	}
+
+	// A call whose target is the promised answer of its own question makes
+	// go-capnp v3.1.0-alpha.2 dereference a nil pipeline caller (a panic in
+	// its receive goroutine: the whole node would go down). The server
+	// ends such a connection instead (guardTransport; see doc.go).
+	t.Run("CallOnItsOwnAnswer", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, bundleOpts{})
+		conn := rawConn(t, b)
+		boot := newRPCMessage(t, func(m rpccp.Message) error {
+			bs, err := m.NewBootstrap()
+			if err != nil {
+				return err
+			}
+			bs.SetQuestionId(0)
+			return nil
+		})
+		call := newRPCMessage(t, func(m rpccp.Message) error {
+			c, err := m.NewCall()
+			if err != nil {
+				return err
+			}
+			c.SetQuestionId(1)
+			c.SetInterfaceId(schema.Queue_TypeID)
+			c.SetMethodId(6) // queues
+			tgt, err := c.NewTarget()
+			if err != nil {
+				return err
+			}
+			pa, err := tgt.NewPromisedAnswer()
+			if err != nil {
+				return err
+			}
+			pa.SetQuestionId(1)
+			_, err = c.NewParams()
+			return err
+		})
+		_, err := conn.Write(append(boot, call...))
+		require.NoError(t, err)
+		requireClosedByServer(t, conn)
+		requireServing(t, b)
+	})
+
+	// subscribe whose consumer is a null capability (a descriptor of
+	// none, or an index past the cap table) is refused with a status; the
+	// server must not call it.
+	for name, caps := range map[string]int32{"NullConsumer": 1, "ConsumerPastCapTable": 0} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, bundleOpts{})
+			code := rawSubscribe(t, rawConn(t, b), caps)
+			require.Equal(t, schema.ErrorCode_invalidArgument, code)
+			requireServing(t, b)
+		})
+	}
 
 	t.Run("MessageOverLimit", func(t *testing.T) {
 		t.Parallel()

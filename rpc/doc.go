@@ -50,6 +50,27 @@
 // in-flight bytes bound and subscription credit are per node, not per
 // protocol. The error codes of both come from rpc/errcode.
 //
+// Untrusted input. Every incoming message goes through limitedCodec (size
+// and traversal limits; a root that is not a struct ends the connection)
+// and guardTransport, which ends a connection whose peer sends a message
+// that go-capnp v3.1.0-alpha.2 cannot survive, because a panic in its
+// receive goroutine would take the whole node down. go-capnp workarounds,
+// each with a regression test in TestBadInput_Wire and its reproducer in
+// testdata/fuzz/FuzzServerConn:
+//
+//   - A Call whose target is the promised answer of its own question:
+//     handleCall registers the answer, then looks up the target and
+//     dereferences the new answer's still-nil pipeline caller
+//     (TestBadInput_Wire/CallOnItsOwnAnswer).
+//
+// FuzzServerConn (fuzz_test.go; `make fuzz`) feeds arbitrary message
+// sequences (raw bytes, framed segments, and structurally valid rpc.capnp
+// Messages: Bootstrap, Call, Return, Finish, Release, Resolve, Disembargo,
+// Abort, ...) to one connection of a real Server, and checks that the
+// server does not panic, answers a well-formed probe or ends the
+// connection within a bound, releases the connection and its goroutines
+// when it closes, and then serves a fresh client.
+//
 // Concurrency: Server, Client and Subscription are safe for concurrent use.
 // Lock order: Server.mu and leaseTracker.mu are leaves (never held while
 // calling the store, the dispatcher or capnp); dispatch has its own leaf

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"capnproto.org/go/capnp/v3"
+
 	"github.com/leaseq/leaseq/rpc/dispatch"
 	"github.com/leaseq/leaseq/schema"
 	"github.com/leaseq/leaseq/storage"
@@ -191,8 +193,11 @@ func (q *queueServer) Subscribe(ctx context.Context, call schema.Queue_subscribe
 		if err != nil {
 			return err
 		}
-		if !args.HasConsumer() {
-			return fmt.Errorf("%w: consumer capability missing", storage.ErrInvalidArgument)
+		// A null capability (missing, a descriptor of none, an index past
+		// the cap table) cannot be pushed to; go-capnp panics on some
+		// methods of a null client, SetFlowLimiter among them.
+		if !args.HasConsumer() || !capnp.Client(args.Consumer()).IsValid() {
+			return fmt.Errorf("%w: consumer capability missing or null", storage.ErrInvalidArgument)
 		}
 		if n := q.s.disp.QueueWaiters(queue); n >= q.s.maxWaiters() {
 			return fmt.Errorf("%w %q (limit %d)", ErrTooManyWaiters, queue, q.s.maxWaiters())

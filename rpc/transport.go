@@ -33,6 +33,10 @@ func newLimitedCodec(rwc io.ReadWriteCloser, maxBytes uint64) *limitedCodec {
 	return &limitedCodec{dec: dec, enc: capnp.NewEncoder(rwc), c: rwc, maxBytes: maxBytes}
 }
 
+// errNotAStruct ends a connection whose peer sent a message whose root is
+// not a struct.
+var errNotAStruct = errors.New("rpc: message root is not a struct")
+
 func (c *limitedCodec) Encode(m *capnp.Message) error { return c.enc.Encode(m) }
 
 func (c *limitedCodec) Decode() (*capnp.Message, error) {
@@ -44,6 +48,19 @@ func (c *limitedCodec) Decode() (*capnp.Message, error) {
 	// through several accessors); 4x the message size bounds the work
 	// per message while leaving honest messages far from the limit.
 	m.ResetReadLimit(4 * c.maxBytes)
+	// An RPC message is a struct. go-capnp reads any other root (null, a
+	// list) as a zero rpccp.Message whose Message() is nil, which the
+	// layers above would dereference: refuse it here, once, and the
+	// connection ends like for any undecodable message.
+	root, err := m.Root()
+	if err != nil {
+		m.Release()
+		return nil, err
+	}
+	if root.Struct().Segment() == nil {
+		m.Release()
+		return nil, errNotAStruct
+	}
 	if c.first != nil {
 		c.first()
 		c.first = nil
@@ -110,6 +127,56 @@ func (m *flowMsg) Release() {
 	m.once.Do(m.release)
 }
 
+// guardTransport ends a connection whose peer sends a message that
+// go-capnp v3.1.0-alpha.2 cannot survive (a panic in its receive
+// goroutine takes the whole process down): RecvMessage returns an error
+// instead of the message, and the connection ends as for an undecodable
+// one. See "go-capnp workarounds" in doc.go; each case has a regression
+// test in TestBadInput_Wire and a reproducer in testdata/fuzz.
+type guardTransport struct {
+	transport.Transport
+}
+
+// errCallOnOwnAnswer is why a connection whose peer pipelined a call on
+// its own question ends.
+var errCallOnOwnAnswer = errors.New("rpc: call targets its own promised answer")
+
+func (t guardTransport) RecvMessage() (transport.IncomingMessage, error) {
+	in, err := t.Transport.RecvMessage()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkIncoming(in.Message()); err != nil {
+		in.Release()
+		return nil, err
+	}
+	return in, nil
+}
+
+// checkIncoming refuses the messages guardTransport guards against: a
+// Call whose target is the promised answer of the call's own question
+// (go-capnp looks up that answer while creating it and dereferences its
+// nil pipeline caller). Anything it cannot read is left to go-capnp, which
+// reports it in its own words.
+func checkIncoming(m rpccp.Message) error {
+	if m.Which() != rpccp.Message_Which_call {
+		return nil
+	}
+	call, err := m.Call()
+	if err != nil {
+		return nil
+	}
+	tgt, err := call.Target()
+	if err != nil || tgt.Which() != rpccp.MessageTarget_Which_promisedAnswer {
+		return nil
+	}
+	pa, err := tgt.PromisedAnswer()
+	if err == nil && pa.QuestionId() == call.QuestionId() {
+		return errCallOnOwnAnswer
+	}
+	return nil
+}
+
 // newServerTransport builds the transport of one accepted connection.
 // first runs once the first message has arrived.
 func newServerTransport(ctx context.Context, conn net.Conn, maxMsg uint64, flowLimit int64, first func()) transport.Transport {
@@ -121,7 +188,8 @@ func newServerTransport(ctx context.Context, conn net.Conn, maxMsg uint64, flowL
 func newNodeTransport(ctx context.Context, conn net.Conn, maxMsg uint64, flowLimit int64, node *semaphore.Weighted, nodeLimit int64, first func()) transport.Transport {
 	codec := newLimitedCodec(conn, maxMsg)
 	codec.first = first
-	t := transport.New(codec)
+	// The guard sits below the flow budget: a refused message takes none.
+	var t transport.Transport = guardTransport{transport.New(codec)}
 	if flowLimit <= 0 {
 		flowLimit = 1 << 62 // per connection unbounded; the node budget may still apply
 	}
