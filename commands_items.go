@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -305,13 +304,8 @@ the lease was not extended.`,
 					fmt.Fprintln(e.stdout, fmtTime(exp))
 					return nil
 				}
-				code := storage.CodeOK
-				switch {
-				case errors.Is(err, storage.ErrLeaseExpired):
-					code = storage.CodeLeaseExpired
-				case errors.Is(err, storage.ErrLeaseMismatch):
-					code = storage.CodeLeaseMismatch
-				case err != nil:
+				code, err := storage.ExtendCode(err)
+				if err != nil {
 					return err // the request failed; nothing to say per id
 				}
 				for _, id := range ids {

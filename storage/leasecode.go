@@ -1,5 +1,7 @@
 package storage
 
+import "errors"
+
 // Presence is where an id presented with a lease token (ack, nack,
 // extend) stands in its queue: what a store must know to apply the
 // lease-token rules of the package documentation.
@@ -41,4 +43,21 @@ func LeaseCode(p Presence, live bool) Code {
 		return CodeLeaseMismatch
 	}
 	return CodeLeaseExpired
+}
+
+// ExtendCode is the per-id code of an extend, for front ends that answer
+// an extend naming ids with one code per id: every id gets the lease's
+// outcome (a store extends leases, not items). err is ExtendLease's error:
+// nil is CodeOK, ErrLeaseExpired and ErrLeaseMismatch are their codes, and
+// any other error is returned as the request's failure.
+func ExtendCode(err error) (Code, error) {
+	switch {
+	case err == nil:
+		return CodeOK, nil
+	case errors.Is(err, ErrLeaseExpired):
+		return CodeLeaseExpired, nil
+	case errors.Is(err, ErrLeaseMismatch):
+		return CodeLeaseMismatch, nil
+	}
+	return 0, err
 }

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -67,6 +68,27 @@ func TestLeaseCode(t *testing.T) {
 		}
 		if got := LeaseCode(p, true); got != w[1] {
 			t.Errorf("presence %d, live: got %v, want %v", p, got, w[1])
+		}
+	}
+}
+
+func TestExtendCode(t *testing.T) {
+	t.Parallel()
+	other := errors.New("disk on fire")
+	for _, c := range []struct {
+		err     error
+		code    Code
+		failure error
+	}{
+		{nil, CodeOK, nil},
+		{fmt.Errorf("x: %w", ErrLeaseExpired), CodeLeaseExpired, nil},
+		{fmt.Errorf("x: %w", ErrLeaseMismatch), CodeLeaseMismatch, nil},
+		{ErrNotFound, 0, ErrNotFound},
+		{other, 0, other},
+	} {
+		code, err := ExtendCode(c.err)
+		if code != c.code || !errors.Is(err, c.failure) || (c.failure == nil) != (err == nil) {
+			t.Errorf("ExtendCode(%v) = %v, %v; want %v, %v", c.err, code, err, c.code, c.failure)
 		}
 	}
 }

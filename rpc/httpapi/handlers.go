@@ -347,14 +347,9 @@ func (s *Server) extend(c *call) (any, error) {
 	}
 	// With ids, every id gets the lease's outcome: the store extends
 	// leases, not items, and does not check that the ids are the lease's.
-	code := storage.CodeOK
-	switch {
-	case errors.Is(err, storage.ErrLeaseExpired):
-		code = storage.CodeLeaseExpired
-	case errors.Is(err, storage.ErrLeaseMismatch):
-		code = storage.CodeLeaseMismatch
-	case err != nil:
-		return nil, err
+	code, cerr := storage.ExtendCode(err)
+	if cerr != nil {
+		return nil, cerr
 	}
 	codes := make([]storage.Code, len(ids))
 	for i := range codes {
