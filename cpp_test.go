@@ -117,6 +117,16 @@ func TestCpp_Interop(t *testing.T) {
 	dir := t.TempDir()
 	leaseqClient, queueberClient := buildCppClients(t, dir)
 
+	// The leaseq client runs on a node of each RPC engine; the
+	// Queueber listener is go-capnp's on both.
+	lean := startNode(t, filepath.Join(dir, "data-lean"), "--sync", "none", "--rpc-engine", "lean")
+	t.Run("LeaseqClient/engine=lean", func(t *testing.T) {
+		lines := runCpp(t, leaseqClient, lean.addr)
+		requireCppLeaseqClient(t, lean, lines)
+	})
+	require.Zero(t, lean.stop())
+	require.NotContains(t, lean.logs.String(), "level=ERROR", "node logs:\n%s", lean.logs)
+
 	qbAddr := freePort(t)
 	n := startNode(t, filepath.Join(dir, "data"), "--sync", "none",
 		"--queueber-listen", qbAddr, "--queueber-queue", "cpp-qb")
@@ -124,16 +134,7 @@ func TestCpp_Interop(t *testing.T) {
 
 	t.Run("LeaseqClient", func(t *testing.T) {
 		lines := runCpp(t, leaseqClient, n.addr)
-		require.Len(t, lines, 3, "%q", lines)
-		id, ok := strings.CutPrefix(lines[0], "enqueued ")
-		require.True(t, ok, "%q", lines)
-		require.Regexp(t, `^[0-9a-f]{32}$`, id)
-		require.Equal(t, "polled "+id+" attempts=1 payload=hello from C++", lines[1])
-		require.Equal(t, "ack "+id+" ok", lines[2])
-		st := n.stats("jobs")
-		require.Equal(t, uint64(1), st.Enqueued)
-		require.Equal(t, uint64(1), st.Acked)
-		require.Zero(t, st.Ready+st.Inflight)
+		requireCppLeaseqClient(t, n, lines)
 	})
 
 	t.Run("QueueberClient", func(t *testing.T) {
@@ -172,4 +173,20 @@ func TestCpp_Interop(t *testing.T) {
 
 	require.Zero(t, n.stop())
 	require.NotContains(t, n.logs.String(), "level=ERROR", "node logs:\n%s", n.logs)
+}
+
+// requireCppLeaseqClient checks the output of docs/cpp/client.c++ and the
+// queue it used on node n.
+func requireCppLeaseqClient(t *testing.T, n *node, lines []string) {
+	t.Helper()
+	require.Len(t, lines, 3, "%q", lines)
+	id, ok := strings.CutPrefix(lines[0], "enqueued ")
+	require.True(t, ok, "%q", lines)
+	require.Regexp(t, `^[0-9a-f]{32}$`, id)
+	require.Equal(t, "polled "+id+" attempts=1 payload=hello from C++", lines[1])
+	require.Equal(t, "ack "+id+" ok", lines[2])
+	st := n.stats("jobs")
+	require.Equal(t, uint64(1), st.Enqueued)
+	require.Equal(t, uint64(1), st.Acked)
+	require.Zero(t, st.Ready+st.Inflight)
 }
