@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -185,11 +186,15 @@ func (s *Server) serveLean(ctx context.Context, cancel context.CancelFunc, conn 
 	c := &leanConn{
 		s: s, conn: conn, remote: remote, gate: gate, ctx: ctx, cancel: cancel,
 		q:      &queueServer{s: s, remote: remote, gate: gate},
-		br:     bufio.NewReaderSize(conn, leanReadBuffer),
 		maxMsg: uint64(s.cfg.MaxMessageBytes),
 		first:  first,
-		bw:     bufio.NewWriterSize(conn, leanWriteBuffer),
 	}
+	var rw io.ReadWriter = conn
+	if raw := newRawIO(conn); raw != nil {
+		rw = raw
+	}
+	c.br = bufio.NewReaderSize(rw, leanReadBuffer)
+	c.bw = bufio.NewWriterSize(rw, leanWriteBuffer)
 	if nb, ok := s.cfg.Store.(storage.Nonblocking); ok {
 		c.inline = nb.Nonblocking()
 	}
