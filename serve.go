@@ -114,13 +114,13 @@ section has the details.`,
 		tlsKey := fs.String("tls-key", "", "server private key `file` (PEM)")
 		tlsClientCA := fs.String("tls-client-ca", "", "CA bundle `file` (PEM): require client certificates signed by it (mutual TLS)")
 		maxConns := fs.Int("max-conns", rpc.DefaultMaxConns, "maximum open client connections")
-		rpcEngine := newChoice(rpc.EngineGoCapnp, func(s string) (string, error) {
+		rpcEngine := newChoice(rpc.EngineLean, func(s string) (string, error) {
 			if s != rpc.EngineGoCapnp && s != rpc.EngineLean {
 				return "", fmt.Errorf("want %s or %s", rpc.EngineGoCapnp, rpc.EngineLean)
 			}
 			return s, nil
 		})
-		fs.Var(rpcEngine, "rpc-engine", "`engine` serving --listen: go-capnp (go-capnp's rpc.Conn) or lean (one reader per connection, calls that cannot wait run on it; see rpc/doc.go)")
+		fs.Var(rpcEngine, "rpc-engine", "`engine` serving --listen: lean (one reader per connection, calls that cannot wait run on it) or go-capnp (go-capnp's rpc.Conn); see rpc/doc.go")
 		maxInflight := newChoice(strconv.Itoa(defaultInflightBytes()), parseSize)
 		fs.Var(maxInflight, "max-inflight-bytes", "incoming `bytes` of unanswered calls over all connections; beyond it the node reads no more calls until some are answered (default: a quarter of the machine's memory, 64MiB-4GiB)")
 		metricsQueues := fs.Int("metrics-max-queues", defaultMetricsQueues, "queues with /metrics series of their own (those with the most items enqueued); the rest are summed under queue=\"(other)\"")

@@ -20,10 +20,10 @@
 // Proto RPC protocol (the Go client, the C++ reference client of docs/cpp
 // and any conforming client work with either; TestMain runs every test of
 // this package on both) and run the same handler bodies (handlers.go).
-//   - go-capnp: go-capnp's rpc.Conn. Each call crosses several goroutines
+//   - go-capnp (--rpc-engine go-capnp): go-capnp's rpc.Conn. Each call crosses several goroutines
 //     (the reader, handleCalls, the call.Go goroutine, a send task) and
 //     every reply is its own writev.
-//   - lean (lean.go): one reader goroutine per connection decodes the
+//   - lean (the default; lean.go): one reader goroutine per connection decodes the
 //     rpc.capnp messages itself and runs every call that cannot wait on the
 //     spot (nodeInfo, subscribe, and every call when the store is
 //     storage.Nonblocking: memstore, rocksstore with --sync=none); long

@@ -112,7 +112,7 @@ type ServerConfig struct {
 	// nothing about the node.
 	Info NodeInfo
 	// Engine chooses how connections of the Queue interface are served:
-	// EngineGoCapnp ("" too: go-capnp's rpc.Conn) or EngineLean (lean.go).
+	// EngineLean ("" too: lean.go) or EngineGoCapnp (go-capnp's rpc.Conn).
 	// Listeners of StartBootstrap always use go-capnp.
 	Engine string
 }
@@ -505,7 +505,7 @@ func (s *Server) serveConn(conn net.Conn, boot BootstrapFunc) {
 		silent.Stop()
 	}
 	if boot == nil {
-		if s.cfg.Engine == EngineLean {
+		if s.cfg.Engine != EngineGoCapnp {
 			s.serveLean(connCtx, cancel, conn, remote, c.gate, first)
 			s.log.Debug("connection closed", "remote", remote)
 			return
