@@ -128,148 +128,154 @@ func TestCpp_Interop(t *testing.T) {
 	dir := t.TempDir()
 	leaseqClient, queueberClient := buildCppClients(t, dir)
 
-	qbAddr, metrics := freePort(t), freePort(t)
-	n := startNode(t, filepath.Join(dir, "data"), "--sync", "none", "--metrics", metrics,
-		"--queueber-listen", qbAddr, "--queueber-queue", "cpp-qb")
-	require.Contains(t, n.logs.String(), "queueber_listen="+qbAddr)
+	// Every step on a node of each RPC engine (lean is the default); the
+	// Queueber listener is go-capnp's on both.
+	for _, engine := range []string{"lean", "go-capnp"} {
+		t.Run("engine="+engine, func(t *testing.T) {
+			qbAddr, metrics := freePort(t), freePort(t)
+			n := startNode(t, filepath.Join(dir, "data-"+engine), "--rpc-engine", engine, "--sync", "none", "--metrics", metrics,
+				"--queueber-listen", qbAddr, "--queueber-queue", "cpp-qb")
+			require.Contains(t, n.logs.String(), "queueber_listen="+qbAddr)
 
-	// The subtests share the node and run in order (no t.Parallel): the
-	// leaseq client's last step stops the node.
-	t.Run("QueueberClient", func(t *testing.T) {
-		lines := runCpp(t, queueberClient, qbAddr)
-		require.Len(t, lines, 10, "%q", lines)
-		hex := regexp.MustCompile(`^[0-9a-f]{32}$`)
-		var ids []string
-		for _, l := range lines[:2] {
-			id, ok := strings.CutPrefix(l, "added ")
-			require.True(t, ok, "%q", lines)
-			require.Regexp(t, hex, id)
-			ids = append(ids, id)
-		}
-		lease, ok := strings.CutPrefix(lines[2], "lease ")
-		require.True(t, ok, "%q", lines)
-		require.Regexp(t, hex, lease)
-		require.Equal(t, []string{
-			"polled " + ids[0] + " hello from C++ 1",
-			"polled " + ids[1] + " hello from C++ 2",
-			"extended true",
-			"removed " + ids[0] + " true",
-			"removed " + ids[1] + " true",
-			"removed again false",
-		}, lines[3:9])
-		require.Contains(t, lines[9], "bad lease: exception: ")
-		require.Contains(t, lines[9], "lease must be 16 bytes, got 3")
+			// The subtests share the node and run in order (no t.Parallel): the
+			// leaseq client's last step stops the node.
+			t.Run("QueueberClient", func(t *testing.T) {
+				lines := runCpp(t, queueberClient, qbAddr)
+				require.Len(t, lines, 10, "%q", lines)
+				hex := regexp.MustCompile(`^[0-9a-f]{32}$`)
+				var ids []string
+				for _, l := range lines[:2] {
+					id, ok := strings.CutPrefix(l, "added ")
+					require.True(t, ok, "%q", lines)
+					require.Regexp(t, hex, id)
+					ids = append(ids, id)
+				}
+				lease, ok := strings.CutPrefix(lines[2], "lease ")
+				require.True(t, ok, "%q", lines)
+				require.Regexp(t, hex, lease)
+				require.Equal(t, []string{
+					"polled " + ids[0] + " hello from C++ 1",
+					"polled " + ids[1] + " hello from C++ 2",
+					"extended true",
+					"removed " + ids[0] + " true",
+					"removed " + ids[1] + " true",
+					"removed again false",
+				}, lines[3:9])
+				require.Contains(t, lines[9], "bad lease: exception: ")
+				require.Contains(t, lines[9], "lease must be 16 bytes, got 3")
 
-		st := n.stats("cpp-qb")
-		require.Equal(t, uint64(2), st.Enqueued)
-		require.Equal(t, uint64(2), st.Delivered)
-		require.Equal(t, uint64(2), st.Acked)
-		require.Zero(t, st.Ready+st.Inflight+st.Delayed)
-		// The leaseq CLI sees the Queueber queue like any other.
-		require.Contains(t, n.cli("queues").lines(), "cpp-qb")
-	})
+				st := n.stats("cpp-qb")
+				require.Equal(t, uint64(2), st.Enqueued)
+				require.Equal(t, uint64(2), st.Delivered)
+				require.Equal(t, uint64(2), st.Acked)
+				require.Zero(t, st.Ready+st.Inflight+st.Delayed)
+				// The leaseq CLI sees the Queueber queue like any other.
+				require.Contains(t, n.cli("queues").lines(), "cpp-qb")
+			})
 
-	t.Run("LeaseqClient", func(t *testing.T) {
-		tap := startWireTap(t, n.addr)
-		c := startCpp(t, leaseqClient, tap.addr, "--wait-done")
-		lines := c.linesUntil("push waiting for the node to end the subscription")
+			t.Run("LeaseqClient", func(t *testing.T) {
+				tap := startWireTap(t, n.addr)
+				c := startCpp(t, leaseqClient, tap.addr, "--wait-done")
+				lines := c.linesUntil("push waiting for the node to end the subscription")
 
-		// 1-2: enqueue, poll, extend, ack, nack, stats, peek.
-		require.GreaterOrEqual(t, len(lines), 15, "%q", lines)
-		var ids []string
-		for _, l := range lines[:3] {
-			id, ok := strings.CutPrefix(l, "enqueued ")
-			require.True(t, ok, "%q", lines)
-			require.Regexp(t, `^[0-9a-f]{32}$`, id)
-			ids = append(ids, id)
-		}
-		require.Equal(t, []string{
-			"polled " + ids[0] + ` attempts=1 payload="job 1"`,
-			"polled " + ids[1] + ` attempts=1 payload="job 2"`,
-			"polled " + ids[2] + ` attempts=1 payload="job 3"`,
-			"extend status=none later=true",
-			"ack " + ids[0] + " ok",
-			"ack " + ids[1] + " ok",
-			"nack " + ids[2] + " ok",
-			"extend finished lease status=leaseExpired",
-			"stats cpp-jobs enqueued=3 delivered=3 acked=2 nacked=1 ready=0 delayed=1 inflight=0",
-			"peek " + ids[2] + ` state=delayed attempts=1 lastError="cpp: downstream busy"`,
-			// 3: the pipelined cancel.
-			"pipelined subscribe status=none; cancel on its promised subscription ok",
-			"push enqueued 5",
-		}, lines[3:15])
+				// 1-2: enqueue, poll, extend, ack, nack, stats, peek.
+				require.GreaterOrEqual(t, len(lines), 15, "%q", lines)
+				var ids []string
+				for _, l := range lines[:3] {
+					id, ok := strings.CutPrefix(l, "enqueued ")
+					require.True(t, ok, "%q", lines)
+					require.Regexp(t, `^[0-9a-f]{32}$`, id)
+					ids = append(ids, id)
+				}
+				require.Equal(t, []string{
+					"polled " + ids[0] + ` attempts=1 payload="job 1"`,
+					"polled " + ids[1] + ` attempts=1 payload="job 2"`,
+					"polled " + ids[2] + ` attempts=1 payload="job 3"`,
+					"extend status=none later=true",
+					"ack " + ids[0] + " ok",
+					"ack " + ids[1] + " ok",
+					"nack " + ids[2] + " ok",
+					"extend finished lease status=leaseExpired",
+					"stats cpp-jobs enqueued=3 delivered=3 acked=2 nacked=1 ready=0 delayed=1 inflight=0",
+					"peek " + ids[2] + ` state=delayed attempts=1 lastError="cpp: downstream busy"`,
+					// 3: the pipelined cancel.
+					"pipelined subscribe status=none; cancel on its promised subscription ok",
+					"push enqueued 5",
+				}, lines[3:15])
 
-		// 4: push. Each delivery is acked before the next one arrives (the
-		// C++ consumer holds the stream until its ack returns) and carries
-		// at most prefetch (2) items, in queue order.
-		var payloads []string
-		deliveries, largest := 0, 0
-		rest := lines[15 : len(lines)-1]
-		for len(rest) >= 2 {
-			var k int
-			var items string
-			_, err := fmt.Sscanf(rest[0], "deliver %d items:", &k)
-			require.NoError(t, err, "%q", rest[0])
-			_, items, _ = strings.Cut(rest[0], ":")
-			for _, f := range regexp.MustCompile(`"([^"]*)"`).FindAllStringSubmatch(items, -1) {
-				payloads = append(payloads, f[1])
-			}
-			require.Equal(t, fmt.Sprintf("acked %d of %d", k, k), rest[1])
-			require.LessOrEqual(t, k, 2, "a delivery over the prefetch")
-			deliveries, largest = deliveries+1, max(largest, k)
-			rest = rest[2:]
-		}
-		require.Equal(t, []string{"push 1", "push 2", "push 3", "push 4", "push 5"}, payloads, "%q", lines)
-		require.Equal(t, []string{fmt.Sprintf("push acked=5 deliveries=%d largest=%d in_progress_max=1", deliveries, largest)}, rest)
+				// 4: push. Each delivery is acked before the next one arrives (the
+				// C++ consumer holds the stream until its ack returns) and carries
+				// at most prefetch (2) items, in queue order.
+				var payloads []string
+				deliveries, largest := 0, 0
+				rest := lines[15 : len(lines)-1]
+				for len(rest) >= 2 {
+					var k int
+					var items string
+					_, err := fmt.Sscanf(rest[0], "deliver %d items:", &k)
+					require.NoError(t, err, "%q", rest[0])
+					_, items, _ = strings.Cut(rest[0], ":")
+					for _, f := range regexp.MustCompile(`"([^"]*)"`).FindAllStringSubmatch(items, -1) {
+						payloads = append(payloads, f[1])
+					}
+					require.Equal(t, fmt.Sprintf("acked %d of %d", k, k), rest[1])
+					require.LessOrEqual(t, k, 2, "a delivery over the prefetch")
+					deliveries, largest = deliveries+1, max(largest, k)
+					rest = rest[2:]
+				}
+				require.Equal(t, []string{"push 1", "push 2", "push 3", "push 4", "push 5"}, payloads, "%q", lines)
+				require.Equal(t, []string{fmt.Sprintf("push acked=5 deliveries=%d largest=%d in_progress_max=1", deliveries, largest)}, rest)
 
-		// The node's state while the C++ consumer still holds its
-		// subscription.
-		jobs := n.stats("cpp-jobs")
-		require.Equal(t, queueStats{Delayed: 1, Enqueued: 3, Delivered: 3, Acked: 2, Nacked: 1}, jobs)
-		peeked := parsePolled(t, n.cli("peek", "cpp-jobs"))
-		require.Len(t, peeked, 1)
-		require.Equal(t, ids[2], peeked[0].ID)
-		require.Equal(t, "delayed", peeked[0].State)
-		require.Equal(t, 1, peeked[0].Attempts)
-		require.Equal(t, "cpp: downstream busy", peeked[0].LastError)
-		push := n.stats("cpp-push")
-		require.Equal(t, queueStats{Enqueued: 5, Delivered: 5, Acked: 5}, push)
-		// The pipelined subscription is gone (its pusher ends just after
-		// the cancel returns); the push one is open.
-		rpctest.Eventually(t, 30*time.Second, func() bool {
-			_, page := httpGet(t, "http://"+metrics+"/metrics")
-			return metricValue(page, "leaseq_rpc_subscriptions") == "1"
-		}, "the pipelined subscription was not cancelled")
-		_, page := httpGet(t, "http://"+metrics+"/metrics")
-		require.Equal(t, "5", metricValue(page, "leaseq_rpc_items_pushed_total"))
+				// The node's state while the C++ consumer still holds its
+				// subscription.
+				jobs := n.stats("cpp-jobs")
+				require.Equal(t, queueStats{Delayed: 1, Enqueued: 3, Delivered: 3, Acked: 2, Nacked: 1}, jobs)
+				peeked := parsePolled(t, n.cli("peek", "cpp-jobs"))
+				require.Len(t, peeked, 1)
+				require.Equal(t, ids[2], peeked[0].ID)
+				require.Equal(t, "delayed", peeked[0].State)
+				require.Equal(t, 1, peeked[0].Attempts)
+				require.Equal(t, "cpp: downstream busy", peeked[0].LastError)
+				push := n.stats("cpp-push")
+				require.Equal(t, queueStats{Enqueued: 5, Delivered: 5, Acked: 5}, push)
+				// The pipelined subscription is gone (its pusher ends just after
+				// the cancel returns); the push one is open.
+				rpctest.Eventually(t, 30*time.Second, func() bool {
+					_, page := httpGet(t, "http://"+metrics+"/metrics")
+					return metricValue(page, "leaseq_rpc_subscriptions") == "1"
+				}, "the pipelined subscription was not cancelled")
+				_, page := httpGet(t, "http://"+metrics+"/metrics")
+				require.Equal(t, "5", metricValue(page, "leaseq_rpc_items_pushed_total"))
 
-		// On the wire, cancel went to the promised answer of the first
-		// subscribe: a pipelined call, sent before subscribe's answer was
-		// used.
-		var subscribes []uint32
-		var cancels []tappedCall
-		for _, call := range tap.calledSoFar() {
-			switch {
-			case call.iface == schema.Queue_TypeID && call.method == 14:
-				subscribes = append(subscribes, call.question)
-			case call.iface == schema.Subscription_TypeID && call.method == 0:
-				cancels = append(cancels, call)
-			}
-		}
-		require.Len(t, subscribes, 2)
-		require.Len(t, cancels, 1)
-		require.True(t, cancels[0].pipelined, "cancel was not a pipelined call: %+v", cancels[0])
-		require.Equal(t, subscribes[0], cancels[0].promised)
+				// On the wire, cancel went to the promised answer of the first
+				// subscribe: a pipelined call, sent before subscribe's answer was
+				// used.
+				var subscribes []uint32
+				var cancels []tappedCall
+				for _, call := range tap.calledSoFar() {
+					switch {
+					case call.iface == schema.Queue_TypeID && call.method == 14:
+						subscribes = append(subscribes, call.question)
+					case call.iface == schema.Subscription_TypeID && call.method == 0:
+						cancels = append(cancels, call)
+					}
+				}
+				require.Len(t, subscribes, 2)
+				require.Len(t, cancels, 1)
+				require.True(t, cancels[0].pipelined, "cancel was not a pipelined call: %+v", cancels[0])
+				require.Equal(t, subscribes[0], cancels[0].promised)
 
-		// Stopping the node ends the subscription for a reason of the
-		// node's: the C++ consumer receives done(unavailable) and exits.
-		require.Zero(t, n.stop())
-		last := c.wait()
-		require.Len(t, last, 1, "%q", last)
-		require.Regexp(t, `^done unavailable detail=".*shutting down"$`, last[0])
-	})
+				// Stopping the node ends the subscription for a reason of the
+				// node's: the C++ consumer receives done(unavailable) and exits.
+				require.Zero(t, n.stop())
+				last := c.wait()
+				require.Len(t, last, 1, "%q", last)
+				require.Regexp(t, `^done unavailable detail=".*shutting down"$`, last[0])
+			})
 
-	require.NotContains(t, n.logs.String(), "level=ERROR", "node logs:\n%s", n.logs)
+			require.NotContains(t, n.logs.String(), "level=ERROR", "node logs:\n%s", n.logs)
+		})
+	}
 }
 
 // cppRun is a C++ client running in the background, its output read line

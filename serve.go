@@ -114,6 +114,13 @@ section has the details.`,
 		tlsKey := fs.String("tls-key", "", "server private key `file` (PEM)")
 		tlsClientCA := fs.String("tls-client-ca", "", "CA bundle `file` (PEM): require client certificates signed by it (mutual TLS)")
 		maxConns := fs.Int("max-conns", rpc.DefaultMaxConns, "maximum open client connections")
+		rpcEngine := newChoice(rpc.EngineLean, func(s string) (string, error) {
+			if s != rpc.EngineGoCapnp && s != rpc.EngineLean {
+				return "", fmt.Errorf("want %s or %s", rpc.EngineGoCapnp, rpc.EngineLean)
+			}
+			return s, nil
+		})
+		fs.Var(rpcEngine, "rpc-engine", "`engine` serving --listen: lean (one reader per connection, calls that cannot wait run on it) or go-capnp (go-capnp's rpc.Conn); see rpc/doc.go")
 		maxInflight := newChoice(strconv.Itoa(defaultInflightBytes()), parseSize)
 		fs.Var(maxInflight, "max-inflight-bytes", "incoming `bytes` of unanswered calls over all connections; beyond it the node reads no more calls until some are answered (default: a quarter of the machine's memory, 64MiB-4GiB)")
 		metricsQueues := fs.Int("metrics-max-queues", defaultMetricsQueues, "queues with /metrics series of their own (those with the most items enqueued); the rest are summed under queue=\"(other)\"")
@@ -237,6 +244,7 @@ section has the details.`,
 				nodeWaiters: *maxNodeWaiters,
 				metricsQs:   *metricsQueues,
 				maxMessage:  int64(maxMessage.val),
+				rpcEngine:   rpcEngine.val,
 				limits: storage.Limits{
 					MaxPayload:   maxPayload.val,
 					MaxBatch:     maxBatch.val,
@@ -331,6 +339,7 @@ type serveConfig struct {
 	nodeWaiters   int
 	metricsQs     int
 	maxMessage    int64
+	rpcEngine     string // rpc.EngineGoCapnp or rpc.EngineLean
 	limits        storage.Limits
 	sweepInterval time.Duration
 	sweepBatch    int
@@ -646,6 +655,7 @@ func rpcConfig(c serveConfig, store storage.Store, clk clock.Clock) rpc.ServerCo
 		MaxInflightBytes:   c.maxInflight,
 		MaxWaiters:         c.nodeWaiters,
 		MaxMessageBytes:    c.maxMessage,
+		Engine:             c.rpcEngine,
 		TLS:                c.tls,
 		Info:               nodeInfo(c),
 	}

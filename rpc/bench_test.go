@@ -23,19 +23,34 @@ import (
 // is the target; mem isolates the cost of the RPC layer.
 var benchBackends = []string{"rocks", "mem"}
 
-// benchServer serves a store over real TCP loopback with the real clock.
-func benchServer(b *testing.B, backend string) (*Server, string) {
-	b.Helper()
+// benchEngines are the connection engines each benchmark compares.
+var benchEngines = []string{EngineGoCapnp, EngineLean}
+
+// openBenchStore opens a store for a benchmark: "rocks" (sync=always),
+// "rocks-none" (sync=none) or "mem".
+func openBenchStore(tb testing.TB, backend string) storage.Store {
+	tb.Helper()
 	var st storage.Store
 	var err error
-	if backend == "rocks" {
-		st, err = rocksstore.Open(b.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
-	} else {
+	switch backend {
+	case "rocks":
+		st, err = rocksstore.Open(tb.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
+	case "rocks-none":
+		st, err = rocksstore.Open(tb.TempDir(), rocksstore.Options{Sync: rocksstore.SyncNone})
+	default:
 		st = memstore.New(memstore.Options{})
 	}
-	require.NoError(b, err)
-	b.Cleanup(func() { _ = st.Close() })
-	srv, err := NewServer(ServerConfig{Store: st, Clock: clock.New()})
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
+// benchServer serves a store over real TCP loopback with the real clock,
+// on engine.
+func benchServer(b *testing.B, backend, engine string) (*Server, string) {
+	b.Helper()
+	st := openBenchStore(b, backend)
+	srv, err := NewServer(ServerConfig{Store: st, Clock: clock.New(), Engine: engine})
 	require.NoError(b, err)
 	b.Cleanup(srv.Stop)
 	ln, err := Listen("127.0.0.1:0")
@@ -65,30 +80,66 @@ func reportPercentiles(b *testing.B, prefix string, lat []time.Duration) {
 	b.ReportMetric(at(0.99), prefix+"p99-ms")
 }
 
-// BenchmarkRPC_EnqueueRoundTrip: one 256-byte item per call, one call at a
-// time, fsync per call.
+// BenchmarkRPC_EnqueueRoundTrip: one 256-byte item per call, one call at
+// a time, to a server in a process of its own (benchProc), so that
+// server-cpu-us/call is the server's CPU time (user+system) per call and
+// client-cpu-us/call this process's. rocks fsyncs every call;
+// rocks-none does not; mem isolates the RPC layer.
 func BenchmarkRPC_EnqueueRoundTrip(b *testing.B) {
-	for _, be := range benchBackends {
-		b.Run("backend="+be, func(b *testing.B) { benchmarkRPC_EnqueueRoundTrip(b, be) })
+	items := []storage.EnqueueItem{{Payload: make([]byte, 256)}}
+	for _, be := range []string{"rocks", "rocks-none", "mem"} {
+		for _, e := range benchEngines {
+			b.Run("backend="+be+",engine="+e, func(b *testing.B) {
+				benchRoundTrip(b, be, e, func(ctx context.Context, c *Client) error {
+					_, err := c.Enqueue(ctx, "rtt", items)
+					return err
+				})
+			})
+		}
 	}
 }
 
-func benchmarkRPC_EnqueueRoundTrip(b *testing.B, backend string) {
-	_, addr := benchServer(b, backend)
-	c := benchDial(b, addr)
+// BenchmarkRPC_NodeInfoRoundTrip: nodeInfo calls, one at a time: a round
+// trip with no store work, the cost of the RPC layer alone (as
+// BenchmarkRPC_EnqueueRoundTrip, the server in a process of its own).
+func BenchmarkRPC_NodeInfoRoundTrip(b *testing.B) {
+	for _, e := range benchEngines {
+		b.Run("engine="+e, func(b *testing.B) {
+			benchRoundTrip(b, "mem", e, func(ctx context.Context, c *Client) error {
+				_, err := c.NodeInfo(ctx)
+				return err
+			})
+		})
+	}
+}
+
+// benchRoundTrip runs call b.N times, one at a time, against a server
+// process and reports latency percentiles and CPU time per call on both
+// sides.
+func benchRoundTrip(b *testing.B, backend, engine string, call func(context.Context, *Client) error) {
+	p := startBenchProc(b, backend, engine)
+	c := benchDial(b, p.addr)
 	ctx := context.Background()
-	items := []storage.EnqueueItem{{Payload: make([]byte, 256)}}
+	for range 100 { // warm up: connection, buffers, the store's first writes
+		if err := call(ctx, c); err != nil {
+			b.Fatal(err)
+		}
+	}
 	lat := make([]time.Duration, 0, b.N)
+	serverStart, clientStart := p.cpu(b), processCPU()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
-		if _, err := c.Enqueue(ctx, "rtt", items); err != nil {
+		if err := call(ctx, c); err != nil {
 			b.Fatal(err)
 		}
 		lat = append(lat, time.Since(start))
 	}
 	b.StopTimer()
+	serverCPU, clientCPU := p.cpu(b)-serverStart, processCPU()-clientStart
 	reportPercentiles(b, "", lat)
+	b.ReportMetric(float64(serverCPU)/float64(time.Microsecond)/float64(b.N), "server-cpu-us/call")
+	b.ReportMetric(float64(clientCPU)/float64(time.Microsecond)/float64(b.N), "client-cpu-us/call")
 }
 
 // BenchmarkRPC_WakeLatency: a consumer parked in a long poll; a producer
@@ -96,12 +147,14 @@ func benchmarkRPC_EnqueueRoundTrip(b *testing.B, backend string) {
 // included) to the poll's answer arriving at the consumer.
 func BenchmarkRPC_WakeLatency(b *testing.B) {
 	for _, be := range benchBackends {
-		b.Run("backend="+be, func(b *testing.B) { benchmarkRPC_WakeLatency(b, be) })
+		for _, e := range benchEngines {
+			b.Run("backend="+be+",engine="+e, func(b *testing.B) { benchmarkRPC_WakeLatency(b, be, e) })
+		}
 	}
 }
 
-func benchmarkRPC_WakeLatency(b *testing.B, backend string) {
-	srv, addr := benchServer(b, backend)
+func benchmarkRPC_WakeLatency(b *testing.B, backend, engine string) {
+	srv, addr := benchServer(b, backend, engine)
 	consumer, producer := benchDial(b, addr), benchDial(b, addr)
 	ctx := context.Background()
 	items := []storage.EnqueueItem{{Payload: make([]byte, 256)}}
@@ -141,12 +194,14 @@ func benchmarkRPC_WakeLatency(b *testing.B, backend string) {
 // enqueued and fully acked.
 func BenchmarkRPC_4P4C(b *testing.B) {
 	for _, be := range benchBackends {
-		b.Run("backend="+be, func(b *testing.B) { benchmarkRPC_4P4C(b, be) })
+		for _, e := range benchEngines {
+			b.Run("backend="+be+",engine="+e, func(b *testing.B) { benchmarkRPC_4P4C(b, be, e) })
+		}
 	}
 }
 
-func benchmarkRPC_4P4C(b *testing.B, backend string) {
-	_, addr := benchServer(b, backend)
+func benchmarkRPC_4P4C(b *testing.B, backend, engine string) {
+	_, addr := benchServer(b, backend, engine)
 	const producers, consumers, batch = 4, 4, 32
 	prod := make([]*Client, producers)
 	cons := make([]*Client, consumers)
@@ -226,7 +281,7 @@ func BenchmarkRPC_Producer(b *testing.B) {
 	for _, be := range benchBackends {
 		for _, batching := range []bool{false, true} {
 			b.Run(fmt.Sprintf("backend=%s,producer=%t", be, batching), func(b *testing.B) {
-				_, addr := benchServer(b, be)
+				_, addr := benchServer(b, be, EngineGoCapnp)
 				c := benchDial(b, addr)
 				ctx := context.Background()
 				var calls atomic.Int64
@@ -283,8 +338,14 @@ func BenchmarkRPC_Producer(b *testing.B) {
 // each side: the node's handler parked in the dispatcher, go-capnp's
 // client-side cancel watcher). b.N only repeats the measurement.
 func BenchmarkRPC_ParkedPollMemory(b *testing.B) {
+	for _, e := range benchEngines {
+		b.Run("engine="+e, func(b *testing.B) { benchmarkRPC_ParkedPollMemory(b, e) })
+	}
+}
+
+func benchmarkRPC_ParkedPollMemory(b *testing.B, engine string) {
 	const parkedPolls = 10_000
-	srv, addr := benchServer(b, "mem")
+	srv, addr := benchServer(b, "mem", engine)
 	var perPoll, goroutinesPerPoll float64
 	for range b.N {
 		c, err := Dial(context.Background(), addr, ClientOptions{})

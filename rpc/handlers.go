@@ -15,6 +15,10 @@ import (
 
 // queueServer implements schema.Queue_Server for one connection.
 //
+// Each method X is a thin go-capnp wrapper around a body x(ctx, args, res)
+// over the generated Params and Results structs, which the lean engine
+// (lean.go) calls too, so the logic of a method lives once.
+//
 // Every handler calls call.Go() first: storage calls wait for fsync and polls
 // may park, and neither should hold up the connection's other calls. So
 // calls on one connection that the client did not await in turn run
@@ -136,62 +140,64 @@ func (q *queueServer) leaseDur(ms uint64, what string, allowZero bool) (time.Dur
 func (q *queueServer) Enqueue(ctx context.Context, call schema.Queue_enqueue) error {
 	call.Go()
 	res, err := call.AllocResults()
-	return q.call(OpEnqueue, res, err, func() error {
-		args := call.Args()
-		queue, err := q.queueName(args.Queue)
+	return q.call(OpEnqueue, res, err, func() error { return q.enqueue(ctx, call.Args(), res) })
+}
+
+// enqueue is Enqueue's body, shared by both engines (lean.go).
+func (q *queueServer) enqueue(ctx context.Context, args schema.Queue_enqueue_Params, res schema.Queue_enqueue_Results) error {
+	queue, err := q.queueName(args.Queue)
+	if err != nil {
+		return err
+	}
+	in, err := args.Items()
+	if err != nil {
+		return fmt.Errorf("%w: items: %v", storage.ErrInvalidArgument, err)
+	}
+	n := in.Len()
+	if err := q.s.limits.ValidateBatch(n); err != nil {
+		return err
+	}
+	results := make([]storage.EnqueueResult, n)
+	items := make([]storage.EnqueueItem, 0, n)
+	index := make([]int, 0, n) // items[k] is input index[k]
+	for i := 0; i < n; i++ {
+		it, reason := q.enqueueItem(in.At(i))
+		if reason != "" {
+			results[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: reason}
+			continue
+		}
+		items = append(items, it)
+		index = append(index, i)
+	}
+	if len(items) > 0 {
+		out, err := q.s.Enqueue(ctx, storage.EnqueueParams{Queue: queue, Items: items})
 		if err != nil {
 			return err
 		}
-		in, err := args.Items()
-		if err != nil {
-			return fmt.Errorf("%w: items: %v", storage.ErrInvalidArgument, err)
+		for k, r := range out {
+			results[index[k]] = r
 		}
-		n := in.Len()
-		if err := q.s.limits.ValidateBatch(n); err != nil {
-			return err
-		}
-		results := make([]storage.EnqueueResult, n)
-		items := make([]storage.EnqueueItem, 0, n)
-		index := make([]int, 0, n) // items[k] is input index[k]
-		for i := 0; i < n; i++ {
-			it, reason := q.enqueueItem(in.At(i))
-			if reason != "" {
-				results[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: reason}
-				continue
-			}
-			items = append(items, it)
-			index = append(index, i)
-		}
-		if len(items) > 0 {
-			out, err := q.s.Enqueue(ctx, storage.EnqueueParams{Queue: queue, Items: items})
-			if err != nil {
+	}
+	l, err := res.NewResults(int32(n))
+	if err != nil {
+		return err
+	}
+	for i := range results {
+		w := l.At(i)
+		w.SetCode(wireCode(results[i].Code))
+		w.SetDuplicate(results[i].Duplicate)
+		if results[i].Code == storage.CodeOK {
+			if err := w.SetId(results[i].ID[:]); err != nil {
 				return err
 			}
-			for k, r := range out {
-				results[index[k]] = r
+		}
+		if results[i].Err != "" {
+			if err := w.SetDetail(results[i].Err); err != nil {
+				return err
 			}
 		}
-		l, err := res.NewResults(int32(n))
-		if err != nil {
-			return err
-		}
-		for i := range results {
-			w := l.At(i)
-			w.SetCode(wireCode(results[i].Code))
-			w.SetDuplicate(results[i].Duplicate)
-			if results[i].Code == storage.CodeOK {
-				if err := w.SetId(results[i].ID[:]); err != nil {
-					return err
-				}
-			}
-			if results[i].Err != "" {
-				if err := w.SetDetail(results[i].Err); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // enqueueItem checks one item against the limits; a non-empty reason
@@ -227,19 +233,21 @@ func (q *queueServer) enqueueItem(w schema.EnqueueItem) (storage.EnqueueItem, st
 func (q *queueServer) Poll(ctx context.Context, call schema.Queue_poll) error {
 	call.Go()
 	res, err := call.AllocResults()
-	return q.call(OpPoll, res, err, func() error {
-		args := call.Args()
-		queue, err := q.queueName(args.Queue)
-		if err != nil {
-			return err
-		}
-		// Server.Poll checks max, the lease and the wait.
-		pr, err := q.s.Poll(ctx, storage.PollParams{Queue: queue, Max: int(args.Max()), Lease: durMs(args.LeaseMs())}, durMs(args.WaitMs()))
-		if err != nil {
-			return err
-		}
-		return writePoll(res, pr)
-	})
+	return q.call(OpPoll, res, err, func() error { return q.poll(ctx, call.Args(), res) })
+}
+
+// poll is Poll's body, shared by both engines (lean.go).
+func (q *queueServer) poll(ctx context.Context, args schema.Queue_poll_Params, res schema.Queue_poll_Results) error {
+	queue, err := q.queueName(args.Queue)
+	if err != nil {
+		return err
+	}
+	// Server.Poll checks max, the lease and the wait.
+	pr, err := q.s.Poll(ctx, storage.PollParams{Queue: queue, Max: int(args.Max()), Lease: durMs(args.LeaseMs())}, durMs(args.WaitMs()))
+	if err != nil {
+		return err
+	}
+	return writePoll(res, pr)
 }
 
 func writePoll(res schema.Queue_poll_Results, pr storage.PollResult) error {
@@ -300,271 +308,296 @@ func setCodes(newCodes func(int32) (schema.ResultCode_List, error), codes []stor
 func (q *queueServer) Ack(ctx context.Context, call schema.Queue_ack) error {
 	call.Go()
 	res, err := call.AllocResults()
-	return q.call(OpAck, res, err, func() error {
-		queue, lease, ids, err := q.parseSettle(call.Args())
-		if err != nil {
-			return err
-		}
-		codes, err := q.s.Ack(ctx, storage.AckParams{Queue: queue, Lease: lease, IDs: ids})
-		if err != nil {
-			return err
-		}
-		return setCodes(res.NewCodes, codes)
-	})
+	return q.call(OpAck, res, err, func() error { return q.ack(ctx, call.Args(), res) })
+}
+
+// ack is Ack's body, shared by both engines (lean.go).
+func (q *queueServer) ack(ctx context.Context, args schema.Queue_ack_Params, res schema.Queue_ack_Results) error {
+	queue, lease, ids, err := q.parseSettle(args)
+	if err != nil {
+		return err
+	}
+	codes, err := q.s.Ack(ctx, storage.AckParams{Queue: queue, Lease: lease, IDs: ids})
+	if err != nil {
+		return err
+	}
+	return setCodes(res.NewCodes, codes)
 }
 
 // Nack implements schema.Queue_Server.
 func (q *queueServer) Nack(ctx context.Context, call schema.Queue_nack) error {
 	call.Go()
 	res, err := call.AllocResults()
-	return q.call(OpNack, res, err, func() error {
-		args := call.Args()
-		queue, lease, ids, err := q.parseSettle(args)
-		if err != nil {
+	return q.call(OpNack, res, err, func() error { return q.nack(ctx, call.Args(), res) })
+}
+
+// nack is Nack's body, shared by both engines (lean.go).
+func (q *queueServer) nack(ctx context.Context, args schema.Queue_nack_Params, res schema.Queue_nack_Results) error {
+	queue, lease, ids, err := q.parseSettle(args)
+	if err != nil {
+		return err
+	}
+	var delay *time.Duration
+	if ms := args.DelayMs(); ms >= 0 {
+		d := durMs(uint64(ms))
+		if err := q.s.limits.ValidateDelay(d); err != nil {
 			return err
 		}
-		var delay *time.Duration
-		if ms := args.DelayMs(); ms >= 0 {
-			d := durMs(uint64(ms))
-			if err := q.s.limits.ValidateDelay(d); err != nil {
-				return err
-			}
-			delay = &d
-		}
-		reason, err := args.Reason()
-		if err != nil {
-			return fmt.Errorf("%w: reason: %v", storage.ErrInvalidArgument, err)
-		}
-		reason = q.s.limits.TruncateReason(reason)
-		codes, err := q.s.cfg.Store.Nack(ctx, storage.NackParams{Queue: queue, Lease: lease, IDs: ids, Delay: delay, Reason: reason, Now: q.s.cfg.Clock.Now()})
-		if err != nil {
-			return err
-		}
-		q.s.tracker.settled(lease, codes)
-		// Backoff can be ~0 and an explicit 0 is "ready now": let one
-		// waiter look. Positive delays are the sweeper's to announce.
-		if delay == nil || *delay == 0 {
-			for _, c := range codes {
-				if c == storage.CodeOK {
-					q.s.disp.Notify(queue)
-					break
-				}
+		delay = &d
+	}
+	reason, err := args.Reason()
+	if err != nil {
+		return fmt.Errorf("%w: reason: %v", storage.ErrInvalidArgument, err)
+	}
+	reason = q.s.limits.TruncateReason(reason)
+	codes, err := q.s.cfg.Store.Nack(ctx, storage.NackParams{Queue: queue, Lease: lease, IDs: ids, Delay: delay, Reason: reason, Now: q.s.cfg.Clock.Now()})
+	if err != nil {
+		return err
+	}
+	q.s.tracker.settled(lease, codes)
+	// Backoff can be ~0 and an explicit 0 is "ready now": let one
+	// waiter look. Positive delays are the sweeper's to announce.
+	if delay == nil || *delay == 0 {
+		for _, c := range codes {
+			if c == storage.CodeOK {
+				q.s.disp.Notify(queue)
+				break
 			}
 		}
-		return setCodes(res.NewCodes, codes)
-	})
+	}
+	return setCodes(res.NewCodes, codes)
 }
 
 // Extend implements schema.Queue_Server.
 func (q *queueServer) Extend(ctx context.Context, call schema.Queue_extend) error {
 	call.Go()
 	res, err := call.AllocResults()
-	return q.call(OpExtend, res, err, func() error {
-		args := call.Args()
-		queue, err := q.queueName(args.Queue)
-		if err != nil {
-			return err
-		}
-		lease, err := q.lease(args.Lease)
-		if err != nil {
-			return err
-		}
-		d, err := q.leaseDur(args.LeaseMs(), "leaseMs", false)
-		if err != nil {
-			return err
-		}
-		exp, err := q.s.ExtendLease(ctx, storage.ExtendParams{Queue: queue, Lease: lease, Duration: d})
-		if err != nil {
-			return err
-		}
-		res.SetExpiresAt(toMs(exp))
-		return nil
-	})
+	return q.call(OpExtend, res, err, func() error { return q.extend(ctx, call.Args(), res) })
+}
+
+// extend is Extend's body, shared by both engines (lean.go).
+func (q *queueServer) extend(ctx context.Context, args schema.Queue_extend_Params, res schema.Queue_extend_Results) error {
+	queue, err := q.queueName(args.Queue)
+	if err != nil {
+		return err
+	}
+	lease, err := q.lease(args.Lease)
+	if err != nil {
+		return err
+	}
+	d, err := q.leaseDur(args.LeaseMs(), "leaseMs", false)
+	if err != nil {
+		return err
+	}
+	exp, err := q.s.ExtendLease(ctx, storage.ExtendParams{Queue: queue, Lease: lease, Duration: d})
+	if err != nil {
+		return err
+	}
+	res.SetExpiresAt(toMs(exp))
+	return nil
 }
 
 // Stats implements schema.Queue_Server.
 func (q *queueServer) Stats(ctx context.Context, call schema.Queue_stats) error {
 	call.Go()
 	res, err := call.AllocResults()
-	return q.call(OpStats, res, err, func() error {
-		name, err := call.Args().Queue()
-		if err != nil {
-			return fmt.Errorf("%w: queue: %v", storage.ErrInvalidArgument, err)
-		}
-		if name != "" {
-			if err := q.s.limits.ValidateQueueName(name); err != nil {
-				return err
-			}
-		}
-		st, err := q.s.cfg.Store.Stats(ctx, storage.StatsParams{Queue: name, Now: q.s.cfg.Clock.Now()})
-		if err != nil {
+	return q.call(OpStats, res, err, func() error { return q.stats(ctx, call.Args(), res) })
+}
+
+// stats is Stats's body, shared by both engines (lean.go).
+func (q *queueServer) stats(ctx context.Context, args schema.Queue_stats_Params, res schema.Queue_stats_Results) error {
+	name, err := args.Queue()
+	if err != nil {
+		return fmt.Errorf("%w: queue: %v", storage.ErrInvalidArgument, err)
+	}
+	if name != "" {
+		if err := q.s.limits.ValidateQueueName(name); err != nil {
 			return err
 		}
-		l, err := res.NewStats(int32(len(st)))
-		if err != nil {
+	}
+	st, err := q.s.cfg.Store.Stats(ctx, storage.StatsParams{Queue: name, Now: q.s.cfg.Clock.Now()})
+	if err != nil {
+		return err
+	}
+	l, err := res.NewStats(int32(len(st)))
+	if err != nil {
+		return err
+	}
+	for i := range st {
+		if err := writeStats(l.At(i), &st[i]); err != nil {
 			return err
 		}
-		for i := range st {
-			if err := writeStats(l.At(i), &st[i]); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // Queues implements schema.Queue_Server.
 func (q *queueServer) Queues(ctx context.Context, call schema.Queue_queues) error {
 	call.Go()
 	res, err := call.AllocResults()
-	return q.call(OpQueues, res, err, func() error {
-		names, err := q.s.cfg.Store.Queues(ctx)
-		if err != nil {
+	return q.call(OpQueues, res, err, func() error { return q.queues(ctx, call.Args(), res) })
+}
+
+// queues is Queues's body, shared by both engines (lean.go).
+func (q *queueServer) queues(ctx context.Context, _ schema.Queue_queues_Params, res schema.Queue_queues_Results) error {
+	names, err := q.s.cfg.Store.Queues(ctx)
+	if err != nil {
+		return err
+	}
+	l, err := res.NewQueues(int32(len(names)))
+	if err != nil {
+		return err
+	}
+	for i, n := range names {
+		if err := l.Set(i, n); err != nil {
 			return err
 		}
-		l, err := res.NewQueues(int32(len(names)))
-		if err != nil {
-			return err
-		}
-		for i, n := range names {
-			if err := l.Set(i, n); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // NodeInfo implements schema.Queue_Server.
 func (q *queueServer) NodeInfo(ctx context.Context, call schema.Queue_nodeInfo) error {
 	res, err := call.AllocResults()
-	return q.call(OpNodeInfo, res, err, func() error {
-		info, err := res.NewInfo()
-		if err != nil {
-			return err
-		}
-		ni := q.s.cfg.Info
-		info.SetMaxBatch(uint32(q.s.limits.MaxBatch))
-		info.SetMaxPayload(uint32(q.s.limits.MaxPayload))
-		if err := info.SetVersion(ni.Version); err != nil {
-			return err
-		}
-		if err := info.SetBackend(ni.Backend); err != nil {
-			return err
-		}
-		return info.SetSync(ni.Sync)
-	})
+	return q.call(OpNodeInfo, res, err, func() error { return q.nodeInfo(ctx, call.Args(), res) })
+}
+
+// nodeInfo is NodeInfo's body, shared by both engines (lean.go).
+func (q *queueServer) nodeInfo(ctx context.Context, _ schema.Queue_nodeInfo_Params, res schema.Queue_nodeInfo_Results) error {
+	info, err := res.NewInfo()
+	if err != nil {
+		return err
+	}
+	ni := q.s.cfg.Info
+	info.SetMaxBatch(uint32(q.s.limits.MaxBatch))
+	info.SetMaxPayload(uint32(q.s.limits.MaxPayload))
+	if err := info.SetVersion(ni.Version); err != nil {
+		return err
+	}
+	if err := info.SetBackend(ni.Backend); err != nil {
+		return err
+	}
+	return info.SetSync(ni.Sync)
 }
 
 // Peek implements schema.Queue_Server.
 func (q *queueServer) Peek(ctx context.Context, call schema.Queue_peek) error {
 	call.Go()
 	res, err := call.AllocResults()
-	return q.call(OpPeek, res, err, func() error {
-		args := call.Args()
-		queue, err := q.queueName(args.Queue)
-		if err != nil {
-			return err
-		}
-		aft, err := after(args.After)
-		if err != nil {
-			return err
-		}
-		limit, err := q.pageLimit(args.Limit())
-		if err != nil {
-			return err
-		}
-		items, err := q.s.cfg.Store.Peek(ctx, storage.PeekParams{Queue: queue, Inflight: args.Inflight(), After: aft, Limit: limit, Now: q.s.cfg.Clock.Now()})
-		if err != nil {
-			return err
-		}
-		l, err := res.NewItems(int32(len(items)))
-		if err != nil {
-			return err
-		}
-		return writeItems(l, items)
-	})
+	return q.call(OpPeek, res, err, func() error { return q.peek(ctx, call.Args(), res) })
+}
+
+// peek is Peek's body, shared by both engines (lean.go).
+func (q *queueServer) peek(ctx context.Context, args schema.Queue_peek_Params, res schema.Queue_peek_Results) error {
+	queue, err := q.queueName(args.Queue)
+	if err != nil {
+		return err
+	}
+	aft, err := after(args.After)
+	if err != nil {
+		return err
+	}
+	limit, err := q.pageLimit(args.Limit())
+	if err != nil {
+		return err
+	}
+	items, err := q.s.cfg.Store.Peek(ctx, storage.PeekParams{Queue: queue, Inflight: args.Inflight(), After: aft, Limit: limit, Now: q.s.cfg.Clock.Now()})
+	if err != nil {
+		return err
+	}
+	l, err := res.NewItems(int32(len(items)))
+	if err != nil {
+		return err
+	}
+	return writeItems(l, items)
 }
 
 // Purge implements schema.Queue_Server.
 func (q *queueServer) Purge(ctx context.Context, call schema.Queue_purge) error {
 	call.Go()
 	res, err := call.AllocResults()
-	return q.call(OpPurge, res, err, func() error {
-		queue, err := q.queueName(call.Args().Queue)
-		if err != nil {
-			return err
-		}
-		n, err := q.s.cfg.Store.Purge(ctx, storage.PurgeParams{Queue: queue, Now: q.s.cfg.Clock.Now()})
-		if err != nil {
-			return err
-		}
-		res.SetPurged(uint64(n))
-		return nil
-	})
+	return q.call(OpPurge, res, err, func() error { return q.purge(ctx, call.Args(), res) })
+}
+
+// purge is Purge's body, shared by both engines (lean.go).
+func (q *queueServer) purge(ctx context.Context, args schema.Queue_purge_Params, res schema.Queue_purge_Results) error {
+	queue, err := q.queueName(args.Queue)
+	if err != nil {
+		return err
+	}
+	n, err := q.s.cfg.Store.Purge(ctx, storage.PurgeParams{Queue: queue, Now: q.s.cfg.Clock.Now()})
+	if err != nil {
+		return err
+	}
+	res.SetPurged(uint64(n))
+	return nil
 }
 
 // DeleteQueue implements schema.Queue_Server.
 func (q *queueServer) DeleteQueue(ctx context.Context, call schema.Queue_deleteQueue) error {
 	call.Go()
 	res, err := call.AllocResults()
-	return q.call(OpDeleteQueue, res, err, func() error {
-		args := call.Args()
-		queue, err := q.queueName(args.Queue)
-		if err != nil {
-			return err
-		}
-		n, err := q.s.cfg.Store.DeleteQueue(ctx, storage.DeleteQueueParams{Queue: queue, Force: args.Force(), Now: q.s.cfg.Clock.Now()})
-		if err != nil {
-			return err
-		}
-		res.SetDeleted(uint64(n))
-		return nil
-	})
+	return q.call(OpDeleteQueue, res, err, func() error { return q.deleteQueue(ctx, call.Args(), res) })
+}
+
+// deleteQueue is DeleteQueue's body, shared by both engines (lean.go).
+func (q *queueServer) deleteQueue(ctx context.Context, args schema.Queue_deleteQueue_Params, res schema.Queue_deleteQueue_Results) error {
+	queue, err := q.queueName(args.Queue)
+	if err != nil {
+		return err
+	}
+	n, err := q.s.cfg.Store.DeleteQueue(ctx, storage.DeleteQueueParams{Queue: queue, Force: args.Force(), Now: q.s.cfg.Clock.Now()})
+	if err != nil {
+		return err
+	}
+	res.SetDeleted(uint64(n))
+	return nil
 }
 
 // DeadList implements schema.Queue_Server.
 func (q *queueServer) DeadList(ctx context.Context, call schema.Queue_deadList) error {
 	call.Go()
 	res, err := call.AllocResults()
-	return q.call(OpDeadList, res, err, func() error {
-		args := call.Args()
-		queue, err := q.queueName(args.Queue)
+	return q.call(OpDeadList, res, err, func() error { return q.deadList(ctx, call.Args(), res) })
+}
+
+// deadList is DeadList's body, shared by both engines (lean.go).
+func (q *queueServer) deadList(ctx context.Context, args schema.Queue_deadList_Params, res schema.Queue_deadList_Results) error {
+	queue, err := q.queueName(args.Queue)
+	if err != nil {
+		return err
+	}
+	aft, err := after(args.After)
+	if err != nil {
+		return err
+	}
+	limit, err := q.pageLimit(args.Limit())
+	if err != nil {
+		return err
+	}
+	dead, err := q.s.cfg.Store.DeadList(ctx, storage.DeadListParams{Queue: queue, After: aft, Limit: limit})
+	if err != nil {
+		return err
+	}
+	l, err := res.NewItems(int32(len(dead)))
+	if err != nil {
+		return err
+	}
+	for i := range dead {
+		w := l.At(i)
+		it, err := w.NewItem()
 		if err != nil {
 			return err
 		}
-		aft, err := after(args.After)
-		if err != nil {
+		if err := writeItem(it, &dead[i].Item); err != nil {
 			return err
 		}
-		limit, err := q.pageLimit(args.Limit())
-		if err != nil {
+		if err := w.SetReason(dead[i].Reason); err != nil {
 			return err
 		}
-		dead, err := q.s.cfg.Store.DeadList(ctx, storage.DeadListParams{Queue: queue, After: aft, Limit: limit})
-		if err != nil {
-			return err
-		}
-		l, err := res.NewItems(int32(len(dead)))
-		if err != nil {
-			return err
-		}
-		for i := range dead {
-			w := l.At(i)
-			it, err := w.NewItem()
-			if err != nil {
-				return err
-			}
-			if err := writeItem(it, &dead[i].Item); err != nil {
-				return err
-			}
-			if err := w.SetReason(dead[i].Reason); err != nil {
-				return err
-			}
-			w.SetDeadAt(toMs(dead[i].DeadAt))
-		}
-		return nil
-	})
+		w.SetDeadAt(toMs(dead[i].DeadAt))
+	}
+	return nil
 }
 
 // deadArgs and deadResults are what redrive and purgeDead share.
@@ -619,60 +652,71 @@ func (q *queueServer) deadOp(ctx context.Context, args deadArgs, res deadResults
 func (q *queueServer) Redrive(ctx context.Context, call schema.Queue_redrive) error {
 	call.Go()
 	res, err := call.AllocResults()
-	return q.call(OpRedrive, res, err, func() error {
-		return q.deadOp(ctx, call.Args(), res, q.s.cfg.Store.Redrive, true)
-	})
+	return q.call(OpRedrive, res, err, func() error { return q.redrive(ctx, call.Args(), res) })
+}
+
+// redrive is Redrive's body, shared by both engines (lean.go).
+func (q *queueServer) redrive(ctx context.Context, args schema.Queue_redrive_Params, res schema.Queue_redrive_Results) error {
+	return q.deadOp(ctx, args, res, q.s.cfg.Store.Redrive, true)
 }
 
 // PurgeDead implements schema.Queue_Server.
 func (q *queueServer) PurgeDead(ctx context.Context, call schema.Queue_purgeDead) error {
 	call.Go()
 	res, err := call.AllocResults()
-	return q.call(OpPurgeDead, res, err, func() error {
-		return q.deadOp(ctx, call.Args(), res, q.s.cfg.Store.PurgeDead, false)
-	})
+	return q.call(OpPurgeDead, res, err, func() error { return q.purgeDead(ctx, call.Args(), res) })
+}
+
+// purgeDead is PurgeDead's body, shared by both engines (lean.go).
+func (q *queueServer) purgeDead(ctx context.Context, args schema.Queue_purgeDead_Params, res schema.Queue_purgeDead_Results) error {
+	return q.deadOp(ctx, args, res, q.s.cfg.Store.PurgeDead, false)
 }
 
 // GetConfig implements schema.Queue_Server.
 func (q *queueServer) GetConfig(ctx context.Context, call schema.Queue_getConfig) error {
 	call.Go()
 	res, err := call.AllocResults()
-	return q.call(OpGetConfig, res, err, func() error {
-		queue, err := q.queueName(call.Args().Queue)
-		if err != nil {
-			return err
-		}
-		c, err := q.s.cfg.Store.QueueConfig(ctx, queue)
-		if err != nil {
-			return err
-		}
-		w, err := res.NewConfig()
-		if err != nil {
-			return err
-		}
-		writeConfig(w, c)
-		return nil
-	})
+	return q.call(OpGetConfig, res, err, func() error { return q.getConfig(ctx, call.Args(), res) })
+}
+
+// getConfig is GetConfig's body, shared by both engines (lean.go).
+func (q *queueServer) getConfig(ctx context.Context, args schema.Queue_getConfig_Params, res schema.Queue_getConfig_Results) error {
+	queue, err := q.queueName(args.Queue)
+	if err != nil {
+		return err
+	}
+	c, err := q.s.cfg.Store.QueueConfig(ctx, queue)
+	if err != nil {
+		return err
+	}
+	w, err := res.NewConfig()
+	if err != nil {
+		return err
+	}
+	writeConfig(w, c)
+	return nil
 }
 
 // SetConfig implements schema.Queue_Server.
 func (q *queueServer) SetConfig(ctx context.Context, call schema.Queue_setConfig) error {
 	call.Go()
 	res, err := call.AllocResults()
-	return q.call(OpSetConfig, res, err, func() error {
-		args := call.Args()
-		queue, err := q.queueName(args.Queue)
-		if err != nil {
-			return err
-		}
-		w, err := args.Config()
-		if err != nil {
-			return fmt.Errorf("%w: config: %v", storage.ErrInvalidArgument, err)
-		}
-		c := readConfig(w)
-		if err := q.s.limits.ValidateQueueConfig(c); err != nil {
-			return err
-		}
-		return q.s.cfg.Store.SetQueueConfig(ctx, queue, c)
-	})
+	return q.call(OpSetConfig, res, err, func() error { return q.setConfig(ctx, call.Args(), res) })
+}
+
+// setConfig is SetConfig's body, shared by both engines (lean.go).
+func (q *queueServer) setConfig(ctx context.Context, args schema.Queue_setConfig_Params, res schema.Queue_setConfig_Results) error {
+	queue, err := q.queueName(args.Queue)
+	if err != nil {
+		return err
+	}
+	w, err := args.Config()
+	if err != nil {
+		return fmt.Errorf("%w: config: %v", storage.ErrInvalidArgument, err)
+	}
+	c := readConfig(w)
+	if err := q.s.limits.ValidateQueueConfig(c); err != nil {
+		return err
+	}
+	return q.s.cfg.Store.SetQueueConfig(ctx, queue, c)
 }

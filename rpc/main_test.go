@@ -2,8 +2,12 @@ package rpc
 
 import (
 	"context"
+	"flag"
+	"fmt"
 	"net"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,8 +20,36 @@ import (
 	"github.com/leaseq/leaseq/storage/memstore"
 )
 
+// testEngine is the engine setup gives servers: TestMain runs every test
+// once per engine in testEngines (LEASEQ_TEST_ENGINES, comma-separated,
+// overrides; benchmarks name their engines and run in the first pass only).
+var testEngine = EngineGoCapnp
+
+var testEngines = []string{EngineGoCapnp, EngineLean}
+
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	if v := os.Getenv("LEASEQ_TEST_ENGINES"); v != "" {
+		testEngines = strings.Split(v, ",")
+	}
+	flag.Parse()
+	code := 0
+	for i, e := range testEngines {
+		testEngine = e
+		if i > 0 {
+			fmt.Printf("=== engine %s: every test again\n", e)
+			_ = flag.Set("test.bench", "")
+		}
+		if code = m.Run(); code != 0 {
+			break
+		}
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // testStart is the mock clock's starting instant: a real-looking date, so
@@ -64,7 +96,7 @@ func setup(t *testing.T, o bundleOpts) *testBundle {
 	mock := clock.NewMock()
 	mock.Set(testStart)
 	b := &testBundle{t: t, store: o.factory.open(t), clock: mock}
-	cfg := ServerConfig{Store: b.store, Clock: mock, Logger: rpctest.Logger(t)}
+	cfg := ServerConfig{Store: b.store, Clock: mock, Logger: rpctest.Logger(t), Engine: testEngine}
 	if o.mutate != nil {
 		o.mutate(&cfg)
 	}
@@ -110,7 +142,7 @@ func (b *testBundle) dialErr(opts ClientOptions) (*Client, error) {
 	var err error
 	if b.addr == "" {
 		cs, ss := net.Pipe()
-		b.srv.admit(ss, b.srv.queueBootstrap)
+		b.srv.admit(ss, nil)
 		c, err = NewClient(ctx, cs, opts)
 	} else {
 		c, err = Dial(ctx, b.addr, opts)

@@ -121,7 +121,7 @@ func TestServer_StartStopStress(t *testing.T) {
 	t.Parallel()
 	for i := 0; i < 15; i++ {
 		st := memstore.New(memstore.Options{})
-		srv, err := NewServer(ServerConfig{Store: st, Clock: clock.NewMock(), Logger: rpctest.Logger(t)})
+		srv, err := NewServer(ServerConfig{Store: st, Clock: clock.NewMock(), Logger: rpctest.Logger(t), Engine: testEngine})
 		require.NoError(t, err)
 		ln, err := Listen("127.0.0.1:0")
 		require.NoError(t, err)
@@ -146,7 +146,7 @@ func TestServer_StartStopStress(t *testing.T) {
 	// Serve returns nil when its context ends.
 	st := memstore.New(memstore.Options{})
 	defer st.Close()
-	srv, err := NewServer(ServerConfig{Store: st, Clock: clock.NewMock()})
+	srv, err := NewServer(ServerConfig{Store: st, Clock: clock.NewMock(), Engine: testEngine})
 	require.NoError(t, err)
 	ln, err := Listen("127.0.0.1:0")
 	require.NoError(t, err)
@@ -214,7 +214,7 @@ func TestFlowTransport_StopsReadingWhenBudgetSpent(t *testing.T) {
 		got <- err
 	}()
 	// The budget is spent: nothing more can be admitted until a release.
-	sem := ft.(*flowTransport).sem
+	sem := ft.(*flowTransport).budget.sem
 	require.False(t, sem.TryAcquire(1))
 	select {
 	case err := <-got:
@@ -250,7 +250,7 @@ func TestServer_AcceptRetriesTemporaryErrors(t *testing.T) {
 	st := memstore.New(memstore.Options{})
 	defer st.Close()
 	// The real clock: the retry backoff is a few milliseconds.
-	srv, err := NewServer(ServerConfig{Store: st, Clock: clock.New(), Logger: rpctest.Logger(t)})
+	srv, err := NewServer(ServerConfig{Store: st, Clock: clock.New(), Logger: rpctest.Logger(t), Engine: testEngine})
 	require.NoError(t, err)
 	defer srv.Stop()
 	ln, err := Listen("127.0.0.1:0")

@@ -82,6 +82,16 @@ func (g *replyGate) Pending() int64 {
 	return g.pending
 }
 
+// over reports whether more than limit bytes of answers are pending.
+func (g *replyGate) over() bool {
+	if g == nil {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.pending > g.limit
+}
+
 // maxBuilding is how many listing answers (peek, dead list) one
 // connection may have in the making at once: admission looks at the bytes
 // already pending, so without this bound a burst of calls would all be

@@ -111,6 +111,10 @@ type ServerConfig struct {
 	// Info is what the nodeInfo call reports; the zero value reports
 	// nothing about the node.
 	Info NodeInfo
+	// Engine chooses how connections of the Queue interface are served:
+	// EngineLean ("" too: lean.go) or EngineGoCapnp (go-capnp's rpc.Conn).
+	// Listeners of StartBootstrap always use go-capnp.
+	Engine string
 }
 
 // NodeInfo describes a node to its clients (Client.NodeInfo).
@@ -176,6 +180,11 @@ func NewServer(c ServerConfig) (*Server, error) {
 	}
 	if c.Logger == nil {
 		c.Logger = discardLogger()
+	}
+	switch c.Engine {
+	case "", EngineGoCapnp, EngineLean:
+	default:
+		return nil, fmt.Errorf("rpc: unknown Engine %q (want %q or %q)", c.Engine, EngineGoCapnp, EngineLean)
 	}
 	if c.MaxConns < 0 || c.MaxWaitersPerQueue < 0 || c.MaxMessageBytes < 0 || c.HandshakeTimeout < 0 {
 		return nil, errors.New("rpc: negative limit in ServerConfig")
@@ -245,7 +254,7 @@ func (s *Server) Limits() storage.Limits { return s.limits }
 // Start serves ln in the background until Stop (or ctx is done, which
 // calls Stop). It returns an error only if the server is already stopping.
 func (s *Server) Start(ctx context.Context, ln net.Listener) error {
-	return s.start(ctx, ln, s.queueBootstrap)
+	return s.start(ctx, ln, nil)
 }
 
 // start serves ln in the background with boot's bootstrap capabilities.
@@ -268,7 +277,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if !s.addListener(ln) {
 		return fmt.Errorf("rpc: serve: %w: server stopped", ErrUnavailable)
 	}
-	return s.acceptLoop(ctx, ln, s.queueBootstrap)
+	return s.acceptLoop(ctx, ln, nil)
 }
 
 // addListener registers ln, or closes it and reports false when stopping.
@@ -360,7 +369,8 @@ func sourceIP(conn net.Conn) string {
 	return ""
 }
 
-// admit starts serving conn with boot's bootstrap capability, or refuses
+// admit starts serving conn with boot's bootstrap capability (nil: the
+// Queue interface, on the configured engine), or refuses
 // it when at MaxConns, at MaxConnsPerAddr for its source address, or
 // stopping.
 func (s *Server) admit(conn net.Conn, boot BootstrapFunc) {
@@ -490,11 +500,20 @@ func (s *Server) serveConn(conn net.Conn, boot BootstrapFunc) {
 			_ = conn.Close()
 		}, s.cfg.ConnReplyLimitBytes, s.cfg.ReplyStallTimeout, s.cfg.Clock, &s.replyBytes)
 	}
-	bootCap := boot(c)
-	tr := newNodeTransport(connCtx, conn, uint64(s.cfg.MaxMessageBytes), s.cfg.ConnFlowLimitBytes, s.inflight, s.cfg.MaxInflightBytes, func() {
+	first := func() {
 		spoke.Store(true)
 		silent.Stop()
-	})
+	}
+	if boot == nil {
+		if s.cfg.Engine != EngineGoCapnp {
+			s.serveLean(connCtx, cancel, conn, remote, c.gate, first)
+			s.log.Debug("connection closed", "remote", remote)
+			return
+		}
+		boot = s.queueBootstrap
+	}
+	bootCap := boot(c)
+	tr := newNodeTransport(connCtx, conn, uint64(s.cfg.MaxMessageBytes), s.cfg.ConnFlowLimitBytes, s.inflight, s.cfg.MaxInflightBytes, first)
 	if c.gate != nil {
 		tr = &gatedTransport{Transport: tr, gate: c.gate}
 	}

@@ -179,47 +179,49 @@ func (s *Server) deliverWindow(prefetch int) int64 {
 // Subscribe implements schema.Queue_Server.
 func (q *queueServer) Subscribe(ctx context.Context, call schema.Queue_subscribe) error {
 	res, err := call.AllocResults()
-	return q.call(OpSubscribe, res, err, func() error {
-		args := call.Args()
-		queue, err := q.queueName(args.Queue)
-		if err != nil {
-			return err
-		}
-		prefetch := args.Prefetch()
-		if prefetch == 0 || int64(prefetch) > int64(q.s.limits.MaxBatch) {
-			return fmt.Errorf("%w: prefetch must be 1-%d, got %d", storage.ErrInvalidArgument, q.s.limits.MaxBatch, prefetch)
-		}
-		lease, err := q.leaseDur(args.LeaseMs(), "lease", true)
-		if err != nil {
-			return err
-		}
-		// A null capability (missing, a descriptor of none, an index past
-		// the cap table) cannot be pushed to; go-capnp panics on some
-		// methods of a null client, SetFlowLimiter among them.
-		if !args.HasConsumer() || !capnp.Client(args.Consumer()).IsValid() {
-			return fmt.Errorf("%w: consumer capability missing or null", storage.ErrInvalidArgument)
-		}
-		if n := q.s.disp.QueueWaiters(queue); n >= q.s.maxWaiters() {
-			return fmt.Errorf("%w %q (limit %d)", ErrTooManyWaiters, queue, q.s.maxWaiters())
-		}
-		sub := &subscription{
-			s:        q.s,
-			queue:    queue,
-			prefetch: int(prefetch),
-			lease:    lease,
-			consumer: args.Consumer().AddRef(),
-			credit:   make(chan struct{}, 1),
-			leases:   make(map[storage.LeaseID]*trackedLease),
-		}
-		sub.consumer.SetFlowLimiter(newWindowLimiter(q.s.deliverWindow(sub.prefetch)))
-		sub.ctx, sub.cancel = context.WithCancel(q.s.subCtx)
-		if !q.s.startSub(sub) {
-			sub.cancel()
-			sub.consumer.Release()
-			return fmt.Errorf("%w: server shutting down", ErrUnavailable)
-		}
-		return res.SetSubscription(schema.Subscription_ServerToClient(sub))
-	})
+	return q.call(OpSubscribe, res, err, func() error { return q.subscribe(ctx, call.Args(), res) })
+}
+
+// subscribe is Subscribe's body, shared by both engines (lean.go).
+func (q *queueServer) subscribe(ctx context.Context, args schema.Queue_subscribe_Params, res schema.Queue_subscribe_Results) error {
+	queue, err := q.queueName(args.Queue)
+	if err != nil {
+		return err
+	}
+	prefetch := args.Prefetch()
+	if prefetch == 0 || int64(prefetch) > int64(q.s.limits.MaxBatch) {
+		return fmt.Errorf("%w: prefetch must be 1-%d, got %d", storage.ErrInvalidArgument, q.s.limits.MaxBatch, prefetch)
+	}
+	lease, err := q.leaseDur(args.LeaseMs(), "lease", true)
+	if err != nil {
+		return err
+	}
+	// A null capability (missing, a descriptor of none, an index past the
+	// cap table) cannot be pushed to; go-capnp panics on some methods of a
+	// null client, SetFlowLimiter among them.
+	if !args.HasConsumer() || !capnp.Client(args.Consumer()).IsValid() {
+		return fmt.Errorf("%w: consumer capability missing or null", storage.ErrInvalidArgument)
+	}
+	if n := q.s.disp.QueueWaiters(queue); n >= q.s.maxWaiters() {
+		return fmt.Errorf("%w %q (limit %d)", ErrTooManyWaiters, queue, q.s.maxWaiters())
+	}
+	sub := &subscription{
+		s:        q.s,
+		queue:    queue,
+		prefetch: int(prefetch),
+		lease:    lease,
+		consumer: args.Consumer().AddRef(),
+		credit:   make(chan struct{}, 1),
+		leases:   make(map[storage.LeaseID]*trackedLease),
+	}
+	sub.consumer.SetFlowLimiter(newWindowLimiter(q.s.deliverWindow(sub.prefetch)))
+	sub.ctx, sub.cancel = context.WithCancel(q.s.subCtx)
+	if !q.s.startSub(sub) {
+		sub.cancel()
+		sub.consumer.Release()
+		return fmt.Errorf("%w: server shutting down", ErrUnavailable)
+	}
+	return res.SetSubscription(schema.Subscription_ServerToClient(sub))
 }
 
 func (s *Server) maxWaiters() int {

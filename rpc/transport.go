@@ -77,13 +77,8 @@ func (c *limitedCodec) Close() error { return c.c.Close() }
 // larger than the whole budget is admitted alone.
 type flowTransport struct {
 	transport.Transport
-	sem   *semaphore.Weighted
-	limit int64
-	ctx   context.Context // cancelled when the connection closes
-	// node bounds the same bytes over all connections (nil: unbounded);
-	// nodeLimit is its size.
-	node      *semaphore.Weighted
-	nodeLimit int64
+	budget flowBudget
+	ctx    context.Context // cancelled when the connection closes
 }
 
 func (t *flowTransport) RecvMessage() (transport.IncomingMessage, error) {
@@ -96,24 +91,88 @@ func (t *flowTransport) RecvMessage() (transport.IncomingMessage, error) {
 		in.Release()
 		return nil, err
 	}
-	n := int64(size)
-	if n > t.limit {
-		n = t.limit
-	}
-	if err := t.sem.Acquire(t.ctx, n); err != nil {
+	h, err := t.budget.acquire(t.ctx, int64(size))
+	if err != nil {
 		in.Release()
 		return nil, err
 	}
-	if t.node == nil {
-		return &flowMsg{IncomingMessage: in, release: func() { t.sem.Release(n) }}, nil
+	return &flowMsg{IncomingMessage: in, release: func() { t.budget.release(h) }}, nil
+}
+
+// flowBudget is a connection's budget of incoming bytes in unanswered
+// calls, drawn together with the node's (nil: unbounded). A message larger
+// than a whole budget takes all of it.
+type flowBudget struct {
+	sem       *semaphore.Weighted // nil: the connection is unbounded
+	limit     int64
+	node      *semaphore.Weighted // nil: the node is unbounded
+	nodeLimit int64
+}
+
+// flowHeld is what one message holds of a flowBudget.
+type flowHeld struct{ n, nn int64 }
+
+// newFlowBudget: connLimit <= 0 is unbounded.
+func newFlowBudget(connLimit int64, node *semaphore.Weighted, nodeLimit int64) flowBudget {
+	f := flowBudget{node: node, nodeLimit: nodeLimit}
+	if connLimit > 0 {
+		f.sem, f.limit = semaphore.NewWeighted(connLimit), connLimit
 	}
-	nn := min(n, t.nodeLimit)
-	if err := t.node.Acquire(t.ctx, nn); err != nil {
-		t.sem.Release(n)
-		in.Release()
-		return nil, err
+	return f
+}
+
+func (f *flowBudget) shares(size int64) flowHeld {
+	var h flowHeld
+	if f.sem != nil {
+		h.n = min(size, f.limit)
 	}
-	return &flowMsg{IncomingMessage: in, release: func() { t.sem.Release(n); t.node.Release(nn) }}, nil
+	if f.node != nil {
+		h.nn = min(size, f.nodeLimit)
+	}
+	return h
+}
+
+// acquire waits until size bytes are free in both budgets, or ctx ends.
+func (f *flowBudget) acquire(ctx context.Context, size int64) (flowHeld, error) {
+	h := f.shares(size)
+	if f.sem != nil {
+		if err := f.sem.Acquire(ctx, h.n); err != nil {
+			return flowHeld{}, err
+		}
+	}
+	if f.node != nil {
+		if err := f.node.Acquire(ctx, h.nn); err != nil {
+			if f.sem != nil {
+				f.sem.Release(h.n)
+			}
+			return flowHeld{}, err
+		}
+	}
+	return h, nil
+}
+
+// tryAcquire is acquire without waiting.
+func (f *flowBudget) tryAcquire(size int64) (flowHeld, bool) {
+	h := f.shares(size)
+	if f.sem != nil && !f.sem.TryAcquire(h.n) {
+		return flowHeld{}, false
+	}
+	if f.node != nil && !f.node.TryAcquire(h.nn) {
+		if f.sem != nil {
+			f.sem.Release(h.n)
+		}
+		return flowHeld{}, false
+	}
+	return h, true
+}
+
+func (f *flowBudget) release(h flowHeld) {
+	if f.sem != nil && h.n > 0 {
+		f.sem.Release(h.n)
+	}
+	if f.node != nil && h.nn > 0 {
+		f.node.Release(h.nn)
+	}
 }
 
 type flowMsg struct {
@@ -196,7 +255,10 @@ func newNodeTransport(ctx context.Context, conn net.Conn, maxMsg uint64, flowLim
 	if flowLimit >= 1<<62 && node == nil {
 		return t
 	}
-	return &flowTransport{Transport: t, sem: semaphore.NewWeighted(flowLimit), limit: flowLimit, ctx: ctx, node: node, nodeLimit: nodeLimit}
+	if flowLimit >= 1<<62 {
+		flowLimit = 0
+	}
+	return &flowTransport{Transport: t, budget: newFlowBudget(flowLimit, node, nodeLimit), ctx: ctx}
 }
 
 // writeAbort sends one RPC Abort message, so a refused client learns why

@@ -976,3 +976,6 @@ func (s *Store) Close() error {
 	s.mu.leases = nil
 	return nil
 }
+
+// Nonblocking implements storage.Nonblocking: every call works in memory.
+func (s *Store) Nonblocking() bool { return true }

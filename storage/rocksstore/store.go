@@ -907,3 +907,8 @@ func (c *cursor) get() []byte {
 
 // successor returns the smallest key greater than k.
 func successor(k []byte) []byte { return append(bytes.Clone(k), 0) }
+
+// Nonblocking implements storage.Nonblocking: with SyncNone no call waits
+// for an fsync (a write may still wait for another caller's batch, which
+// does not touch the device either).
+func (s *Store) Nonblocking() bool { return s.opts.Sync == SyncNone }

@@ -1,0 +1,112 @@
+package rpc
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/require"
+)
+
+// A benchmark server in a process of its own: the benchmark runs this test
+// binary again with benchProcEnv set, which makes TestBenchProc serve until
+// its standard input closes. Over stdin and stdout it answers "cpu" with
+// its CPU time so far (user+system, from getrusage), so a benchmark can
+// tell the server's CPU time per call from the client's.
+const benchProcEnv = "LEASEQ_BENCH_PROC" // "backend,engine"
+
+// benchProcProfileEnv, set to a path prefix, makes each server process
+// write a CPU profile to <prefix>-<backend>-<engine>.prof.
+const benchProcProfileEnv = "LEASEQ_BENCH_PROC_CPUPROFILE"
+
+func TestBenchProc(t *testing.T) {
+	spec := os.Getenv(benchProcEnv)
+	if spec == "" {
+		t.Skip("the server process of the RPC benchmarks (benchproc_test.go)")
+	}
+	backend, engine, _ := strings.Cut(spec, ",")
+	st := openBenchStore(t, backend)
+	srv, err := NewServer(ServerConfig{Store: st, Clock: clock.New(), Engine: engine})
+	require.NoError(t, err)
+	defer srv.Stop()
+	ln, err := Listen("127.0.0.1:0")
+	require.NoError(t, err)
+	require.NoError(t, srv.Start(context.Background(), ln))
+	fmt.Printf("addr %s\n", ln.Addr())
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		if in.Text() == "cpu" {
+			fmt.Printf("cpu %d\n", processCPU())
+		}
+	}
+}
+
+// processCPU is this process's CPU time so far, user plus system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// benchProc is a running server process.
+type benchProc struct {
+	addr string
+	in   io.Writer
+	out  *bufio.Scanner
+}
+
+func startBenchProc(b *testing.B, backend, engine string) *benchProc {
+	b.Helper()
+	args := []string{"-test.run=^TestBenchProc$", "-test.count=1"}
+	if prefix := os.Getenv(benchProcProfileEnv); prefix != "" {
+		args = append(args, "-test.cpuprofile="+prefix+"-"+backend+"-"+engine+".prof")
+	}
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), benchProcEnv+"="+backend+","+engine, "LEASEQ_TEST_ENGINES="+EngineGoCapnp)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	require.NoError(b, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(b, err)
+	require.NoError(b, cmd.Start())
+	b.Cleanup(func() {
+		_ = stdin.Close()
+		_ = cmd.Wait()
+	})
+	p := &benchProc{in: stdin, out: bufio.NewScanner(stdout)}
+	p.addr = p.line(b, "addr ")
+	return p
+}
+
+// line returns the rest of the next output line starting with prefix.
+func (p *benchProc) line(b *testing.B, prefix string) string {
+	b.Helper()
+	for p.out.Scan() {
+		if rest, ok := strings.CutPrefix(p.out.Text(), prefix); ok {
+			return rest
+		}
+	}
+	b.Fatalf("benchmark server: no %q line (%v)", prefix, p.out.Err())
+	return ""
+}
+
+// cpu returns the server process's CPU time so far.
+func (p *benchProc) cpu(b *testing.B) time.Duration {
+	b.Helper()
+	_, err := fmt.Fprintln(p.in, "cpu")
+	require.NoError(b, err)
+	ns, err := strconv.ParseInt(p.line(b, "cpu "), 10, 64)
+	require.NoError(b, err)
+	return time.Duration(ns)
+}
