@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -10,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -394,14 +396,34 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, op string, e
 // writeJSON sends v with status. An encoding failure after the header is
 // out can only end the connection, which net/http does.
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	buf := jsonBufs.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= maxPooledJSON {
+			buf.Reset()
+			jsonBufs.Put(buf)
+		}
+	}()
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
+	if err := json.NewEncoder(buf).Encode(v); err != nil {
+		buf.Reset()
+		status = http.StatusInternalServerError
+		fmt.Fprintf(buf, `{"error":{"code":%q,"message":%q}}`+"\n", errcode.Internal.String(), "encode answer: "+err.Error())
+	}
+	// A known length: no chunked encoding, and the answer goes out in the
+	// write that ends the request.
+	h.Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	_ = enc.Encode(v)
+	_, _ = w.Write(buf.Bytes())
 }
+
+// jsonBufs recycles the buffers answers are encoded into; one larger than
+// maxPooledJSON (a big peek page) is left to the garbage collector.
+var jsonBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const maxPooledJSON = 64 << 10
 
 // probeMethods are the methods noRoute tries when a path has no route for
 // the request's method.
