@@ -115,14 +115,13 @@ func after(get func() ([]byte, error)) (storage.ItemID, error) {
 // request's limit is 0.
 const DefaultPageLimit = 100
 
-func (q *queueServer) pageLimit(n uint32) (int, error) {
+// pageLimit is a request's limit with 0 meaning DefaultPageLimit; the
+// store checks the range (storage's Params.Validate).
+func pageLimit(n uint32) int {
 	if n == 0 {
-		return DefaultPageLimit, nil
+		return DefaultPageLimit
 	}
-	if int64(n) > int64(q.s.limits.MaxBatch) {
-		return 0, fmt.Errorf("%w: limit %d exceeds the limit of %d", storage.ErrInvalidArgument, n, q.s.limits.MaxBatch)
-	}
-	return int(n), nil
+	return int(n)
 }
 
 func (q *queueServer) leaseDur(ms uint64, what string, allowZero bool) (time.Duration, error) {
@@ -497,10 +496,7 @@ func (q *queueServer) peek(ctx context.Context, args schema.Queue_peek_Params, r
 	if err != nil {
 		return err
 	}
-	limit, err := q.pageLimit(args.Limit())
-	if err != nil {
-		return err
-	}
+	limit := pageLimit(args.Limit())
 	items, err := q.s.cfg.Store.Peek(ctx, storage.PeekParams{Queue: queue, Inflight: args.Inflight(), After: aft, Limit: limit, Now: q.s.cfg.Clock.Now()})
 	if err != nil {
 		return err
@@ -571,10 +567,7 @@ func (q *queueServer) deadList(ctx context.Context, args schema.Queue_deadList_P
 	if err != nil {
 		return err
 	}
-	limit, err := q.pageLimit(args.Limit())
-	if err != nil {
-		return err
-	}
+	limit := pageLimit(args.Limit())
 	dead, err := q.s.cfg.Store.DeadList(ctx, storage.DeadListParams{Queue: queue, After: aft, Limit: limit})
 	if err != nil {
 		return err
@@ -631,8 +624,8 @@ func (q *queueServer) deadOp(ctx context.Context, args deadArgs, res deadResults
 			return err
 		}
 		p.Limit = len(p.IDs)
-	} else if p.Limit, err = q.pageLimit(args.Limit()); err != nil {
-		return err
+	} else {
+		p.Limit = pageLimit(args.Limit())
 	}
 	rr, err := run(ctx, p)
 	if err != nil {

@@ -190,11 +190,8 @@ func (s *Server) poll(c *call) (any, error) {
 	if req.Max != nil {
 		max = *req.Max
 	}
-	if max < 1 || max > int64(s.limits.MaxBatch) {
-		return nil, fmt.Errorf("%w: max must be 1-%d, got %d", storage.ErrInvalidArgument, s.limits.MaxBatch, max)
-	}
-	lease := msDur(req.LeaseMs)
-	if err := s.limits.ValidateLease(lease); err != nil {
+	p := storage.PollParams{Queue: queue, Max: int(max), Lease: msDur(req.LeaseMs)}
+	if err := p.Validate(s.limits); err != nil {
 		return nil, err
 	}
 	wait := msDur(req.WaitMs)
@@ -205,7 +202,7 @@ func (s *Server) poll(c *call) (any, error) {
 	ctx, cancel := context.WithCancel(c.r.Context())
 	defer cancel()
 	defer context.AfterFunc(s.stopCtx, cancel)()
-	pr, err := s.disp.Poll(ctx, storage.PollParams{Queue: queue, Max: int(max), Lease: lease}, wait)
+	pr, err := s.disp.Poll(ctx, p, wait)
 	if s.stopCtx.Err() != nil && (err != nil || len(pr.Items) == 0) {
 		return nil, errShuttingDown
 	}
@@ -433,20 +430,16 @@ func (s *Server) page(c *call) (storage.ItemID, int, error) {
 	if err != nil {
 		return after, 0, err
 	}
-	n, err := s.pageLimit(limit)
-	return after, n, err
+	return after, pageLimit(limit), nil
 }
 
-// pageLimit checks a listing's or a dead selection's limit (0: the
-// default page).
-func (s *Server) pageLimit(n int64) (int, error) {
-	switch {
-	case n == 0:
-		return DefaultPageLimit, nil
-	case n < 0 || n > int64(s.limits.MaxBatch):
-		return 0, fmt.Errorf("%w: limit must be 1-%d, got %d", storage.ErrInvalidArgument, s.limits.MaxBatch, n)
+// pageLimit is a request's limit with 0 meaning DefaultPageLimit; the
+// store checks the range (storage's Params.Validate).
+func pageLimit(n int64) int {
+	if n == 0 {
+		return DefaultPageLimit
 	}
-	return int(n), nil
+	return int(n)
 }
 
 func pageOf(items []Item, limit int) PageResponse {
@@ -550,9 +543,7 @@ func (s *Server) deadOp(c *call, run func(context.Context, storage.RedriveParams
 	case req.All && len(req.IDs) > 0:
 		return "", DeadResponse{}, fmt.Errorf("%w: give ids or all, not both", storage.ErrInvalidArgument)
 	case req.All:
-		if p.Limit, err = s.pageLimit(req.Limit); err != nil {
-			return "", DeadResponse{}, err
-		}
+		p.Limit = pageLimit(req.Limit)
 	case len(req.IDs) > 0:
 		if req.Limit != 0 {
 			return "", DeadResponse{}, fmt.Errorf("%w: limit goes with all, not with ids", storage.ErrInvalidArgument)
