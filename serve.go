@@ -6,7 +6,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,8 +15,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -83,236 +80,29 @@ remove acks one item, extend extends a lease. That listener shares the
 node's TLS and connection limits; the README's "Queueber compatibility"
 section has the details.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
-		data := fs.String("data", "./data", "`dir`ectory of the RocksDB database (created if missing)")
-		listen := fs.String("listen", defaultAddr, "RPC listen `address`: host:port or unix:/path")
-		backend := newChoice("rocksdb", parseBackend)
-		fs.Var(backend, "backend", "storage `backend`: rocksdb or fdb")
-		clusterFile := fs.String("fdb-cluster-file", "", "FoundationDB cluster `file` for --backend=fdb (empty: the client library's default)")
-		subspace := newChoice("", parseSubspace)
-		fs.Var(subspace, "fdb-subspace", "`name` of this deployment's subspace for --backend=fdb: deployments sharing one cluster need distinct names (empty: the default subspace)")
-		syncMode := newChoice("always", parseSyncMode)
-		fs.Var(syncMode, "sync", "WAL durability `mode`: always or none")
-		minFreeDisk := newChoice("256MiB", func(v string) (int, error) {
-			if v == "0" {
-				return 0, nil
-			}
-			return parseSize(v)
-		})
-		fs.Var(minFreeDisk, "min-free-disk", "free `bytes` kept in reserve on the data disk: below it enqueues are refused (unavailable) while acks and polls go on, and a node whose store stopped on a full disk reopens it once this much is free again (0: no reserve)")
-		recoverMode := newChoice("", func(s string) (string, error) {
-			if s != "" && s != "point-in-time" {
-				return "", fmt.Errorf("want point-in-time, got %q", s)
-			}
-			return s, nil
-		})
-		socketMode := newChoice("0660", parseFileMode)
-		fs.Var(socketMode, "socket-mode", "permission `bits` (octal) of the unix socket for --listen unix:/path; connecting needs write permission")
-		fs.Var(recoverMode, "recover", "`point-in-time`: open a database whose write-ahead log is damaged, dropping every write after the damage (the node refuses to start on such a log otherwise; keep a copy of --data first)")
-		metricsAddr := fs.String("metrics", "", "serve /metrics, /healthz and /readyz over HTTP on `host:port` (empty: off)")
-		httpAddr := fs.String("http", "", "serve the HTTP/JSON API on `address`, host:port or unix:/path, with the TLS of --tls-* (empty: off)")
-		tlsCert := fs.String("tls-cert", "", "server certificate `file` (PEM); enables TLS with --tls-key")
-		tlsKey := fs.String("tls-key", "", "server private key `file` (PEM)")
-		tlsClientCA := fs.String("tls-client-ca", "", "CA bundle `file` (PEM): require client certificates signed by it (mutual TLS)")
-		maxConns := fs.Int("max-conns", rpc.DefaultMaxConns, "maximum open client connections")
-		rpcEngine := newChoice(rpc.EngineLean, func(s string) (string, error) {
-			if s != rpc.EngineGoCapnp && s != rpc.EngineLean {
-				return "", fmt.Errorf("want %s or %s", rpc.EngineGoCapnp, rpc.EngineLean)
-			}
-			return s, nil
-		})
-		fs.Var(rpcEngine, "rpc-engine", "`engine` serving --listen: lean (one reader per connection, calls that cannot wait run on it) or go-capnp (go-capnp's rpc.Conn); see rpc/doc.go")
-		maxInflight := newChoice(strconv.Itoa(defaultInflightBytes()), parseSize)
-		fs.Var(maxInflight, "max-inflight-bytes", "incoming `bytes` of unanswered calls over all connections; beyond it the node reads no more calls until some are answered (default: a quarter of the machine's memory, 64MiB-4GiB)")
-		metricsQueues := fs.Int("metrics-max-queues", defaultMetricsQueues, "queues with /metrics series of their own (those with the most items enqueued); the rest are summed under queue=\"(other)\"")
-		maxQueues := fs.Int("max-queues", storage.DefaultLimits.MaxQueues, "most queues the node holds; creating one more (by enqueue or config) fails, existing queues keep working")
-		maxNodeWaiters := fs.Int("max-node-waiters", defaultNodeWaiters(), "maximum parked long polls plus subscriptions on the node (per queue: --max-waiters); each costs about 16 KiB (default: what fits in an eighth of the machine's memory, 1000-100000)")
-		maxConnsPerIP := fs.Int("max-conns-per-ip", rpc.DefaultMaxConnsPerAddr, "maximum open TCP connections from one IP address (0: no per-address limit)")
-		maxWaiters := fs.Int("max-waiters", rpc.DefaultMaxWaitersPerQueue, "maximum parked long polls plus subscriptions per queue (0 means the default)")
-		d := storage.DefaultLimits
-		maxPayload := newChoice(strconv.Itoa(d.MaxPayload), parseSize)
-		fs.Var(maxPayload, "max-payload", "largest item payload, in `bytes` (KiB/MiB suffixes allowed)")
-		maxMessage := newChoice(strconv.Itoa(rpc.DefaultMaxMessageBytes), parseSize)
-		fs.Var(maxMessage, "max-message", "largest incoming RPC message or HTTP API request body, in `bytes`")
-		maxBatch := newChoice(strconv.Itoa(d.MaxBatch), intRange(1, 100000))
-		fs.Var(maxBatch, "max-batch", "most `items` or ids in one call")
-		minLease := newChoice(d.MinLease.String(), positiveDuration)
-		fs.Var(minLease, "min-lease", "shortest lease (a `duration`) a poll or extend may ask for")
-		maxLease := newChoice(d.MaxLease.String(), positiveDuration)
-		fs.Var(maxLease, "max-lease", "longest lease (a `duration`) a poll or extend may ask for")
-		maxWait := newChoice(d.MaxWait.String(), positiveDuration)
-		fs.Var(maxWait, "max-wait", "longest long-poll wait (a `duration`)")
-		maxDelay := newChoice(d.MaxDelay.String(), positiveDuration)
-		fs.Var(maxDelay, "max-delay", "longest enqueue or nack delay (a `duration`)")
-		maxDedupKey := newChoice(strconv.Itoa(d.MaxDedupKey), parseSize)
-		fs.Var(maxDedupKey, "max-dedup-key", "longest dedup key, in `bytes`")
-		maxReason := newChoice(strconv.Itoa(d.MaxReason), parseSize)
-		fs.Var(maxReason, "max-reason", "longest nack reason kept, in `bytes` (longer ones are truncated)")
-		sweepInterval := fs.Duration("sweep-interval", sweeper.DefaultSweepInterval, "longest sleep of the sweeper when no deadline is known")
-		sweepBatch := fs.Int("sweep-batch", sweeper.DefaultBatchLimit, "leases expired per sweep transaction")
-		qbListen := fs.String("queueber-listen", "", "also serve Queueber's protocol (schema/queueber.capnp) on this `address`: host:port or unix:/path (needs --queueber-queue)")
-		qbQueue := fs.String("queueber-queue", "", "the leaseq queue `name` that Queueber clients on --queueber-listen add to and poll (needs --queueber-listen)")
-		checkConfig := fs.Bool("check-config", false, "validate flags and environment, print the effective settings, and exit")
-		lf := addLogFlags(fs, "info")
+		f := addServeFlags(fs)
 		return func(ctx context.Context, args []string) error {
 			if len(args) > 0 {
 				return usagef("unexpected argument %q", args[0])
 			}
-			if *sweepInterval <= 0 || *sweepBatch <= 0 {
-				return usagef("--sweep-interval and --sweep-batch must be positive")
-			}
-			if *maxConns <= 0 {
-				return usagef("--max-conns must be positive, got %d", *maxConns)
-			}
-			if *metricsQueues < 1 {
-				return usagef("--metrics-max-queues must be positive, got %d", *metricsQueues)
-			}
-			if *maxQueues < 1 {
-				return usagef("--max-queues must be positive, got %d", *maxQueues)
-			}
-			if *maxNodeWaiters < 1 {
-				return usagef("--max-node-waiters must be positive, got %d", *maxNodeWaiters)
-			}
-			if *maxConnsPerIP < 0 {
-				return usagef("--max-conns-per-ip must be >= 0, got %d", *maxConnsPerIP)
-			}
-			if *maxWaiters < 0 {
-				return usagef("--max-waiters must be >= 0, got %d", *maxWaiters)
-			}
-			if maxPayload.val >= maxMessage.val {
-				return usagef("--max-payload %d must be below --max-message %d (an item that size could never arrive in one message)", maxPayload.val, maxMessage.val)
-			}
-			if minLease.val > maxLease.val {
-				return usagef("--min-lease %v is longer than --max-lease %v", minLease.val, maxLease.val)
-			}
-			if (*tlsCert == "") != (*tlsKey == "") {
-				return usagef("--tls-cert and --tls-key go together")
-			}
-			if *tlsClientCA != "" && *tlsCert == "" {
-				return usagef("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
-			}
-			if err := checkQueueberFlags(*listen, *qbListen, *qbQueue); err != nil {
+			if err := f.check(); err != nil {
 				return err
 			}
-			if socketMode.set && !strings.HasPrefix(*listen, "unix:") && !strings.HasPrefix(*qbListen, "unix:") && !strings.HasPrefix(*httpAddr, "unix:") {
-				return usagef("--socket-mode applies to a unix socket (--listen, --http or --queueber-listen unix:/path) only")
-			}
-			if *httpAddr != "" && (*httpAddr == *listen || *httpAddr == *metricsAddr || *httpAddr == *qbListen) {
-				return usagef("--http %s is also the address of --listen, --metrics or --queueber-listen", *httpAddr)
-			}
-			if backend.val == "fdb" && recoverMode.set {
-				return usagef("--recover applies to --backend=rocksdb only")
-			}
-			if backend.val == "fdb" && syncMode.set {
-				return usagef("--sync applies to --backend=rocksdb only (FoundationDB commits are always durable)")
-			}
-			if *checkConfig {
-				fs.VisitAll(func(f *flag.Flag) {
-					if f.Name != "check-config" {
-						fmt.Fprintf(e.stdout, "%s=%s\n", f.Name, f.Value)
+			if *f.checkConfig {
+				fs.VisitAll(func(fl *flag.Flag) {
+					if fl.Name != "check-config" {
+						fmt.Fprintf(e.stdout, "%s=%s\n", fl.Name, fl.Value)
 					}
 				})
 				return nil
 			}
-			var tc *tls.Config
-			if *tlsCert != "" {
-				var err error
-				if tc, err = serverTLS(*tlsCert, *tlsKey, *tlsClientCA); err != nil {
-					return err
-				}
+			c, err := f.config(e.stderr)
+			if err != nil {
+				return err
 			}
-			return serve(ctx, e, serveConfig{
-				data:        *data,
-				listen:      *listen,
-				qbListen:    *qbListen,
-				qbQueue:     *qbQueue,
-				backend:     backend.val,
-				clusterFile: *clusterFile,
-				subspace:    subspace.val,
-				sync:        syncMode.val,
-				syncText:    syncMode.text,
-				pointInTime: recoverMode.val == "point-in-time",
-				minFreeDisk: int64(minFreeDisk.val),
-				socketMode:  socketMode.val,
-				metrics:     *metricsAddr,
-				http:        *httpAddr,
-				tls:         tc,
-				mutualTLS:   *tlsClientCA != "",
-				maxConns:    *maxConns,
-				maxWaiters:  *maxWaiters,
-				maxPerIP:    *maxConnsPerIP,
-				maxInflight: int64(maxInflight.val),
-				nodeWaiters: *maxNodeWaiters,
-				metricsQs:   *metricsQueues,
-				maxMessage:  int64(maxMessage.val),
-				rpcEngine:   rpcEngine.val,
-				limits: storage.Limits{
-					MaxPayload:   maxPayload.val,
-					MaxBatch:     maxBatch.val,
-					MinLease:     minLease.val,
-					MaxLease:     maxLease.val,
-					MaxWait:      maxWait.val,
-					MaxDelay:     maxDelay.val,
-					MaxDedupKey:  maxDedupKey.val,
-					MaxReason:    maxReason.val,
-					MaxQueueName: d.MaxQueueName,
-					MaxQueues:    *maxQueues,
-				},
-				sweepInterval: *sweepInterval,
-				sweepBatch:    *sweepBatch,
-				log:           lf.logger(e.stderr),
-			})
+			return serve(ctx, e, c)
 		}
 	},
-}
-
-// checkQueueberFlags checks --queueber-listen and --queueber-queue: both or
-// neither, a valid queue name, an address other than --listen's.
-func checkQueueberFlags(listen, addr, queue string) error {
-	switch {
-	case addr == "" && queue == "":
-		return nil
-	case addr == "":
-		return usagef("--queueber-queue needs --queueber-listen (the address Queueber clients connect to)")
-	case queue == "":
-		return usagef("--queueber-listen needs --queueber-queue (the leaseq queue Queueber clients use)")
-	case addr == listen:
-		return usagef("--queueber-listen %s is --listen's address: give each protocol its own", addr)
-	}
-	if err := storage.DefaultLimits.ValidateQueueName(queue); err != nil {
-		return usagef("--queueber-queue: %v", err)
-	}
-	return nil
-}
-
-// serverTLS builds the node's TLS config; with a client CA, clients must
-// present a certificate it signed.
-func serverTLS(certFile, keyFile, clientCAFile string) (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("load TLS certificate %s and key %s: %w", certFile, keyFile, err)
-	}
-	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if clientCAFile != "" {
-		pool, err := loadCertPool(clientCAFile)
-		if err != nil {
-			return nil, err
-		}
-		tc.ClientCAs = pool
-		tc.ClientAuth = tls.RequireAndVerifyClientCert
-	}
-	return tc, nil
-}
-
-func loadCertPool(file string) (*x509.CertPool, error) {
-	pem, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("read CA bundle: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("CA bundle %s: no PEM certificates in it", file)
-	}
-	return pool, nil
 }
 
 type serveConfig struct {
@@ -392,18 +182,6 @@ func fdbPrefix(name string) []byte {
 	p := append([]byte(fdbsync.DefaultPrefix), 0x02)
 	p = append(p, name...)
 	return append(p, 0x00)
-}
-
-// parseSubspace accepts an FDB subspace name: empty (the default) or, like
-// a queue name, 1-200 bytes of [A-Za-z0-9._-].
-func parseSubspace(s string) (string, error) {
-	if s == "" {
-		return s, nil
-	}
-	if err := storage.DefaultLimits.ValidateQueueName(s); err != nil {
-		return "", fmt.Errorf("want a subspace name of 1-200 bytes of [A-Za-z0-9._-], got %q", s)
-	}
-	return s, nil
 }
 
 func serve(ctx context.Context, e *env, c serveConfig) (err error) {
@@ -791,32 +569,4 @@ func recoverLoop(rocks *rocksstore.Store, clk clock.Clock, log *slog.Logger) (st
 		close(done)
 		wg.Wait()
 	}
-}
-
-// defaultInflightBytes is --max-inflight-bytes' default: a quarter of the
-// machine's memory, within 64 MiB and 4 GiB.
-func defaultInflightBytes() int {
-	return int(min(max(machineMemory()/4, 64<<20), 4<<30))
-}
-
-// parkedPollCost is what one parked long poll or subscription holds on the
-// node, rounded up: a goroutine in go-capnp's call handling and its
-// buffers (BenchmarkRPC_ParkedPollMemory measures 14-18 KB per poll for
-// server and client together).
-const parkedPollCost = 16 << 10
-
-// defaultNodeWaiters is --max-node-waiters' default: as many parked polls
-// as fit in an eighth of the machine's memory, within 1,000 and
-// rpc.DefaultMaxWaiters.
-func defaultNodeWaiters() int {
-	return int(min(max(machineMemory()/8/parkedPollCost, 1000), rpc.DefaultMaxWaiters))
-}
-
-// machineMemory returns the machine's RAM in bytes (4 GiB if unknown).
-func machineMemory() int64 {
-	var si syscall.Sysinfo_t
-	if err := syscall.Sysinfo(&si); err != nil {
-		return 4 << 30
-	}
-	return int64(si.Totalram) * int64(si.Unit)
 }

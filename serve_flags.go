@@ -1,0 +1,334 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/leaseq/leaseq/rpc"
+	"github.com/leaseq/leaseq/storage"
+	"github.com/leaseq/leaseq/storage/rocksstore"
+	"github.com/leaseq/leaseq/sweeper"
+)
+
+// serveFlags are `leaseq serve`'s flags (addServeFlags registers them);
+// check and config turn them, once parsed, into the node's serveConfig.
+type serveFlags struct {
+	data           *string
+	listen         *string
+	backend        *choice[string]
+	clusterFile    *string
+	subspace       *choice[string]
+	syncMode       *choice[rocksstore.SyncMode]
+	minFreeDisk    *choice[int]
+	recoverMode    *choice[string]
+	socketMode     *choice[fs.FileMode]
+	metricsAddr    *string
+	httpAddr       *string
+	tlsCert        *string
+	tlsKey         *string
+	tlsClientCA    *string
+	maxConns       *int
+	rpcEngine      *choice[string]
+	maxInflight    *choice[int]
+	metricsQueues  *int
+	maxQueues      *int
+	maxNodeWaiters *int
+	maxConnsPerIP  *int
+	maxWaiters     *int
+	maxPayload     *choice[int]
+	maxMessage     *choice[int]
+	maxBatch       *choice[int]
+	minLease       *choice[time.Duration]
+	maxLease       *choice[time.Duration]
+	maxWait        *choice[time.Duration]
+	maxDelay       *choice[time.Duration]
+	maxDedupKey    *choice[int]
+	maxReason      *choice[int]
+	sweepInterval  *time.Duration
+	sweepBatch     *int
+	qbListen       *string
+	qbQueue        *string
+	checkConfig    *bool
+	lf             *logFlags
+}
+
+// addServeFlags registers serve's flags on fs.
+func addServeFlags(fs *flag.FlagSet) *serveFlags {
+	f := &serveFlags{}
+	f.data = fs.String("data", "./data", "`dir`ectory of the RocksDB database (created if missing)")
+	f.listen = fs.String("listen", defaultAddr, "RPC listen `address`: host:port or unix:/path")
+	f.backend = newChoice("rocksdb", parseBackend)
+	fs.Var(f.backend, "backend", "storage `backend`: rocksdb or fdb")
+	f.clusterFile = fs.String("fdb-cluster-file", "", "FoundationDB cluster `file` for --backend=fdb (empty: the client library's default)")
+	f.subspace = newChoice("", parseSubspace)
+	fs.Var(f.subspace, "fdb-subspace", "`name` of this deployment's subspace for --backend=fdb: deployments sharing one cluster need distinct names (empty: the default subspace)")
+	f.syncMode = newChoice("always", parseSyncMode)
+	fs.Var(f.syncMode, "sync", "WAL durability `mode`: always or none")
+	f.minFreeDisk = newChoice("256MiB", func(v string) (int, error) {
+		if v == "0" {
+			return 0, nil
+		}
+		return parseSize(v)
+	})
+	fs.Var(f.minFreeDisk, "min-free-disk", "free `bytes` kept in reserve on the data disk: below it enqueues are refused (unavailable) while acks and polls go on, and a node whose store stopped on a full disk reopens it once this much is free again (0: no reserve)")
+	f.recoverMode = newChoice("", func(s string) (string, error) {
+		if s != "" && s != "point-in-time" {
+			return "", fmt.Errorf("want point-in-time, got %q", s)
+		}
+		return s, nil
+	})
+	f.socketMode = newChoice("0660", parseFileMode)
+	fs.Var(f.socketMode, "socket-mode", "permission `bits` (octal) of the unix socket for --listen unix:/path; connecting needs write permission")
+	fs.Var(f.recoverMode, "recover", "`point-in-time`: open a database whose write-ahead log is damaged, dropping every write after the damage (the node refuses to start on such a log otherwise; keep a copy of --data first)")
+	f.metricsAddr = fs.String("metrics", "", "serve /metrics, /healthz and /readyz over HTTP on `host:port` (empty: off)")
+	f.httpAddr = fs.String("http", "", "serve the HTTP/JSON API on `address`, host:port or unix:/path, with the TLS of --tls-* (empty: off)")
+	f.tlsCert = fs.String("tls-cert", "", "server certificate `file` (PEM); enables TLS with --tls-key")
+	f.tlsKey = fs.String("tls-key", "", "server private key `file` (PEM)")
+	f.tlsClientCA = fs.String("tls-client-ca", "", "CA bundle `file` (PEM): require client certificates signed by it (mutual TLS)")
+	f.maxConns = fs.Int("max-conns", rpc.DefaultMaxConns, "maximum open client connections")
+	f.rpcEngine = newChoice(rpc.EngineLean, func(s string) (string, error) {
+		if s != rpc.EngineGoCapnp && s != rpc.EngineLean {
+			return "", fmt.Errorf("want %s or %s", rpc.EngineGoCapnp, rpc.EngineLean)
+		}
+		return s, nil
+	})
+	fs.Var(f.rpcEngine, "rpc-engine", "`engine` serving --listen: lean (one reader per connection, calls that cannot wait run on it) or go-capnp (go-capnp's rpc.Conn); see rpc/doc.go")
+	f.maxInflight = newChoice(strconv.Itoa(defaultInflightBytes()), parseSize)
+	fs.Var(f.maxInflight, "max-inflight-bytes", "incoming `bytes` of unanswered calls over all connections; beyond it the node reads no more calls until some are answered (default: a quarter of the machine's memory, 64MiB-4GiB)")
+	f.metricsQueues = fs.Int("metrics-max-queues", defaultMetricsQueues, "queues with /metrics series of their own (those with the most items enqueued); the rest are summed under queue=\"(other)\"")
+	f.maxQueues = fs.Int("max-queues", storage.DefaultLimits.MaxQueues, "most queues the node holds; creating one more (by enqueue or config) fails, existing queues keep working")
+	f.maxNodeWaiters = fs.Int("max-node-waiters", defaultNodeWaiters(), "maximum parked long polls plus subscriptions on the node (per queue: --max-waiters); each costs about 16 KiB (default: what fits in an eighth of the machine's memory, 1000-100000)")
+	f.maxConnsPerIP = fs.Int("max-conns-per-ip", rpc.DefaultMaxConnsPerAddr, "maximum open TCP connections from one IP address (0: no per-address limit)")
+	f.maxWaiters = fs.Int("max-waiters", rpc.DefaultMaxWaitersPerQueue, "maximum parked long polls plus subscriptions per queue (0 means the default)")
+	d := storage.DefaultLimits
+	f.maxPayload = newChoice(strconv.Itoa(d.MaxPayload), parseSize)
+	fs.Var(f.maxPayload, "max-payload", "largest item payload, in `bytes` (KiB/MiB suffixes allowed)")
+	f.maxMessage = newChoice(strconv.Itoa(rpc.DefaultMaxMessageBytes), parseSize)
+	fs.Var(f.maxMessage, "max-message", "largest incoming RPC message or HTTP API request body, in `bytes`")
+	f.maxBatch = newChoice(strconv.Itoa(d.MaxBatch), intRange(1, 100000))
+	fs.Var(f.maxBatch, "max-batch", "most `items` or ids in one call")
+	f.minLease = newChoice(d.MinLease.String(), positiveDuration)
+	fs.Var(f.minLease, "min-lease", "shortest lease (a `duration`) a poll or extend may ask for")
+	f.maxLease = newChoice(d.MaxLease.String(), positiveDuration)
+	fs.Var(f.maxLease, "max-lease", "longest lease (a `duration`) a poll or extend may ask for")
+	f.maxWait = newChoice(d.MaxWait.String(), positiveDuration)
+	fs.Var(f.maxWait, "max-wait", "longest long-poll wait (a `duration`)")
+	f.maxDelay = newChoice(d.MaxDelay.String(), positiveDuration)
+	fs.Var(f.maxDelay, "max-delay", "longest enqueue or nack delay (a `duration`)")
+	f.maxDedupKey = newChoice(strconv.Itoa(d.MaxDedupKey), parseSize)
+	fs.Var(f.maxDedupKey, "max-dedup-key", "longest dedup key, in `bytes`")
+	f.maxReason = newChoice(strconv.Itoa(d.MaxReason), parseSize)
+	fs.Var(f.maxReason, "max-reason", "longest nack reason kept, in `bytes` (longer ones are truncated)")
+	f.sweepInterval = fs.Duration("sweep-interval", sweeper.DefaultSweepInterval, "longest sleep of the sweeper when no deadline is known")
+	f.sweepBatch = fs.Int("sweep-batch", sweeper.DefaultBatchLimit, "leases expired per sweep transaction")
+	f.qbListen = fs.String("queueber-listen", "", "also serve Queueber's protocol (schema/queueber.capnp) on this `address`: host:port or unix:/path (needs --queueber-queue)")
+	f.qbQueue = fs.String("queueber-queue", "", "the leaseq queue `name` that Queueber clients on --queueber-listen add to and poll (needs --queueber-listen)")
+	f.checkConfig = fs.Bool("check-config", false, "validate flags and environment, print the effective settings, and exit")
+	f.lf = addLogFlags(fs, "info")
+	return f
+}
+
+// check refuses flag values that are invalid together (a usage error).
+func (f *serveFlags) check() error {
+	if *f.sweepInterval <= 0 || *f.sweepBatch <= 0 {
+		return usagef("--sweep-interval and --sweep-batch must be positive")
+	}
+	if *f.maxConns <= 0 {
+		return usagef("--max-conns must be positive, got %d", *f.maxConns)
+	}
+	if *f.metricsQueues < 1 {
+		return usagef("--metrics-max-queues must be positive, got %d", *f.metricsQueues)
+	}
+	if *f.maxQueues < 1 {
+		return usagef("--max-queues must be positive, got %d", *f.maxQueues)
+	}
+	if *f.maxNodeWaiters < 1 {
+		return usagef("--max-node-waiters must be positive, got %d", *f.maxNodeWaiters)
+	}
+	if *f.maxConnsPerIP < 0 {
+		return usagef("--max-conns-per-ip must be >= 0, got %d", *f.maxConnsPerIP)
+	}
+	if *f.maxWaiters < 0 {
+		return usagef("--max-waiters must be >= 0, got %d", *f.maxWaiters)
+	}
+	if f.maxPayload.val >= f.maxMessage.val {
+		return usagef("--max-payload %d must be below --max-message %d (an item that size could never arrive in one message)", f.maxPayload.val, f.maxMessage.val)
+	}
+	if f.minLease.val > f.maxLease.val {
+		return usagef("--min-lease %v is longer than --max-lease %v", f.minLease.val, f.maxLease.val)
+	}
+	if (*f.tlsCert == "") != (*f.tlsKey == "") {
+		return usagef("--tls-cert and --tls-key go together")
+	}
+	if *f.tlsClientCA != "" && *f.tlsCert == "" {
+		return usagef("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
+	}
+	if err := checkQueueberFlags(*f.listen, *f.qbListen, *f.qbQueue); err != nil {
+		return err
+	}
+	if f.socketMode.set && !strings.HasPrefix(*f.listen, "unix:") && !strings.HasPrefix(*f.qbListen, "unix:") && !strings.HasPrefix(*f.httpAddr, "unix:") {
+		return usagef("--socket-mode applies to a unix socket (--listen, --http or --queueber-listen unix:/path) only")
+	}
+	if *f.httpAddr != "" && (*f.httpAddr == *f.listen || *f.httpAddr == *f.metricsAddr || *f.httpAddr == *f.qbListen) {
+		return usagef("--http %s is also the address of --listen, --metrics or --queueber-listen", *f.httpAddr)
+	}
+	if f.backend.val == "fdb" && f.recoverMode.set {
+		return usagef("--recover applies to --backend=rocksdb only")
+	}
+	if f.backend.val == "fdb" && f.syncMode.set {
+		return usagef("--sync applies to --backend=rocksdb only (FoundationDB commits are always durable)")
+	}
+	return nil
+}
+
+// config is the node's configuration from the checked flags; it reads
+// the TLS files. Logs go to stderr.
+func (f *serveFlags) config(stderr io.Writer) (serveConfig, error) {
+	var tc *tls.Config
+	if *f.tlsCert != "" {
+		var err error
+		if tc, err = serverTLS(*f.tlsCert, *f.tlsKey, *f.tlsClientCA); err != nil {
+			return serveConfig{}, err
+		}
+	}
+	return serveConfig{
+		data:        *f.data,
+		listen:      *f.listen,
+		qbListen:    *f.qbListen,
+		qbQueue:     *f.qbQueue,
+		backend:     f.backend.val,
+		clusterFile: *f.clusterFile,
+		subspace:    f.subspace.val,
+		sync:        f.syncMode.val,
+		syncText:    f.syncMode.text,
+		pointInTime: f.recoverMode.val == "point-in-time",
+		minFreeDisk: int64(f.minFreeDisk.val),
+		socketMode:  f.socketMode.val,
+		metrics:     *f.metricsAddr,
+		http:        *f.httpAddr,
+		tls:         tc,
+		mutualTLS:   *f.tlsClientCA != "",
+		maxConns:    *f.maxConns,
+		maxWaiters:  *f.maxWaiters,
+		maxPerIP:    *f.maxConnsPerIP,
+		maxInflight: int64(f.maxInflight.val),
+		nodeWaiters: *f.maxNodeWaiters,
+		metricsQs:   *f.metricsQueues,
+		maxMessage:  int64(f.maxMessage.val),
+		rpcEngine:   f.rpcEngine.val,
+		limits: storage.Limits{
+			MaxPayload:   f.maxPayload.val,
+			MaxBatch:     f.maxBatch.val,
+			MinLease:     f.minLease.val,
+			MaxLease:     f.maxLease.val,
+			MaxWait:      f.maxWait.val,
+			MaxDelay:     f.maxDelay.val,
+			MaxDedupKey:  f.maxDedupKey.val,
+			MaxReason:    f.maxReason.val,
+			MaxQueueName: storage.DefaultLimits.MaxQueueName,
+			MaxQueues:    *f.maxQueues,
+		},
+		sweepInterval: *f.sweepInterval,
+		sweepBatch:    *f.sweepBatch,
+		log:           f.lf.logger(stderr),
+	}, nil
+}
+
+// checkQueueberFlags checks --queueber-listen and --queueber-queue: both or
+// neither, a valid queue name, an address other than --listen's.
+func checkQueueberFlags(listen, addr, queue string) error {
+	switch {
+	case addr == "" && queue == "":
+		return nil
+	case addr == "":
+		return usagef("--queueber-queue needs --queueber-listen (the address Queueber clients connect to)")
+	case queue == "":
+		return usagef("--queueber-listen needs --queueber-queue (the leaseq queue Queueber clients use)")
+	case addr == listen:
+		return usagef("--queueber-listen %s is --listen's address: give each protocol its own", addr)
+	}
+	if err := storage.DefaultLimits.ValidateQueueName(queue); err != nil {
+		return usagef("--queueber-queue: %v", err)
+	}
+	return nil
+}
+
+// serverTLS builds the node's TLS config; with a client CA, clients must
+// present a certificate it signed.
+func serverTLS(certFile, keyFile, clientCAFile string) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("load TLS certificate %s and key %s: %w", certFile, keyFile, err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if clientCAFile != "" {
+		pool, err := loadCertPool(clientCAFile)
+		if err != nil {
+			return nil, err
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
+}
+
+func loadCertPool(file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("read CA bundle: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("CA bundle %s: no PEM certificates in it", file)
+	}
+	return pool, nil
+}
+
+// parseSubspace accepts an FDB subspace name: empty (the default) or, like
+// a queue name, 1-200 bytes of [A-Za-z0-9._-].
+func parseSubspace(s string) (string, error) {
+	if s == "" {
+		return s, nil
+	}
+	if err := storage.DefaultLimits.ValidateQueueName(s); err != nil {
+		return "", fmt.Errorf("want a subspace name of 1-200 bytes of [A-Za-z0-9._-], got %q", s)
+	}
+	return s, nil
+}
+
+// defaultInflightBytes is --max-inflight-bytes' default: a quarter of the
+// machine's memory, within 64 MiB and 4 GiB.
+func defaultInflightBytes() int {
+	return int(min(max(machineMemory()/4, 64<<20), 4<<30))
+}
+
+// parkedPollCost is what one parked long poll or subscription holds on the
+// node, rounded up: a goroutine in go-capnp's call handling and its
+// buffers (BenchmarkRPC_ParkedPollMemory measures 14-18 KB per poll for
+// server and client together).
+const parkedPollCost = 16 << 10
+
+// defaultNodeWaiters is --max-node-waiters' default: as many parked polls
+// as fit in an eighth of the machine's memory, within 1,000 and
+// rpc.DefaultMaxWaiters.
+func defaultNodeWaiters() int {
+	return int(min(max(machineMemory()/8/parkedPollCost, 1000), rpc.DefaultMaxWaiters))
+}
+
+// machineMemory returns the machine's RAM in bytes (4 GiB if unknown).
+func machineMemory() int64 {
+	var si syscall.Sysinfo_t
+	if err := syscall.Sysinfo(&si); err != nil {
+		return 4 << 30
+	}
+	return int64(si.Totalram) * int64(si.Unit)
+}
