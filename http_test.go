@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"context"
 	"github.com/leaseq/leaseq/rpc/rpctest"
 )
 
@@ -187,4 +188,26 @@ func TestServe_HTTPFlagChecks(t *testing.T) {
 	r = runCLI(t, nil, "", "serve", "--data", filepath.Join(t.TempDir(), "d"), "--http", "nonsense")
 	require.Equal(t, exitFailure, r.code, "%s%s", r.stdout, r.stderr)
 	require.Contains(t, r.stderr, "http listener")
+}
+
+// TestServe_HTTPSharesMaxConns: --max-conns counts the node's connections
+// over RPC and HTTP together; one over it gets a 503 from the HTTP API.
+func TestServe_HTTPSharesMaxConns(t *testing.T) {
+	t.Parallel()
+	api := freePort(t)
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--http", api, "--max-conns", "1")
+	c := dialNode(t, n.addr)
+	_, err := c.Queues(context.Background()) // the RPC connection is open
+	require.NoError(t, err)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr, Timeout: time.Minute}
+	code, body := httpDo(t, hc, "GET", "http://"+api+"/v1/queues", "")
+	require.Equal(t, http.StatusServiceUnavailable, code, body)
+	require.Contains(t, body, "too many connections (limit 1)")
+	require.NoError(t, c.Close())
+	rpctest.Eventually(t, 30*time.Second, func() bool {
+		code, _ := httpDo(t, hc, "GET", "http://"+api+"/v1/queues", "")
+		return code == http.StatusOK
+	}, "the HTTP API still refused after the RPC connection closed")
 }

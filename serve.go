@@ -366,6 +366,7 @@ func startHTTP(ctx context.Context, c *serveConfig, store storage.Store, clk clo
 		Inflight:      sem,
 		InflightLimit: size,
 		Leases:        srv,
+		Admit:         srv.Admit,
 		MaxBodyBytes:  c.maxMessage,
 		TLS:           c.tls,
 	})

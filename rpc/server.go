@@ -382,15 +382,9 @@ func (s *Server) admit(conn net.Conn, boot BootstrapFunc) {
 		return
 	}
 	s.wg.Add(1)
-	var reason string
-	switch {
-	case s.mu.conns >= s.cfg.MaxConns:
-		reason = fmt.Sprintf("leaseq: too many connections (limit %d)", s.cfg.MaxConns)
-	case ip != "" && s.cfg.MaxConnsPerAddr > 0 && s.mu.perAddr[ip] >= s.cfg.MaxConnsPerAddr:
-		reason = fmt.Sprintf("leaseq: too many connections from %s (limit %d per address)", ip, s.cfg.MaxConnsPerAddr)
-	}
+	reason := s.countLocked(ip)
+	s.mu.Unlock()
 	if reason != "" {
-		s.mu.Unlock()
 		s.refused.Add(1)
 		go func() {
 			defer s.wg.Done()
@@ -398,25 +392,63 @@ func (s *Server) admit(conn net.Conn, boot BootstrapFunc) {
 		}()
 		return
 	}
+	go func() {
+		defer s.wg.Done()
+		defer s.uncount(ip)
+		s.serveConn(conn, boot)
+	}()
+}
+
+// countLocked counts a connection from ip (""; not a TCP peer) against
+// MaxConns and MaxConnsPerAddr, or returns why it may not be served.
+// REQUIRES: s.mu held.
+func (s *Server) countLocked(ip string) (refused string) {
+	switch {
+	case s.mu.conns >= s.cfg.MaxConns:
+		return fmt.Sprintf("leaseq: too many connections (limit %d)", s.cfg.MaxConns)
+	case ip != "" && s.cfg.MaxConnsPerAddr > 0 && s.mu.perAddr[ip] >= s.cfg.MaxConnsPerAddr:
+		return fmt.Sprintf("leaseq: too many connections from %s (limit %d per address)", ip, s.cfg.MaxConnsPerAddr)
+	}
 	s.mu.conns++
 	if ip != "" {
 		s.mu.perAddr[ip]++
 	}
+	return ""
+}
+
+// uncount ends a connection countLocked counted.
+func (s *Server) uncount(ip string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mu.conns--
+	if ip != "" {
+		if s.mu.perAddr[ip]--; s.mu.perAddr[ip] == 0 {
+			delete(s.mu.perAddr, ip)
+		}
+	}
+}
+
+// Admit counts a connection that another front end of the node serves
+// itself (the HTTP API) against MaxConns and MaxConnsPerAddr, so those
+// limits hold for the node, not per protocol. It returns the function to
+// call once when the connection ends; or, over a limit or while the server
+// stops, a reason to give the peer before closing the connection (which
+// then counts in Metrics' refused connections).
+func (s *Server) Admit(conn net.Conn) (release func(), refused string) {
+	ip := sourceIP(conn)
+	s.mu.Lock()
+	if s.mu.stopping {
+		s.mu.Unlock()
+		return nil, "leaseq: the node is shutting down"
+	}
+	refused = s.countLocked(ip)
 	s.mu.Unlock()
-	go func() {
-		defer s.wg.Done()
-		defer func() {
-			s.mu.Lock()
-			s.mu.conns--
-			if ip != "" {
-				if s.mu.perAddr[ip]--; s.mu.perAddr[ip] == 0 {
-					delete(s.mu.perAddr, ip)
-				}
-			}
-			s.mu.Unlock()
-		}()
-		s.serveConn(conn, boot)
-	}()
+	if refused != "" {
+		s.refused.Add(1)
+		return nil, refused
+	}
+	var once sync.Once
+	return func() { once.Do(func() { s.uncount(ip) }) }, ""
 }
 
 // refuseLogEvery is the least time between two "connection refused" log

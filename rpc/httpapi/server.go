@@ -89,6 +89,11 @@ type Config struct {
 	// Leases, when set, is told of every ack, nack and extend (the RPC
 	// server, for its subscriptions' credit).
 	Leases LeaseObserver
+	// Admit, when set, is asked for every accepted connection (the RPC
+	// server's Admit: one --max-conns and --max-conns-per-ip count for the
+	// node). A refused connection gets a 503 naming the reason and is
+	// closed; an admitted one calls release when it closes.
+	Admit func(net.Conn) (release func(), refused string)
 	// MaxBodyBytes bounds one request body (0: DefaultMaxBodyBytes); a
 	// larger one is answered 413.
 	MaxBodyBytes int64
@@ -250,6 +255,9 @@ func (s *Server) Start(ctx context.Context, ln net.Listener) error {
 	s.mu.started = true
 	s.unwatch = context.AfterFunc(ctx, s.Stop)
 	s.mu.Unlock()
+	if s.cfg.Admit != nil {
+		ln = &admitListener{Listener: ln, admit: s.cfg.Admit, clock: s.cfg.Clock, log: s.log}
+	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()

@@ -202,3 +202,56 @@ func TestServer_Metrics(t *testing.T) {
 	require.EqualValues(t, 1, byOp["stats"].Errors)
 	require.EqualValues(t, 0, byOp["poll"].Count)
 }
+
+// TestHTTP_AdmitRefusesOverLimit: with Config.Admit (the RPC server's, in
+// a node), a connection over the limit gets a 503 naming the reason and is
+// closed; an admitted one is released when it closes.
+func TestHTTP_AdmitRefusesOverLimit(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	open := 0
+	admit := func(net.Conn) (func(), string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if open >= 1 {
+			return nil, "leaseq: too many connections (limit 1)"
+		}
+		open++
+		return func() {
+			mu.Lock()
+			open--
+			mu.Unlock()
+		}, ""
+	}
+	b := setup(t, func(c *Config) { c.Admit = admit })
+	first, err := net.Dial("tcp", strings.TrimPrefix(b.url, "http://"))
+	require.NoError(t, err)
+	rpctest.Eventually(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return open == 1
+	}, "the first connection was not admitted")
+
+	// A second one is over the limit.
+	resp, err := http.Get(b.url + "/v1/queues")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	require.Contains(t, string(body), "too many connections (limit 1)")
+
+	// Closing the first frees its slot.
+	require.NoError(t, first.Close())
+	rpctest.Eventually(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return open == 0
+	}, "the closed connection was not released")
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	resp, err = (&http.Client{Transport: tr}).Get(b.url + "/v1/queues")
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
