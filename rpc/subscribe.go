@@ -255,7 +255,12 @@ func (sub *subscription) run() {
 	s.tracker.drop(sub)
 	if endErr != nil && !isDisconnect(endErr) {
 		// The node ended it: tell the consumer why, if it still listens.
-		log.Warn("subscription ended", "err", endErr)
+		// A shutdown ends every subscription; that is no warning.
+		if errors.Is(endErr, ErrUnavailable) {
+			log.Info("subscription ended", "err", endErr)
+		} else {
+			log.Warn("subscription ended", "err", endErr)
+		}
 		ctx, cancel := s.cfg.Clock.WithTimeout(context.Background(), time.Second)
 		f, release := sub.consumer.Done(ctx, func(p schema.Consumer_done_Params) error {
 			st, err := p.NewStatus()
