@@ -1,9 +1,12 @@
 package httpapi
 
 import (
+	"bufio"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
 	"time"
 
@@ -11,10 +14,9 @@ import (
 )
 
 // admitListener asks Config.Admit about every connection it accepts: a
-// refused one is answered with a plain-text 503 (before any TLS: the
-// bytes are written in the clear, which a TLS client reports as a
-// handshake failure) and closed; an admitted one is released when it
-// closes.
+// refused one has its first request answered with a 503 JSON error (in the
+// clear, before any TLS, which a TLS client reports as a handshake
+// failure) and is closed; an admitted one is released when it closes.
 type admitListener struct {
 	net.Listener
 	admit func(net.Conn) (release func(), refused string)
@@ -22,9 +24,13 @@ type admitListener struct {
 	log   *slog.Logger
 }
 
-// refuseWriteTimeout bounds the write of a refusal to a peer that does not
-// read.
-const refuseWriteTimeout = time.Second
+// refuseTimeout bounds how long a refused connection may take to send its
+// request and read the refusal; maxRefusedRequest bounds what is read of
+// the request.
+const (
+	refuseTimeout     = 5 * time.Second
+	maxRefusedRequest = 64 << 10
+)
 
 func (l *admitListener) Accept() (net.Conn, error) {
 	for {
@@ -38,9 +44,12 @@ func (l *admitListener) Accept() (net.Conn, error) {
 		}
 		l.log.Debug("connection refused", "remote", conn.RemoteAddr().String(), "reason", refused)
 		go func() {
-			// A peer that does not read cannot hold the goroutine.
-			t := l.clock.AfterFunc(refuseWriteTimeout, func() { _ = conn.Close() })
+			// A peer that neither sends nor reads cannot hold the goroutine.
+			t := l.clock.AfterFunc(refuseTimeout, func() { _ = conn.Close() })
 			defer t.Stop()
+			// Read the request first: an answer that arrives before it is
+			// one a client discards ("unsolicited response").
+			_, _ = http.ReadRequest(bufio.NewReader(io.LimitReader(conn, maxRefusedRequest)))
 			body := fmt.Sprintf(`{"error":{"code":"unavailable","message":%q}}`+"\n", refused)
 			_, _ = fmt.Fprintf(conn, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
 			_ = conn.Close()
