@@ -311,10 +311,10 @@ func defaultInflightBytes() int {
 	return int(min(max(machineMemory()/4, 64<<20), 4<<30))
 }
 
-// parkedPollCost is what one parked long poll or subscription holds on the
-// node, rounded up: a goroutine in go-capnp's call handling and its
-// buffers (BenchmarkRPC_ParkedPollMemory measures 14-18 KB per poll for
-// server and client together).
+// parkedPollCost is what one parked long poll or subscription may hold on
+// the node, rounded up: the worst case, a goroutine and its buffers
+// (go-capnp engine or HTTP; BenchmarkRPC_ParkedPollMemory measures 13-15 KB
+// per poll there, client side included, and 6 KB on the lean engine).
 const parkedPollCost = 16 << 10
 
 // defaultNodeWaiters is --max-node-waiters' default: as many parked polls

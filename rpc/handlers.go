@@ -53,10 +53,29 @@ func (q *queueServer) fail(op Op, res statusResults, err error) error {
 // call runs one handler body with accounting: metrics, the in-flight count
 // Stop drains, and the shutdown refusal.
 func (q *queueServer) call(op Op, res statusResults, allocErr error, body func() error) error {
-	start := q.s.cfg.Clock.Now()
-	ok := q.s.begin()
+	return q.begin(op).finish(res, allocErr, body)
+}
+
+// callTicket is a call begun (counted in the calls Stop drains, its
+// latency timed) whose body finish runs, maybe later: a long poll the lean
+// engine parks without a goroutine.
+type callTicket struct {
+	q     *queueServer
+	op    Op
+	start time.Time
+	ok    bool // false: the server is stopping
+}
+
+func (q *queueServer) begin(op Op) callTicket {
+	return callTicket{q: q, op: op, start: q.s.cfg.Clock.Now(), ok: q.s.begin()}
+}
+
+// finish runs body (unless allocErr, or the server was stopping at begin),
+// writes a failure into res as a Status, and ends the call.
+func (t callTicket) finish(res statusResults, allocErr error, body func() error) error {
+	q, op, ok := t.q, t.op, t.ok
 	failed := true
-	defer func() { q.s.end(op, start, failed) }()
+	defer func() { q.s.end(op, t.start, failed) }()
 	if allocErr != nil {
 		return allocErr
 	}
@@ -237,16 +256,26 @@ func (q *queueServer) Poll(ctx context.Context, call schema.Queue_poll) error {
 
 // poll is Poll's body, shared by both engines (lean.go).
 func (q *queueServer) poll(ctx context.Context, args schema.Queue_poll_Params, res schema.Queue_poll_Results) error {
-	queue, err := q.queueName(args.Queue)
+	p, wait, err := q.pollArgs(args)
 	if err != nil {
 		return err
 	}
-	// Server.Poll checks max, the lease and the wait.
-	pr, err := q.s.Poll(ctx, storage.PollParams{Queue: queue, Max: int(args.Max()), Lease: durMs(args.LeaseMs())}, durMs(args.WaitMs()))
+	pr, err := q.s.disp.Poll(ctx, p, wait)
 	if err != nil {
 		return err
 	}
 	return writePoll(res, pr)
+}
+
+// pollArgs reads and checks a poll's arguments.
+func (q *queueServer) pollArgs(args schema.Queue_poll_Params) (storage.PollParams, time.Duration, error) {
+	queue, err := q.queueName(args.Queue)
+	if err != nil {
+		return storage.PollParams{}, 0, err
+	}
+	p := storage.PollParams{Queue: queue, Max: int(args.Max()), Lease: durMs(args.LeaseMs())}
+	wait := durMs(args.WaitMs())
+	return p, wait, q.s.checkPoll(p, wait)
 }
 
 func writePoll(res schema.Queue_poll_Results, pr storage.PollResult) error {

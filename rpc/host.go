@@ -146,13 +146,18 @@ func (s *Server) Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storag
 // the wait (or at Stop) is an empty result, not an error. Errors: the
 // limits' and the store's, ErrTooManyWaiters, ctx.Err().
 func (s *Server) Poll(ctx context.Context, p storage.PollParams, wait time.Duration) (storage.PollResult, error) {
-	if err := p.Validate(s.limits); err != nil {
-		return storage.PollResult{}, err
-	}
-	if err := s.limits.ValidateWait(wait); err != nil {
+	if err := s.checkPoll(p, wait); err != nil {
 		return storage.PollResult{}, err
 	}
 	return s.disp.Poll(ctx, p, wait)
+}
+
+// checkPoll checks a poll's arguments and wait against the limits.
+func (s *Server) checkPoll(p storage.PollParams, wait time.Duration) error {
+	if err := p.Validate(s.limits); err != nil {
+		return err
+	}
+	return s.limits.ValidateWait(wait)
 }
 
 // Ack deletes the items p.IDs held under p.Lease in p.Queue, at the server

@@ -626,6 +626,10 @@ func (c *leanConn) dispatch(lc *leanCall, queue bool, cl capnp.Client) {
 		return
 	}
 	meth := &leanMethods[lc.method]
+	if meth.op == OpPoll && schema.Queue_poll_Params(lc.args).WaitMs() > 0 {
+		c.longPoll(lc)
+		return
+	}
 	if meth.mayWait(c, lc.args) {
 		ctx, cancel := context.WithCancel(c.ctx)
 		c.mu.Lock()
@@ -654,6 +658,57 @@ func (c *leanConn) dispatch(lc *leanCall, queue bool, cl capnp.Client) {
 
 // runQueue runs one Queue method and sends its Return.
 func (c *leanConn) runQueue(ctx context.Context, lc *leanCall, meth *leanMethod) {
+	c.reply(lc, func(seg *capnp.Segment) (capnp.Struct, error) { return meth.run(c.q, ctx, lc.args, seg) })
+}
+
+// longPoll serves a poll that may wait (waitMs > 0) without a goroutine
+// while it is parked: the dispatcher's PollAsync completes it. Its first
+// attempt runs on the reader when the store never waits for I/O, else on a
+// goroutine that ends when the poll parks or completes.
+func (c *leanConn) longPoll(lc *leanCall) {
+	ctx, cancel := context.WithCancel(c.ctx)
+	c.mu.Lock()
+	lc.ans.cancel = cancel
+	finished := lc.ans.finished
+	c.mu.Unlock()
+	if finished {
+		cancel()
+	}
+	t := c.q.begin(OpPoll)
+	c.calls.Add(1)
+	complete := func(pr storage.PollResult, err error) {
+		defer c.calls.Done()
+		defer cancel()
+		c.reply(lc, func(seg *capnp.Segment) (capnp.Struct, error) {
+			res, allocErr := schema.NewQueue_poll_Results(seg)
+			err := t.finish(res, allocErr, func() error {
+				if err != nil {
+					return err
+				}
+				return writePoll(res, pr)
+			})
+			return res.ToPtr().Struct(), err
+		})
+	}
+	if !t.ok {
+		complete(storage.PollResult{}, nil) // finish answers "shutting down"
+		return
+	}
+	p, wait, err := c.q.pollArgs(schema.Queue_poll_Params(lc.args))
+	if err != nil {
+		complete(storage.PollResult{}, err)
+		return
+	}
+	if c.inline {
+		c.s.disp.PollAsync(ctx, p, wait, complete)
+		return
+	}
+	go c.s.disp.PollAsync(ctx, p, wait, complete)
+}
+
+// reply runs a Queue method's body into a new Return (run builds the
+// results in seg) and sends it, or the failure.
+func (c *leanConn) reply(lc *leanCall, run func(seg *capnp.Segment) (capnp.Struct, error)) {
 	msg, ret, err := newReturnMsg(lc.qid)
 	if err != nil {
 		c.fail(lc, err)
@@ -665,7 +720,7 @@ func (c *leanConn) runQueue(ctx context.Context, lc *leanCall, meth *leanMethod)
 		c.fail(lc, err)
 		return
 	}
-	res, err := meth.run(c.q, ctx, lc.args, ret.Segment())
+	res, err := run(ret.Segment())
 	if err == nil {
 		err = payload.SetContent(res.ToPtr())
 	}

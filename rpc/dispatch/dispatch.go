@@ -3,9 +3,10 @@
 // redrive or the sweeper (via Notify) says the queue may have gained ready
 // items, the wait ends, or the caller's context is cancelled.
 //
-// There is no polling loop. Each Notify wakes at most one waiter (the oldest):
-// it polls the store and, if it got items, wakes the next one, because more
-// may remain. A waiter whose poll comes back empty goes back to the head of
+// There is no polling loop, and a poll parked through PollAsync holds no
+// goroutine (Poll is PollAsync waited for). Each Notify wakes at most one
+// waiter (the oldest): it polls the store (on a goroutine started for the
+// wake) and, if it got items, wakes the next one, because more may remain. A waiter whose poll comes back empty goes back to the head of
 // the line. So a burst of notifications never makes every waiter hit the
 // store at once (no thundering herd), and concurrent waiters on one queue
 // coalesce into one claim at a time.
@@ -15,7 +16,10 @@
 // generation and the poller retries at once instead of sleeping through it.
 //
 // Concurrency: all methods are safe for concurrent use. Lock order: d.mu only
-// (the store is never called with d.mu held).
+// (the store is never called with d.mu held). A parked poll completes
+// exactly once: by the attempt that finds items or gives up, or by
+// whichever of its timer, its context and Close takes it off its line; a
+// Notify that takes it off starts a new attempt instead.
 package dispatch
 
 import (
@@ -54,9 +58,10 @@ type Config struct {
 	Extra      func() int
 }
 
-// DefaultMaxWaitersPerQueue is generous: a waiter costs one goroutine and a
-// list element, and the limit exists to stop one client from parking
-// unbounded work, not to shape normal traffic.
+// DefaultMaxWaitersPerQueue is generous: a parked waiter costs a list
+// element and a timer (and its caller's goroutine if it waits in Poll
+// rather than PollAsync), and the limit exists to stop one client from
+// parking unbounded work, not to shape normal traffic.
 const DefaultMaxWaitersPerQueue = 10000
 
 // DefaultMaxWaiters bounds parked polls (and subscriptions) on a node, so
@@ -89,9 +94,10 @@ type queueState struct {
 	waiters list.List // of *waiter, oldest first
 }
 
+// waiter is a parked poll's place in its queue's line.
 type waiter struct {
-	ch   chan struct{} // buffered 1: a wake never blocks the notifier
-	elem *list.Element // nil when not parked
+	a    *asyncPoll
+	elem *list.Element // nil when not parked; REQUIRES: d.mu to read or write
 }
 
 // New returns a Dispatcher. Store and Clock are required.
@@ -118,135 +124,233 @@ func New(c Config) (*Dispatcher, error) {
 // when nothing is ready and wait > 0, parks until items may be ready, the
 // wait ends (an empty result, not an error), ctx is done (ctx.Err()), or the
 // dispatcher is closed (an empty result). Errors: the store's, ctx.Err(),
-// ErrTooManyWaiters.
+// ErrTooManyWaiters. It is PollAsync, waited for.
 func (d *Dispatcher) Poll(ctx context.Context, p storage.PollParams, wait time.Duration) (storage.PollResult, error) {
-	start := d.clock.Now()
-	qs := d.acquire(p.Queue)
-	defer d.release(qs)
+	type result struct {
+		res storage.PollResult
+		err error
+	}
+	ch := make(chan result, 1)
+	d.PollAsync(ctx, p, wait, func(res storage.PollResult, err error) { ch <- result{res, err} })
+	r := <-ch
+	return r.res, r.err
+}
 
-	w := &waiter{ch: make(chan struct{}, 1)}
-	var timer *clock.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	woken := false // we were woken by Notify and hold the "baton"
-	parkedOnce := false
+// PollAsync is Poll for a caller that does not want a goroutine of its own
+// parked while the poll waits: done receives Poll's result, exactly once.
+// The first attempt runs on the caller's goroutine, and so does done when
+// the poll ends without parking; a parked poll holds no goroutine, and the
+// attempt a wake-up starts (and its done) run on a goroutine started for
+// it. done must not block for long.
+func (d *Dispatcher) PollAsync(ctx context.Context, p storage.PollParams, wait time.Duration, done func(storage.PollResult, error)) {
+	a := &asyncPoll{d: d, ctx: ctx, p: p, wait: wait, done: done, start: d.clock.Now(), qs: d.acquire(p.Queue)}
+	a.w.a = a
+	a.run(false)
+}
+
+// asyncPoll is one poll of PollAsync. It completes exactly once: either
+// while running an attempt (not parked), or by whoever takes it off its
+// line while it is parked (the wait's end, ctx's end, Close); a Notify
+// that takes it off starts another attempt instead.
+type asyncPoll struct {
+	d     *Dispatcher
+	ctx   context.Context
+	p     storage.PollParams
+	wait  time.Duration
+	done  func(storage.PollResult, error)
+	start time.Time
+	qs    *queueState
+	w     waiter
+
+	// Written by the running attempt while the poll is not parked; read
+	// by whoever completes it.
+	parkedOnce bool
+	timer      *clock.Timer // fires at start+wait; set before the first park
+	stopCtx    func() bool  // ends the context.AfterFunc of ctx
+	stopWatch  func()       // ends a ReadyWatcher watch (shared stores)
+
+	expired bool // REQUIRES: d.mu; the timer fired
+}
+
+// run makes attempts until the poll completes or parks. woken: a Notify
+// woke it, so it holds the "baton" (it wakes the next waiter if it finds
+// items, since more may remain).
+func (a *asyncPoll) run(woken bool) {
+	d, qs := a.d, a.qs
 	for {
+		if woken && a.ctx.Err() != nil {
+			// Gone before it could use the wake: hand it on.
+			d.wakeNext(qs)
+			a.finish(storage.PollResult{}, a.ctx.Err())
+			return
+		}
 		d.mu.Lock()
 		gen := qs.gen
 		d.mu.Unlock()
 
-		p.Now = d.clock.Now()
-		res, err := d.store.Poll(ctx, p)
+		a.p.Now = d.clock.Now()
+		res, err := d.store.Poll(a.ctx, a.p)
 		if err != nil {
 			if woken {
 				d.wakeNext(qs)
 			}
-			return storage.PollResult{}, err
+			a.finish(storage.PollResult{}, err)
+			return
 		}
 		if len(res.Items) > 0 {
 			if woken {
 				// More items may remain: let the next waiter look.
 				d.wakeNext(qs)
 			}
-			return res, nil
+			a.finish(res, nil)
+			return
 		}
 		woken = false
-		remaining := wait - d.clock.Since(start)
-		if wait <= 0 || remaining <= 0 || d.isClosed() {
-			return res, nil
+		remaining := a.wait - d.clock.Since(a.start)
+		if a.wait <= 0 || remaining <= 0 || d.isClosed() {
+			a.finish(res, nil)
+			return
 		}
-
-		d.mu.Lock()
-		if qs.gen != gen {
-			d.mu.Unlock()
+		if a.timer == nil {
+			// Once, before the poll first parks: they can only find it
+			// parked afterwards (park checks what they set).
+			a.timer = d.clock.AfterFunc(remaining, a.expire)
+			a.stopCtx = context.AfterFunc(a.ctx, a.cancelled)
+		}
+		a.watch()
+		parked, again, err := a.park(gen)
+		if again {
+			a.endWatch()
 			continue
 		}
-		if !parkedOnce && qs.waiters.Len() >= d.maxWaiters {
-			d.mu.Unlock()
-			return storage.PollResult{}, fmt.Errorf("%w %q (limit %d)", ErrTooManyWaiters, p.Queue, d.maxWaiters)
+		if !parked {
+			a.endWatch()
+			a.finish(res, err)
 		}
-		if !parkedOnce && d.mu.waiters+d.extra() >= d.maxTotal {
-			d.mu.Unlock()
-			return storage.PollResult{}, fmt.Errorf("%w: the node holds %d parked polls and subscriptions (node limit %d)", ErrTooManyWaiters, d.maxTotal, d.maxTotal)
-		}
-		if parkedOnce {
-			// Woken but found nothing: keep our place at the head.
-			w.elem = qs.waiters.PushFront(w)
-		} else {
-			w.elem = qs.waiters.PushBack(w)
-		}
-		d.mu.waiters++
-		d.mu.Unlock()
-		parkedOnce = true
-
-		if timer == nil {
-			timer = d.clock.Timer(remaining)
-		} else {
-			if !timer.Stop() {
-				select {
-				case <-timer.C:
-				default:
-				}
-			}
-			timer.Reset(remaining)
-		}
-		// A store shared with other nodes (fdbsync) also tells us about
-		// their enqueues; a local store never needs to.
-		var watch <-chan struct{}
-		stopWatch := func() {}
-		if d.watcher != nil {
-			wctx, cancel := context.WithCancel(ctx)
-			stopWatch = cancel
-			if ch, err := d.watcher.WatchReady(wctx, p.Queue); err == nil {
-				watch = ch
-			}
-		}
-		select {
-		case <-w.ch:
-			stopWatch()
-			woken = true
-			continue
-		case <-watch:
-			stopWatch()
-			d.unpark(qs, w)
-			continue
-		case <-timer.C:
-			stopWatch()
-			d.unpark(qs, w)
-			return storage.PollResult{}, nil
-		case <-ctx.Done():
-			stopWatch()
-			d.unpark(qs, w)
-			return storage.PollResult{}, ctx.Err()
-		case <-d.closed:
-			stopWatch()
-			d.unpark(qs, w)
-			return storage.PollResult{}, nil
-		}
+		return
 	}
 }
 
-// unpark removes w from the line. If a Notify already took it off (and sent
-// the wake we are not going to use), the wake is handed to the next waiter so
-// it is not lost.
-func (d *Dispatcher) unpark(qs *queueState, w *waiter) {
+// park puts the poll in its queue's line unless a notification came since
+// gen (again: poll once more), the wait ended, ctx ended, the dispatcher
+// closed, or a limit refuses it (err); parked false then means complete
+// now with err.
+func (a *asyncPoll) park(gen uint64) (parked, again bool, err error) {
+	d, qs := a.d, a.qs
 	d.mu.Lock()
-	if w.elem != nil {
-		qs.waiters.Remove(w.elem)
-		w.elem = nil
-		d.mu.waiters--
-		d.mu.Unlock()
+	defer d.mu.Unlock()
+	switch {
+	case qs.gen != gen:
+		return false, true, nil
+	case a.ctx.Err() != nil:
+		return false, false, a.ctx.Err()
+	case a.expired || d.isClosed():
+		return false, false, nil
+	}
+	if !a.parkedOnce && qs.waiters.Len() >= d.maxWaiters {
+		return false, false, fmt.Errorf("%w %q (limit %d)", ErrTooManyWaiters, a.p.Queue, d.maxWaiters)
+	}
+	if !a.parkedOnce && d.mu.waiters+d.extra() >= d.maxTotal {
+		return false, false, fmt.Errorf("%w: the node holds %d parked polls and subscriptions (node limit %d)", ErrTooManyWaiters, d.maxTotal, d.maxTotal)
+	}
+	if a.parkedOnce {
+		// Woken but found nothing: keep our place at the head.
+		a.w.elem = qs.waiters.PushFront(&a.w)
+	} else {
+		a.w.elem = qs.waiters.PushBack(&a.w)
+	}
+	d.mu.waiters++
+	a.parkedOnce = true
+	return true, false, nil
+}
+
+// watch starts, for a store shared with other nodes (fdbsync), a watch
+// that resumes the parked poll when another node makes the queue ready.
+// It runs before the poll parks, so the watch cannot miss a change made
+// while parked; its goroutine is the one such polls keep.
+func (a *asyncPoll) watch() {
+	a.stopWatch = func() {}
+	if a.d.watcher == nil {
 		return
 	}
-	d.mu.Unlock()
-	select {
-	case <-w.ch:
-		d.wakeNext(qs)
-	default:
+	wctx, cancel := context.WithCancel(a.ctx)
+	ch, err := a.d.watcher.WatchReady(wctx, a.p.Queue)
+	if err != nil {
+		cancel()
+		return
 	}
+	a.stopWatch = cancel
+	go func() {
+		select {
+		case <-ch:
+			cancel()
+			if a.unpark() {
+				a.run(false)
+			}
+		case <-wctx.Done():
+		}
+	}()
+}
+
+func (a *asyncPoll) endWatch() {
+	if a.stopWatch != nil {
+		a.stopWatch()
+	}
+}
+
+// unpark takes the poll off its line if it is parked, and reports whether
+// it did (the caller then owns its completion).
+func (a *asyncPoll) unpark() bool {
+	d := a.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if a.w.elem == nil {
+		return false
+	}
+	a.qs.waiters.Remove(a.w.elem)
+	a.w.elem = nil
+	d.mu.waiters--
+	return true
+}
+
+// expire is the timer's callback: the wait ended.
+func (a *asyncPoll) expire() {
+	a.d.mu.Lock()
+	a.expired = true
+	a.d.mu.Unlock()
+	if a.unpark() {
+		a.endWatch()
+		a.finish(storage.PollResult{}, nil)
+	}
+}
+
+// cancelled is ctx's AfterFunc.
+func (a *asyncPoll) cancelled() {
+	if a.unpark() {
+		a.endWatch()
+		a.finish(storage.PollResult{}, a.ctx.Err())
+	}
+}
+
+// woken is called by a Notify that took the poll off its line.
+// REQUIRES: d.mu held (it only starts a goroutine).
+func (a *asyncPoll) woken() {
+	go func() {
+		a.endWatch()
+		a.run(true)
+	}()
+}
+
+// finish completes the poll.
+func (a *asyncPoll) finish(res storage.PollResult, err error) {
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+	if a.stopCtx != nil {
+		a.stopCtx()
+	}
+	a.d.release(a.qs)
+	a.done(res, err)
 }
 
 // Notify tells the dispatcher that the named queues may have gained ready
@@ -278,10 +382,7 @@ func (d *Dispatcher) wakeNextLocked(qs *queueState) {
 	w := qs.waiters.Remove(front).(*waiter)
 	w.elem = nil
 	d.mu.waiters--
-	select {
-	case w.ch <- struct{}{}:
-	default:
-	}
+	w.a.woken()
 }
 
 // Waiters returns the number of parked polls.
@@ -304,7 +405,24 @@ func (d *Dispatcher) QueueWaiters(queue string) int {
 // Close wakes every parked poll with an empty result; later polls never
 // park. Close is idempotent.
 func (d *Dispatcher) Close() {
+	var parked []*asyncPoll
+	d.mu.Lock()
 	d.closeOnce.Do(func() { close(d.closed) })
+	for _, qs := range d.mu.queues {
+		for e := qs.waiters.Front(); e != nil; e = qs.waiters.Front() {
+			w := qs.waiters.Remove(e).(*waiter)
+			w.elem = nil
+			d.mu.waiters--
+			parked = append(parked, w.a)
+		}
+	}
+	d.mu.Unlock()
+	for _, a := range parked {
+		go func() {
+			a.endWatch()
+			a.finish(storage.PollResult{}, nil)
+		}()
+	}
 }
 
 func (d *Dispatcher) isClosed() bool {

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -278,5 +279,129 @@ func TestDispatcher_MaxWaitersPerNode(t *testing.T) {
 	d.Close()
 	for _, ch := range []<-chan out{a, b, c} {
 		require.NoError(t, recv(t, ch).err)
+	}
+}
+
+// TestDispatcher_PollAsyncParksWithoutGoroutines: parked PollAsync calls
+// hold no goroutine; each completes exactly once, by a Notify (with the
+// item), its wait's end, its context's end, or Close.
+func TestDispatcher_PollAsyncParksWithoutGoroutines(t *testing.T) {
+	t.Parallel()
+	fs := &fakeStore{}
+	d, mock := setup(t, fs, 0)
+	const n = 400
+	var mu sync.Mutex
+	results := make([][]out, n)
+	done := func(i int) func(storage.PollResult, error) {
+		return func(r storage.PollResult, err error) {
+			mu.Lock()
+			results[i] = append(results[i], out{r, err})
+			mu.Unlock()
+		}
+	}
+	before := runtime.NumGoroutine()
+	cancels := make([]context.CancelFunc, n)
+	for i := range n {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancels[i] = cancel
+		wait := time.Hour
+		if i%4 == 1 {
+			wait = time.Minute // ends by the clock
+		}
+		d.PollAsync(ctx, storage.PollParams{Queue: "q", Max: 1}, wait, done(i))
+	}
+	require.Equal(t, n, d.Waiters())
+	require.Less(t, runtime.NumGoroutine()-before, 20, "parked polls must not hold goroutines")
+
+	// n/4 items: one Notify, and the baton passes from winner to winner
+	// down the line (FIFO), so polls 0..n/4-1 get one each.
+	for i := range n / 4 {
+		fs.add("q", byte(i))
+	}
+	d.Notify("q")
+	eventually(t, func() bool { return d.Waiters() == n-n/4 })
+	// Of the rest: i%4 == 1 ends by the clock, 2 is cancelled, the
+	// others end with Close.
+	for i := n / 4; i < n; i += 4 {
+		cancels[i+2]()
+	}
+	mock.Add(time.Minute)
+	eventually(t, func() bool { return d.Waiters() == (n-n/4)/2 })
+	d.Close()
+	eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, r := range results {
+			if len(r) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for i, r := range results {
+		require.Len(t, r, 1, "poll %d completed %d times", i, len(r))
+		switch {
+		case i < n/4:
+			require.NoError(t, r[0].err, "poll %d", i)
+			require.Len(t, r[0].res.Items, 1, "poll %d", i)
+			require.Equal(t, storage.ItemID{byte(i)}, r[0].res.Items[0].ID, "FIFO")
+		case i%4 == 2:
+			require.ErrorIs(t, r[0].err, context.Canceled, "poll %d", i)
+		default:
+			require.NoError(t, r[0].err, "poll %d", i)
+			require.Empty(t, r[0].res.Items, "poll %d", i)
+		}
+	}
+	for _, c := range cancels {
+		c()
+	}
+}
+
+// TestDispatcher_PollAsyncRaces: notifications, cancellations, timeouts
+// and Close race with parking; every poll completes exactly once and no
+// item is lost or given twice.
+func TestDispatcher_PollAsyncRaces(t *testing.T) {
+	t.Parallel()
+	for round := range 20 {
+		fs := &fakeStore{}
+		d, err := New(Config{Store: fs, Clock: clock.New()})
+		require.NoError(t, err)
+		const n = 50
+		var mu sync.Mutex
+		count := make([]int, n)
+		got := map[storage.ItemID]int{}
+		var wg sync.WaitGroup
+		wg.Add(n)
+		for i := range n {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i%7)*time.Millisecond)
+			d.PollAsync(ctx, storage.PollParams{Queue: "q", Max: 1}, time.Duration(i%5)*time.Millisecond, func(r storage.PollResult, err error) {
+				mu.Lock()
+				count[i]++
+				for _, it := range r.Items {
+					got[it.ID]++
+				}
+				mu.Unlock()
+				cancel()
+				wg.Done()
+			})
+			if i%3 == 0 {
+				fs.add("q", byte(i))
+				d.Notify("q")
+			}
+		}
+		if round%2 == 0 {
+			d.Close()
+		}
+		wg.Wait()
+		d.Close()
+		for i, c := range count {
+			require.Equal(t, 1, c, "round %d: poll %d completed %d times", round, i, c)
+		}
+		for id, c := range got {
+			require.Equal(t, 1, c, "round %d: item %v given %d times", round, id, c)
+		}
+		require.Zero(t, d.Waiters())
 	}
 }
