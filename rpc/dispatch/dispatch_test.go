@@ -311,7 +311,9 @@ func TestDispatcher_PollAsyncParksWithoutGoroutines(t *testing.T) {
 		d.PollAsync(ctx, storage.PollParams{Queue: "q", Max: 1}, wait, done(i))
 	}
 	require.Equal(t, n, d.Waiters())
-	require.Less(t, runtime.NumGoroutine()-before, 20, "parked polls must not hold goroutines")
+	// Other tests run in parallel and start goroutines of their own: the
+	// bound only tells "none per poll" (n) from "a few".
+	require.Less(t, runtime.NumGoroutine()-before, n/4, "parked polls must not hold goroutines")
 
 	// n/4 items: one Notify, and the baton passes from winner to winner
 	// down the line (FIFO), so polls 0..n/4-1 get one each.
