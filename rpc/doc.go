@@ -11,9 +11,11 @@
 // listener from Listen ("host:port" or "unix:/path"); Stop stops accepting,
 // ends parked long polls and subscriptions, waits for running calls, then
 // closes every connection. Each connection gets its own bootstrap Queue
-// object; every handler calls call.Go() first so a blocking call (a long
-// poll, an fsync) never holds up the connection's other calls. Wake is the
-// hook for the sweeper's "queues gained ready items".
+// object. On the go-capnp engine every handler calls call.Go() first so a
+// blocking call (a long poll, an fsync) never holds up the connection's
+// other calls; the lean engine (below) gets the same by running such calls
+// off its reader. Wake is the hook for the sweeper's "queues gained ready
+// items".
 //
 // Engines. ServerConfig.Engine (leaseq serve --rpc-engine) picks how a
 // connection of the Queue interface is served. Both speak the standard Cap'n
