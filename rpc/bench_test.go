@@ -30,19 +30,22 @@ var benchEngines = []string{EngineGoCapnp, EngineLean}
 // "rocks-none" (sync=none) or "mem".
 func openBenchStore(tb testing.TB, backend string) storage.Store {
 	tb.Helper()
-	var st storage.Store
-	var err error
-	switch backend {
-	case "rocks":
-		st, err = rocksstore.Open(tb.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
-	case "rocks-none":
-		st, err = rocksstore.Open(tb.TempDir(), rocksstore.Options{Sync: rocksstore.SyncNone})
-	default:
-		st = memstore.New(memstore.Options{})
-	}
+	st, err := openBenchStoreAt(tb.TempDir(), backend)
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = st.Close() })
 	return st
+}
+
+// openBenchStoreAt opens backend ("rocks", "rocks-none", else memstore)
+// in dir.
+func openBenchStoreAt(dir, backend string) (storage.Store, error) {
+	switch backend {
+	case "rocks":
+		return rocksstore.Open(dir, rocksstore.Options{Sync: rocksstore.SyncAlways})
+	case "rocks-none":
+		return rocksstore.Open(dir, rocksstore.Options{Sync: rocksstore.SyncNone})
+	}
+	return memstore.New(memstore.Options{}), nil
 }
 
 // benchServer serves a store over real TCP loopback with the real clock,

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,8 +19,9 @@ import (
 )
 
 // A benchmark server in a process of its own: the benchmark runs this test
-// binary again with benchProcEnv set, which makes TestBenchProc serve until
-// its standard input closes. Over stdin and stdout it answers "cpu" with
+// binary again with benchProcEnv set, which makes TestMain call
+// serveBenchProc instead of running tests: it serves until its standard
+// input closes. Over stdin and stdout it answers "cpu" with
 // its CPU time so far (user+system, from getrusage), so a benchmark can
 // tell the server's CPU time per call from the client's.
 const benchProcEnv = "LEASEQ_BENCH_PROC" // "backend,engine"
@@ -28,19 +30,47 @@ const benchProcEnv = "LEASEQ_BENCH_PROC" // "backend,engine"
 // write a CPU profile to <prefix>-<backend>-<engine>.prof.
 const benchProcProfileEnv = "LEASEQ_BENCH_PROC_CPUPROFILE"
 
-func TestBenchProc(t *testing.T) {
-	spec := os.Getenv(benchProcEnv)
-	if spec == "" {
-		t.Skip("the server process of the RPC benchmarks (benchproc_test.go)")
-	}
+// serveBenchProc is the server process: spec is "backend,engine". It
+// returns the process's exit code.
+func serveBenchProc(spec string) int {
 	backend, engine, _ := strings.Cut(spec, ",")
-	st := openBenchStore(t, backend)
+	fail := func(err error) int {
+		fmt.Fprintln(os.Stderr, "benchmark server:", err)
+		return 1
+	}
+	if prefix := os.Getenv(benchProcProfileEnv); prefix != "" {
+		f, err := os.Create(prefix + "-" + backend + "-" + engine + ".prof")
+		if err != nil {
+			return fail(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fail(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	dir, err := os.MkdirTemp("", "leaseq-benchproc-")
+	if err != nil {
+		return fail(err)
+	}
+	defer os.RemoveAll(dir)
+	st, err := openBenchStoreAt(dir, backend)
+	if err != nil {
+		return fail(err)
+	}
+	defer st.Close()
 	srv, err := NewServer(ServerConfig{Store: st, Clock: clock.New(), Engine: engine})
-	require.NoError(t, err)
+	if err != nil {
+		return fail(err)
+	}
 	defer srv.Stop()
 	ln, err := Listen("127.0.0.1:0")
-	require.NoError(t, err)
-	require.NoError(t, srv.Start(context.Background(), ln))
+	if err != nil {
+		return fail(err)
+	}
+	if err := srv.Start(context.Background(), ln); err != nil {
+		return fail(err)
+	}
 	fmt.Printf("addr %s\n", ln.Addr())
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
@@ -48,6 +78,7 @@ func TestBenchProc(t *testing.T) {
 			fmt.Printf("cpu %d\n", processCPU())
 		}
 	}
+	return 0
 }
 
 // processCPU is this process's CPU time so far, user plus system.
@@ -68,11 +99,7 @@ type benchProc struct {
 
 func startBenchProc(b *testing.B, backend, engine string) *benchProc {
 	b.Helper()
-	args := []string{"-test.run=^TestBenchProc$", "-test.count=1"}
-	if prefix := os.Getenv(benchProcProfileEnv); prefix != "" {
-		args = append(args, "-test.cpuprofile="+prefix+"-"+backend+"-"+engine+".prof")
-	}
-	cmd := exec.Command(os.Args[0], args...)
+	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), benchProcEnv+"="+backend+","+engine, "LEASEQ_TEST_ENGINES="+EngineGoCapnp)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()

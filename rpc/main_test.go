@@ -28,6 +28,9 @@ var testEngine = EngineGoCapnp
 var testEngines = []string{EngineGoCapnp, EngineLean}
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(benchProcEnv); spec != "" {
+		os.Exit(serveBenchProc(spec)) // a benchmark's server process
+	}
 	if v := os.Getenv("LEASEQ_TEST_ENGINES"); v != "" {
 		testEngines = strings.Split(v, ",")
 	}
