@@ -53,13 +53,9 @@ func newRPCMessage(t testing.TB, build func(rpccp.Message) error) []byte {
 	return b
 }
 
-// rawSubscribe bootstraps on conn and sends subscribe("q", prefetch 1)
-// whose consumer is an interface pointer to entry 0 of a cap table of caps
-// entries, each a null capability (CapDescriptor none). It returns the
-// answer's status code.
-func rawSubscribe(t *testing.T, conn net.Conn, caps int32) schema.ErrorCode {
-	t.Helper()
-	boot := newRPCMessage(t, func(m rpccp.Message) error {
+// bootstrapMsg is the framed Bootstrap message of question 0.
+func bootstrapMsg(t testing.TB) []byte {
+	return newRPCMessage(t, func(m rpccp.Message) error {
 		bs, err := m.NewBootstrap()
 		if err != nil {
 			return err
@@ -67,14 +63,19 @@ func rawSubscribe(t *testing.T, conn net.Conn, caps int32) schema.ErrorCode {
 		bs.SetQuestionId(0)
 		return nil
 	})
-	call := newRPCMessage(t, func(m rpccp.Message) error {
+}
+
+// pipelinedCall is the framed Call of Queue method as question qid on the
+// promised answer of question on; params fills its params (nil: empty).
+func pipelinedCall(t testing.TB, qid, on uint32, method uint16, params func(rpccp.Payload) error) []byte {
+	return newRPCMessage(t, func(m rpccp.Message) error {
 		c, err := m.NewCall()
 		if err != nil {
 			return err
 		}
-		c.SetQuestionId(1)
+		c.SetQuestionId(qid)
 		c.SetInterfaceId(schema.Queue_TypeID)
-		c.SetMethodId(14) // subscribe
+		c.SetMethodId(method)
 		tgt, err := c.NewTarget()
 		if err != nil {
 			return err
@@ -83,11 +84,23 @@ func rawSubscribe(t *testing.T, conn net.Conn, caps int32) schema.ErrorCode {
 		if err != nil {
 			return err
 		}
-		pa.SetQuestionId(0)
+		pa.SetQuestionId(on)
 		p, err := c.NewParams()
-		if err != nil {
+		if err != nil || params == nil {
 			return err
 		}
+		return params(p)
+	})
+}
+
+// rawSubscribe bootstraps on conn and sends subscribe("q", prefetch 1)
+// whose consumer is an interface pointer to entry 0 of a cap table of caps
+// entries, each a null capability (CapDescriptor none). It returns the
+// answer's status code.
+func rawSubscribe(t *testing.T, conn net.Conn, caps int32) schema.ErrorCode {
+	t.Helper()
+	boot := bootstrapMsg(t)
+	call := pipelinedCall(t, 1, 0, 14 /* subscribe */, func(p rpccp.Payload) error {
 		args, err := schema.NewQueue_subscribe_Params(p.Segment())
 		if err != nil {
 			return err
@@ -226,34 +239,8 @@ func TestBadInput_Wire(t *testing.T) {
 		t.Parallel()
 		b := setup(t, bundleOpts{})
 		conn := rawConn(t, b)
-		boot := newRPCMessage(t, func(m rpccp.Message) error {
-			bs, err := m.NewBootstrap()
-			if err != nil {
-				return err
-			}
-			bs.SetQuestionId(0)
-			return nil
-		})
-		call := newRPCMessage(t, func(m rpccp.Message) error {
-			c, err := m.NewCall()
-			if err != nil {
-				return err
-			}
-			c.SetQuestionId(1)
-			c.SetInterfaceId(schema.Queue_TypeID)
-			c.SetMethodId(6) // queues
-			tgt, err := c.NewTarget()
-			if err != nil {
-				return err
-			}
-			pa, err := tgt.NewPromisedAnswer()
-			if err != nil {
-				return err
-			}
-			pa.SetQuestionId(1)
-			_, err = c.NewParams()
-			return err
-		})
+		boot := bootstrapMsg(t)
+		call := pipelinedCall(t, 1, 1, 6 /* queues */, nil)
 		_, err := conn.Write(append(boot, call...))
 		require.NoError(t, err)
 		requireClosedByServer(t, conn)

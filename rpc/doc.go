@@ -25,7 +25,7 @@
 //   - go-capnp (--rpc-engine go-capnp): go-capnp's rpc.Conn. Each call crosses several goroutines
 //     (the reader, handleCalls, the call.Go goroutine, a send task) and
 //     every reply is its own writev.
-//   - lean (the default; lean.go): one reader goroutine per connection decodes the
+//   - lean (the default; lean*.go): one reader goroutine per connection decodes the
 //     rpc.capnp messages itself and runs every call that cannot wait on the
 //     spot (nodeInfo, subscribe, and every call when the store is
 //     storage.Nonblocking: memstore, rocksstore with --sync=none); calls

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"capnproto.org/go/capnp/v3"
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 	"github.com/stretchr/testify/require"
 
@@ -14,52 +13,14 @@ import (
 	"github.com/leaseq/leaseq/storage"
 )
 
-// sendRaw writes one RPC message built by fill.
-func sendRaw(t *testing.T, conn net.Conn, fill func(m rpccp.Message) error) {
-	t.Helper()
-	msg, seg, err := capnp.NewMessage(capnp.MultiSegment(nil))
-	require.NoError(t, err)
-	defer msg.Release()
-	m, err := rpccp.NewRootMessage(seg)
-	require.NoError(t, err)
-	require.NoError(t, fill(m))
-	require.NoError(t, capnp.NewEncoder(conn).Encode(msg))
-}
-
 // sendPeeks bootstraps (question 0) and sends n peek calls on the
 // bootstrap answer (questions 1..n), never reading anything back.
 func sendPeeks(t *testing.T, conn net.Conn, queue string, n int, limit uint32) {
 	t.Helper()
-	sendRaw(t, conn, func(m rpccp.Message) error {
-		bs, err := m.NewBootstrap()
-		if err != nil {
-			return err
-		}
-		bs.SetQuestionId(0)
-		return nil
-	})
+	_, err := conn.Write(bootstrapMsg(t))
+	require.NoError(t, err)
 	for i := 1; i <= n; i++ {
-		sendRaw(t, conn, func(m rpccp.Message) error {
-			call, err := m.NewCall()
-			if err != nil {
-				return err
-			}
-			call.SetQuestionId(uint32(i))
-			call.SetInterfaceId(schema.Queue_TypeID)
-			call.SetMethodId(7) // peek
-			tgt, err := call.NewTarget()
-			if err != nil {
-				return err
-			}
-			pa, err := tgt.NewPromisedAnswer()
-			if err != nil {
-				return err
-			}
-			pa.SetQuestionId(0)
-			params, err := call.NewParams()
-			if err != nil {
-				return err
-			}
+		_, err := conn.Write(pipelinedCall(t, uint32(i), 0, 7 /* peek */, func(params rpccp.Payload) error {
 			p, err := schema.NewQueue_peek_Params(params.Segment())
 			if err != nil {
 				return err
@@ -69,7 +30,8 @@ func sendPeeks(t *testing.T, conn net.Conn, queue string, n int, limit uint32) {
 			}
 			p.SetLimit(limit)
 			return params.SetContent(p.ToPtr())
-		})
+		}))
+		require.NoError(t, err)
 	}
 }
 
