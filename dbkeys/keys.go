@@ -120,11 +120,22 @@ func expectNs(k []byte, ns byte, what string) ([]byte, error) {
 }
 
 func queueIDKey(ns byte, q string, id [16]byte) []byte {
-	k := make([]byte, 0, 1+len(q)+2+IDLen)
-	k = append(k, ns)
-	k = AppendQueue(k, q)
-	return append(k, id[:]...)
+	return appendQueueIDKey(make([]byte, 0, QueueIDKeyLen(q)), ns, q, id)
 }
+
+func appendQueueIDKey(dst []byte, ns byte, q string, id [16]byte) []byte {
+	dst = append(dst, ns)
+	dst = AppendQueue(dst, q)
+	return append(dst, id[:]...)
+}
+
+// QueueIDKeyLen is the length of an available, in_progress, dlq or
+// payload key of queue q whose name needs no escaping (a capacity hint).
+func QueueIDKeyLen(q string) int { return 1 + len(q) + 2 + IDLen }
+
+// VisibilityKeyLen is VisibilityKey's length for a queue q whose name
+// needs no escaping (a capacity hint).
+func VisibilityKeyLen(q string) int { return 1 + len(q) + 2 + 1 + 8 + IDLen }
 
 func queuePrefix(ns byte, q string) []byte {
 	k := make([]byte, 0, 1+len(q)+2)
@@ -152,6 +163,11 @@ func decodeQueueIDKey(k []byte, ns byte, what string) (string, [16]byte, error) 
 // AvailableKey is the key of an available (ready or delayed) item.
 func AvailableKey(q string, id [16]byte) []byte { return queueIDKey(NsAvailable, q, id) }
 
+// AppendAvailableKey appends AvailableKey(q, id) to dst.
+func AppendAvailableKey(dst []byte, q string, id [16]byte) []byte {
+	return appendQueueIDKey(dst, NsAvailable, q, id)
+}
+
 // AvailablePrefix is the prefix of every available item of queue q.
 func AvailablePrefix(q string) []byte { return queuePrefix(NsAvailable, q) }
 
@@ -162,6 +178,11 @@ func DecodeAvailableKey(k []byte) (string, [16]byte, error) {
 
 // InProgressKey is the key of an inflight item.
 func InProgressKey(q string, id [16]byte) []byte { return queueIDKey(NsInProgress, q, id) }
+
+// AppendInProgressKey appends InProgressKey(q, id) to dst.
+func AppendInProgressKey(dst []byte, q string, id [16]byte) []byte {
+	return appendQueueIDKey(dst, NsInProgress, q, id)
+}
 
 // InProgressPrefix is the prefix of every inflight item of queue q.
 func InProgressPrefix(q string) []byte { return queuePrefix(NsInProgress, q) }
@@ -194,12 +215,16 @@ func DecodePayloadKey(k []byte) (string, [16]byte, error) {
 // VisibilityKey is the serve-order index entry of an available item:
 // priority ascending, then visible_at, then id.
 func VisibilityKey(q string, prio uint8, visibleAt int64, id [16]byte) []byte {
-	k := make([]byte, 0, 1+len(q)+2+1+8+IDLen)
-	k = append(k, NsVisibility)
-	k = AppendQueue(k, q)
-	k = append(k, prio)
-	k = AppendInt64(k, visibleAt)
-	return append(k, id[:]...)
+	return AppendVisibilityKey(make([]byte, 0, VisibilityKeyLen(q)), q, prio, visibleAt, id)
+}
+
+// AppendVisibilityKey appends VisibilityKey(q, prio, visibleAt, id) to dst.
+func AppendVisibilityKey(dst []byte, q string, prio uint8, visibleAt int64, id [16]byte) []byte {
+	dst = append(dst, NsVisibility)
+	dst = AppendQueue(dst, q)
+	dst = append(dst, prio)
+	dst = AppendInt64(dst, visibleAt)
+	return append(dst, id[:]...)
 }
 
 // VisibilityPrefix is the prefix of queue q's whole visibility index.

@@ -89,7 +89,53 @@ type txnSlot struct {
 	// writes is the overlay of the batch being built, reused across
 	// batches.
 	writes map[string][]byte
+	// keys holds the batch's hot-path keys (see opTx.availableKey); it is
+	// reset when the next batch starts, as writes is cleared.
+	keys keyArena
+	// undo and undoFn are the undo logs ops reuse, one op at a time.
+	undo   []undoWrite
+	undoFn []func()
 }
+
+// maxReusedUndo is the largest undo log kept for the next op.
+const maxReusedUndo = 4096
+
+// keepUndo takes back the undo logs of a finished op, cleared so that
+// they hold nothing alive.
+func (t *txnSlot) keepUndo(o *opTx) {
+	clear(o.undo)
+	clear(o.undoFn)
+	if cap(o.undo) <= maxReusedUndo {
+		t.undo = o.undo[:0]
+	}
+	if cap(o.undoFn) <= maxReusedUndo {
+		t.undoFn = o.undoFn[:0]
+	}
+}
+
+// keyArena hands out key buffers from large chunks, so the several keys
+// an item's life writes cost no allocation each. A key taken from it lives
+// until the next batch starts: only the overlay, undo records and
+// RocksDB's write batch (which copies) may hold it. Values never come from
+// it: a value read back from the overlay can reach a caller.
+type keyArena struct{ buf []byte }
+
+// keyArenaChunk is the size of a fresh chunk: about 700 keys of a queue
+// with a 20-byte name.
+const keyArenaChunk = 32 << 10
+
+// take returns an empty slice with room for n bytes.
+func (a *keyArena) take(n int) []byte {
+	if cap(a.buf)-len(a.buf) < n {
+		a.buf = make([]byte, 0, max(keyArenaChunk, n))
+	}
+	l := len(a.buf)
+	a.buf = a.buf[:l+n]
+	return a.buf[l:l:l+n]
+}
+
+// reset makes the current chunk reusable; earlier chunks go to the GC.
+func (a *keyArena) reset() { a.buf = a.buf[:0] }
 
 func (s *Store) startPipeline() {
 	p := &s.pipe
@@ -355,6 +401,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	} else {
 		clear(slot.writes)
 	}
+	slot.keys.reset()
 	slot.t = s.db.TransactionBegin(s.wo, s.txo, slot.t)
 	b := &batch{s: s, slot: slot, writes: slot.writes}
 	defer func() {
@@ -363,13 +410,14 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 		}
 	}()
 	for _, o := range ops {
-		ot := &opTx{b: b, op: o}
+		ot := &opTx{b: b, op: o, undo: slot.undo[:0], undoFn: slot.undoFn[:0]}
 		if err := o.apply(ot); err != nil {
 			ot.rollback()
 			o.err = err
-			continue
+		} else {
+			ot.finish()
 		}
-		ot.finish()
+		slot.keepUndo(ot)
 	}
 	if len(b.writes) == 0 && len(b.deltas) == 0 {
 		if err := slot.t.Rollback(); err != nil {
@@ -450,6 +498,20 @@ func (o *opTx) put(key, value []byte) {
 
 // del buffers a delete; key is the batch's from here on.
 func (o *opTx) del(key []byte) { o.set(keyString(key), nil) }
+
+// availableKey, inProgressKey and visibilityKey build keys in the batch's
+// key arena (keyArena): valid until the next batch starts.
+func (o *opTx) availableKey(q string, id [16]byte) []byte {
+	return dbkeys.AppendAvailableKey(o.b.slot.keys.take(dbkeys.QueueIDKeyLen(q)), q, id)
+}
+
+func (o *opTx) inProgressKey(q string, id [16]byte) []byte {
+	return dbkeys.AppendInProgressKey(o.b.slot.keys.take(dbkeys.QueueIDKeyLen(q)), q, id)
+}
+
+func (o *opTx) visibilityKey(q string, prio uint8, visibleAt int64, id [16]byte) []byte {
+	return dbkeys.AppendVisibilityKey(o.b.slot.keys.take(dbkeys.VisibilityKeyLen(q)), q, prio, visibleAt, id)
+}
 
 // keyString views a fresh key (from dbkeys, never changed afterwards) as
 // a string without copying it: the overlay holds several keys per item.

@@ -131,8 +131,8 @@ func (s *Store) putAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbke
 	}
 	rec.HasLease, rec.Lease = false, [16]byte{}
 	rec.Dead, rec.DeadAt, rec.Reason = false, 0, ""
-	o.put(dbkeys.AvailableKey(q.name, id), dbkeys.EncodeItem(rec))
-	o.put(dbkeys.VisibilityKey(q.name, rec.Priority, rec.VisibleAt, id), dbkeys.Marker())
+	o.put(o.availableKey(q.name, id), dbkeys.EncodeItem(rec))
+	o.put(o.visibilityKey(q.name, rec.Priority, rec.VisibleAt, id), dbkeys.Marker())
 	q.mu.Lock()
 	q.ready.push(rec.Priority, readyEntry{vis: rec.VisibleAt, id: id})
 	q.mu.Unlock()
@@ -163,8 +163,8 @@ func (s *Store) putAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbke
 // order entry was already popped by the caller. REQUIRES: on the
 // committer.
 func (s *Store) takeAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord) {
-	o.del(dbkeys.AvailableKey(q.name, id))
-	o.del(dbkeys.VisibilityKey(q.name, rec.Priority, rec.VisibleAt, id))
+	o.del(o.availableKey(q.name, id))
+	o.del(o.visibilityKey(q.name, rec.Priority, rec.VisibleAt, id))
 	d := o.delta(q)
 	// The item counts as delayed until the sweeper promotes it.
 	if vis, ok := q.delayed[id]; ok {

@@ -31,7 +31,7 @@ func (s *Store) checkItem(o *opTx, q *queueState, token storage.LeaseID, l *leas
 		}
 		return storage.LeaseCode(storage.HeldByLease, l.live(now)), nil
 	}
-	found, err := o.exists(dbkeys.AvailableKey(q.name, id))
+	found, err := o.exists(o.availableKey(q.name, id))
 	if err == nil && !found {
 		found, err = o.exists(dbkeys.DLQKey(q.name, id))
 	}
@@ -115,7 +115,7 @@ func (s *Store) Ack(ctx context.Context, p storage.AckParams) ([]storage.Code, e
 	}
 	q := s.queue(p.Queue)
 	codes, err := s.settle(q, p.Lease, nanos(p.Now), p.IDs, func(o *opTx, l *leaseState, id storage.ItemID) error {
-		o.del(dbkeys.InProgressKey(q.name, id))
+		o.del(o.inProgressKey(q.name, id))
 		if l.ext[id] {
 			o.del(dbkeys.PayloadKey(q.name, id))
 		}

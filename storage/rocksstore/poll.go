@@ -79,8 +79,8 @@ type claimedItem struct {
 // claim takes up to max items ready at now from q and leases them for
 // lease nanoseconds. REQUIRES: on the committer.
 func (s *Store) claim(o *opTx, q *queueState, now int64, max int, lease int64) (storage.PollResult, error) {
-	var took []claimedItem
 	q.mu.Lock()
+	took := make([]claimedItem, 0, min(max, q.ready.n))
 	q.ready.prios(func(prio uint8) bool {
 		for len(took) < max {
 			e, ok := q.ready.popReady(prio, now)
@@ -104,7 +104,7 @@ func (s *Store) claim(o *opTx, q *queueState, now int64, max int, lease int64) (
 	})
 	items := took[:0]
 	for _, c := range took {
-		ak := dbkeys.AvailableKey(q.name, c.e.id)
+		ak := o.availableKey(q.name, c.e.id)
 		v, ok, err := o.getForUpdate(ak)
 		if err != nil {
 			return storage.PollResult{}, err
@@ -146,7 +146,7 @@ func (s *Store) grant(o *opTx, q *queueState, now, lease int64, items []claimedI
 		rec.Attempts++
 		rec.Delayed = false
 		rec.HasLease, rec.Lease = true, token
-		o.put(dbkeys.InProgressKey(q.name, id), dbkeys.EncodeItem(rec))
+		o.put(o.inProgressKey(q.name, id), dbkeys.EncodeItem(rec))
 		payload, err := s.payloadOf(o.get, q.name, id, &rec)
 		if err != nil {
 			return storage.PollResult{}, err
