@@ -131,7 +131,7 @@ func (a *keyArena) take(n int) []byte {
 	}
 	l := len(a.buf)
 	a.buf = a.buf[:l+n]
-	return a.buf[l:l:l+n]
+	return a.buf[l : l : l+n]
 }
 
 // reset makes the current chunk reusable; earlier chunks go to the GC.
