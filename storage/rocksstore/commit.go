@@ -92,10 +92,15 @@ type txnSlot struct {
 	// keys holds the batch's hot-path keys (see opTx.availableKey); it is
 	// reset when the next batch starts, as writes is cleared.
 	keys keyArena
+	// wbuf collects the batch's writes for one call into RocksDB.
+	wbuf writeBuf
 	// undo and undoFn are the undo logs ops reuse, one op at a time.
 	undo   []undoWrite
 	undoFn []func()
 }
+
+// maxReusedWriteBuf is the largest write buffer kept for the next batch.
+const maxReusedWriteBuf = 1 << 20
 
 // maxReusedUndo is the largest undo log kept for the next op.
 const maxReusedUndo = 4096
@@ -433,17 +438,23 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	// Sorted, the memtable inserts a run along one skiplist path instead
 	// of searching from the top for every key.
 	sort.Strings(keys)
+	w := &slot.wbuf
+	w.reset()
 	for _, k := range keys {
 		if v := b.writes[k]; v != nil {
-			wb.Put(keyBytes(k), v)
+			w.put(keyBytes(k), v)
 		} else {
-			wb.Delete(keyBytes(k))
+			w.del(keyBytes(k))
 		}
 	}
 	for _, d := range b.deltas {
 		if !d.d.IsZero() {
-			wb.Merge(dbkeys.CountersKey(d.q.name), dbkeys.EncodeCounters(d.d))
+			w.merge(dbkeys.CountersKey(d.q.name), dbkeys.EncodeCounters(d.d))
 		}
+	}
+	applyWrites(wb, w)
+	if cap(w.b) > maxReusedWriteBuf {
+		w.b = nil
 	}
 	// The writes went into the transaction's batch untracked: batches are
 	// applied one at a time, and the records a batch changes were read
@@ -539,6 +550,31 @@ func (o *opTx) getForUpdate(key []byte) ([]byte, bool, error) {
 	s := o.b.s
 	sl, err := o.b.slot.t.GetForUpdate(s.ro, key)
 	return copied("get for update", sl, err)
+}
+
+// getManyForUpdate is getForUpdate for several keys: vals[i] is key i's
+// value, nil if it is missing. The values read from the database share
+// one buffer.
+func (o *opTx) getManyForUpdate(keys [][]byte) ([][]byte, error) {
+	vals := make([][]byte, len(keys))
+	var miss [][]byte
+	var at []int
+	for i, k := range keys {
+		if v, ok := o.b.writes[string(k)]; ok {
+			vals[i] = v
+			continue
+		}
+		miss = append(miss, k)
+		at = append(at, i)
+	}
+	got, err := getManyForUpdate(o.b.slot.t, o.b.s.ro, miss)
+	if err != nil {
+		return nil, err
+	}
+	for j, v := range got {
+		vals[at[j]] = v
+	}
+	return vals, nil
 }
 
 // get reads key without locking it; the overlay answers first.

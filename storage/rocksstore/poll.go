@@ -102,14 +102,18 @@ func (s *Store) claim(o *opTx, q *queueState, now int64, max int, lease int64) (
 		}
 		q.mu.Unlock()
 	})
+	keys := make([][]byte, len(took))
+	for i, c := range took {
+		keys[i] = o.availableKey(q.name, c.e.id)
+	}
+	vals, err := o.getManyForUpdate(keys)
+	if err != nil {
+		return storage.PollResult{}, err
+	}
 	items := took[:0]
-	for _, c := range took {
-		ak := o.availableKey(q.name, c.e.id)
-		v, ok, err := o.getForUpdate(ak)
-		if err != nil {
-			return storage.PollResult{}, err
-		}
-		if !ok {
+	for i, c := range took {
+		ak, v := keys[i], vals[i]
+		if v == nil {
 			return storage.PollResult{}, fmt.Errorf("%w: indexed item %s is not available", storage.ErrCorrupt, storage.ItemID(c.e.id))
 		}
 		rec, err := dbkeys.DecodeItem(v)
