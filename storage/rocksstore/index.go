@@ -38,9 +38,85 @@ type heapItem[T any] interface{ less(T) bool }
 // (readyHeap) and the global deadline heaps (timedHeap).
 type minHeap[T heapItem[T]] []T
 
-// readyHeap holds one priority's available items. They mostly arrive in
-// order (new ids at the enqueue instant), so a push rarely moves.
-type readyHeap = minHeap[readyEntry]
+// readyHeap holds one priority's available items in serve order. They
+// mostly arrive in order (new ids at the enqueue instant), so it keeps
+// them as a sorted run, a FIFO whose push appends and whose pop takes the
+// head, and only the entries that arrive out of order (a delayed item, a
+// nack with a delay, an expired lease's items) go into a min-heap. Pop
+// takes the smaller of the two heads.
+type readyHeap struct {
+	run  []readyEntry // sorted; the run starts at off
+	off  int
+	rest minHeap[readyEntry]
+}
+
+func (h *readyHeap) len() int { return len(h.run) - h.off + len(h.rest) }
+
+func (h *readyHeap) push(e readyEntry) {
+	if n := len(h.run); n == h.off || !e.less(h.run[n-1]) {
+		h.run = append(h.run, e)
+		return
+	}
+	h.rest.push(e)
+}
+
+// fromRun reports whether the first entry is the run's.
+func (h *readyHeap) fromRun() bool {
+	if h.off == len(h.run) {
+		return false
+	}
+	return len(h.rest) == 0 || !h.rest[0].less(h.run[h.off])
+}
+
+func (h *readyHeap) peek() (readyEntry, bool) {
+	if h.fromRun() {
+		return h.run[h.off], true
+	}
+	return h.rest.peek()
+}
+
+// pop removes the first entry. REQUIRES: len() > 0.
+func (h *readyHeap) pop() readyEntry {
+	if !h.fromRun() {
+		return h.rest.pop()
+	}
+	e := h.run[h.off]
+	h.off++
+	switch {
+	case h.off == len(h.run):
+		h.run, h.off = h.run[:0], 0
+		if cap(h.run) > 1024 {
+			h.run = nil // give a drained backlog's array back
+		}
+	case h.off >= 1024 && h.off > len(h.run)/2:
+		// Slide the run down instead of growing forever; each entry is
+		// moved at most once per halving.
+		h.run = append(h.run[:0:0], h.run[h.off:]...)
+		h.off = 0
+	}
+	return e
+}
+
+// remove deletes entry e (undo of a push; linear).
+func (h *readyHeap) remove(e readyEntry) bool {
+	for i := h.off; i < len(h.run); i++ {
+		if h.run[i] == e {
+			h.run = append(h.run[:i], h.run[i+1:]...)
+			return true
+		}
+	}
+	for i := range h.rest {
+		if h.rest[i] != e {
+			continue
+		}
+		last := len(h.rest) - 1
+		h.rest[i] = h.rest[last]
+		h.rest = h.rest[:last]
+		h.rest.fix(i)
+		return true
+	}
+	return false
+}
 
 func (h *minHeap[T]) push(e T) {
 	*h = append(*h, e)
@@ -142,7 +218,7 @@ func (x *readyIndex) popReady(prio uint8, now int64) (readyEntry, bool) {
 	}
 	h.pop()
 	x.n--
-	if len(*h) == 0 {
+	if h.len() == 0 {
 		x.used[prio/64] &^= 1 << (prio % 64)
 		x.heaps[prio] = nil
 	}
@@ -159,7 +235,7 @@ func (x *readyIndex) popAny() (uint8, readyEntry, bool) {
 		h := x.heaps[prio]
 		e := h.pop()
 		x.n--
-		if len(*h) == 0 {
+		if h.len() == 0 {
 			x.used[prio/64] &^= 1 << (prio % 64)
 			x.heaps[prio] = nil
 		}
@@ -224,25 +300,12 @@ type leaseState struct {
 // remove deletes entry e of priority prio (undo of a push; linear).
 func (x *readyIndex) remove(prio uint8, e readyEntry) {
 	h := x.heaps[prio]
-	if h == nil {
+	if h == nil || !h.remove(e) {
 		return
 	}
-	s := *h
-	for i := range s {
-		if s[i] != e {
-			continue
-		}
-		last := len(s) - 1
-		s[i] = s[last]
-		s = s[:last]
-		*h = s
-		x.n--
-		// Restore the heap order around i.
-		s.fix(i)
-		if len(s) == 0 {
-			x.used[prio/64] &^= 1 << (prio % 64)
-			x.heaps[prio] = nil
-		}
-		return
+	x.n--
+	if h.len() == 0 {
+		x.used[prio/64] &^= 1 << (prio % 64)
+		x.heaps[prio] = nil
 	}
 }

@@ -86,23 +86,21 @@ func (s *Store) rebuild() error {
 }
 
 // rebuildReady loads q's serve order from its visibility entries. They
-// come in key order (priority, visible_at, id), so each priority's heap is
-// built as a sorted array, which is already a valid heap.
+// come in key order (priority, visible_at, id), so each priority's entries
+// are its readyHeap's sorted run as they come.
 func (s *Store) rebuildReady(q *queueState) error {
 	prefix := dbkeys.VisibilityPrefix(q.name)
 	n := len(prefix)
-	// Entries arrive sorted (priority, visible_at, id), so each priority's
-	// run is already a heap. They go into one backing array sized from
+	// Entries arrive sorted (priority, visible_at, id). They go into one backing array sized from
 	// the persisted counters (every available item has one entry), so a
-	// large backlog is not copied by append's growth; each priority's heap
-	// is a capped window of it, so a later push reallocates that heap
+	// large backlog is not copied by append's growth; each priority's
+	// run is a capped window of it, so a later push reallocates that run
 	// instead of overwriting the next one.
 	all := make([]readyEntry, 0, max(0, q.counters.Ready+q.counters.Delayed))
 	start, cur := 0, -1
 	cut := func() {
 		if cur >= 0 {
-			h := readyHeap(all[start:len(all):len(all)])
-			q.ready.heaps[cur] = &h
+			q.ready.heaps[cur] = &readyHeap{run: all[start:len(all):len(all)]}
 			q.ready.used[cur/64] |= 1 << (cur % 64)
 		}
 	}
