@@ -78,16 +78,16 @@ type nodeCollector struct {
 	// summed under the queue label otherQueues (0: defaultMetricsQueues).
 	maxQueues int
 
-	depth, leases, oldest, itemsTotal, queues             *prometheus.Desc
-	opCount, opErrors, opLatency                          *prometheus.Desc
-	connsOpen, connsAccepted, connsRefused, waiters, subs *prometheus.Desc
-	pushed, replyBytes                                    *prometheus.Desc
-	commits, syncCommits, commitLatency, fsyncLatency     *prometheus.Desc
-	calls, items, claimPasses, polls, claimed             *prometheus.Desc
-	storeFailed, diskFree, corrupt                        *prometheus.Desc
-	sweeps, sweepFails, sweepItems, sweepLag, sweepMaxLag *prometheus.Desc
-	sweepDuration                                         *prometheus.Desc
-	httpCount, httpErrors, httpLatency                    *prometheus.Desc
+	depth, leases, oldest, itemsTotal, queues                      *prometheus.Desc
+	opCount, opErrors, opLatency                                   *prometheus.Desc
+	connsOpen, connsAccepted, connsRefused, waiters, subs          *prometheus.Desc
+	pushed, replyBytes                                             *prometheus.Desc
+	commits, syncCommits, inlineSyncs, commitLatency, fsyncLatency *prometheus.Desc
+	calls, items, claimPasses, polls, claimed                      *prometheus.Desc
+	storeFailed, diskFree, corrupt                                 *prometheus.Desc
+	sweeps, sweepFails, sweepItems, sweepLag, sweepMaxLag          *prometheus.Desc
+	sweepDuration                                                  *prometheus.Desc
+	httpCount, httpErrors, httpLatency                             *prometheus.Desc
 }
 
 func newNodeCollector() *nodeCollector {
@@ -112,6 +112,7 @@ func newNodeCollector() *nodeCollector {
 		replyBytes:    d("rpc_reply_bytes_queued", "Bytes of answers built and not yet written to their connections (each connection's share is bounded)."),
 		commits:       d("store_commits_total", "Batches the commit pipeline wrote, one transaction each (RocksDB)."),
 		syncCommits:   d("store_sync_commits_total", "Batches that waited for a WAL fsync (RocksDB)."),
+		inlineSyncs:   d("store_wal_inline_fsyncs_total", "WAL fsyncs run by the goroutine of a lone caller instead of the syncer goroutine (RocksDB)."),
 		commitLatency: d("store_commit_seconds", "Time RocksDB spent writing batches, fsync excluded (count: batches)."),
 		fsyncLatency:  d("store_wal_fsync_seconds", "WAL fsync latency (count: fsyncs; one fsync covers every batch written since the last)."),
 		calls:         d("store_calls_total", "Calls committed by the pipeline (RocksDB); calls_total/commits_total is calls per batch."),
@@ -139,7 +140,7 @@ func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.depth, c.leases, c.oldest, c.itemsTotal, c.queues, c.opCount, c.opErrors, c.opLatency,
 		c.connsOpen, c.connsAccepted, c.connsRefused, c.waiters, c.subs, c.pushed, c.replyBytes,
-		c.commits, c.syncCommits, c.commitLatency, c.fsyncLatency, c.calls, c.items, c.claimPasses, c.polls, c.claimed, c.storeFailed, c.diskFree, c.corrupt,
+		c.commits, c.syncCommits, c.inlineSyncs, c.commitLatency, c.fsyncLatency, c.calls, c.items, c.claimPasses, c.polls, c.claimed, c.storeFailed, c.diskFree, c.corrupt,
 		c.sweeps, c.sweepFails, c.sweepItems, c.sweepLag, c.sweepMaxLag, c.sweepDuration,
 		c.httpCount, c.httpErrors, c.httpLatency,
 	} {
@@ -221,6 +222,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		r := p.rocks.Metrics()
 		counter(c.commits, r.Commits)
 		counter(c.syncCommits, r.SyncCommits)
+		counter(c.inlineSyncs, r.InlineSyncs)
 		ch <- prometheus.MustNewConstSummary(c.commitLatency, r.Commits, r.CommitTime.Seconds(), nil)
 		ch <- prometheus.MustNewConstSummary(c.fsyncLatency, r.WALSyncs, r.SyncTime.Seconds(), nil)
 		counter(c.calls, r.Ops)

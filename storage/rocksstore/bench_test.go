@@ -84,6 +84,7 @@ func reportMetrics(b *testing.B, m Metrics) {
 	if m.WALSyncs > 0 {
 		b.ReportMetric(float64(m.Items)/float64(m.WALSyncs), "items/fsync")
 		b.ReportMetric(float64(m.SyncTime.Microseconds())/float64(m.WALSyncs), "µs/fsync")
+		b.ReportMetric(float64(m.InlineSyncs)/float64(m.WALSyncs), "inline/fsync")
 	}
 	if m.ClaimPasses > 0 {
 		b.ReportMetric(float64(m.Polls)/float64(m.ClaimPasses), "polls/pass")

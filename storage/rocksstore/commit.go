@@ -26,14 +26,17 @@ import (
 // goroutine, so an uncontended call crosses no goroutine at all.
 //
 // Building and committing do not overlap: handing each built batch to a
-// committer goroutine cost more per batch than the overlap saved on two
-// cores (measured; docs/BENCHMARKS.md).
+// committer goroutine, or passing the lead on before each commit, cost
+// more per batch than the overlap saved on two cores (measured;
+// docs/BENCHMARKS.md).
 //
-// With SyncAlways a written batch goes to the syncer goroutine, which
-// fsyncs the WAL once for every batch written since its last fsync and
-// only then completes their callers; meanwhile the next leader builds and
-// writes the next batch. With SyncNone callers are completed as soon as
-// their batch is written.
+// With SyncAlways one goroutine at a time fsyncs the WAL, once for every
+// batch written since the last fsync, and only then completes their
+// callers. A leader that wrote a batch with nobody fsyncing and nobody
+// waiting to be led fsyncs it itself (syncInline), so a lone caller
+// crosses no goroutine; otherwise the syncer goroutine fsyncs while the
+// leader builds and writes the next batch. With SyncNone callers are
+// completed as soon as their batch is written.
 //
 // A batch's writes are visible (to later batches and to reads) before its
 // fsync: an item can be claimed by a poll before the enqueue that made it
@@ -67,19 +70,23 @@ const maxLeadBatches = 2
 // next one; a larger one is dropped (see runBatch).
 const maxReusedOverlay = 512
 
-// syncQueueDepth bounds the batches written and waiting for an fsync; a
-// leader waits when it is full (back-pressure).
-const syncQueueDepth = 64
-
 type pipeline struct {
 	mu      sync.Mutex
 	pending []*op
-	leading bool         // a leader is building batches
-	syncq   chan written // written batches waiting for the WAL fsync
-	wg      sync.WaitGroup
-	failed  error // set by a failed write or fsync; REQUIRES: mu held
-	slot    *txnSlot
-	buf     []*op // the leader's scratch list; REQUIRES: leading
+	leading bool // a leader is building batches
+	// unsynced are the batches written and waiting for the WAL fsync
+	// (SyncAlways); syncing is set while a goroutine fsyncs them: the
+	// syncer goroutine, or a leader that wrote a batch with nobody
+	// waiting behind it. One at a time, so groups complete in order.
+	// REQUIRES: mu held.
+	unsynced []written
+	syncing  bool
+	kick     chan struct{} // wakes the syncer goroutine
+	idle     sync.Cond     // signalled when syncing ends
+	wg       sync.WaitGroup
+	failed   error // set by a failed write or fsync; REQUIRES: mu held
+	slot     *txnSlot
+	buf      []*op // the leader's scratch list; REQUIRES: leading
 }
 
 // txnSlot is a reusable RocksDB transaction object and its write batch.
@@ -144,19 +151,27 @@ func (a *keyArena) reset() { a.buf = a.buf[:0] }
 
 func (s *Store) startPipeline() {
 	p := &s.pipe
-	p.syncq = make(chan written, syncQueueDepth)
+	p.kick = make(chan struct{}, 1)
+	p.idle.L = &p.mu
+	p.wg.Add(1)
+	go s.syncLoop()
 	t := s.db.TransactionBegin(s.wo, s.txo, nil)
 	p.slot = &txnSlot{t: t, wb: t.GetWriteBatchWI(), writes: make(map[string][]byte)}
 	s.slots = append(s.slots, p.slot)
-	p.wg.Add(1)
-	go s.syncLoop()
 }
 
-// stopPipeline waits for the syncer to finish the written batches.
-// REQUIRES: no call in flight (s.life held exclusively), so no leader.
+// stopPipeline stops the syncer goroutine, once no goroutine fsyncs.
+// REQUIRES: no call in flight (s.life held exclusively), so no leader
+// and no batch waiting for an fsync.
 func (s *Store) stopPipeline() {
-	close(s.pipe.syncq)
-	s.pipe.wg.Wait()
+	p := &s.pipe
+	p.mu.Lock()
+	for p.syncing {
+		p.idle.Wait()
+	}
+	p.mu.Unlock()
+	close(p.kick)
+	p.wg.Wait()
 }
 
 // submit runs fn in a batch and waits until the batch is durable under
@@ -270,69 +285,120 @@ func (s *Store) lead() {
 		default:
 			// A batch that wrote nothing still waits for the fsync of the
 			// batches before it: its answers (a duplicate enqueue, say)
-			// may rest on their writes. The syncer owns ops from here.
-			p.syncq <- written{ops: ops, wrote: wrote}
+			// may rest on their writes. Whoever fsyncs owns ops from here.
+			// Nobody fsyncing and nobody waiting to be led: this goroutine
+			// fsyncs inline, so a lone caller crosses no goroutine.
+			// Otherwise the syncer goroutine fsyncs while this leader
+			// builds the next batch.
 			p.buf = nil
+			p.mu.Lock()
+			p.unsynced = append(p.unsynced, written{ops: ops, wrote: wrote})
+			inline := false
+			if !p.syncing {
+				p.syncing = true
+				if len(p.pending) == 0 {
+					p.leading = false
+					inline = true
+				} else {
+					p.kick <- struct{}{}
+				}
+			}
+			p.mu.Unlock()
+			if inline {
+				s.syncInline()
+				return
+			}
 		}
 	}
 }
 
-// written is a batch handed to the syncer.
+// written is a batch written and waiting for its fsync.
 type written struct {
 	ops   []*op
 	wrote bool // the batch wrote to the WAL
 }
 
-// syncLoop fsyncs the WAL once for every batch written since the last
-// fsync and completes their ops.
+// syncInline fsyncs the written batches on the caller's goroutine (a
+// leader that gave up the lead); batches written meanwhile go to the
+// syncer goroutine, so the caller is held for one fsync only.
+// REQUIRES: p.syncing was set for this goroutine.
+func (s *Store) syncInline() {
+	p := &s.pipe
+	p.mu.Lock()
+	group := p.unsynced
+	p.unsynced = nil
+	p.mu.Unlock()
+	s.syncGroup(group, true)
+	p.mu.Lock()
+	if len(p.unsynced) > 0 {
+		p.kick <- struct{}{} // the syncing passes to the syncer
+	} else {
+		p.syncing = false
+		p.idle.Broadcast()
+	}
+	p.mu.Unlock()
+}
+
+// syncLoop is the syncer goroutine: once kicked (and made the one
+// syncing), it fsyncs the WAL once for every batch written since the last
+// fsync and completes their ops, until none is waiting.
 func (s *Store) syncLoop() {
-	defer s.pipe.wg.Done()
+	p := &s.pipe
+	defer p.wg.Done()
 	var group []written
-	for w := range s.pipe.syncq {
-		group = append(group[:0], w)
-	more:
+	for range p.kick {
 		for {
-			select {
-			case o, ok := <-s.pipe.syncq:
-				if !ok {
-					break more
-				}
-				group = append(group, o)
-			default:
-				break more
+			p.mu.Lock()
+			if len(p.unsynced) == 0 {
+				p.syncing = false
+				p.idle.Broadcast()
+				p.mu.Unlock()
+				break
 			}
-		}
-		// Batches are written in queue order, so when none in the group
-		// wrote, every earlier write was synced by an earlier group.
-		wrote := false
-		for _, w := range group {
-			wrote = wrote || w.wrote
-		}
-		var err error
-		if wrote {
-			var start time.Time
-			if s.opts.Now != nil {
-				start = s.opts.Now()
-			}
-			err = s.syncWAL()
-			if s.opts.Now != nil {
-				s.m.syncNanos.Add(uint64(s.opts.Now().Sub(start)))
-			}
-			s.m.walSyncs.Add(1)
-			if err != nil {
-				err = s.fail(translate("sync wal", err))
-			}
-		}
-		for _, w := range group {
-			if w.wrote {
-				s.m.syncedBatches.Add(1)
-			}
-			finish(w.ops, err)
+			group, p.unsynced = p.unsynced, group[:0]
+			p.mu.Unlock()
+			s.syncGroup(group, false)
+			clear(group)
 		}
 	}
 }
 
-// syncWAL fsyncs the WAL in one cgo call on the syncer goroutine
+// syncGroup fsyncs the WAL for a group of written batches and completes
+// their ops (inline: on the goroutine of a call, see syncInline).
+// Batches are written in order, so when none in the group wrote, every
+// earlier write was synced by an earlier group.
+func (s *Store) syncGroup(group []written, inline bool) {
+	wrote := false
+	for _, w := range group {
+		wrote = wrote || w.wrote
+	}
+	var err error
+	if wrote {
+		var start time.Time
+		if s.opts.Now != nil {
+			start = s.opts.Now()
+		}
+		err = s.syncWAL()
+		if s.opts.Now != nil {
+			s.m.syncNanos.Add(uint64(s.opts.Now().Sub(start)))
+		}
+		s.m.walSyncs.Add(1)
+		if inline {
+			s.m.inlineSyncs.Add(1)
+		}
+		if err != nil {
+			err = s.fail(translate("sync wal", err))
+		}
+	}
+	for _, w := range group {
+		if w.wrote {
+			s.m.syncedBatches.Add(1)
+		}
+		finish(w.ops, err)
+	}
+}
+
+// syncWAL fsyncs the WAL in one cgo call, on the goroutine that syncs
 // (Options.syncHook wraps it in tests). One call per group, not one inside
 // every caller's commit; a C thread of its own measured worse
 // (docs/BENCHMARKS.md).

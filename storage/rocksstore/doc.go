@@ -57,11 +57,13 @@
 // skipped (one batch is applied at a time, and the records it changes were
 // read with GetForUpdate).
 //
-// With SyncAlways the written batch goes to the syncer goroutine, which
-// fsyncs the WAL once for every batch written since its previous fsync and
-// only then answers their callers, while the next leader builds the next
-// batch. The syncer's fsync is one cgo call (FlushWAL) per group, never
-// one inside every caller's commit. (An fsync thread in C, woken through a
+// With SyncAlways one goroutine at a time fsyncs the WAL, once for every
+// batch written since its previous fsync, and only then answers their
+// callers. A leader whose batch has nobody waiting behind it (and nobody
+// fsyncing) runs that fsync itself, so a lone caller crosses no goroutine
+// (Metrics.InlineSyncs counts these); otherwise the syncer goroutine
+// fsyncs while the next leader builds the next batch. The fsync is one
+// cgo call (FlushWAL) per group, never one inside every caller's commit. (An fsync thread in C, woken through a
 // pipe so that no goroutine sits in cgo, measured worse; see
 // Measurements.) With SyncNone callers are
 // answered as soon as their batch is written. A batch's writes are visible

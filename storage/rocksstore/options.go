@@ -121,6 +121,10 @@ type Metrics struct {
 	// since the previous one, so WALSyncs <= SyncCommits, and
 	// Items/WALSyncs is the items made durable per fsync.
 	WALSyncs uint64
+	// InlineSyncs counts the WALSyncs run by the goroutine of a call that
+	// had written its batch with nobody waiting behind it, instead of by
+	// the syncer goroutine (no goroutine hand-off for a lone caller).
+	InlineSyncs uint64
 	// CommitTime is the cumulative time RocksDB spent in writes (the
 	// commit of every batch), from its statistics.
 	CommitTime time.Duration
@@ -143,6 +147,7 @@ func (m Metrics) Sub(prev Metrics) Metrics {
 		Items:       m.Items - prev.Items,
 		SyncCommits: m.SyncCommits - prev.SyncCommits,
 		WALSyncs:    m.WALSyncs - prev.WALSyncs,
+		InlineSyncs: m.InlineSyncs - prev.InlineSyncs,
 		CommitTime:  m.CommitTime - prev.CommitTime,
 		SyncTime:    m.SyncTime - prev.SyncTime,
 		ClaimPasses: m.ClaimPasses - prev.ClaimPasses,

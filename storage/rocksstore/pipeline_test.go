@@ -247,3 +247,47 @@ func TestRocksStore_CorruptionIsReported(t *testing.T) {
 	res := b.poll("q", 3, time.Minute, at(2*time.Second))
 	require.Len(t, res.Items, 3)
 }
+
+// TestRocksStore_LoneCallerSyncsInline: with SyncAlways a call with
+// nobody behind it fsyncs its own batch (no goroutine hand-off); a batch
+// written while that fsync runs goes to the syncer goroutine and is not
+// answered before a second fsync.
+func TestRocksStore_LoneCallerSyncsInline(t *testing.T) {
+	t.Parallel()
+	h := newBlockingSync()
+	b := setup(t, func(o *Options) {
+		o.Sync = SyncAlways
+		o.syncHook = h.hook
+	})
+	before := b.s.Metrics()
+	first := make(chan error, 1)
+	go func() {
+		_, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: []byte("a")}}, Now: at(0)})
+		first <- err
+	}()
+	<-h.entered // the first enqueue's own goroutine holds the fsync
+	second := make(chan error, 1)
+	go func() {
+		_, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: []byte("b")}}, Now: at(0)})
+		second <- err
+	}()
+	// The second batch is written behind the held fsync.
+	require.Eventually(t, func() bool { return b.stats("q", at(0)).Ready == 2 }, 30*time.Second, time.Millisecond)
+	h.release <- nil
+	require.NoError(t, <-first)
+	m := b.s.Metrics().Sub(before)
+	require.Equal(t, uint64(1), m.InlineSyncs, "the lone caller ran its own fsync")
+	<-h.entered // the syncer goroutine's fsync for the second batch
+	select {
+	case err := <-second:
+		t.Fatalf("second enqueue answered before its fsync (err %v)", err)
+	default:
+	}
+	h.release <- nil
+	require.NoError(t, <-second)
+	m = b.s.Metrics().Sub(before)
+	require.Equal(t, uint64(2), m.WALSyncs)
+	require.Equal(t, uint64(1), m.InlineSyncs, "the second fsync ran on the syncer goroutine")
+	require.Equal(t, int64(2), h.synced.Load())
+	h.free.Store(true)
+}

@@ -38,7 +38,7 @@ type Store struct {
 	dbOpts *grocksdb.Options
 	bbto   *grocksdb.BlockBasedTableOptions
 	cache  *grocksdb.Cache
-	wo     *grocksdb.WriteOptions // commits: never synced (the syncer fsyncs)
+	wo     *grocksdb.WriteOptions // commits: never synced (see syncGroup)
 	swo    *grocksdb.WriteOptions // metadata writes outside the pipeline, synced per Options.Sync
 	ro     *grocksdb.ReadOptions  // point reads; no bounds, shared
 
@@ -87,10 +87,10 @@ type Store struct {
 	}
 
 	m struct {
-		commits, ops, items, walSyncs, syncedBatches atomic.Uint64
-		syncNanos                                    atomic.Uint64
-		claimPasses, polls, claimed                  atomic.Uint64
-		corrupt                                      atomic.Uint64
+		commits, ops, items, walSyncs, inlineSyncs, syncedBatches atomic.Uint64
+		syncNanos                                                 atomic.Uint64
+		claimPasses, polls, claimed                               atomic.Uint64
+		corrupt                                                   atomic.Uint64
 	}
 	corruptFirst atomic.Pointer[error]
 	// corruptQ counts, per queue, the calls that met damaged data.
@@ -503,6 +503,7 @@ func (s *Store) Metrics() Metrics {
 		Ops:         s.m.ops.Load(),
 		Items:       s.m.items.Load(),
 		WALSyncs:    s.m.walSyncs.Load(),
+		InlineSyncs: s.m.inlineSyncs.Load(),
 		CommitTime:  st.writeTime,
 		SyncTime:    time.Duration(s.m.syncNanos.Load()),
 		ClaimPasses: s.m.claimPasses.Load(),
