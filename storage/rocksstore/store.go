@@ -171,7 +171,10 @@ func (s *Store) openDB() error {
 	// bounded by CacheBytes however large the backlog grows.
 	s.bbto.SetCacheIndexAndFilterBlocks(true)
 	s.bbto.SetPinL0FilterAndIndexBlocksInCache(true)
-	o := grocksdb.NewDefaultOptions()
+	o, err := memtableHintOptions()
+	if err != nil {
+		return err
+	}
 	s.dbOpts = o
 	o.SetCreateIfMissing(true)
 	o.SetInfoLogLevel(grocksdb.WarnInfoLogLevel)
@@ -294,6 +297,23 @@ func (s *Store) load() error {
 		q.counters = c
 	}
 	return nil
+}
+
+// memtableHintOptions returns default options whose memtable keeps an
+// insert hint per namespace (the key's first byte). RocksDB's skiplist
+// otherwise searches from the top for every key that does not land right
+// after the previous insert, and a batch deletes keys that each sit just
+// before their own older put (a queue's head) while it appends new keys
+// at its tail. The option has no setter in the C API; RocksDB's options
+// string sets it.
+func memtableHintOptions() (*grocksdb.Options, error) {
+	base := grocksdb.NewDefaultOptions()
+	defer base.Destroy()
+	o, err := grocksdb.GetOptionsFromString(base, "memtable_insert_with_hint_prefix_extractor=rocksdb.FixedPrefix.1")
+	if err != nil {
+		return nil, fmt.Errorf("rocksstore: open: options: %w", err)
+	}
+	return o, nil
 }
 
 // defaultMemtable is the memtable size (see doc.go for the measurement).
