@@ -73,21 +73,30 @@
 // fsync fails the store: the in-memory indexes may be ahead of the
 // database, so every later call fails until it is reopened.
 //
+// A batch crosses into C once for all its writes and a claim pass once for
+// all its reads (batchio.go, RocksDB's public C API only), instead of once
+// or twice per key. The memtable keeps an insert hint per namespace (the
+// key's first byte, memtable_insert_with_hint_prefix_extractor): a batch
+// deletes keys that each sit right behind their own older put, and
+// without a hint RocksDB's skiplist searched from the top for each of
+// them.
+//
 // # In-memory indexes (index.go, rebuild.go)
 //
-// Each queue keeps its serve order in memory: a min-heap of (visible_at,
-// id) per priority. The store keeps every live lease (token, queue, expiry,
-// ids), a map from inflight id to lease, and two timed heaps (lease expiry,
-// delayed items coming due) for the sweeper. So a claim pops ids from the
-// heap and reads each record with one GetForUpdate, an ack needs no read
-// at all, and no iterator ever walks the tombstones at a queue's head. The
-// database stays the source of truth: Open rebuilds every index by reading
-// the visibility, delayed, lease and in_progress namespaces once (never an
-// available record), so after any crash the in-memory state is what the
-// database says. Only the leader changes the indexes; Stats reads a
-// queue's under queueState.mu. The dedup_expiry index stays on disk (it can
-// be large and is only swept), with a cursor below which only deleted
-// entries remain.
+// Each queue keeps its serve order in memory, per priority: a sorted run
+// of (visible_at, id) that in-order arrivals append to, plus a min-heap
+// for the entries that arrive out of order (readyHeap). The store keeps
+// every live lease (token, queue, expiry, ids), a map from inflight id to
+// lease, and two timed heaps (lease expiry, delayed items coming due) for
+// the sweeper. So a claim pops ids from the serve order and reads each record
+// with one GetForUpdate, an ack needs no read at all, and no iterator ever
+// walks the tombstones at a queue's head. The database stays the source of
+// truth: Open rebuilds every index by reading the visibility, delayed,
+// lease and in_progress namespaces once (never an available record), so
+// after any crash the in-memory state is what the database says. Only the
+// leader changes the indexes; Stats reads a queue's under queueState.mu.
+// The dedup_expiry index stays on disk (it can be large and is only
+// swept), with a cursor below which only deleted entries remain.
 //
 // With -tags invariants (make test), every batch ends with checkIndexes:
 // each touched queue's serve order, delayed set and leases must agree with
