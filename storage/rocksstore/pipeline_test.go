@@ -22,6 +22,18 @@ type blockingSync struct {
 	free    atomic.Bool   // stop holding: later fsyncs run at once
 }
 
+// setupHeldSync opens a SyncAlways store whose fsyncs go through a
+// blockingSync.
+func setupHeldSync(t *testing.T) (*testBundle, *blockingSync) {
+	t.Helper()
+	h := newBlockingSync()
+	b := setup(t, func(o *Options) {
+		o.Sync = SyncAlways
+		o.syncHook = h.hook
+	})
+	return b, h
+}
+
 func newBlockingSync() *blockingSync {
 	return &blockingSync{entered: make(chan struct{}, 16), release: make(chan error)}
 }
@@ -45,11 +57,7 @@ func (h *blockingSync) hook(sync func() error) error {
 // describes).
 func TestRocksStore_SyncAlwaysWaitsForFsync(t *testing.T) {
 	t.Parallel()
-	h := newBlockingSync()
-	b := setup(t, func(o *Options) {
-		o.Sync = SyncAlways
-		o.syncHook = h.hook
-	})
+	b, h := setupHeldSync(t)
 	type result struct {
 		ids    []storage.ItemID
 		synced int64
@@ -107,11 +115,7 @@ func TestRocksStore_SyncAlwaysWaitsForFsync(t *testing.T) {
 // is delivered again: at-least-once holds whichever writes survived.
 func TestRocksStore_FsyncFailureInWindow(t *testing.T) {
 	t.Parallel()
-	h := newBlockingSync()
-	b := setup(t, func(o *Options) {
-		o.Sync = SyncAlways
-		o.syncHook = h.hook
-	})
+	b, h := setupHeldSync(t)
 	var wg sync.WaitGroup
 	var enqErr, pollErr error
 	var polled storage.PollResult
@@ -254,11 +258,7 @@ func TestRocksStore_CorruptionIsReported(t *testing.T) {
 // answered before a second fsync.
 func TestRocksStore_LoneCallerSyncsInline(t *testing.T) {
 	t.Parallel()
-	h := newBlockingSync()
-	b := setup(t, func(o *Options) {
-		o.Sync = SyncAlways
-		o.syncHook = h.hook
-	})
+	b, h := setupHeldSync(t)
 	before := b.s.Metrics()
 	first := make(chan error, 1)
 	go func() {
