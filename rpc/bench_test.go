@@ -359,7 +359,7 @@ func benchmarkRPC_ParkedPollMemory(b *testing.B, engine string) {
 		releases := make([]func(), 0, parkedPolls)
 		for i := range parkedPolls {
 			queue := fmt.Sprintf("q%d", i%5)
-			_, release := c.q.Poll(ctx, func(p schema.Queue_poll_Params) error {
+			_, release := c.Queue().Poll(ctx, func(p schema.Queue_poll_Params) error {
 				p.SetMax(1)
 				p.SetWaitMs(60_000)
 				return p.SetQueue(queue)

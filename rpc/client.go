@@ -28,7 +28,19 @@ type ClientOptions struct {
 	// (0: DefaultMaxMessageBytes). A single call larger than it fails with
 	// ErrInvalidArgument before it is sent.
 	FlowLimitBytes int64
+	// Engine is how Dial's connection runs the protocol: "lean" (the
+	// default: the client's own connection loop, see leanclient.go) or
+	// "go-capnp" (go-capnp's rpc.Conn). With "lean", Subscribe and Queue
+	// open a go-capnp connection of their own the first time they are
+	// used. NewClient always uses go-capnp.
+	Engine string
 }
+
+// Client engines (ClientOptions.Engine).
+const (
+	ClientEngineLean    = "lean"
+	ClientEngineGoCapnp = "go-capnp"
+)
 
 // Client is a connection to a leaseq node. Its methods mirror
 // storage.Store; they are safe for concurrent use, and every []byte they
@@ -37,9 +49,19 @@ type ClientOptions struct {
 // sentinel; transport failures as other errors (capnp.IsDisconnected after
 // the connection is lost).
 type Client struct {
-	conn  net.Conn
-	rc    *capnprpc.Conn
-	q     schema.Queue
+	// The go-capnp connection: the only one after NewClient or with the
+	// go-capnp engine; with the lean engine opened by capnpConn for
+	// Subscribe and Queue, and nil until then. REQUIRES: gcMu held to
+	// read them when lean is set.
+	conn net.Conn
+	rc   *capnprpc.Conn
+	q    schema.Queue
+	gcMu sync.Mutex
+
+	lean   *leanClient                             // the lean engine's connection, or nil
+	redial func(context.Context) (net.Conn, error) // a new connection like the first (lean engine)
+	opts   ClientOptions
+
 	log   *slog.Logger
 	limit int64
 
@@ -52,6 +74,38 @@ type Client struct {
 // ErrTooManyConns; a TLS failure (say, a missing client certificate) also
 // fails Dial.
 func Dial(ctx context.Context, addr string, opts ClientOptions) (*Client, error) {
+	switch opts.Engine {
+	case "", ClientEngineLean, ClientEngineGoCapnp:
+	default:
+		return nil, fmt.Errorf("rpc: dial %s: %w: unknown client engine %q (want %q or %q)", addr, storage.ErrInvalidArgument, opts.Engine, ClientEngineLean, ClientEngineGoCapnp)
+	}
+	redial := func(ctx context.Context) (net.Conn, error) { return dialConn(ctx, addr, opts) }
+	conn, err := redial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Engine == ClientEngineGoCapnp {
+		c, err := NewClient(ctx, conn, opts)
+		if err != nil {
+			return nil, fmt.Errorf("rpc: dial %s: %w", addr, err)
+		}
+		return c, nil
+	}
+	limit := flowLimit(opts)
+	l, err := newLeanClient(ctx, conn, limit)
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("rpc: dial %s: %w", addr, err)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = discardLogger()
+	}
+	return &Client{lean: l, redial: redial, opts: opts, log: log, limit: limit, closed: make(chan struct{})}, nil
+}
+
+// dialConn opens a connection to addr, with TLS when opts asks for it.
+func dialConn(ctx context.Context, addr string, opts ClientOptions) (net.Conn, error) {
 	network, address, err := splitAddr(addr)
 	if err != nil {
 		return nil, err
@@ -73,11 +127,15 @@ func Dial(ctx context.Context, addr string, opts ClientOptions) (*Client, error)
 		}
 		conn = tc
 	}
-	c, err := NewClient(ctx, conn, opts)
-	if err != nil {
-		return nil, fmt.Errorf("rpc: dial %s: %w", addr, err)
+	return conn, nil
+}
+
+// flowLimit is opts.FlowLimitBytes or its default.
+func flowLimit(opts ClientOptions) int64 {
+	if opts.FlowLimitBytes <= 0 {
+		return DefaultMaxMessageBytes
 	}
-	return c, nil
+	return opts.FlowLimitBytes
 }
 
 // NewClient runs the protocol over an established connection (for example
@@ -87,10 +145,17 @@ func NewClient(ctx context.Context, conn net.Conn, opts ClientOptions) (*Client,
 	if log == nil {
 		log = discardLogger()
 	}
-	limit := opts.FlowLimitBytes
-	if limit <= 0 {
-		limit = DefaultMaxMessageBytes
+	limit := flowLimit(opts)
+	rc, q, err := startCapnp(ctx, conn, log, limit)
+	if err != nil {
+		return nil, err
 	}
+	return &Client{conn: conn, rc: rc, q: q, log: log, limit: limit, closed: make(chan struct{})}, nil
+}
+
+// startCapnp runs go-capnp's rpc.Conn over conn and bootstraps the node's
+// Queue capability.
+func startCapnp(ctx context.Context, conn net.Conn, log *slog.Logger, limit int64) (*capnprpc.Conn, schema.Queue, error) {
 	aw := &abortWatch{Transport: transport.NewStream(conn)}
 	rc := capnprpc.NewConn(aw, &capnprpc.Options{Logger: capnpLogger(log)})
 	q := schema.Queue(rc.Bootstrap(ctx))
@@ -109,14 +174,43 @@ func NewClient(ctx context.Context, conn net.Conn, opts ClientOptions) (*Client,
 		_ = rc.Close()
 		if reason, overloaded, ok := aw.aborted(); ok {
 			if overloaded {
-				return nil, fmt.Errorf("%w: %s", ErrTooManyConns, reason)
+				return nil, schema.Queue{}, fmt.Errorf("%w: %s", ErrTooManyConns, reason)
 			}
-			return nil, fmt.Errorf("rpc: bootstrap: node aborted the session: %s", reason)
+			return nil, schema.Queue{}, fmt.Errorf("rpc: bootstrap: node aborted the session: %s", reason)
 		}
-		return nil, fmt.Errorf("rpc: bootstrap: %w", err)
+		return nil, schema.Queue{}, fmt.Errorf("rpc: bootstrap: %w", err)
 	}
 	q.SetFlowLimiter(newWindowLimiter(limit))
-	return &Client{conn: conn, rc: rc, q: q, log: log, limit: limit, closed: make(chan struct{})}, nil
+	return rc, q, nil
+}
+
+// capnpConn returns the go-capnp connection's Queue capability and its
+// Done channel, opening the connection the first time when the client
+// runs the lean engine.
+func (c *Client) capnpConn(ctx context.Context) (schema.Queue, <-chan struct{}, error) {
+	if c.lean == nil {
+		return c.q, c.rc.Done(), nil
+	}
+	c.gcMu.Lock()
+	defer c.gcMu.Unlock()
+	select {
+	case <-c.closed:
+		return schema.Queue{}, nil, fmt.Errorf("rpc: %w", net.ErrClosed)
+	default:
+	}
+	if c.rc == nil {
+		conn, err := c.redial(ctx)
+		if err != nil {
+			return schema.Queue{}, nil, err
+		}
+		rc, q, err := startCapnp(ctx, conn, c.log, c.limit)
+		if err != nil {
+			_ = conn.Close()
+			return schema.Queue{}, nil, err
+		}
+		c.conn, c.rc, c.q = conn, rc, q
+	}
+	return c.q, c.rc.Done(), nil
 }
 
 // Close ends the connection. Leases held by this client stay valid until
@@ -124,22 +218,42 @@ func NewClient(ctx context.Context, conn net.Conn, opts ClientOptions) (*Client,
 func (c *Client) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
+		c.gcMu.Lock()
 		close(c.closed)
-		c.q.Release()
-		err = c.rc.Close()
-		if isDisconnect(err) {
-			err = nil
+		if c.rc != nil {
+			c.q.Release()
+			err = c.rc.Close()
+			if isDisconnect(err) {
+				err = nil
+			}
+		}
+		c.gcMu.Unlock()
+		if c.lean != nil {
+			_ = c.lean.close()
 		}
 	})
 	return err
 }
 
 // Done is closed when the connection has ended (Close or a failure).
-func (c *Client) Done() <-chan struct{} { return c.rc.Done() }
+func (c *Client) Done() <-chan struct{} {
+	if c.lean != nil {
+		return c.lean.done
+	}
+	return c.rc.Done()
+}
 
 // Queue returns the raw capnp capability, for callers that pipeline or
-// batch calls themselves (bench). It stays owned by the Client.
-func (c *Client) Queue() schema.Queue { return c.q }
+// batch calls themselves. It stays owned by the Client. With the lean
+// engine it lives on a go-capnp connection opened on first use; if that
+// fails, the capability fails every call with the reason.
+func (c *Client) Queue() schema.Queue {
+	q, _, err := c.capnpConn(context.Background())
+	if err != nil {
+		return schema.Queue(capnp.ErrorClient(err))
+	}
+	return q
+}
 
 // status converts a result's Status into an error.
 func status(op string, get func() (schema.Status, error)) error {
@@ -189,7 +303,7 @@ func (c *Client) Enqueue(ctx context.Context, queue string, items []storage.Enqu
 	if err := c.checkSize("enqueue", size); err != nil {
 		return nil, err
 	}
-	f, release := c.q.Enqueue(ctx, func(p schema.Queue_enqueue_Params) error {
+	f, release := invoke(ctx, c, mEnqueue, func(p schema.Queue_enqueue_Params) error {
 		if err := p.SetQueue(queue); err != nil {
 			return err
 		}
@@ -250,7 +364,7 @@ func (c *Client) Poll(ctx context.Context, queue string, max int, lease, wait ti
 	if max < 0 || lease < 0 || wait < 0 {
 		return storage.PollResult{}, fmt.Errorf("leaseq poll: %w: negative max, lease or wait", storage.ErrInvalidArgument)
 	}
-	f, release := c.q.Poll(ctx, func(p schema.Queue_poll_Params) error {
+	f, release := invoke(ctx, c, mPoll, func(p schema.Queue_poll_Params) error {
 		p.SetMax(uint32(min(max, 1<<31)))
 		p.SetLeaseMs(msDur(lease))
 		p.SetWaitMs(msDur(wait))
@@ -311,7 +425,7 @@ func (c *Client) Ack(ctx context.Context, queue string, lease storage.LeaseID, i
 	if err := c.checkSize("ack", 24*len(ids)); err != nil {
 		return nil, err
 	}
-	f, release := c.q.Ack(ctx, func(p schema.Queue_ack_Params) error {
+	f, release := invoke(ctx, c, mAck, func(p schema.Queue_ack_Params) error {
 		if err := p.SetQueue(queue); err != nil {
 			return err
 		}
@@ -338,7 +452,7 @@ func (c *Client) Nack(ctx context.Context, queue string, lease storage.LeaseID, 
 	if delay != nil && *delay < 0 {
 		return nil, fmt.Errorf("leaseq nack: %w: negative delay", storage.ErrInvalidArgument)
 	}
-	f, release := c.q.Nack(ctx, func(p schema.Queue_nack_Params) error {
+	f, release := invoke(ctx, c, mNack, func(p schema.Queue_nack_Params) error {
 		if err := p.SetQueue(queue); err != nil {
 			return err
 		}
@@ -364,7 +478,7 @@ func (c *Client) Nack(ctx context.Context, queue string, lease storage.LeaseID, 
 // Extend sets a live lease's expiry to now + d and returns it. Errors wrap
 // storage.ErrLeaseExpired or storage.ErrLeaseMismatch when it cannot.
 func (c *Client) Extend(ctx context.Context, queue string, lease storage.LeaseID, d time.Duration) (time.Time, error) {
-	f, release := c.q.Extend(ctx, func(p schema.Queue_extend_Params) error {
+	f, release := invoke(ctx, c, mExtend, func(p schema.Queue_extend_Params) error {
 		p.SetLeaseMs(msDur(d))
 		if err := p.SetLease(lease[:]); err != nil {
 			return err
@@ -381,7 +495,7 @@ func (c *Client) Extend(ctx context.Context, queue string, lease storage.LeaseID
 
 // Stats returns one queue's stats, or every queue's when queue is "".
 func (c *Client) Stats(ctx context.Context, queue string) ([]storage.QueueStats, error) {
-	f, release := c.q.Stats(ctx, func(p schema.Queue_stats_Params) error { return p.SetQueue(queue) })
+	f, release := invoke(ctx, c, mStats, func(p schema.Queue_stats_Params) error { return p.SetQueue(queue) })
 	defer release()
 	res, err := answer("stats", f.Struct)
 	if err != nil {
@@ -402,7 +516,7 @@ func (c *Client) Stats(ctx context.Context, queue string) ([]storage.QueueStats,
 
 // Queues lists queue names in byte order.
 func (c *Client) Queues(ctx context.Context) ([]string, error) {
-	f, release := c.q.Queues(ctx, nil)
+	f, release := invoke(ctx, c, mQueues, nil)
 	defer release()
 	res, err := answer("queues", f.Struct)
 	if err != nil {
@@ -429,7 +543,7 @@ func IsDisconnected(err error) bool { return err != nil && isDisconnect(err) }
 
 // NodeInfo describes the node: version, backend and durability mode.
 func (c *Client) NodeInfo(ctx context.Context) (NodeInfo, error) {
-	f, release := c.q.NodeInfo(ctx, nil)
+	f, release := invoke(ctx, c, mNodeInfo, nil)
 	defer release()
 	res, err := answer("node info", f.Struct)
 	if err != nil {
@@ -454,7 +568,7 @@ func (c *Client) NodeInfo(ctx context.Context) (NodeInfo, error) {
 // Peek lists items without leasing them (p.Now is ignored: the node's
 // clock decides). p.Limit 0 means DefaultPageLimit.
 func (c *Client) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item, error) {
-	f, release := c.q.Peek(ctx, func(a schema.Queue_peek_Params) error {
+	f, release := invoke(ctx, c, mPeek, func(a schema.Queue_peek_Params) error {
 		a.SetInflight(p.Inflight)
 		a.SetLimit(uint32(max(p.Limit, 0)))
 		if !p.After.IsZero() {
@@ -482,7 +596,7 @@ func (c *Client) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item
 
 // Purge deletes every available and inflight item of queue.
 func (c *Client) Purge(ctx context.Context, queue string) (int, error) {
-	f, release := c.q.Purge(ctx, func(p schema.Queue_purge_Params) error { return p.SetQueue(queue) })
+	f, release := invoke(ctx, c, mPurge, func(p schema.Queue_purge_Params) error { return p.SetQueue(queue) })
 	defer release()
 	res, err := answer("purge", f.Struct)
 	if err != nil {
@@ -495,7 +609,7 @@ func (c *Client) Purge(ctx context.Context, queue string) (int, error) {
 // an error wrapping storage.ErrNotEmpty while it holds items, unless force.
 // It returns how many items it deleted.
 func (c *Client) DeleteQueue(ctx context.Context, queue string, force bool) (int, error) {
-	f, release := c.q.DeleteQueue(ctx, func(p schema.Queue_deleteQueue_Params) error {
+	f, release := invoke(ctx, c, mDeleteQueue, func(p schema.Queue_deleteQueue_Params) error {
 		p.SetForce(force)
 		return p.SetQueue(queue)
 	})
@@ -509,7 +623,7 @@ func (c *Client) DeleteQueue(ctx context.Context, queue string, force bool) (int
 
 // DeadList pages through dead items after p.After (p.Limit 0: DefaultPageLimit).
 func (c *Client) DeadList(ctx context.Context, p storage.DeadListParams) ([]storage.DeadItem, error) {
-	f, release := c.q.DeadList(ctx, func(a schema.Queue_deadList_Params) error {
+	f, release := invoke(ctx, c, mDeadList, func(a schema.Queue_deadList_Params) error {
 		a.SetLimit(uint32(max(p.Limit, 0)))
 		if !p.After.IsZero() {
 			if err := a.SetAfter(p.After[:]); err != nil {
@@ -592,21 +706,21 @@ func deadResult[R deadAnswer](op string, get func() (R, error)) (storage.Redrive
 // Redrive moves dead items back to ready: p.IDs (one Code each), or up to
 // p.Limit (0: DefaultPageLimit) in id order when p.IDs is empty.
 func (c *Client) Redrive(ctx context.Context, p storage.RedriveParams) (storage.RedriveResult, error) {
-	f, release := c.q.Redrive(ctx, func(a schema.Queue_redrive_Params) error { return setDeadParams(a, p) })
+	f, release := invoke(ctx, c, mRedrive, func(a schema.Queue_redrive_Params) error { return setDeadParams(a, p) })
 	defer release()
 	return deadResult("redrive", f.Struct)
 }
 
 // PurgeDead deletes dead items, selected like Redrive.
 func (c *Client) PurgeDead(ctx context.Context, p storage.RedriveParams) (storage.RedriveResult, error) {
-	f, release := c.q.PurgeDead(ctx, func(a schema.Queue_purgeDead_Params) error { return setDeadParams(a, p) })
+	f, release := invoke(ctx, c, mPurgeDead, func(a schema.Queue_purgeDead_Params) error { return setDeadParams(a, p) })
 	defer release()
 	return deadResult("purge dead", f.Struct)
 }
 
 // QueueConfig returns a queue's config (ErrNotFound for no such queue).
 func (c *Client) QueueConfig(ctx context.Context, queue string) (storage.QueueConfig, error) {
-	f, release := c.q.GetConfig(ctx, func(p schema.Queue_getConfig_Params) error { return p.SetQueue(queue) })
+	f, release := invoke(ctx, c, mGetConfig, func(p schema.Queue_getConfig_Params) error { return p.SetQueue(queue) })
 	defer release()
 	res, err := answer("get config", f.Struct)
 	if err != nil {
@@ -624,7 +738,7 @@ func (c *Client) SetQueueConfig(ctx context.Context, queue string, cfg storage.Q
 	if cfg.LeaseDuration < 0 || cfg.DedupWindow < 0 || cfg.BackoffBase < 0 || cfg.BackoffMax < 0 {
 		return fmt.Errorf("leaseq set config: %w: negative duration", storage.ErrInvalidArgument)
 	}
-	f, release := c.q.SetConfig(ctx, func(p schema.Queue_setConfig_Params) error {
+	f, release := invoke(ctx, c, mSetConfig, func(p schema.Queue_setConfig_Params) error {
 		w, err := p.NewConfig()
 		if err != nil {
 			return err

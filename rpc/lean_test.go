@@ -369,9 +369,11 @@ func TestSubscribe_PipelinedCancel(t *testing.T) {
 	b := setup(t, bundleOpts{})
 	c := b.dial()
 	ctx := ctxT(t)
-	sub := &Subscription{ch: make(chan Delivery, 1), stop: make(chan struct{}), connDone: c.rc.Done()}
+	q, done, err := c.capnpConn(ctx)
+	require.NoError(t, err)
+	sub := &Subscription{ch: make(chan Delivery, 1), stop: make(chan struct{}), connDone: done}
 	consumer := schema.Consumer_ServerToClient(consumerServer{sub: sub})
-	f, release := c.q.Subscribe(ctx, func(p schema.Queue_subscribe_Params) error {
+	f, release := q.Subscribe(ctx, func(p schema.Queue_subscribe_Params) error {
 		p.SetPrefetch(1)
 		if err := p.SetConsumer(consumer); err != nil {
 			return err
@@ -381,7 +383,7 @@ func TestSubscribe_PipelinedCancel(t *testing.T) {
 	defer release()
 	cf, cancelRelease := f.Subscription().Cancel(ctx, nil)
 	defer cancelRelease()
-	_, err := cf.Struct()
+	_, err = cf.Struct()
 	require.NoError(t, err)
 	res, err := f.Struct()
 	require.NoError(t, err)

@@ -108,9 +108,13 @@ func (c *Client) Subscribe(ctx context.Context, o SubscribeOptions) (*Subscripti
 	if o.Prefetch <= 0 || o.Lease < 0 {
 		return nil, fmt.Errorf("leaseq subscribe: %w: prefetch must be positive and lease non-negative", storage.ErrInvalidArgument)
 	}
-	sub := &Subscription{ch: make(chan Delivery, o.Prefetch), stop: make(chan struct{}), connDone: c.rc.Done()}
+	q, done, err := c.capnpConn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("leaseq subscribe: %w", err)
+	}
+	sub := &Subscription{ch: make(chan Delivery, o.Prefetch), stop: make(chan struct{}), connDone: done}
 	consumer := schema.Consumer_ServerToClient(consumerServer{sub: sub})
-	f, release := c.q.Subscribe(ctx, func(p schema.Queue_subscribe_Params) error {
+	f, release := q.Subscribe(ctx, func(p schema.Queue_subscribe_Params) error {
 		p.SetPrefetch(uint32(min(o.Prefetch, 1<<31)))
 		p.SetLeaseMs(msDur(o.Lease))
 		if err := p.SetConsumer(consumer); err != nil {

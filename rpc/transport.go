@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"capnproto.org/go/capnp/v3"
+	"capnproto.org/go/capnp/v3/exc"
 	"capnproto.org/go/capnp/v3/flowcontrol"
 	capnprpc "capnproto.org/go/capnp/v3/rpc"
 	"capnproto.org/go/capnp/v3/rpc/transport"
@@ -286,7 +287,7 @@ func writeAbort(w io.Writer, reason string) error {
 
 // isDisconnect reports whether err only says that the peer went away.
 func isDisconnect(err error) bool {
-	return capnp.IsDisconnected(err) || errors.Is(err, capnprpc.ErrConnClosed) || errors.Is(err, net.ErrClosed) ||
+	return capnp.IsDisconnected(err) || exc.IsType(err, exc.Disconnected) || errors.Is(err, capnprpc.ErrConnClosed) || errors.Is(err, net.ErrClosed) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrClosedPipe)
 }
 

@@ -1,0 +1,204 @@
+package rpc
+
+import (
+	"context"
+
+	"capnproto.org/go/capnp/v3"
+
+	"github.com/leaseq/leaseq/schema"
+)
+
+// The Queue methods the Client calls, each with what both connection
+// kinds need: its method id and its params and results types for the
+// lean connection (leanclient.go), and the generated go-capnp call.
+
+// qmethod is one Queue method with params P and results R.
+type qmethod[P interface{ ToPtr() capnp.Ptr }, R any] struct {
+	id    uint16
+	newP  func(*capnp.Segment) (P, error)
+	toR   func(capnp.Struct) R
+	capnp func(q schema.Queue, ctx context.Context, build func(P) error) (func() (R, error), capnp.ReleaseFunc)
+}
+
+// qfuture is a call's answer: Struct waits for it (it already has on the
+// lean connection), as the generated futures' Struct does.
+type qfuture[R any] struct{ get func() (R, error) }
+
+func (f qfuture[R]) Struct() (R, error) { return f.get() }
+
+// invoke calls m with params filled by build (nil: none): on the lean
+// connection when the client has one, else through go-capnp. release
+// must be called once the results have been read.
+func invoke[P interface{ ToPtr() capnp.Ptr }, R any](ctx context.Context, c *Client, m qmethod[P, R], build func(P) error) (qfuture[R], func()) {
+	if c.lean == nil {
+		get, release := m.capnp(c.q, ctx, build)
+		return qfuture[R]{get: get}, release
+	}
+	res, release, err := c.lean.call(ctx, m.id, func(seg *capnp.Segment) (capnp.Ptr, error) {
+		p, err := m.newP(seg)
+		if err != nil {
+			return capnp.Ptr{}, err
+		}
+		if build != nil {
+			if err := build(p); err != nil {
+				return capnp.Ptr{}, err
+			}
+		}
+		return p.ToPtr(), nil
+	})
+	if err != nil {
+		return qfuture[R]{get: func() (R, error) {
+			var zero R
+			return zero, err
+		}}, func() {}
+	}
+	r := m.toR(res)
+	return qfuture[R]{get: func() (R, error) { return r, nil }}, release
+}
+
+var (
+	mEnqueue = qmethod[schema.Queue_enqueue_Params, schema.Queue_enqueue_Results]{
+		id:   0,
+		newP: schema.NewQueue_enqueue_Params,
+		toR:  func(s capnp.Struct) schema.Queue_enqueue_Results { return schema.Queue_enqueue_Results(s) },
+		capnp: func(q schema.Queue, ctx context.Context, b func(schema.Queue_enqueue_Params) error) (func() (schema.Queue_enqueue_Results, error), capnp.ReleaseFunc) {
+			f, release := q.Enqueue(ctx, b)
+			return f.Struct, release
+		},
+	}
+	mPoll = qmethod[schema.Queue_poll_Params, schema.Queue_poll_Results]{
+		id:   1,
+		newP: schema.NewQueue_poll_Params,
+		toR:  func(s capnp.Struct) schema.Queue_poll_Results { return schema.Queue_poll_Results(s) },
+		capnp: func(q schema.Queue, ctx context.Context, b func(schema.Queue_poll_Params) error) (func() (schema.Queue_poll_Results, error), capnp.ReleaseFunc) {
+			f, release := q.Poll(ctx, b)
+			return f.Struct, release
+		},
+	}
+	mAck = qmethod[schema.Queue_ack_Params, schema.Queue_ack_Results]{
+		id:   2,
+		newP: schema.NewQueue_ack_Params,
+		toR:  func(s capnp.Struct) schema.Queue_ack_Results { return schema.Queue_ack_Results(s) },
+		capnp: func(q schema.Queue, ctx context.Context, b func(schema.Queue_ack_Params) error) (func() (schema.Queue_ack_Results, error), capnp.ReleaseFunc) {
+			f, release := q.Ack(ctx, b)
+			return f.Struct, release
+		},
+	}
+	mNack = qmethod[schema.Queue_nack_Params, schema.Queue_nack_Results]{
+		id:   3,
+		newP: schema.NewQueue_nack_Params,
+		toR:  func(s capnp.Struct) schema.Queue_nack_Results { return schema.Queue_nack_Results(s) },
+		capnp: func(q schema.Queue, ctx context.Context, b func(schema.Queue_nack_Params) error) (func() (schema.Queue_nack_Results, error), capnp.ReleaseFunc) {
+			f, release := q.Nack(ctx, b)
+			return f.Struct, release
+		},
+	}
+	mExtend = qmethod[schema.Queue_extend_Params, schema.Queue_extend_Results]{
+		id:   4,
+		newP: schema.NewQueue_extend_Params,
+		toR:  func(s capnp.Struct) schema.Queue_extend_Results { return schema.Queue_extend_Results(s) },
+		capnp: func(q schema.Queue, ctx context.Context, b func(schema.Queue_extend_Params) error) (func() (schema.Queue_extend_Results, error), capnp.ReleaseFunc) {
+			f, release := q.Extend(ctx, b)
+			return f.Struct, release
+		},
+	}
+	mStats = qmethod[schema.Queue_stats_Params, schema.Queue_stats_Results]{
+		id:   5,
+		newP: schema.NewQueue_stats_Params,
+		toR:  func(s capnp.Struct) schema.Queue_stats_Results { return schema.Queue_stats_Results(s) },
+		capnp: func(q schema.Queue, ctx context.Context, b func(schema.Queue_stats_Params) error) (func() (schema.Queue_stats_Results, error), capnp.ReleaseFunc) {
+			f, release := q.Stats(ctx, b)
+			return f.Struct, release
+		},
+	}
+	mQueues = qmethod[schema.Queue_queues_Params, schema.Queue_queues_Results]{
+		id:   6,
+		newP: schema.NewQueue_queues_Params,
+		toR:  func(s capnp.Struct) schema.Queue_queues_Results { return schema.Queue_queues_Results(s) },
+		capnp: func(q schema.Queue, ctx context.Context, b func(schema.Queue_queues_Params) error) (func() (schema.Queue_queues_Results, error), capnp.ReleaseFunc) {
+			f, release := q.Queues(ctx, b)
+			return f.Struct, release
+		},
+	}
+	mPeek = qmethod[schema.Queue_peek_Params, schema.Queue_peek_Results]{
+		id:   7,
+		newP: schema.NewQueue_peek_Params,
+		toR:  func(s capnp.Struct) schema.Queue_peek_Results { return schema.Queue_peek_Results(s) },
+		capnp: func(q schema.Queue, ctx context.Context, b func(schema.Queue_peek_Params) error) (func() (schema.Queue_peek_Results, error), capnp.ReleaseFunc) {
+			f, release := q.Peek(ctx, b)
+			return f.Struct, release
+		},
+	}
+	mPurge = qmethod[schema.Queue_purge_Params, schema.Queue_purge_Results]{
+		id:   8,
+		newP: schema.NewQueue_purge_Params,
+		toR:  func(s capnp.Struct) schema.Queue_purge_Results { return schema.Queue_purge_Results(s) },
+		capnp: func(q schema.Queue, ctx context.Context, b func(schema.Queue_purge_Params) error) (func() (schema.Queue_purge_Results, error), capnp.ReleaseFunc) {
+			f, release := q.Purge(ctx, b)
+			return f.Struct, release
+		},
+	}
+	mDeadList = qmethod[schema.Queue_deadList_Params, schema.Queue_deadList_Results]{
+		id:   9,
+		newP: schema.NewQueue_deadList_Params,
+		toR:  func(s capnp.Struct) schema.Queue_deadList_Results { return schema.Queue_deadList_Results(s) },
+		capnp: func(q schema.Queue, ctx context.Context, b func(schema.Queue_deadList_Params) error) (func() (schema.Queue_deadList_Results, error), capnp.ReleaseFunc) {
+			f, release := q.DeadList(ctx, b)
+			return f.Struct, release
+		},
+	}
+	mRedrive = qmethod[schema.Queue_redrive_Params, schema.Queue_redrive_Results]{
+		id:   10,
+		newP: schema.NewQueue_redrive_Params,
+		toR:  func(s capnp.Struct) schema.Queue_redrive_Results { return schema.Queue_redrive_Results(s) },
+		capnp: func(q schema.Queue, ctx context.Context, b func(schema.Queue_redrive_Params) error) (func() (schema.Queue_redrive_Results, error), capnp.ReleaseFunc) {
+			f, release := q.Redrive(ctx, b)
+			return f.Struct, release
+		},
+	}
+	mPurgeDead = qmethod[schema.Queue_purgeDead_Params, schema.Queue_purgeDead_Results]{
+		id:   11,
+		newP: schema.NewQueue_purgeDead_Params,
+		toR:  func(s capnp.Struct) schema.Queue_purgeDead_Results { return schema.Queue_purgeDead_Results(s) },
+		capnp: func(q schema.Queue, ctx context.Context, b func(schema.Queue_purgeDead_Params) error) (func() (schema.Queue_purgeDead_Results, error), capnp.ReleaseFunc) {
+			f, release := q.PurgeDead(ctx, b)
+			return f.Struct, release
+		},
+	}
+	mGetConfig = qmethod[schema.Queue_getConfig_Params, schema.Queue_getConfig_Results]{
+		id:   12,
+		newP: schema.NewQueue_getConfig_Params,
+		toR:  func(s capnp.Struct) schema.Queue_getConfig_Results { return schema.Queue_getConfig_Results(s) },
+		capnp: func(q schema.Queue, ctx context.Context, b func(schema.Queue_getConfig_Params) error) (func() (schema.Queue_getConfig_Results, error), capnp.ReleaseFunc) {
+			f, release := q.GetConfig(ctx, b)
+			return f.Struct, release
+		},
+	}
+	mSetConfig = qmethod[schema.Queue_setConfig_Params, schema.Queue_setConfig_Results]{
+		id:   13,
+		newP: schema.NewQueue_setConfig_Params,
+		toR:  func(s capnp.Struct) schema.Queue_setConfig_Results { return schema.Queue_setConfig_Results(s) },
+		capnp: func(q schema.Queue, ctx context.Context, b func(schema.Queue_setConfig_Params) error) (func() (schema.Queue_setConfig_Results, error), capnp.ReleaseFunc) {
+			f, release := q.SetConfig(ctx, b)
+			return f.Struct, release
+		},
+	}
+	mNodeInfo = qmethod[schema.Queue_nodeInfo_Params, schema.Queue_nodeInfo_Results]{
+		id:   15,
+		newP: schema.NewQueue_nodeInfo_Params,
+		toR:  func(s capnp.Struct) schema.Queue_nodeInfo_Results { return schema.Queue_nodeInfo_Results(s) },
+		capnp: func(q schema.Queue, ctx context.Context, b func(schema.Queue_nodeInfo_Params) error) (func() (schema.Queue_nodeInfo_Results, error), capnp.ReleaseFunc) {
+			f, release := q.NodeInfo(ctx, b)
+			return f.Struct, release
+		},
+	}
+	mDeleteQueue = qmethod[schema.Queue_deleteQueue_Params, schema.Queue_deleteQueue_Results]{
+		id:   16,
+		newP: schema.NewQueue_deleteQueue_Params,
+		toR:  func(s capnp.Struct) schema.Queue_deleteQueue_Results { return schema.Queue_deleteQueue_Results(s) },
+		capnp: func(q schema.Queue, ctx context.Context, b func(schema.Queue_deleteQueue_Params) error) (func() (schema.Queue_deleteQueue_Results, error), capnp.ReleaseFunc) {
+			f, release := q.DeleteQueue(ctx, b)
+			return f.Struct, release
+		},
+	}
+)

@@ -1,0 +1,493 @@
+package rpc
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"capnproto.org/go/capnp/v3"
+	"capnproto.org/go/capnp/v3/exc"
+	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
+	"golang.org/x/sync/semaphore"
+
+	"github.com/leaseq/leaseq/schema"
+)
+
+// leanClient is the Go client's own connection loop for the Queue
+// methods that return plain results (every method but subscribe): the
+// caller writes its Call itself, one reader goroutine reads the Returns
+// and hands each to its caller, and the caller writes the Finish once it
+// has read the results. go-capnp's rpc.Conn crosses a sender and a reader
+// goroutine for each call and each Finish, which cost the client two to
+// three times the server's CPU per call (docs/BENCHMARKS.md). It hosts no
+// capabilities and pipelines nothing: Subscribe, which needs both, uses a
+// go-capnp connection of its own (Client.capnpConn).
+type leanClient struct {
+	conn net.Conn
+	dec  *capnp.Decoder // the reader goroutine's
+
+	wmu      sync.Mutex // serializes writes
+	bw       *bufio.Writer
+	enc      *capnp.Encoder
+	finishes int // Finishes written to bw and not flushed; REQUIRES: wmu
+
+	flow  *semaphore.Weighted // bytes of calls in flight (FlowLimitBytes)
+	limit int64
+
+	mu     sync.Mutex
+	qs     map[uint32]*leanQuestion
+	free   []uint32
+	next   uint32
+	err    error         // why the connection ended; set once
+	done   chan struct{} // closed when the reader goroutine ends
+	target uint32        // the bootstrap capability's import id
+}
+
+// leanQuestion is a call waiting for its Return.
+type leanQuestion struct {
+	reply chan leanReply // buffered: the reader never waits for the caller
+	// gone: the caller gave up (its context ended) and sent the Finish;
+	// the reader frees the question when the Return comes.
+	gone     bool
+	answered bool  // a reply was handed over
+	held     int64 // flow bytes, given back when the Return comes
+}
+
+type leanReply struct {
+	msg *capnp.Message
+	ret rpccp.Return
+	err error
+}
+
+// newLeanClient runs the bootstrap over conn and starts the reader.
+func newLeanClient(ctx context.Context, conn net.Conn, limit int64) (*leanClient, error) {
+	l := &leanClient{
+		conn:  conn,
+		dec:   capnp.NewDecoder(bufio.NewReaderSize(conn, 64<<10)),
+		bw:    bufio.NewWriterSize(conn, 16<<10),
+		flow:  semaphore.NewWeighted(limit),
+		limit: limit,
+		qs:    make(map[uint32]*leanQuestion),
+		done:  make(chan struct{}),
+	}
+	l.dec.MaxMessageSize = uint64(DefaultMaxMessageBytes)
+	l.enc = capnp.NewEncoder(l.bw)
+	if d, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(d)
+	}
+	target, err := l.bootstrap()
+	_ = conn.SetDeadline(time.Time{})
+	if err != nil {
+		return nil, err
+	}
+	l.target = target
+	go l.readLoop()
+	return l, nil
+}
+
+// bootstrap asks for the node's Queue capability (question 0) and returns
+// its import id. It runs before the reader goroutine starts.
+func (l *leanClient) bootstrap() (uint32, error) {
+	err := l.write(func(m rpccp.Message) error {
+		b, err := m.NewBootstrap()
+		if err != nil {
+			return err
+		}
+		b.SetQuestionId(0)
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	for {
+		msg, err := l.dec.Decode()
+		if err != nil {
+			return 0, fmt.Errorf("rpc: bootstrap: %w", err)
+		}
+		m, err := rpccp.ReadRootMessage(msg)
+		if err != nil {
+			msg.Release()
+			return 0, fmt.Errorf("rpc: bootstrap: %w", err)
+		}
+		switch m.Which() {
+		case rpccp.Message_Which_abort:
+			ab, _ := m.Abort()
+			reason, _ := ab.Reason()
+			overloaded := ab.Type() == rpccp.Exception_Type_overloaded
+			msg.Release()
+			if overloaded {
+				return 0, fmt.Errorf("%w: %s", ErrTooManyConns, reason)
+			}
+			return 0, fmt.Errorf("rpc: bootstrap: node aborted the session: %s", reason)
+		case rpccp.Message_Which_return:
+		default:
+			msg.Release()
+			continue // nothing else is expected; ignore it
+		}
+		ret, err := m.Return()
+		if err != nil || ret.AnswerId() != 0 {
+			msg.Release()
+			return 0, fmt.Errorf("rpc: bootstrap: unexpected return (%v)", err)
+		}
+		id, err := bootstrapImport(ret)
+		msg.Release()
+		if err != nil {
+			return 0, fmt.Errorf("rpc: bootstrap: %w", err)
+		}
+		err = l.write(func(m rpccp.Message) error {
+			f, err := m.NewFinish()
+			if err != nil {
+				return err
+			}
+			f.SetQuestionId(0)
+			f.SetReleaseResultCaps(false) // we keep the capability
+			return nil
+		})
+		return id, err
+	}
+}
+
+// bootstrapImport reads the capability a bootstrap Return carries.
+func bootstrapImport(ret rpccp.Return) (uint32, error) {
+	switch ret.Which() {
+	case rpccp.Return_Which_exception:
+		e, _ := ret.Exception()
+		reason, _ := e.Reason()
+		return 0, exc.New(exc.Type(e.Type()), "", reason)
+	case rpccp.Return_Which_results:
+	default:
+		return 0, fmt.Errorf("return of kind %v", ret.Which())
+	}
+	p, err := ret.Results()
+	if err != nil {
+		return 0, err
+	}
+	caps, err := p.CapTable()
+	if err != nil || caps.Len() != 1 {
+		return 0, fmt.Errorf("bootstrap results hold %d capabilities (%v)", caps.Len(), err)
+	}
+	d := caps.At(0)
+	if d.Which() != rpccp.CapDescriptor_Which_senderHosted {
+		return 0, fmt.Errorf("bootstrap capability is %v, not sender-hosted", d.Which())
+	}
+	return d.SenderHosted(), nil
+}
+
+// write builds one message with fill and writes it at once.
+func (l *leanClient) write(fill func(rpccp.Message) error) error {
+	msg, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+	if err != nil {
+		return err
+	}
+	defer msg.Release()
+	m, err := rpccp.NewRootMessage(seg)
+	if err != nil {
+		return err
+	}
+	if err := fill(m); err != nil {
+		return err
+	}
+	return l.send(msg)
+}
+
+// send writes msg and flushes it.
+func (l *leanClient) send(msg *capnp.Message) error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if err := l.enc.Encode(msg); err != nil {
+		return err
+	}
+	l.finishes = 0 // flushed with msg
+	return l.bw.Flush()
+}
+
+// call sends one Queue call whose params build fills and waits for its
+// Return. On success the results struct is valid until release, which
+// also sends the Finish; release must be called exactly once.
+func (l *leanClient) call(ctx context.Context, method uint16, build func(*capnp.Segment) (capnp.Ptr, error)) (capnp.Struct, func(), error) {
+	msg, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+	if err != nil {
+		return capnp.Struct{}, nil, err
+	}
+	defer msg.Release()
+	m, err := rpccp.NewRootMessage(seg)
+	if err != nil {
+		return capnp.Struct{}, nil, err
+	}
+	c, err := m.NewCall()
+	if err != nil {
+		return capnp.Struct{}, nil, err
+	}
+	tgt, err := c.NewTarget()
+	if err != nil {
+		return capnp.Struct{}, nil, err
+	}
+	tgt.SetImportedCap(l.target)
+	c.SetInterfaceId(schema.Queue_TypeID)
+	c.SetMethodId(method)
+	c.SendResultsTo().SetCaller()
+	payload, err := c.NewParams()
+	if err != nil {
+		return capnp.Struct{}, nil, err
+	}
+	content, err := build(seg)
+	if err != nil {
+		return capnp.Struct{}, nil, err
+	}
+	if err := payload.SetContent(content); err != nil {
+		return capnp.Struct{}, nil, err
+	}
+	size, err := msg.TotalSize()
+	if err != nil {
+		return capnp.Struct{}, nil, err
+	}
+	held := min(int64(size), l.limit)
+	if err := l.flow.Acquire(ctx, held); err != nil {
+		return capnp.Struct{}, nil, err
+	}
+	q := &leanQuestion{reply: make(chan leanReply, 1), held: held}
+	qid, err := l.ask(q)
+	if err != nil {
+		l.flow.Release(held)
+		return capnp.Struct{}, nil, err
+	}
+	c.SetQuestionId(qid)
+	if err := l.send(msg); err != nil {
+		l.lost(fmt.Errorf("write: %w", err))
+		// The reader fails every question, this one included.
+	}
+	var r leanReply
+	select {
+	case r = <-q.reply:
+	case <-ctx.Done():
+		l.giveUp(qid, q)
+		return capnp.Struct{}, nil, ctx.Err()
+	}
+	if r.err != nil {
+		return capnp.Struct{}, nil, r.err
+	}
+	big := false
+	if n, err := r.msg.TotalSize(); err != nil || n > lazyFinishMax {
+		big = true
+	}
+	release := func() {
+		r.msg.Release()
+		l.finish(qid, big)
+	}
+	switch r.ret.Which() {
+	case rpccp.Return_Which_results:
+		p, err := r.ret.Results()
+		if err != nil {
+			release()
+			return capnp.Struct{}, nil, err
+		}
+		res, err := p.Content()
+		if err != nil {
+			release()
+			return capnp.Struct{}, nil, err
+		}
+		return res.Struct(), release, nil
+	case rpccp.Return_Which_exception:
+		e, _ := r.ret.Exception()
+		reason, _ := e.Reason()
+		err := exc.New(exc.Type(e.Type()), "", reason)
+		release()
+		return capnp.Struct{}, nil, err
+	default:
+		err := exc.New(exc.Failed, "", fmt.Sprintf("rpc: return of kind %v", r.ret.Which()))
+		release()
+		return capnp.Struct{}, nil, err
+	}
+}
+
+// ask registers q under a free question id (never 0: the bootstrap's).
+func (l *leanClient) ask(q *leanQuestion) (uint32, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return 0, l.err
+	}
+	var id uint32
+	if n := len(l.free); n > 0 {
+		id, l.free = l.free[n-1], l.free[:n-1]
+	} else {
+		l.next++
+		id = l.next
+	}
+	l.qs[id] = q
+	return id, nil
+}
+
+// lazyFinishMax and maxLazyFinishes bound what lazy Finishes leave on the
+// node: it keeps an answer until its Finish comes, so the Finish of a
+// large answer goes out at once, and at most maxLazyFinishes wait.
+const (
+	lazyFinishMax   = 64 << 10
+	maxLazyFinishes = 32
+)
+
+// finish writes the Finish of a question whose Return was read, and frees
+// its id. The Finish is flushed with the next call rather than in a write
+// of its own (one system call per call instead of two), unless the answer
+// was large (now) or too many Finishes wait.
+func (l *leanClient) finish(qid uint32, now bool) {
+	msg, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+	if err == nil {
+		var m rpccp.Message
+		var f rpccp.Finish
+		if m, err = rpccp.NewRootMessage(seg); err == nil {
+			if f, err = m.NewFinish(); err == nil {
+				f.SetQuestionId(qid)
+				f.SetReleaseResultCaps(true)
+				l.wmu.Lock()
+				if err = l.enc.Encode(msg); err == nil {
+					l.finishes++
+					if now || l.finishes >= maxLazyFinishes {
+						err = l.bw.Flush()
+					}
+				}
+				l.wmu.Unlock()
+			}
+		}
+		msg.Release()
+	}
+	if err != nil {
+		l.lost(fmt.Errorf("write: %w", err))
+	}
+	l.mu.Lock()
+	delete(l.qs, qid)
+	l.free = append(l.free, qid)
+	l.mu.Unlock()
+}
+
+// giveUp cancels a question whose caller stopped waiting: the Finish tells
+// the node to cancel the call; the id stays taken until the Return comes.
+func (l *leanClient) giveUp(qid uint32, q *leanQuestion) {
+	l.mu.Lock()
+	select {
+	case r := <-q.reply: // answered meanwhile
+		l.mu.Unlock()
+		if r.msg != nil {
+			r.msg.Release()
+		}
+		if r.err == nil {
+			l.finish(qid, true)
+		}
+		return
+	default:
+	}
+	q.gone = true
+	l.mu.Unlock()
+	_ = l.write(func(m rpccp.Message) error {
+		f, err := m.NewFinish()
+		if err != nil {
+			return err
+		}
+		f.SetQuestionId(qid)
+		f.SetReleaseResultCaps(true)
+		return nil
+	})
+}
+
+// readLoop reads Returns and hands each to its question until the
+// connection ends.
+func (l *leanClient) readLoop() {
+	defer close(l.done)
+	for {
+		msg, err := l.dec.Decode()
+		if err != nil {
+			l.lost(err)
+			return
+		}
+		msg.ResetReadLimit(4 * uint64(DefaultMaxMessageBytes))
+		if err := l.handle(msg); err != nil {
+			l.lost(err)
+			return
+		}
+	}
+}
+
+// handle dispatches one incoming message; it owns msg.
+func (l *leanClient) handle(msg *capnp.Message) error {
+	m, err := rpccp.ReadRootMessage(msg)
+	if err != nil {
+		msg.Release()
+		return err
+	}
+	switch m.Which() {
+	case rpccp.Message_Which_return:
+		ret, err := m.Return()
+		if err != nil {
+			msg.Release()
+			return err
+		}
+		l.mu.Lock()
+		qid := ret.AnswerId()
+		q := l.qs[qid]
+		if q == nil {
+			l.mu.Unlock()
+			msg.Release()
+			return fmt.Errorf("return for unknown question %d", qid)
+		}
+		l.flow.Release(q.held)
+		q.held = 0
+		if q.gone {
+			delete(l.qs, qid)
+			l.free = append(l.free, qid)
+			l.mu.Unlock()
+			msg.Release()
+			return nil
+		}
+		q.answered = true
+		q.reply <- leanReply{msg: msg, ret: ret}
+		l.mu.Unlock()
+		return nil
+	case rpccp.Message_Which_abort:
+		ab, _ := m.Abort()
+		reason, _ := ab.Reason()
+		msg.Release()
+		return exc.New(exc.Disconnected, "", "node aborted the session: "+reason)
+	default:
+		// Release, Resolve, Disembargo and the like concern capabilities
+		// and promises this client never holds.
+		msg.Release()
+		return nil
+	}
+}
+
+// lost ends the connection: every waiting call fails with a disconnected
+// error (capnp.IsDisconnected).
+func (l *leanClient) lost(cause error) {
+	l.mu.Lock()
+	if l.err == nil {
+		if !capnp.IsDisconnected(cause) {
+			cause = exc.New(exc.Disconnected, "", "connection lost: "+cause.Error())
+		}
+		l.err = cause
+	}
+	err := l.err
+	for qid, q := range l.qs {
+		if q.held > 0 {
+			l.flow.Release(q.held)
+			q.held = 0
+		}
+		if !q.gone && !q.answered {
+			q.answered = true
+			q.reply <- leanReply{err: err}
+		}
+		delete(l.qs, qid)
+	}
+	l.mu.Unlock()
+	_ = l.conn.Close()
+}
+
+// close ends the connection and waits for the reader.
+func (l *leanClient) close() error {
+	l.lost(errors.New("client closed"))
+	<-l.done
+	return nil
+}
