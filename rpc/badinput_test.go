@@ -39,14 +39,12 @@ func requireClosedByServer(t *testing.T, conn net.Conn) {
 	}
 }
 
-// newRPCMessage returns the framed bytes of one rpc.capnp Message built by
-// build.
-func newRPCMessage(t testing.TB, build func(rpccp.Message) error) []byte {
-	msg, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+// rpcMessageBytes returns the framed bytes of one rpc.capnp Message built
+// by build.
+func rpcMessageBytes(t testing.TB, build func(rpccp.Message) error) []byte {
+	msg, m, err := newRPCMessage()
 	require.NoError(t, err)
 	defer msg.Release()
-	m, err := rpccp.NewRootMessage(seg)
-	require.NoError(t, err)
 	require.NoError(t, build(m))
 	b, err := msg.Marshal()
 	require.NoError(t, err)
@@ -55,7 +53,7 @@ func newRPCMessage(t testing.TB, build func(rpccp.Message) error) []byte {
 
 // bootstrapMsg is the framed Bootstrap message of question 0.
 func bootstrapMsg(t testing.TB) []byte {
-	return newRPCMessage(t, func(m rpccp.Message) error {
+	return rpcMessageBytes(t, func(m rpccp.Message) error {
 		bs, err := m.NewBootstrap()
 		if err != nil {
 			return err
@@ -68,7 +66,7 @@ func bootstrapMsg(t testing.TB) []byte {
 // pipelinedCall is the framed Call of Queue method as question qid on the
 // promised answer of question on; params fills its params (nil: empty).
 func pipelinedCall(t testing.TB, qid, on uint32, method uint16, params func(rpccp.Payload) error) []byte {
-	return newRPCMessage(t, func(m rpccp.Message) error {
+	return rpcMessageBytes(t, func(m rpccp.Message) error {
 		c, err := m.NewCall()
 		if err != nil {
 			return err

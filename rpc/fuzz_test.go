@@ -278,7 +278,7 @@ func (p *fuzzPeer) failure() error {
 // fuzzProbe is a well-behaved client's first two messages: Bootstrap, and
 // Queue.queues pipelined on its answer.
 func fuzzProbe(t *testing.T) []byte {
-	boot := newRPCMessage(t, func(m rpccp.Message) error {
+	boot := rpcMessageBytes(t, func(m rpccp.Message) error {
 		b, err := m.NewBootstrap()
 		if err != nil {
 			return err
@@ -286,7 +286,7 @@ func fuzzProbe(t *testing.T) []byte {
 		b.SetQuestionId(fuzzProbeQuestion)
 		return nil
 	})
-	call := newRPCMessage(t, func(m rpccp.Message) error {
+	call := rpcMessageBytes(t, func(m rpccp.Message) error {
 		c, err := m.NewCall()
 		if err != nil {
 			return err
@@ -402,7 +402,7 @@ func fuzzProgram(t testing.TB, data []byte) [][]byte {
 			out = append(out, oddRoot(t, src))
 			continue
 		}
-		out = append(out, newRPCMessage(t, func(m rpccp.Message) error { return buildMessage(m, op, src) }))
+		out = append(out, rpcMessageBytes(t, func(m rpccp.Message) error { return buildMessage(m, op, src) }))
 	}
 	return out
 }

@@ -179,15 +179,11 @@ func bootstrapImport(ret rpccp.Return) (uint32, error) {
 
 // write builds one message with fill and writes it at once.
 func (l *leanClient) write(fill func(rpccp.Message) error) error {
-	msg, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+	msg, m, err := newRPCMessage()
 	if err != nil {
 		return err
 	}
 	defer msg.Release()
-	m, err := rpccp.NewRootMessage(seg)
-	if err != nil {
-		return err
-	}
 	if err := fill(m); err != nil {
 		return err
 	}
@@ -335,23 +331,20 @@ const (
 // of its own (one system call per call instead of two), unless the answer
 // was large (now) or too many Finishes wait.
 func (l *leanClient) finish(qid uint32, now bool) {
-	msg, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+	msg, m, err := newRPCMessage()
 	if err == nil {
-		var m rpccp.Message
 		var f rpccp.Finish
-		if m, err = rpccp.NewRootMessage(seg); err == nil {
-			if f, err = m.NewFinish(); err == nil {
-				f.SetQuestionId(qid)
-				f.SetReleaseResultCaps(true)
-				l.wmu.Lock()
-				if err = l.enc.Encode(msg); err == nil {
-					l.finishes++
-					if now || l.finishes >= maxLazyFinishes {
-						err = l.bw.Flush()
-					}
+		if f, err = m.NewFinish(); err == nil {
+			f.SetQuestionId(qid)
+			f.SetReleaseResultCaps(true)
+			l.wmu.Lock()
+			if err = l.enc.Encode(msg); err == nil {
+				l.finishes++
+				if now || l.finishes >= maxLazyFinishes {
+					err = l.bw.Flush()
 				}
-				l.wmu.Unlock()
 			}
+			l.wmu.Unlock()
 		}
 		msg.Release()
 	}

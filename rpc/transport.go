@@ -262,18 +262,29 @@ func newNodeTransport(ctx context.Context, conn net.Conn, maxMsg uint64, flowLim
 	return &flowTransport{Transport: t, budget: newFlowBudget(flowLimit, node, nodeLimit), ctx: ctx}
 }
 
+// newRPCMessage starts an rpc.capnp message in a single-segment arena;
+// the caller releases msg.
+func newRPCMessage() (*capnp.Message, rpccp.Message, error) {
+	msg, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+	if err != nil {
+		return nil, rpccp.Message{}, err
+	}
+	m, err := rpccp.NewRootMessage(seg)
+	if err != nil {
+		msg.Release()
+		return nil, rpccp.Message{}, err
+	}
+	return msg, m, nil
+}
+
 // writeAbort sends one RPC Abort message, so a refused client learns why
 // instead of seeing a bare reset.
 func writeAbort(w io.Writer, reason string) error {
-	msg, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+	msg, m, err := newRPCMessage()
 	if err != nil {
 		return err
 	}
 	defer msg.Release()
-	m, err := rpccp.NewRootMessage(seg)
-	if err != nil {
-		return err
-	}
 	ab, err := m.NewAbort()
 	if err != nil {
 		return err
