@@ -138,16 +138,7 @@ func (l *leanClient) bootstrap() (uint32, error) {
 		if err != nil {
 			return 0, fmt.Errorf("rpc: bootstrap: %w", err)
 		}
-		err = l.write(func(m rpccp.Message) error {
-			f, err := m.NewFinish()
-			if err != nil {
-				return err
-			}
-			f.SetQuestionId(0)
-			f.SetReleaseResultCaps(false) // we keep the capability
-			return nil
-		})
-		return id, err
+		return id, l.writeFinish(0, false, true) // we keep the capability
 	}
 }
 
@@ -331,24 +322,7 @@ const (
 // of its own (one system call per call instead of two), unless the answer
 // was large (now) or too many Finishes wait.
 func (l *leanClient) finish(qid uint32, now bool) {
-	msg, m, err := newRPCMessage()
-	if err == nil {
-		var f rpccp.Finish
-		if f, err = m.NewFinish(); err == nil {
-			f.SetQuestionId(qid)
-			f.SetReleaseResultCaps(true)
-			l.wmu.Lock()
-			if err = l.enc.Encode(msg); err == nil {
-				l.finishes++
-				if now || l.finishes >= maxLazyFinishes {
-					err = l.bw.Flush()
-				}
-			}
-			l.wmu.Unlock()
-		}
-		msg.Release()
-	}
-	if err != nil {
+	if err := l.writeFinish(qid, true, now); err != nil {
 		l.lost(fmt.Errorf("write: %w", err))
 	}
 	l.mu.Lock()
@@ -375,15 +349,34 @@ func (l *leanClient) giveUp(qid uint32, q *leanQuestion) {
 	}
 	q.gone = true
 	l.mu.Unlock()
-	_ = l.write(func(m rpccp.Message) error {
-		f, err := m.NewFinish()
-		if err != nil {
-			return err
-		}
-		f.SetQuestionId(qid)
-		f.SetReleaseResultCaps(true)
-		return nil
-	})
+	_ = l.writeFinish(qid, true, true)
+}
+
+// writeFinish writes the Finish of question qid. Unless flush is set it
+// waits in the buffer for the next call's write, up to maxLazyFinishes.
+func (l *leanClient) writeFinish(qid uint32, releaseCaps, flush bool) error {
+	msg, m, err := newRPCMessage()
+	if err != nil {
+		return err
+	}
+	defer msg.Release()
+	f, err := m.NewFinish()
+	if err != nil {
+		return err
+	}
+	f.SetQuestionId(qid)
+	f.SetReleaseResultCaps(releaseCaps)
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if err := l.enc.Encode(msg); err != nil {
+		return err
+	}
+	l.finishes++
+	if flush || l.finishes >= maxLazyFinishes {
+		l.finishes = 0
+		return l.bw.Flush()
+	}
+	return nil
 }
 
 // readLoop reads Returns and hands each to its question until the

@@ -333,10 +333,15 @@ func (s *Store) syncInline() {
 	if len(p.unsynced) > 0 {
 		p.kick <- struct{}{} // the syncing passes to the syncer
 	} else {
-		p.syncing = false
-		p.idle.Broadcast()
+		p.endSyncingLocked()
 	}
 	p.mu.Unlock()
+}
+
+// endSyncingLocked: nobody fsyncs any more. REQUIRES: mu held.
+func (p *pipeline) endSyncingLocked() {
+	p.syncing = false
+	p.idle.Broadcast()
 }
 
 // syncLoop is the syncer goroutine: once kicked (and made the one
@@ -350,8 +355,7 @@ func (s *Store) syncLoop() {
 		for {
 			p.mu.Lock()
 			if len(p.unsynced) == 0 {
-				p.syncing = false
-				p.idle.Broadcast()
+				p.endSyncingLocked()
 				p.mu.Unlock()
 				break
 			}
