@@ -60,7 +60,6 @@ type Client struct {
 
 	lean   *leanClient                             // the lean engine's connection, or nil
 	redial func(context.Context) (net.Conn, error) // a new connection like the first (lean engine)
-	opts   ClientOptions
 
 	log   *slog.Logger
 	limit int64
@@ -97,11 +96,7 @@ func Dial(ctx context.Context, addr string, opts ClientOptions) (*Client, error)
 		_ = conn.Close()
 		return nil, fmt.Errorf("rpc: dial %s: %w", addr, err)
 	}
-	log := opts.Logger
-	if log == nil {
-		log = discardLogger()
-	}
-	return &Client{lean: l, redial: redial, opts: opts, log: log, limit: limit, closed: make(chan struct{})}, nil
+	return &Client{lean: l, redial: redial, log: clientLogger(opts), limit: limit, closed: make(chan struct{})}, nil
 }
 
 // dialConn opens a connection to addr, with TLS when opts asks for it.
@@ -130,6 +125,14 @@ func dialConn(ctx context.Context, addr string, opts ClientOptions) (net.Conn, e
 	return conn, nil
 }
 
+// clientLogger is opts.Logger, or one that discards.
+func clientLogger(opts ClientOptions) *slog.Logger {
+	if opts.Logger == nil {
+		return discardLogger()
+	}
+	return opts.Logger
+}
+
 // flowLimit is opts.FlowLimitBytes or its default.
 func flowLimit(opts ClientOptions) int64 {
 	if opts.FlowLimitBytes <= 0 {
@@ -141,10 +144,7 @@ func flowLimit(opts ClientOptions) int64 {
 // NewClient runs the protocol over an established connection (for example
 // one end of net.Pipe) and takes ownership of it. opts.TLS is ignored.
 func NewClient(ctx context.Context, conn net.Conn, opts ClientOptions) (*Client, error) {
-	log := opts.Logger
-	if log == nil {
-		log = discardLogger()
-	}
+	log := clientLogger(opts)
 	limit := flowLimit(opts)
 	rc, q, err := startCapnp(ctx, conn, log, limit)
 	if err != nil {
