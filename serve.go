@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -130,6 +131,7 @@ type serveConfig struct {
 	metricsQs     int
 	maxMessage    int64
 	rpcEngine     string // rpc.EngineGoCapnp or rpc.EngineLean
+	gcPercent     int    // debug.SetGCPercent's argument (-1: off)
 	limits        storage.Limits
 	sweepInterval time.Duration
 	sweepBatch    int
@@ -190,6 +192,7 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	// Every file the node creates (the database, its logs) is the owner's
 	// only: they hold payloads. The unix socket gets --socket-mode.
 	syscall.Umask(0o077)
+	debug.SetGCPercent(c.gcPercent)
 
 	// Undo whatever was started, in reverse order, if startup fails.
 	var undo []func() error

@@ -38,6 +38,7 @@ type serveFlags struct {
 	tlsClientCA    *string
 	maxConns       *int
 	rpcEngine      *choice[string]
+	gcPercent      *choice[int]
 	maxInflight    *choice[int]
 	metricsQueues  *int
 	maxQueues      *int
@@ -102,6 +103,8 @@ func addServeFlags(fs *flag.FlagSet) *serveFlags {
 		return s, nil
 	})
 	fs.Var(f.rpcEngine, "rpc-engine", "`engine` serving --listen: lean (one reader per connection, calls that cannot wait run on it) or go-capnp (go-capnp's rpc.Conn); see rpc/doc.go")
+	f.gcPercent = newChoice(strconv.Itoa(defaultGCPercent), parseGCPercent)
+	fs.Var(f.gcPercent, "gc-percent", "Go garbage collector target for the node process (`percent`, as GOGC, which it replaces; off: collect only near GOMEMLIMIT): how far the heap may grow beyond live data between collections")
 	f.maxInflight = newChoice(strconv.Itoa(defaultInflightBytes()), parseSize)
 	fs.Var(f.maxInflight, "max-inflight-bytes", "incoming `bytes` of unanswered calls over all connections; beyond it the node reads no more calls until some are answered (default: a quarter of the machine's memory, 64MiB-4GiB)")
 	f.metricsQueues = fs.Int("metrics-max-queues", defaultMetricsQueues, "queues with /metrics series of their own (those with the most items enqueued); the rest are summed under queue=\"(other)\"")
@@ -225,6 +228,7 @@ func (f *serveFlags) config(stderr io.Writer) (serveConfig, error) {
 		metricsQs:   *f.metricsQueues,
 		maxMessage:  int64(f.maxMessage.val),
 		rpcEngine:   f.rpcEngine.val,
+		gcPercent:   f.gcPercent.val,
 		limits: storage.Limits{
 			MaxPayload:   f.maxPayload.val,
 			MaxBatch:     f.maxBatch.val,
@@ -241,6 +245,25 @@ func (f *serveFlags) config(stderr io.Writer) (serveConfig, error) {
 		sweepBatch:    *f.sweepBatch,
 		log:           f.lf.logger(stderr),
 	}, nil
+}
+
+// defaultGCPercent is --gc-percent's default. The node's live Go heap is
+// small (payloads pass through it; RocksDB keeps its memory in C), so
+// collecting at three times Go's default growth costs a few tens of MiB
+// and saves about a seventh of the node's CPU per item
+// (docs/BENCHMARKS.md, "The node's GC target").
+const defaultGCPercent = 300
+
+// parseGCPercent reads --gc-percent: 10 to 10000, or off (-1).
+func parseGCPercent(s string) (int, error) {
+	if s == "off" || s == "-1" {
+		return -1, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 10 || n > 10000 {
+		return 0, fmt.Errorf("want a percentage from 10 to 10000, or off, got %q", s)
+	}
+	return n, nil
 }
 
 // checkQueueberFlags checks --queueber-listen and --queueber-queue: both or

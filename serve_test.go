@@ -213,6 +213,32 @@ func TestServe_DiskFull(t *testing.T) {
 	require.Equal(t, 0, r.code, "%s%s", r.stdout, r.stderr)
 }
 
+// TestServe_GCPercent: the node runs with --gc-percent's target (300 by
+// default, whatever GOGC says), as Go's own metric reports it.
+func TestServe_GCPercent(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "go_gc_gogc_percent 300\n"},
+		{[]string{"--gc-percent", "150"}, "go_gc_gogc_percent 150\n"},
+	} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		metrics := ln.Addr().String()
+		require.NoError(t, ln.Close())
+		n := startNode(t, t.TempDir(), append([]string{"--metrics", metrics}, tc.args...)...)
+		resp, err := http.Get("http://" + metrics + "/metrics")
+		require.NoError(t, err)
+		page, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Contains(t, string(page), tc.want, "args %v", tc.args)
+		n.kill()
+	}
+}
+
 // TestBoundQueues: /metrics keeps series for the busiest queues only and
 // sums the rest, so a node with thousands of queues has a bounded scrape.
 func TestBoundQueues(t *testing.T) {
