@@ -83,8 +83,12 @@ func AppendItem(dst []byte, r ItemRecord) []byte {
 
 // EncodeItem returns the encoding of r.
 func EncodeItem(r ItemRecord) []byte {
-	n := itemFixedLen + 8 + len(r.DedupKey) + len(r.LastError) + len(r.Payload) + len(r.Reason) + 16 + 12
-	return AppendItem(make([]byte, 0, n), r)
+	return AppendItem(make([]byte, 0, ItemLen(r)), r)
+}
+
+// ItemLen is room enough for r's encoding (AppendItem's at most).
+func ItemLen(r ItemRecord) int {
+	return itemFixedLen + 8 + len(r.DedupKey) + len(r.LastError) + len(r.Payload) + len(r.Reason) + 16 + 12
 }
 
 // DecodeItem decodes an item record. Payload aliases b.

@@ -1,6 +1,7 @@
 package rocksstore
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"sort"
@@ -96,14 +97,16 @@ type txnSlot struct {
 	// writes is the overlay of the batch being built, reused across
 	// batches.
 	writes map[string][]byte
-	// keys holds the batch's hot-path keys (see opTx.availableKey); it is
-	// reset when the next batch starts, as writes is cleared.
+	// keys and vals hold the batch's hot-path keys and item records (see
+	// opTx.availableKey and opTx.itemValue); they are reset when the next
+	// batch starts, as writes is cleared.
 	keys keyArena
+	vals keyArena
 	// wbuf collects the batch's writes for one call into RocksDB.
 	wbuf writeBuf
 	// undo and undoFn are the undo logs ops reuse, one op at a time.
 	undo   []undoWrite
-	undoFn []func()
+	undoFn []undoStep
 }
 
 // maxReusedWriteBuf is the largest write buffer kept for the next batch.
@@ -125,11 +128,12 @@ func (t *txnSlot) keepUndo(o *opTx) {
 	}
 }
 
-// keyArena hands out key buffers from large chunks, so the several keys
-// an item's life writes cost no allocation each. A key taken from it lives
-// until the next batch starts: only the overlay, undo records and
-// RocksDB's write batch (which copies) may hold it. Values never come from
-// it: a value read back from the overlay can reach a caller.
+// keyArena hands out buffers from large chunks, so the several keys and
+// records an item's life writes cost no allocation each. A buffer taken
+// from it lives until the next batch starts: only the overlay, undo
+// records and RocksDB's write batch (which copies) may hold it. A value
+// read back from the overlay is copied (opTx.overlay), so none reaches a
+// caller.
 type keyArena struct{ buf []byte }
 
 // keyArenaChunk is the size of a fresh chunk: about 700 keys of a queue
@@ -477,6 +481,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 		clear(slot.writes)
 	}
 	slot.keys.reset()
+	slot.vals.reset()
 	slot.t = s.db.TransactionBegin(s.wo, s.txo, slot.t)
 	b := &batch{s: s, slot: slot, writes: slot.writes}
 	defer func() {
@@ -557,7 +562,7 @@ type opTx struct {
 	b      *batch
 	op     *op
 	undo   []undoWrite
-	undoFn []func()
+	undoFn []undoStep
 	deltas []queueDelta
 	notes  []noteRef
 }
@@ -594,6 +599,21 @@ func (o *opTx) visibilityKey(q string, prio uint8, visibleAt int64, id [16]byte)
 	return dbkeys.AppendVisibilityKey(o.b.slot.keys.take(dbkeys.VisibilityKeyLen(q)), q, prio, visibleAt, id)
 }
 
+// itemValue encodes rec in the batch's value arena (see keyArena).
+func (o *opTx) itemValue(rec dbkeys.ItemRecord) []byte {
+	return dbkeys.AppendItem(o.b.slot.vals.take(dbkeys.ItemLen(rec)), rec)
+}
+
+// overlay looks key up in the batch's overlay. A value found is a copy:
+// the overlay's own may live in the batch's arena.
+func (o *opTx) overlay(key []byte) (v []byte, found bool) {
+	v, found = o.b.writes[string(key)]
+	if v != nil {
+		v = bytes.Clone(v)
+	}
+	return v, found
+}
+
 // keyString views a fresh key (from dbkeys, never changed afterwards) as
 // a string without copying it: the overlay holds several keys per item.
 func keyString(k []byte) string { return unsafe.String(unsafe.SliceData(k), len(k)) }
@@ -608,13 +628,54 @@ func (o *opTx) set(k string, v []byte) {
 	o.b.writes[k] = v
 }
 
+// undoStep reverts one in-memory change of a failed op: fn, or for the
+// two changes every item makes (no closure to allocate) a ready entry
+// added (q set) or an inflight id released (l set).
+type undoStep struct {
+	fn      func()
+	q       *queueState
+	l       *leaseState
+	id      storage.ItemID
+	vis     int64
+	prio    uint8
+	delayed bool
+}
+
+func (u *undoStep) run(s *Store) {
+	switch {
+	case u.fn != nil:
+		u.fn()
+	case u.q != nil:
+		u.q.mu.Lock()
+		u.q.ready.remove(u.prio, readyEntry{vis: u.vis, id: u.id})
+		u.q.mu.Unlock()
+		if u.delayed {
+			delete(u.q.delayed, u.id)
+		}
+	case u.l != nil:
+		s.inflight[u.id] = u.l
+		u.l.released--
+	}
+}
+
 // onUndo registers fn to revert an in-memory change if the op fails.
-func (o *opTx) onUndo(fn func()) { o.undoFn = append(o.undoFn, fn) }
+func (o *opTx) onUndo(fn func()) { o.undoFn = append(o.undoFn, undoStep{fn: fn}) }
+
+// undoReady registers the removal of a ready entry (and delayed mark)
+// that the op added.
+func (o *opTx) undoReady(q *queueState, prio uint8, vis int64, id storage.ItemID, delayed bool) {
+	o.undoFn = append(o.undoFn, undoStep{q: q, prio: prio, vis: vis, id: id, delayed: delayed})
+}
+
+// undoRelease registers giving id back to lease l.
+func (o *opTx) undoRelease(l *leaseState, id storage.ItemID) {
+	o.undoFn = append(o.undoFn, undoStep{l: l, id: id})
+}
 
 // getForUpdate reads key, locking it in the batch's transaction; the
 // overlay answers first. The value is a copy.
 func (o *opTx) getForUpdate(key []byte) ([]byte, bool, error) {
-	if v, ok := o.b.writes[string(key)]; ok {
+	if v, ok := o.overlay(key); ok {
 		return v, v != nil, nil
 	}
 	s := o.b.s
@@ -630,7 +691,7 @@ func (o *opTx) getManyForUpdate(keys [][]byte) ([][]byte, error) {
 	var miss [][]byte
 	var at []int
 	for i, k := range keys {
-		if v, ok := o.b.writes[string(k)]; ok {
+		if v, ok := o.overlay(k); ok {
 			vals[i] = v
 			continue
 		}
@@ -649,7 +710,7 @@ func (o *opTx) getManyForUpdate(keys [][]byte) ([][]byte, error) {
 
 // get reads key without locking it; the overlay answers first.
 func (o *opTx) get(key []byte) ([]byte, bool, error) {
-	if v, ok := o.b.writes[string(key)]; ok {
+	if v, ok := o.overlay(key); ok {
 		return v, v != nil, nil
 	}
 	s := o.b.s
@@ -697,7 +758,7 @@ func (o *opTx) rollback() {
 		}
 	}
 	for i := len(o.undoFn) - 1; i >= 0; i-- {
-		o.undoFn[i]()
+		o.undoFn[i].run(o.b.s)
 	}
 	for _, n := range o.notes {
 		n.c.done(n.key)

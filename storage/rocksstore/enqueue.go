@@ -131,7 +131,7 @@ func (s *Store) putAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbke
 	}
 	rec.HasLease, rec.Lease = false, [16]byte{}
 	rec.Dead, rec.DeadAt, rec.Reason = false, 0, ""
-	o.put(o.availableKey(q.name, id), dbkeys.EncodeItem(rec))
+	o.put(o.availableKey(q.name, id), o.itemValue(rec))
 	o.put(o.visibilityKey(q.name, rec.Priority, rec.VisibleAt, id), dbkeys.Marker())
 	q.mu.Lock()
 	q.ready.push(rec.Priority, readyEntry{vis: rec.VisibleAt, id: id})
@@ -146,16 +146,7 @@ func (s *Store) putAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbke
 	} else {
 		d.Ready++
 	}
-	prio, vis := rec.Priority, rec.VisibleAt
-	delayed := rec.Delayed
-	o.onUndo(func() {
-		q.mu.Lock()
-		q.ready.remove(prio, readyEntry{vis: vis, id: id})
-		q.mu.Unlock()
-		if delayed {
-			delete(q.delayed, id)
-		}
-	})
+	o.undoReady(q, rec.Priority, rec.VisibleAt, id, rec.Delayed)
 }
 
 // takeAvailable removes an available item (record, visibility entry and

@@ -49,10 +49,7 @@ func (s *Store) checkItem(o *opTx, q *queueState, token storage.LeaseID, l *leas
 func (s *Store) release(o *opTx, l *leaseState, id storage.ItemID) {
 	delete(s.inflight, id)
 	l.released++
-	o.onUndo(func() {
-		s.inflight[id] = l
-		l.released--
-	})
+	o.undoRelease(l, id)
 }
 
 // finishLease writes lease l back after releases: without the released

@@ -2,6 +2,8 @@ package rocksstore
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -290,4 +292,86 @@ func TestRocksStore_LoneCallerSyncsInline(t *testing.T) {
 	require.Equal(t, uint64(1), m.InlineSyncs, "the second fsync ran on the syncer goroutine")
 	require.Equal(t, int64(2), h.synced.Load())
 	h.free.Store(true)
+}
+
+// TestRocksStore_PayloadsOutliveBatches: the records a batch encodes live
+// in an arena that the next batch reuses, so nothing a caller receives
+// may point into it. Producers and consumers race (some polls take items
+// enqueued in their own batch, read back from the overlay), every polled
+// payload is kept, and at the end each must still be the one enqueued.
+func TestRocksStore_PayloadsOutliveBatches(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *Options) { o.Sync = SyncNone })
+	const producers, perProducer = 4, 400
+	payloadOf := func(p, i int) []byte {
+		return []byte(fmt.Sprintf("producer %d item %d %s", p, i, strings.Repeat("x", (p*perProducer+i)%300)))
+	}
+	var wg sync.WaitGroup
+	want := make(map[storage.ItemID]string)
+	var mu sync.Mutex
+	for p := range producers {
+		wg.Go(func() {
+			for i := 0; i < perProducer; i += 2 {
+				items := []storage.EnqueueItem{{Payload: payloadOf(p, i)}, {Payload: payloadOf(p, i+1)}}
+				res, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: time.Unix(1000, 0)})
+				require.NoError(t, err)
+				mu.Lock()
+				for j, r := range res {
+					want[r.ID] = string(items[j].Payload)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	var got []storage.Item
+	var gotMu sync.Mutex
+	var taken atomic.Int64
+	for range 4 {
+		wg.Go(func() {
+			for taken.Load() < producers*perProducer {
+				pr, err := b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 3, Lease: time.Minute, Now: time.Unix(1000, 0)})
+				require.NoError(t, err)
+				taken.Add(int64(len(pr.Items)))
+				gotMu.Lock()
+				got = append(got, pr.Items...)
+				gotMu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	require.Len(t, got, producers*perProducer)
+	for _, it := range got {
+		require.Equal(t, want[it.ID], string(it.Payload), "item %s", it.ID)
+	}
+}
+
+// TestRocksStore_FailedNackLeavesNothing: a nack that fails on its third
+// item (a damaged record) undoes what it did for the first two, in
+// memory too: they stay inflight under their lease, nothing is ready, and
+// the lease still acks all three once the record is repaired.
+func TestRocksStore_FailedNackLeavesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.enqueueN("q", at(0), 3)
+	pr := b.poll("q", 3, time.Minute, at(time.Second))
+	require.Len(t, pr.Items, 3)
+	ids := []storage.ItemID{pr.Items[0].ID, pr.Items[1].ID, pr.Items[2].ID}
+
+	k := dbkeys.InProgressKey("q", ids[2])
+	good, ok, err := b.s.getRaw(k)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, b.s.db.Put(b.s.swo, k, []byte{0xff, 0x01}))
+	zero := time.Duration(0)
+	_, err = b.s.Nack(b.ctx, storage.NackParams{Queue: "q", Lease: pr.Lease, IDs: ids, Delay: &zero, Now: at(2 * time.Second)})
+	require.ErrorIs(t, err, storage.ErrCorrupt)
+
+	st := b.stats("q", at(2*time.Second))
+	require.Zero(t, st.Ready, "the first two nacks were undone")
+	require.Equal(t, int64(3), st.Inflight)
+	require.Empty(t, b.poll("q", 3, time.Minute, at(2*time.Second)).Items)
+
+	require.NoError(t, b.s.db.Put(b.s.swo, k, good))
+	require.Equal(t, []storage.Code{storage.CodeOK, storage.CodeOK, storage.CodeOK}, b.ack("q", pr.Lease, at(3*time.Second), ids...))
+	require.Zero(t, b.stats("q", at(3*time.Second)).Inflight)
 }

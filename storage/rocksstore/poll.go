@@ -150,7 +150,7 @@ func (s *Store) grant(o *opTx, q *queueState, now, lease int64, items []claimedI
 		rec.Attempts++
 		rec.Delayed = false
 		rec.HasLease, rec.Lease = true, token
-		o.put(o.inProgressKey(q.name, id), dbkeys.EncodeItem(rec))
+		o.put(o.inProgressKey(q.name, id), o.itemValue(rec))
 		payload, err := s.payloadOf(o.get, q.name, id, &rec)
 		if err != nil {
 			return storage.PollResult{}, err
