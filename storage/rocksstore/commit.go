@@ -102,8 +102,10 @@ type txnSlot struct {
 	// batch starts, as writes is cleared.
 	keys keyArena
 	vals keyArena
-	// wbuf collects the batch's writes for one call into RocksDB.
-	wbuf writeBuf
+	// wbuf collects the batch's writes for one call into RocksDB, in the
+	// order of sorted, the overlay's keys.
+	wbuf   writeBuf
+	sorted []string
 	// undo and undoFn are the undo logs ops reuse, one op at a time.
 	undo   []undoWrite
 	undoFn []undoStep
@@ -111,6 +113,9 @@ type txnSlot struct {
 
 // maxReusedWriteBuf is the largest write buffer kept for the next batch.
 const maxReusedWriteBuf = 1 << 20
+
+// maxReusedSorted is the largest key list kept for the next batch.
+const maxReusedSorted = 4096
 
 // maxReusedUndo is the largest undo log kept for the next op.
 const maxReusedUndo = 4096
@@ -506,7 +511,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 		return false, nil
 	}
 	wb := slot.wb
-	keys := make([]string, 0, len(b.writes))
+	keys := slot.sorted[:0]
 	for k := range b.writes {
 		keys = append(keys, k)
 	}
@@ -528,6 +533,10 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 		}
 	}
 	applyWrites(wb, w)
+	clear(keys)
+	if cap(keys) <= maxReusedSorted {
+		slot.sorted = keys[:0]
+	}
 	if cap(w.b) > maxReusedWriteBuf {
 		w.b = nil
 	}

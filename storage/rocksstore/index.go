@@ -89,9 +89,9 @@ func (h *readyHeap) pop() readyEntry {
 			h.run = nil // give a drained backlog's array back
 		}
 	case h.off >= 1024 && h.off > len(h.run)/2:
-		// Slide the run down instead of growing forever; each entry is
-		// moved at most once per halving.
-		h.run = append(h.run[:0:0], h.run[h.off:]...)
+		// Slide the run down in place instead of growing forever; each
+		// entry is moved at most once per halving.
+		h.run = h.run[:copy(h.run, h.run[h.off:])]
 		h.off = 0
 	}
 	return e
