@@ -32,7 +32,9 @@ type Store interface {
 	// (judged at p.Now) is not written: its result carries the first item's
 	// id and Duplicate=true. Two items in one batch with the same key: the
 	// second is a duplicate of the first. Errors: ErrInvalidArgument (queue
-	// name, batch size); per-item limits give CodeInvalid.
+	// name, batch size); per-item limits give CodeInvalid. The store keeps
+	// no reference to p's payloads once Enqueue returns: the caller may
+	// reuse their buffers.
 	Enqueue(ctx context.Context, p EnqueueParams) ([]EnqueueResult, error)
 
 	// Poll claims up to p.Max ready items (VisibleAt <= p.Now) in serve

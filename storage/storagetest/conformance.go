@@ -38,6 +38,7 @@ func Run(t *testing.T, h Harness) {
 func conformanceCases() []testCase {
 	return []testCase{
 		{"EnqueuedItemIsPolledWithItsMetadata", testEnqueuedItemIsPolledWithItsMetadata},
+		{"EnqueueKeepsNoPayloadBuffer", testEnqueueKeepsNoPayloadBuffer},
 		{"IDsIncreaseInEnqueueOrder", testIDsIncreaseInEnqueueOrder},
 		{"ServeOrderIsPriorityThenVisibleAtThenID", testServeOrder},
 		{"PollHonoursMax", testPollHonoursMax},
@@ -130,6 +131,27 @@ func testEnqueuedItemIsPolledWithItsMetadata(t *testing.T, f *fixture) {
 	require.Equal(t, "k1", it.DedupKey)
 	require.Empty(t, it.LastError)
 	require.Equal(t, storage.StateInflight, it.State)
+}
+
+// testEnqueueKeepsNoPayloadBuffer: the caller may reuse a payload's
+// buffer once Enqueue returns (the RPC server hands the store payloads in
+// the incoming message, which it releases). Small and large payloads
+// alike: a store may keep large ones apart.
+func testEnqueueKeepsNoPayloadBuffer(t *testing.T, f *fixture) {
+	small := []byte("hello")
+	large := bytes.Repeat([]byte("L"), 64<<10)
+	ids := f.enqueueIDs("jobs", at(0), storage.EnqueueItem{Payload: small}, storage.EnqueueItem{Payload: large})
+	for i := range small {
+		small[i] = 'x'
+	}
+	for i := range large {
+		large[i] = 'x'
+	}
+	p := f.poll("jobs", 10, 5*time.Second, at(time.Second))
+	require.Len(t, p.Items, 2)
+	require.Equal(t, ids[0], p.Items[0].ID)
+	require.Equal(t, "hello", string(p.Items[0].Payload))
+	require.Equal(t, bytes.Repeat([]byte("L"), 64<<10), p.Items[1].Payload)
 }
 
 func testIDsIncreaseInEnqueueOrder(t *testing.T, f *fixture) {
