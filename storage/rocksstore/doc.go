@@ -73,6 +73,12 @@
 // fsync fails the store: the in-memory indexes may be ahead of the
 // database, so every later call fails until it is reopened.
 //
+// A batch's hot-path keys and item records are carved from two arenas
+// that the next batch reuses (keyArena), and the undo steps every item
+// needs are plain values rather than closures, so an item's life
+// allocates little beyond what reaches the caller; a value read back from
+// the overlay is therefore copied before anyone sees it.
+//
 // A batch crosses into C once for all its writes and a claim pass once for
 // all its reads (batchio.go, RocksDB's public C API only), instead of once
 // or twice per key. The memtable keeps an insert hint per namespace (the
