@@ -144,6 +144,37 @@ func writeItem(w schema.Item, it *storage.Item) error {
 // readItem copies a wire Item out of its message: nothing in the result
 // aliases capnp buffers, which are reused once the call is released.
 func readItem(r schema.Item) (storage.Item, error) {
+	var ir itemReader
+	return ir.read(r)
+}
+
+// itemReader decodes the items of one answer: their payloads share one
+// buffer, and a queue name equal to the previous item's is not copied
+// again (a poll's items are all one queue's).
+type itemReader struct {
+	payloads []byte // the rest of the shared buffer
+	queue    string
+}
+
+// maxSharedPayloads bounds the shared payload buffer, so that a caller
+// keeping one item of a large answer does not keep all of it alive.
+const maxSharedPayloads = 256 << 10
+
+// reserve makes room for the payloads of l in one allocation, when they
+// are small enough together (else each gets its own).
+func (ir *itemReader) reserve(l schema.Item_List) {
+	n := 0
+	for i := range l.Len() {
+		if p, err := l.At(i).Payload(); err == nil {
+			n += len(p)
+		}
+	}
+	if n <= maxSharedPayloads {
+		ir.payloads = make([]byte, 0, n)
+	}
+}
+
+func (ir *itemReader) read(r schema.Item) (storage.Item, error) {
 	var it storage.Item
 	b, err := r.Id()
 	if err != nil {
@@ -152,14 +183,25 @@ func readItem(r schema.Item) (storage.Item, error) {
 	if it.ID, err = itemID(b); err != nil {
 		return it, err
 	}
-	if it.Queue, err = r.Queue(); err != nil {
+	qb, err := r.QueueBytes()
+	if err != nil {
 		return it, err
 	}
+	if string(qb) != ir.queue {
+		ir.queue = string(qb)
+	}
+	it.Queue = ir.queue
 	p, err := r.Payload()
 	if err != nil {
 		return it, err
 	}
-	it.Payload = append([]byte(nil), p...)
+	if len(p) <= cap(ir.payloads)-len(ir.payloads) {
+		n := len(ir.payloads)
+		ir.payloads = append(ir.payloads, p...)
+		it.Payload = ir.payloads[n:len(ir.payloads):len(ir.payloads)]
+	} else {
+		it.Payload = append([]byte(nil), p...)
+	}
 	it.Priority = r.Priority()
 	it.Attempts = r.Attempts()
 	it.MaxAttempts = r.MaxAttempts()
@@ -188,9 +230,11 @@ func writeItems(l schema.Item_List, items []storage.Item) error {
 
 func readItems(l schema.Item_List) ([]storage.Item, error) {
 	out := make([]storage.Item, l.Len())
+	var ir itemReader
+	ir.reserve(l)
 	for i := range out {
 		var err error
-		if out[i], err = readItem(l.At(i)); err != nil {
+		if out[i], err = ir.read(l.At(i)); err != nil {
 			return nil, fmt.Errorf("items[%d]: %w", i, err)
 		}
 	}

@@ -50,3 +50,48 @@ func TestConvert_StatsRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, in, out)
 }
+
+// TestConvert_ItemsRoundTrip: a list of items crosses the wire intact,
+// whether their payloads share one buffer (small) or not (large), and a
+// payload shared with others has no room to grow into its neighbour's.
+func TestConvert_ItemsRoundTrip(t *testing.T) {
+	t.Parallel()
+	for _, size := range []int{0, 7, 300, maxSharedPayloads / 2} {
+		var in []storage.Item
+		for i := range 5 {
+			p := make([]byte, size)
+			for j := range p {
+				p[j] = byte(i + j)
+			}
+			q := "q"
+			if i == 3 {
+				q = "other"
+			}
+			in = append(in, storage.Item{ID: storage.ItemID{byte(i + 1)}, Queue: q, Payload: p, Priority: uint8(i), Attempts: 1,
+				EnqueuedAt: time.UnixMilli(1000), VisibleAt: time.UnixMilli(2000), DedupKey: "k", State: storage.StateInflight})
+		}
+		_, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+		require.NoError(t, err)
+		l, err := schema.NewItem_List(seg, int32(len(in)))
+		require.NoError(t, err)
+		require.NoError(t, writeItems(l, in))
+		out, err := readItems(l)
+		require.NoError(t, err)
+		require.Len(t, out, len(in))
+		for i := range in {
+			require.Equal(t, in[i].ID, out[i].ID)
+			require.Equal(t, in[i].Queue, out[i].Queue)
+			require.Equal(t, len(in[i].Payload), len(out[i].Payload))
+			if size > 0 {
+				require.Equal(t, in[i].Payload, out[i].Payload, "size %d item %d", size, i)
+			}
+			require.Equal(t, in[i].DedupKey, out[i].DedupKey)
+			require.Equal(t, in[i].Priority, out[i].Priority)
+		}
+		grown := append(out[0].Payload, 0xee)
+		require.Equal(t, byte(0xee), grown[len(grown)-1])
+		if size > 0 {
+			require.Equal(t, in[1].Payload, out[1].Payload, "growing item 0's payload left item 1's alone")
+		}
+	}
+}
