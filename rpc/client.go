@@ -359,7 +359,9 @@ func (c *Client) Enqueue(ctx context.Context, queue string, items []storage.Enqu
 
 // Poll claims up to max ready items under one new lease of the given
 // duration (0: the queue's default), waiting up to wait for the first one.
-// No items is not an error: the result is empty with a zero lease.
+// No items is not an error: the result is empty with a zero lease. The
+// items' payloads are the caller's; when they total at most 256 KiB they
+// share one buffer, so keeping one payload keeps that buffer alive.
 func (c *Client) Poll(ctx context.Context, queue string, max int, lease, wait time.Duration) (storage.PollResult, error) {
 	if max < 0 || lease < 0 || wait < 0 {
 		return storage.PollResult{}, fmt.Errorf("leaseq poll: %w: negative max, lease or wait", storage.ErrInvalidArgument)
