@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -238,7 +239,8 @@ func runStorm(ctx context.Context, e *env, in target.Instance, producers, consum
 	// Ghosts count distinct items: on a slow machine leasing everything can
 	// outlast the lease, and a ghost may then take an expired item again.
 	taken := newSeenSet(n)
-	var first atomic.Int64
+	var first atomic.Int64 // earliest start of a Poll that leased items
+	first.Store(math.MaxInt64)
 	var fail errOnce
 	gctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -248,6 +250,11 @@ func runStorm(ctx context.Context, e *env, in target.Instance, producers, consum
 		go func(i int, c target.Client) {
 			defer wg.Done()
 			for gctx.Err() == nil {
+				// A lease starts inside Poll, so the time before the
+				// call is a lower bound on it; the time after the call
+				// is not, and on a slow machine an expiry computed from
+				// it can fall after the rescuers have finished.
+				asked := e.since()
 				ds, err := c.Poll(gctx, queue, phaseBatch, 0)
 				if err != nil {
 					if !isStop(gctx, err) {
@@ -258,7 +265,7 @@ func runStorm(ctx context.Context, e *env, in target.Instance, producers, consum
 				if len(ds) == 0 {
 					continue
 				}
-				first.CompareAndSwap(0, e.since())
+				storeMin(&first, asked)
 				seqs := make([]uint64, 0, len(ds))
 				for _, d := range ds {
 					if _, seq, ok := stamp(d.Payload); ok {
@@ -295,4 +302,14 @@ func runStorm(ctx context.Context, e *env, in target.Instance, producers, consum
 	}
 	out.done = done
 	return out, nil
+}
+
+// storeMin lowers v to x if x is smaller.
+func storeMin(v *atomic.Int64, x int64) {
+	for {
+		old := v.Load()
+		if x >= old || v.CompareAndSwap(old, x) {
+			return
+		}
+	}
 }
