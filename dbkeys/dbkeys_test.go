@@ -368,3 +368,31 @@ func TestItemRecord_FieldsCovered(t *testing.T) {
 	want := reflect.TypeOf(ItemRecord{}).NumField()
 	require.Equal(t, 15, want, "ItemRecord changed: update the encoding, the table cases and this test")
 }
+
+func TestSingleDeletable_OnlyWriteOnceNamespaces(t *testing.T) {
+	t.Parallel()
+	yes := map[string][]byte{
+		"available":    AvailableKey("q", id(1)),
+		"visibility":   VisibilityKey("q", 3, 1234, id(1)),
+		"in_progress":  InProgressKey("q", id(1)),
+		"lease_expiry": LeaseExpiryKey(1234, id(2)),
+	}
+	no := map[string][]byte{
+		"lease":        LeaseKey(id(2)),
+		"dlq":          DLQKey("q", id(1)),
+		"payload":      PayloadKey("q", id(1)),
+		"delayed":      DelayedKey(1234, "q", id(1)),
+		"dedup":        DedupKey("q", "k"),
+		"dedup_expiry": DedupExpiryKey(1234, "q", "k"),
+		"id_seq":       MetaIDSeqKey(),
+		"config":       QueueConfigKey("q"),
+		"counters":     CountersKey("q"),
+		"empty":        nil,
+	}
+	for name, k := range yes {
+		require.True(t, SingleDeletable(k), name)
+	}
+	for name, k := range no {
+		require.False(t, SingleDeletable(k), name)
+	}
+}

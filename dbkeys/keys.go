@@ -109,6 +109,29 @@ func PrefixEnd(p []byte) []byte {
 	return nil
 }
 
+// SingleDeletable reports whether k is in a namespace whose keys are
+// written once between deletes: an item's available record and
+// visibility entry (written when it becomes available, deleted when it
+// leaves), its in_progress record (written at claim, deleted at settle),
+// and a lease's lease_expiry entry (its expiry and token; an extend
+// deletes the old entry and writes a new one). A store may delete such a
+// key with RocksDB's SingleDelete, which drops the delete together with
+// the one write it covers when they meet in a flush or compaction; so it
+// must never write such a key that already exists without deleting it
+// first (in the same batch, the delete comes before the new write).
+// Lease records, dedup keys, counters and the other namespaces are
+// rewritten in place and are never single-deleted.
+func SingleDeletable(k []byte) bool {
+	if len(k) == 0 {
+		return false
+	}
+	switch k[0] {
+	case NsAvailable, NsVisibility, NsInProgress, NsLeaseExpiry:
+		return true
+	}
+	return false
+}
+
 // NamespacePrefix returns the one-byte prefix of namespace ns.
 func NamespacePrefix(ns byte) []byte { return []byte{ns} }
 

@@ -6,9 +6,9 @@ package rocksstore
 #include <rocksdb/c.h>
 
 // leaseq_wbwi_apply adds a batch's encoded writes to wb. Each write is an
-// op byte ('p' put, 'd' delete, 'm' merge), a uint32 key length, the key,
-// and for put and merge a uint32 value length and the value (host byte
-// order, unaligned).
+// op byte ('p' put, 'd' delete, 's' single delete, 'm' merge), a uint32
+// key length, the key, and for put and merge a uint32 value length and
+// the value (host byte order, unaligned).
 static void leaseq_wbwi_apply(rocksdb_writebatch_wi_t* wb, const char* p, size_t n) {
 	const char* end = p + n;
 	while (p < end) {
@@ -20,6 +20,10 @@ static void leaseq_wbwi_apply(rocksdb_writebatch_wi_t* wb, const char* p, size_t
 		p += kl;
 		if (op == 'd') {
 			rocksdb_writebatch_wi_delete(wb, k, kl);
+			continue;
+		}
+		if (op == 's') {
+			rocksdb_writebatch_wi_singledelete(wb, k, kl);
 			continue;
 		}
 		memcpy(&vl, p, 4);
@@ -105,7 +109,7 @@ func (w *writeBuf) add(op byte, key, value []byte) {
 	w.b = append(w.b, op)
 	w.b = binary.NativeEndian.AppendUint32(w.b, uint32(len(key)))
 	w.b = append(w.b, key...)
-	if op != 'd' {
+	if op != 'd' && op != 's' {
 		w.b = binary.NativeEndian.AppendUint32(w.b, uint32(len(value)))
 		w.b = append(w.b, value...)
 	}
@@ -113,6 +117,7 @@ func (w *writeBuf) add(op byte, key, value []byte) {
 
 func (w *writeBuf) put(key, value []byte)   { w.add('p', key, value) }
 func (w *writeBuf) del(key []byte)          { w.add('d', key, nil) }
+func (w *writeBuf) singleDel(key []byte)    { w.add('s', key, nil) }
 func (w *writeBuf) merge(key, value []byte) { w.add('m', key, value) }
 
 // applyWrites adds w's writes to wb in one call.

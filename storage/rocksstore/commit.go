@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -457,9 +458,13 @@ type batch struct {
 	s      *Store
 	slot   *txnSlot
 	writes map[string][]byte // overlay: nil value is a delete
-	deltas []queueDelta
-	notes  []noteRef
-	polls  int
+	// rewritten lists the single-deletable keys (dbkeys.SingleDeletable)
+	// that the batch deleted and then wrote again: they may exist in the
+	// database, so their write is preceded by a single delete.
+	rewritten []string
+	deltas    []queueDelta
+	notes     []noteRef
+	polls     int
 }
 
 type queueDelta struct {
@@ -495,7 +500,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 		}
 	}()
 	for _, o := range ops {
-		ot := &opTx{b: b, op: o, undo: slot.undo[:0], undoFn: slot.undoFn[:0]}
+		ot := &opTx{b: b, op: o, undo: slot.undo[:0], undoFn: slot.undoFn[:0], rewrittenLen: len(b.rewritten)}
 		if err := o.apply(ot); err != nil {
 			ot.rollback()
 			o.err = err
@@ -518,13 +523,28 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	// Sorted, the memtable inserts a run along one skiplist path instead
 	// of searching from the top for every key.
 	sort.Strings(keys)
+	if invariants {
+		s.checkWriteOnce(b, keys)
+	}
 	w := &slot.wbuf
 	w.reset()
 	for _, k := range keys {
-		if v := b.writes[k]; v != nil {
-			w.put(keyBytes(k), v)
-		} else {
-			w.del(keyBytes(k))
+		kb := keyBytes(k)
+		v := b.writes[k]
+		switch {
+		case !dbkeys.SingleDeletable(kb):
+			if v != nil {
+				w.put(kb, v)
+			} else {
+				w.del(kb)
+			}
+		case v == nil:
+			w.singleDel(kb)
+		default:
+			if len(b.rewritten) > 0 && slices.Contains(b.rewritten, k) {
+				w.singleDel(kb)
+			}
+			w.put(kb, v)
 		}
 	}
 	for _, d := range b.deltas {
@@ -568,12 +588,13 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 // every change (overlay writes, in-memory index changes) can be undone if
 // the op fails, so a failing op leaves the rest of the batch intact.
 type opTx struct {
-	b      *batch
-	op     *op
-	undo   []undoWrite
-	undoFn []undoStep
-	deltas []queueDelta
-	notes  []noteRef
+	b            *batch
+	op           *op
+	rewrittenLen int // len(b.rewritten) when the op began
+	undo         []undoWrite
+	undoFn       []undoStep
+	deltas       []queueDelta
+	notes        []noteRef
 }
 
 type undoWrite struct {
@@ -635,6 +656,9 @@ func (o *opTx) set(k string, v []byte) {
 	old, had := o.b.writes[k]
 	o.undo = append(o.undo, undoWrite{key: k, old: old, had: had})
 	o.b.writes[k] = v
+	if had && old == nil && v != nil && dbkeys.SingleDeletable(keyBytes(k)) {
+		o.b.rewritten = append(o.b.rewritten, k)
+	}
 }
 
 // undoStep reverts one in-memory change of a failed op: fn, or for the
@@ -766,6 +790,8 @@ func (o *opTx) rollback() {
 			delete(o.b.writes, u.key)
 		}
 	}
+	clear(o.b.rewritten[o.rewrittenLen:])
+	o.b.rewritten = o.b.rewritten[:o.rewrittenLen]
 	for i := len(o.undoFn) - 1; i >= 0; i-- {
 		o.undoFn[i].run(o.b.s)
 	}

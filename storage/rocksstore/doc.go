@@ -79,6 +79,21 @@
 // allocates little beyond what reaches the caller; a value read back from
 // the overlay is therefore copied before anyone sees it.
 //
+// An item's available record and visibility entry, its in_progress record
+// and a lease's lease_expiry entry are written once between deletes
+// (dbkeys.SingleDeletable), so the batch deletes them with RocksDB's
+// SingleDelete: when the delete meets its write in a flush or compaction
+// both are dropped, instead of the delete marker living on until the
+// bottom level. An item consumed within one memtable's life leaves no
+// trace in the tables (TestRocksStore_ConsumedItemsLeaveNoTombstones).
+// A key the batch deletes and writes again (an extend landing on the
+// same expiry) gets a single delete before its new write, since the
+// older write may already be in a table
+// (TestRocksStore_ExtendToSameExpiryThenAck). With -tags invariants,
+// every other write of such a key is checked to find nothing in the
+// database (checkWriteOnce). Lease records, dedup keys and counters are
+// rewritten in place and keep ordinary deletes.
+//
 // A batch crosses into C once for all its writes and a claim pass once for
 // all its reads (batchio.go, RocksDB's public C API only), instead of once
 // or twice per key. The memtable keeps an insert hint per namespace (the
@@ -120,11 +135,11 @@
 //
 //	                       before (one transaction per call)   now (pipeline)
 //	enqueue                2 puts                              2 puts
-//	poll                   visibility iterator (seek + next),   1 GetForUpdate, 2 deletes,
+//	poll                   visibility iterator (seek + next),   1 GetForUpdate, 2 single deletes,
 //	                       1 GetForUpdate, 2 deletes, 1 put     1 put
 //	  per lease            2 puts                              2 puts
-//	ack                    1 GetForUpdate, 1 delete            1 delete
-//	  per lease            1 GetForUpdate, 2 deletes or a put  2 deletes or a put
+//	ack                    1 GetForUpdate, 1 delete            1 single delete
+//	  per lease            1 GetForUpdate, 2 deletes or a put  1 delete + 1 single delete, or a put
 //	counters               1 merge per call                    1 merge per queue per batch
 //	commits, WAL writes    3 per cycle (one per call)          one per batch of pending calls
 //	fsyncs (sync=always)   shared by RocksDB's write groups    one per group of written batches
@@ -134,7 +149,10 @@
 // The key layout did not change (the namespaces of DESIGN.md stay, and
 // Check verifies the same invariants); an item still costs 5 writes
 // (2 puts at enqueue, 2 deletes and 1 put at poll, 1 delete at ack), which
-// is the floor the layout allows with a separate visibility index.
+// is the floor the layout allows with a separate visibility index. Since
+// 2026-11-24 the three deletes are single deletes, so an item whose life
+// fits in one memtable costs the flush nothing: BenchmarkCycle sync=none,
+// 4 workers, 10.0-10.8 against 10.8-12.3 cpu-µs/item (three pairs).
 //
 // # Measurements
 //

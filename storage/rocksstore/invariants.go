@@ -1,6 +1,11 @@
 package rocksstore
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+
+	"github.com/leaseq/leaseq/dbkeys"
+)
 
 // checkIndexes verifies, for every queue a batch touched, that the
 // in-memory indexes agree with the queue's counters: the serve order holds
@@ -26,6 +31,28 @@ func checkIndexes(queues []*queueState) {
 			panic(fmt.Sprintf("rocksstore invariant: queue %q: %d leases indexed, counters say %d", q.name, len(q.leases), c.Leases))
 		case int64(held) != c.Inflight:
 			panic(fmt.Sprintf("rocksstore invariant: queue %q: leases hold %d items, counters say %d inflight", q.name, held, c.Inflight))
+		}
+	}
+}
+
+// checkWriteOnce verifies the rule that lets the batch single-delete
+// (dbkeys.SingleDeletable): a write of such a key that the batch did not
+// delete first must find no value in the database, or a later single
+// delete would uncover the older one. A violation is a bug in the engine,
+// so it panics. One read per key: only with -tags invariants.
+// REQUIRES: the caller leads, and b is not yet committed.
+func (s *Store) checkWriteOnce(b *batch, keys []string) {
+	for _, k := range keys {
+		kb := keyBytes(k)
+		if b.writes[k] == nil || !dbkeys.SingleDeletable(kb) || slices.Contains(b.rewritten, k) {
+			continue
+		}
+		_, found, err := s.getRaw(kb)
+		if err != nil {
+			panic(fmt.Sprintf("rocksstore invariant: read %x: %v", kb, err))
+		}
+		if found {
+			panic(fmt.Sprintf("rocksstore invariant: key %x is written again without a delete before it", kb))
 		}
 	}
 }
