@@ -85,7 +85,7 @@ func compare(rs []Result) ([]Ratio, []Goal) {
 			}
 		}
 	}
-	return ratios, goals(byRow)
+	return ratios, append(goals(byRow), speedGoals(byRow)...)
 }
 
 func div(a, b float64) float64 {
@@ -154,6 +154,68 @@ func goals(byRow map[string][]Result) []Goal {
 		if v, found := l.Extra["last_first_ratio"]; found {
 			gs = append(gs, Goal{Goal: "tombstone churn last/first interval", System: l.System, Versus: "itself", Ratio: v, Want: ">= 0.8", Met: v >= 0.8})
 		}
+	}
+	return gs
+}
+
+// speedGoals are the targets of the engine and RPC speed work: leaseq
+// against Redis in the same durability class (sync=always against
+// appendfsync always, sync=none against everysec), the in-process rows
+// for the engine and the RPC rows for the wire.
+func speedGoals(byRow map[string][]Result) []Goal {
+	var gs []Goal
+	redis := func(row, class string) (Result, bool) {
+		name := "redis-everysec"
+		if class == string(target.ClassDurable) {
+			name = "redis-always"
+		}
+		for _, r := range byRow[row] {
+			if r.System == name {
+				return r, true
+			}
+		}
+		return Result{}, false
+	}
+	for _, row := range []string{"produce-b1", "produce-b100", "e2e"} {
+		for _, l := range byRow[row] {
+			if !isLeaseq(l) || (l.Class != string(target.ClassDurable) && l.Class != string(target.ClassRelaxed)) {
+				continue
+			}
+			want := 1.5
+			switch {
+			case row == "produce-b1" && l.InProcess:
+				continue // a target of the wire only
+			case row == "produce-b1":
+				want = 1
+			case l.InProcess:
+				want = 2
+			}
+			p, found := redis(row, l.Class)
+			if !found {
+				continue
+			}
+			r := div(l.ItemsPerSec, p.ItemsPerSec)
+			gs = append(gs, Goal{Goal: row + " items/s vs Redis, same class", System: l.System, Versus: p.System, Ratio: r,
+				Want: fmt.Sprintf(">= %g", want), Met: r >= want})
+			if row == "produce-b1" && l.CPUPerItem > 0 && p.CPUPerItem > 0 {
+				r := div(l.CPUPerItem, p.CPUPerItem)
+				gs = append(gs, Goal{Goal: "produce-b1 server cpu-µs per call vs Redis, same class", System: l.System, Versus: p.System, Ratio: r,
+					Want: "<= 1", Met: r <= 1})
+			}
+		}
+	}
+	for _, l := range byRow["latency-max"] {
+		if !isLeaseq(l) || l.InProcess || l.Class != string(target.ClassDurable) || l.Enqueue == nil {
+			continue
+		}
+		p, found := redis("latency-max", l.Class)
+		if !found || p.Enqueue == nil {
+			continue
+		}
+		r := div(l.Enqueue.P50, p.Enqueue.P50)
+		gs = append(gs, Goal{Goal: "single durable enqueue p50 vs Redis appendfsync always", System: l.System, Versus: p.System, Ratio: r, Want: "<= 1", Met: r <= 1})
+		r = div(l.Enqueue.P99, p.Enqueue.P99)
+		gs = append(gs, Goal{Goal: "single durable enqueue p99 vs Redis appendfsync always", System: l.System, Versus: p.System, Ratio: r, Want: "<= 2", Met: r <= 2})
 	}
 	return gs
 }

@@ -14,6 +14,10 @@ func row(rowName, system, family, class string, perSec, enqP50 float64) Result {
 		ItemsPerSec: perSec, Enqueue: &Latency{Count: 10, P50: enqP50, P99: enqP50 * 2, P999: enqP50 * 3}}
 }
 
+func inproc(r Result) Result { r.InProcess = true; return r }
+
+func cpu(r Result, perItem float64) Result { r.CPUPerItem = perItem; return r }
+
 func TestCompare_RatiosAndGoals(t *testing.T) {
 	t.Parallel()
 	rs := []Result{
@@ -29,6 +33,12 @@ func TestCompare_RatiosAndGoals(t *testing.T) {
 		{Row: "churn", System: "leaseq-rpc-always", Family: "leaseq", Class: "durable", Items: 10, Seconds: 1, ItemsPerSec: 10,
 			Extra: map[string]float64{"last_first_ratio": 0.7}},
 		{Row: "e2e", System: "nats-syncalways", Family: "nats", Class: "durable", Err: "start: boom"},
+		inproc(row("e2e", "leaseq-inproc-none", "leaseq", "relaxed", 90000, 0)),
+		inproc(row("produce-b1", "leaseq-inproc-none", "leaseq", "relaxed", 90000, 0)),
+		cpu(row("produce-b1", "leaseq-rpc-none", "leaseq", "relaxed", 20000, 0), 40),
+		cpu(row("produce-b1", "redis-everysec", "redis", "relaxed", 30000, 0), 16),
+		row("produce-b100", "leaseq-rpc-always", "leaseq", "durable", 150000, 0),
+		row("produce-b100", "redis-always", "redis", "durable", 100000, 0),
 	}
 	ratios, goals := compare(rs)
 	find := func(rowName, l, p, metric string) Ratio {
@@ -58,6 +68,18 @@ func TestCompare_RatiosAndGoals(t *testing.T) {
 		"e2e items/s vs best no-fsync peer/leaseq-rpc-none":                 {1.8, false},
 		"single durable enqueue p50 vs best durable peer/leaseq-rpc-always": {1.2, false},
 		"tombstone churn last/first interval/leaseq-rpc-always":             {0.7, false},
+		"e2e items/s vs best no-fsync peer/leaseq-inproc-none":              {1.8, false},
+		// The speed targets: rpc >= 1.5, in process >= 2, produce-b1 over
+		// RPC >= 1 at no more server CPU per call, the durable enqueue's
+		// p50 <= Redis always's and its p99 <= 2x.
+		"e2e items/s vs Redis, same class/leaseq-rpc-always":                       {6, true},
+		"e2e items/s vs Redis, same class/leaseq-rpc-none":                         {1.8, true},
+		"e2e items/s vs Redis, same class/leaseq-inproc-none":                      {1.8, false},
+		"produce-b1 items/s vs Redis, same class/leaseq-rpc-none":                  {2.0 / 3, false},
+		"produce-b1 server cpu-µs per call vs Redis, same class/leaseq-rpc-none":   {2.5, false},
+		"produce-b100 items/s vs Redis, same class/leaseq-rpc-always":              {1.5, true},
+		"single durable enqueue p50 vs Redis appendfsync always/leaseq-rpc-always": {1.2, false},
+		"single durable enqueue p99 vs Redis appendfsync always/leaseq-rpc-always": {1.2, true},
 	}
 	require.Len(t, goals, len(want))
 	for _, g := range goals {
