@@ -20,6 +20,11 @@
 //     presented lease is live, CodeLeaseMismatch (it does not list the item),
 //     otherwise CodeLeaseExpired (a stale token whose items were returned).
 //
+// Optional capabilities a store may add: Nonblocking (its calls never wait
+// for I/O), ReadyWatcher (tells other nodes' pollers when a shared queue
+// gains ready items) and EnqueueClaimer (claims for waiting polls in the
+// commit, and fsync, of the enqueue that feeds them; rocksstore).
+//
 // Subpackages: rocksstore (embedded RocksDB, the default), memstore (the
 // reference model used by tests and benchmark baselines), storagetest (the
 // conformance suite every Store passes), check (the invariants of

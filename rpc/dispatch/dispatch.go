@@ -11,6 +11,12 @@
 // store at once (no thundering herd), and concurrent waiters on one queue
 // coalesce into one claim at a time.
 //
+// A server can also take parked polls off their line (TakeWaiters) and
+// claim for them itself, in the commit that makes items ready
+// (storage.EnqueueClaimer); it then completes them (Taken.Complete) or
+// hands them back as woken polls (Taken.Resume), and Touch tells polls
+// that are running, not parked, to look again.
+//
 // A per-queue generation counter closes the race between "poll found
 // nothing" and "register as a waiter": a notification in between bumps the
 // generation and the poller retries at once instead of sleeping through it.
@@ -364,6 +370,61 @@ func (d *Dispatcher) Notify(queues ...string) {
 			d.wakeNextLocked(qs)
 		}
 	}
+}
+
+// Touch tells the polls of queue that are running (not parked) that it
+// may have gained ready items, as Notify does, without waking a parked
+// one: a poll that finds nothing polls again instead of parking.
+func (d *Dispatcher) Touch(queue string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if qs, ok := d.mu.queues[queue]; ok {
+		qs.gen++
+	}
+}
+
+// Taken is a parked poll that TakeWaiters took off its line. Its taker
+// owns its completion: exactly one of Complete and Resume must be called.
+type Taken struct{ a *asyncPoll }
+
+// Params returns the poll's parameters (the taker sets Now).
+func (t Taken) Params() storage.PollParams { return t.a.p }
+
+// Complete ends the poll with res, which the taker claimed for it.
+func (t Taken) Complete(res storage.PollResult) {
+	t.a.endWatch()
+	t.a.finish(res, nil)
+}
+
+// Resume hands the poll back: it polls the store again, on a goroutine of
+// its own, as a woken poll does (and parks again if nothing is ready).
+func (t Taken) Resume() { t.a.woken() }
+
+// TakeWaiters takes polls parked on queue off their line, oldest first,
+// until their Max add up to at least items (so a store can claim for them
+// in the commit that makes items ready: storage.EnqueueClaimer). A taken
+// poll is no longer completed by its timer, its context or Close: its
+// taker completes or resumes it.
+func (d *Dispatcher) TakeWaiters(queue string, items int) []Taken {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	qs, ok := d.mu.queues[queue]
+	if !ok {
+		return nil
+	}
+	var out []Taken
+	for sum := 0; sum < items; {
+		front := qs.waiters.Front()
+		if front == nil {
+			break
+		}
+		w := qs.waiters.Remove(front).(*waiter)
+		w.elem = nil
+		d.mu.waiters--
+		out = append(out, Taken{a: w.a})
+		sum += w.a.p.Max
+	}
+	return out
 }
 
 func (d *Dispatcher) wakeNext(qs *queueState) {

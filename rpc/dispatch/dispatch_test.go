@@ -407,3 +407,76 @@ func TestDispatcher_PollAsyncRaces(t *testing.T) {
 		require.Zero(t, d.Waiters())
 	}
 }
+
+// TakeWaiters hands parked polls to a taker (oldest first, until their Max
+// cover the items): it completes them, or resumes them as woken polls, and
+// neither their timers nor Close complete them meanwhile.
+func TestDispatcher_TakeWaiters(t *testing.T) {
+	t.Parallel()
+	fs := &fakeStore{}
+	d, mock := setup(t, fs, 0)
+	a := goPoll(d, context.Background(), "q", 5*time.Second)
+	eventually(t, func() bool { return d.Waiters() == 1 })
+	b := goPoll(d, context.Background(), "q", 5*time.Second)
+	eventually(t, func() bool { return d.Waiters() == 2 })
+	c := goPoll(d, context.Background(), "q", 5*time.Second)
+	eventually(t, func() bool { return d.Waiters() == 3 })
+	require.Empty(t, d.TakeWaiters("other", 5))
+
+	ws := d.TakeWaiters("q", 2) // Max 1 each: the two oldest
+	require.Len(t, ws, 2)
+	require.Equal(t, 1, d.Waiters())
+	require.Equal(t, "q", ws[0].Params().Queue)
+	require.Equal(t, 1, ws[0].Params().Max)
+
+	mock.Add(5 * time.Second) // the wait ends: c completes, the taken two do not
+	require.Empty(t, recv(t, c).res.Items)
+	select {
+	case o := <-a:
+		t.Fatalf("a taken poll was completed by its timer: %+v", o)
+	case o := <-b:
+		t.Fatalf("a taken poll was completed by its timer: %+v", o)
+	default:
+	}
+	polls := fs.pollCount()
+	want := storage.PollResult{Lease: storage.LeaseID{9}, Items: []storage.Item{{ID: storage.ItemID{7}, Queue: "q"}}}
+	ws[0].Complete(want)
+	got := recv(t, a)
+	require.NoError(t, got.err)
+	require.Equal(t, want, got.res)
+	require.Equal(t, polls, fs.pollCount(), "a completed poll does not poll the store")
+
+	fs.add("q", 8)
+	ws[1].Resume() // polls the store again, as a woken poll
+	got = recv(t, b)
+	require.NoError(t, got.err)
+	require.Len(t, got.res.Items, 1)
+	require.Equal(t, storage.ItemID{8}, got.res.Items[0].ID)
+	require.Equal(t, 0, d.Waiters())
+}
+
+// Touch makes a running poll that found nothing poll again instead of
+// parking, without waking a parked one.
+func TestDispatcher_TouchBetweenPollAndPark(t *testing.T) {
+	t.Parallel()
+	fs := &fakeStore{}
+	d, mock := setup(t, fs, 0)
+	parked := goPoll(d, context.Background(), "q", time.Minute)
+	eventually(t, func() bool { return d.Waiters() == 1 })
+	var once sync.Once
+	fs.mu.Lock()
+	fs.hook = func(n int) {
+		// Inside the second poll's store call: it has found nothing.
+		once.Do(func() {
+			fs.add("q", 5)
+			d.Touch("q")
+		})
+	}
+	fs.mu.Unlock()
+	r, err := d.Poll(context.Background(), storage.PollParams{Queue: "q", Max: 1}, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, r.Items, 1, "the touched poll polled again instead of parking")
+	require.Equal(t, 1, d.Waiters(), "the parked poll was not woken")
+	mock.Add(time.Minute)
+	require.Empty(t, recv(t, parked).res.Items)
+}

@@ -212,6 +212,39 @@ func (s *Store) submit(queue string, items int, fn func(o *opTx) error) (time.Ti
 	return o.next, o.err
 }
 
+// submitGroup is submit for ops that must run in this order with nothing
+// between them (they share a batch unless maxBatchItems splits them) and
+// all be durable before it returns; each op's err says how it went.
+// REQUIRES: s.life held shared (enter).
+func (s *Store) submitGroup(queue string, ops []*op) error {
+	p := &s.pipe
+	p.mu.Lock()
+	if p.failed != nil {
+		err := p.failed
+		p.mu.Unlock()
+		return err
+	}
+	p.pending = append(p.pending, ops...)
+	lead := !p.leading
+	p.leading = true
+	p.mu.Unlock()
+	if lead {
+		s.lead()
+	}
+	// The lead is only ever handed to the first pending op, and ops run in
+	// order: waiting for them in order never waits on a lead this
+	// goroutine was handed for a later one.
+	for _, o := range ops {
+		for !<-o.wake {
+			s.lead()
+		}
+		if o.err != nil && errors.Is(o.err, storage.ErrCorrupt) {
+			s.noteCorrupt(queue, o.err)
+		}
+	}
+	return nil
+}
+
 // noteCorrupt records undecodable data met by a call on queue ("": not
 // one queue's, the sweeper's): Corruption, and the queue's
 // QueueStats.CorruptErrors.

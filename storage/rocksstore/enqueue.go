@@ -23,18 +23,35 @@ func (s *Store) Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 }
 
 func (s *Store) enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage.EnqueueResult, error) {
-	if err := p.Validate(s.limits); err != nil {
+	res, valid, fn, err := s.enqueueOp(ctx, p)
+	if err != nil || fn == nil {
+		return res, err
+	}
+	next, err := s.submit(p.Queue, valid, fn)
+	if err != nil {
 		return nil, err
 	}
+	if !next.IsZero() && s.onDeadline != nil {
+		s.onDeadline(next)
+	}
+	return res, nil
+}
+
+// enqueueOp checks an enqueue and returns its results (filled in when fn
+// runs), the number of valid items and the op that writes them; fn is nil
+// when there is nothing to write.
+func (s *Store) enqueueOp(ctx context.Context, p storage.EnqueueParams) (res []storage.EnqueueResult, valid int, fn func(o *opTx) error, err error) {
+	if err := p.Validate(s.limits); err != nil {
+		return nil, 0, nil, err
+	}
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, 0, nil, err
 	}
 	now := nanos(p.Now)
 	if err := s.checkSpace(now); err != nil {
-		return nil, err
+		return nil, 0, nil, err
 	}
-	res := make([]storage.EnqueueResult, len(p.Items))
-	valid := 0
+	res = make([]storage.EnqueueResult, len(p.Items))
 	for i, in := range p.Items {
 		if err := s.limits.ValidateItem(in); err != nil {
 			res[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: err.Error()}
@@ -43,9 +60,9 @@ func (s *Store) enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 		valid++
 	}
 	if valid == 0 && s.queue(p.Queue) != nil {
-		return res, nil // nothing to write (the batch below also creates a new queue)
+		return res, 0, nil, nil // nothing to write (the op below also creates a new queue)
 	}
-	next, err := s.submit(p.Queue, valid, func(o *opTx) error {
+	return res, valid, func(o *opTx) error {
 		q, err := s.ensureQueue(o, p.Queue, nil)
 		if err != nil {
 			return err
@@ -104,14 +121,7 @@ func (s *Store) enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 			res[i] = storage.EnqueueResult{Code: storage.CodeOK, ID: id}
 		}
 		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	if !next.IsZero() && s.onDeadline != nil {
-		s.onDeadline(next)
-	}
-	return res, nil
+	}, nil
 }
 
 // putAvailable writes an item into available with its visibility entry,

@@ -69,6 +69,74 @@ func (s *Store) poll(ctx context.Context, p storage.PollParams) (storage.PollRes
 	return res, nil
 }
 
+// EnqueueClaim implements storage.EnqueueClaimer: the enqueue's op and
+// one claim op per poll go into the pipeline together, so the claims run
+// in the enqueue's batch (after it, seeing its items) and share its fsync.
+func (s *Store) EnqueueClaim(ctx context.Context, p storage.EnqueueParams, polls []storage.PollParams) ([]storage.EnqueueResult, []storage.PollResult, error) {
+	if err := s.enter("enqueue"); err != nil {
+		return nil, nil, err
+	}
+	defer s.exit()
+	res, valid, fn, err := s.enqueueOp(ctx, p)
+	if err != nil {
+		return nil, nil, fmt.Errorf("rocksstore: enqueue %q: %w", p.Queue, err)
+	}
+	prs := make([]storage.PollResult, len(polls))
+	if fn == nil {
+		return res, prs, nil // nothing written, so nothing new to claim
+	}
+	enq := &op{apply: fn, items: valid, wake: make(chan bool, 1)}
+	ops := []*op{enq}
+	var at []int // ops[k+1] claims for polls[at[k]]
+	for i, pp := range polls {
+		if pp.Queue != p.Queue || pp.Validate(s.limits) != nil {
+			continue
+		}
+		now, max, lease := nanos(pp.Now), pp.Max, int64(pp.Lease)
+		ops = append(ops, &op{items: max, wake: make(chan bool, 1), apply: func(o *opTx) error {
+			q := s.queue(p.Queue)
+			if enq.err != nil || q == nil {
+				return nil // the enqueue failed: claim nothing
+			}
+			if lease == 0 {
+				lease = int64(q.config().LeaseDuration)
+			}
+			o.b.polls++
+			r, err := s.claim(o, q, now, max, lease)
+			prs[i] = r
+			return err
+		}})
+		at = append(at, i)
+	}
+	if err := s.submitGroup(p.Queue, ops); err != nil {
+		return nil, nil, fmt.Errorf("rocksstore: enqueue %q: %w", p.Queue, err)
+	}
+	if enq.err != nil {
+		return nil, nil, fmt.Errorf("rocksstore: enqueue %q: %w", p.Queue, enq.err)
+	}
+	next := enq.next
+	for k, o := range ops[1:] {
+		if o.err != nil {
+			prs[at[k]] = storage.PollResult{} // its claim was undone
+		}
+	}
+	for i := range prs {
+		if prs[i].Lease.IsZero() {
+			prs[i] = storage.PollResult{}
+			continue
+		}
+		s.m.claimed.Add(uint64(len(prs[i].Items)))
+		if next.IsZero() || prs[i].ExpiresAt.Before(next) {
+			next = prs[i].ExpiresAt
+		}
+	}
+	s.m.polls.Add(uint64(len(polls)))
+	if !next.IsZero() && s.onDeadline != nil {
+		s.onDeadline(next)
+	}
+	return res, prs, nil
+}
+
 // claimedItem is one item taken by a claim.
 type claimedItem struct {
 	prio uint8
