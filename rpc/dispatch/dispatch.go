@@ -414,17 +414,27 @@ func (d *Dispatcher) TakeWaiters(queue string, items int) []Taken {
 	}
 	var out []Taken
 	for sum := 0; sum < items; {
-		front := qs.waiters.Front()
-		if front == nil {
+		a := d.popLocked(qs)
+		if a == nil {
 			break
 		}
-		w := qs.waiters.Remove(front).(*waiter)
-		w.elem = nil
-		d.mu.waiters--
-		out = append(out, Taken{a: w.a})
-		sum += w.a.p.Max
+		out = append(out, Taken{a: a})
+		sum += a.p.Max
 	}
 	return out
+}
+
+// popLocked takes the oldest parked poll of qs off its line (nil: none).
+// REQUIRES: d.mu held.
+func (d *Dispatcher) popLocked(qs *queueState) *asyncPoll {
+	front := qs.waiters.Front()
+	if front == nil {
+		return nil
+	}
+	w := qs.waiters.Remove(front).(*waiter)
+	w.elem = nil
+	d.mu.waiters--
+	return w.a
 }
 
 func (d *Dispatcher) wakeNext(qs *queueState) {
@@ -436,14 +446,9 @@ func (d *Dispatcher) wakeNext(qs *queueState) {
 
 // REQUIRES: d.mu held.
 func (d *Dispatcher) wakeNextLocked(qs *queueState) {
-	front := qs.waiters.Front()
-	if front == nil {
-		return
+	if a := d.popLocked(qs); a != nil {
+		a.woken()
 	}
-	w := qs.waiters.Remove(front).(*waiter)
-	w.elem = nil
-	d.mu.waiters--
-	w.a.woken()
 }
 
 // Waiters returns the number of parked polls.
