@@ -109,11 +109,12 @@
 // a per-queue FIFO woken by enqueue, nack, redrive and Wake. On a store
 // whose commits wait for an fsync and that can claim inside an enqueue's
 // commit (storage.EnqueueClaimer: rocksstore with --sync=always), an
-// enqueue takes the polls parked on its queue off their line and the
-// store claims for them in the enqueue's own commit, so the claim shares
-// the enqueue's fsync instead of taking one of its own after the
-// enqueue's reply (Server.enqueueClaim; latency-max rpc-always: e2e p50
-// 1.04-1.25 against 1.43-1.77 ms, docs/BENCHMARKS.md). A subscription's
+// enqueue (over RPC or HTTP) takes the polls parked on its queue off their
+// line and the store claims for them in the enqueue's own commit, so the
+// claim shares the enqueue's fsync instead of taking one of its own after
+// the enqueue's reply (dispatch.Dispatcher.Enqueue; latency-max
+// rpc-always: e2e p50 1.04-1.25 against 1.43-1.77 ms,
+// docs/BENCHMARKS.md). A subscription's
 // pusher is a goroutine owned by the server; a shared lease tracker returns
 // its credit when its leases are acked or nacked (on any connection),
 // extended leases stay counted, and expired ones are freed by the clock.

@@ -8,7 +8,6 @@ import (
 
 	"capnproto.org/go/capnp/v3"
 
-	"github.com/leaseq/leaseq/rpc/dispatch"
 	"github.com/leaseq/leaseq/rpc/errcode"
 	"github.com/leaseq/leaseq/schema"
 	"github.com/leaseq/leaseq/storage"
@@ -127,76 +126,12 @@ func (s *Server) Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storag
 		return nil, nil
 	}
 	p.Now = s.cfg.Clock.Now()
-	if ec, ok := s.enqueueClaimer(); ok && ready > 0 {
-		if ws := s.disp.TakeWaiters(p.Queue, ready); len(ws) > 0 {
-			return s.enqueueClaim(ctx, ec, p, ws, ready)
-		}
-	}
-	wake := ready > 0
-	out, err := s.cfg.Store.Enqueue(ctx, p)
+	out, err := s.disp.Enqueue(ctx, s.cfg.Store, p, ready)
 	if err != nil {
 		return nil, err
 	}
 	if len(out) != len(p.Items) {
 		return nil, fmt.Errorf("%w: store returned %d results for %d items", ErrInternal, len(out), len(p.Items))
-	}
-	if wake {
-		s.disp.Notify(p.Queue)
-	}
-	return out, nil
-}
-
-// enqueueClaimer returns the store as a storage.EnqueueClaimer when
-// claiming inside an enqueue's commit pays: when its commits wait for an
-// fsync, which the claims then share. A store that never waits
-// (storage.Nonblocking) gains nothing, and its enqueues would carry the
-// claims' work (measured: latency-max rpc-none 4.7-5.6k against 6.1-6.4k
-// items/s).
-func (s *Server) enqueueClaimer() (storage.EnqueueClaimer, bool) {
-	ec, ok := s.cfg.Store.(storage.EnqueueClaimer)
-	if !ok {
-		return nil, false
-	}
-	if nb, isNB := s.cfg.Store.(storage.Nonblocking); isNB && nb.Nonblocking() {
-		return nil, false
-	}
-	return ec, true
-}
-
-// enqueueClaim is Enqueue for a queue with polls parked on it (ws, taken
-// off their line): the store claims for them in the commit, and under the
-// fsync, that makes the items durable, instead of each woken poll
-// claiming (and, with sync=always, fsyncing) on its own afterwards. A poll
-// that got nothing polls again as a woken one would.
-func (s *Server) enqueueClaim(ctx context.Context, ec storage.EnqueueClaimer, p storage.EnqueueParams, ws []dispatch.Taken, ready int) ([]storage.EnqueueResult, error) {
-	polls := make([]storage.PollParams, len(ws))
-	for i, w := range ws {
-		polls[i] = w.Params()
-		polls[i].Now = p.Now
-	}
-	out, prs, err := ec.EnqueueClaim(ctx, p, polls)
-	if err == nil && (len(out) != len(p.Items) || len(prs) != len(ws)) {
-		err = fmt.Errorf("%w: store returned %d results for %d items and %d for %d polls", ErrInternal, len(out), len(p.Items), len(prs), len(ws))
-	}
-	if err != nil {
-		for _, w := range ws {
-			w.Resume()
-		}
-		return nil, err
-	}
-	claimed := 0
-	for i, w := range ws {
-		if len(prs[i].Items) == 0 {
-			w.Resume()
-			continue
-		}
-		claimed += len(prs[i].Items)
-		w.Complete(prs[i])
-	}
-	if claimed < ready {
-		s.disp.Notify(p.Queue) // some may remain for the next in line
-	} else {
-		s.disp.Touch(p.Queue)
 	}
 	return out, nil
 }

@@ -372,6 +372,84 @@ func (d *Dispatcher) Notify(queues ...string) {
 	}
 }
 
+// Enqueuer is the part of storage.Store that Enqueue needs.
+type Enqueuer interface {
+	Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage.EnqueueResult, error)
+}
+
+// Enqueue is store.Enqueue(p) for a front end (the RPC server, the HTTP
+// API), followed by waking the polls parked on p.Queue when ready (the
+// number of items ready at once) is not 0. When the store can claim inside
+// an enqueue's commit (storage.EnqueueClaimer) and its commits wait for an
+// fsync, it serves the parked polls in the enqueue's own commit instead,
+// so their claims share its fsync rather than each taking one afterwards;
+// a poll that got nothing polls again as a woken one would. A store that
+// never waits (storage.Nonblocking) gains nothing from that, and its
+// enqueues would carry the claims' work (measured: latency-max rpc-none
+// 4.7-5.6k against 6.1-6.4k items/s).
+func (d *Dispatcher) Enqueue(ctx context.Context, store Enqueuer, p storage.EnqueueParams, ready int) ([]storage.EnqueueResult, error) {
+	if ec, ok := claimer(store); ok && ready > 0 {
+		if ws := d.TakeWaiters(p.Queue, ready); len(ws) > 0 {
+			return d.enqueueClaim(ctx, ec, p, ws, ready)
+		}
+	}
+	out, err := store.Enqueue(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	if ready > 0 {
+		d.Notify(p.Queue)
+	}
+	return out, nil
+}
+
+// claimer returns store as a storage.EnqueueClaimer whose commits wait.
+func claimer(store Enqueuer) (storage.EnqueueClaimer, bool) {
+	ec, ok := store.(storage.EnqueueClaimer)
+	if !ok {
+		return nil, false
+	}
+	if nb, isNB := store.(storage.Nonblocking); isNB && nb.Nonblocking() {
+		return nil, false
+	}
+	return ec, true
+}
+
+// enqueueClaim is Enqueue for a queue whose parked polls ws were taken
+// off their line.
+func (d *Dispatcher) enqueueClaim(ctx context.Context, ec storage.EnqueueClaimer, p storage.EnqueueParams, ws []Taken, ready int) ([]storage.EnqueueResult, error) {
+	polls := make([]storage.PollParams, len(ws))
+	for i, w := range ws {
+		polls[i] = w.Params()
+		polls[i].Now = p.Now
+	}
+	out, prs, err := ec.EnqueueClaim(ctx, p, polls)
+	if err == nil && len(prs) != len(ws) {
+		err = fmt.Errorf("dispatch: store returned %d claims for %d polls", len(prs), len(ws))
+	}
+	if err != nil {
+		for _, w := range ws {
+			w.Resume()
+		}
+		return nil, err
+	}
+	claimed := 0
+	for i, w := range ws {
+		if len(prs[i].Items) == 0 {
+			w.Resume()
+			continue
+		}
+		claimed += len(prs[i].Items)
+		w.Complete(prs[i])
+	}
+	if claimed < ready {
+		d.Notify(p.Queue) // some may remain for the next in line
+	} else {
+		d.Touch(p.Queue)
+	}
+	return out, nil
+}
+
 // Touch tells the polls of queue that are running (not parked) that it
 // may have gained ready items, as Notify does, without waking a parked
 // one: a poll that finds nothing polls again instead of parking.

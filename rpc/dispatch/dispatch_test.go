@@ -480,3 +480,59 @@ func TestDispatcher_TouchBetweenPollAndPark(t *testing.T) {
 	mock.Add(time.Minute)
 	require.Empty(t, recv(t, parked).res.Items)
 }
+
+// claimingStore is a fakeStore that can also claim within an enqueue
+// (storage.EnqueueClaimer); nonblocking makes it say its calls never wait.
+type claimingStore struct {
+	*fakeStore
+	nonblocking bool
+	enqueues    atomic.Int64
+	claims      atomic.Int64
+}
+
+func (c *claimingStore) Nonblocking() bool { return c.nonblocking }
+
+func (c *claimingStore) Enqueue(_ context.Context, p storage.EnqueueParams) ([]storage.EnqueueResult, error) {
+	c.enqueues.Add(1)
+	out := make([]storage.EnqueueResult, len(p.Items))
+	for i := range p.Items {
+		c.add(p.Queue, byte(10+i))
+		out[i] = storage.EnqueueResult{Code: storage.CodeOK, ID: storage.ItemID{byte(10 + i)}}
+	}
+	return out, nil
+}
+
+func (c *claimingStore) EnqueueClaim(ctx context.Context, p storage.EnqueueParams, polls []storage.PollParams) ([]storage.EnqueueResult, []storage.PollResult, error) {
+	c.claims.Add(1)
+	out, _ := c.Enqueue(ctx, p)
+	prs := make([]storage.PollResult, len(polls))
+	for i, pp := range polls {
+		prs[i], _ = c.fakeStore.Poll(ctx, pp)
+	}
+	return out, prs, nil
+}
+
+// Dispatcher.Enqueue serves parked polls inside the enqueue when the store
+// claims there and waits for its commits; otherwise it enqueues and wakes.
+func TestDispatcher_EnqueueClaimsForParkedPolls(t *testing.T) {
+	t.Parallel()
+	for _, nonblocking := range []bool{false, true} {
+		cs := &claimingStore{fakeStore: &fakeStore{}, nonblocking: nonblocking}
+		d, _ := setup(t, cs, 0)
+		a := goPoll(d, context.Background(), "q", time.Minute)
+		eventually(t, func() bool { return d.Waiters() == 1 })
+		out, err := d.Enqueue(context.Background(), cs, storage.EnqueueParams{Queue: "q", Items: make([]storage.EnqueueItem, 1)}, 1)
+		require.NoError(t, err)
+		require.Len(t, out, 1)
+		got := recv(t, a)
+		require.NoError(t, got.err)
+		require.Len(t, got.res.Items, 1)
+		require.Equal(t, out[0].ID, got.res.Items[0].ID)
+		if nonblocking {
+			require.Zero(t, cs.claims.Load(), "a store that never waits is woken, not claimed for")
+		} else {
+			require.Equal(t, int64(1), cs.claims.Load())
+			require.Equal(t, int64(1), cs.enqueues.Load(), "one enqueue, inside the claim")
+		}
+	}
+}

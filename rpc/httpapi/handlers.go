@@ -122,19 +122,22 @@ func (s *Server) enqueue(c *call) (any, error) {
 	results := make([]storage.EnqueueResult, len(in))
 	items := make([]storage.EnqueueItem, 0, len(in))
 	index := make([]int, 0, len(in)) // items[k] is input index[k]
-	wake := false
+	ready := 0                       // items ready at once
 	for i := range in {
 		it, reason := in[i].item(s.limits)
 		if reason != "" {
 			results[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: reason}
 			continue
 		}
-		wake = wake || it.Delay == 0
+		if it.Delay == 0 {
+			ready++
+		}
 		items = append(items, it)
 		index = append(index, i)
 	}
 	if len(items) > 0 {
-		out, err := s.cfg.Store.Enqueue(c.r.Context(), storage.EnqueueParams{Queue: queue, Items: items, Now: s.cfg.Clock.Now()})
+		p := storage.EnqueueParams{Queue: queue, Items: items, Now: s.cfg.Clock.Now()}
+		out, err := s.disp.Enqueue(c.r.Context(), s.cfg.Store, p, ready)
 		if err != nil {
 			return nil, err
 		}
@@ -143,9 +146,6 @@ func (s *Server) enqueue(c *call) (any, error) {
 		}
 		for k, r := range out {
 			results[index[k]] = r
-		}
-		if wake {
-			s.disp.Notify(queue)
 		}
 	}
 	return enqueueResponse(results), nil
