@@ -480,9 +480,9 @@ func (t Taken) Resume() { t.a.woken() }
 
 // TakeWaiters takes polls parked on queue off their line, oldest first,
 // until their Max add up to at least items (so a store can claim for them
-// in the commit that makes items ready: storage.EnqueueClaimer). A taken
-// poll is no longer completed by its timer, its context or Close: its
-// taker completes or resumes it.
+// in the commit that makes items ready: storage.EnqueueClaimer), passing
+// over those whose context has ended. A taken poll is no longer completed
+// by its timer, its context or Close: its taker completes or resumes it.
 func (d *Dispatcher) TakeWaiters(queue string, items int) []Taken {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -491,28 +491,26 @@ func (d *Dispatcher) TakeWaiters(queue string, items int) []Taken {
 		return nil
 	}
 	var out []Taken
-	for sum := 0; sum < items; {
-		a := d.popLocked(qs)
-		if a == nil {
-			break
+	sum := 0
+	for e := qs.waiters.Front(); e != nil && sum < items; {
+		next := e.Next()
+		if w := e.Value.(*waiter); w.a.ctx.Err() == nil {
+			// A poll whose caller gave up is left to its own cancel
+			// (which may be on its way): nobody would receive its items.
+			d.removeLocked(qs, w)
+			out = append(out, Taken{a: w.a})
+			sum += w.a.p.Max
 		}
-		out = append(out, Taken{a: a})
-		sum += a.p.Max
+		e = next
 	}
 	return out
 }
 
-// popLocked takes the oldest parked poll of qs off its line (nil: none).
-// REQUIRES: d.mu held.
-func (d *Dispatcher) popLocked(qs *queueState) *asyncPoll {
-	front := qs.waiters.Front()
-	if front == nil {
-		return nil
-	}
-	w := qs.waiters.Remove(front).(*waiter)
+// removeLocked takes w off qs's line. REQUIRES: d.mu held, w parked.
+func (d *Dispatcher) removeLocked(qs *queueState, w *waiter) {
+	qs.waiters.Remove(w.elem)
 	w.elem = nil
 	d.mu.waiters--
-	return w.a
 }
 
 func (d *Dispatcher) wakeNext(qs *queueState) {
@@ -524,9 +522,13 @@ func (d *Dispatcher) wakeNext(qs *queueState) {
 
 // REQUIRES: d.mu held.
 func (d *Dispatcher) wakeNextLocked(qs *queueState) {
-	if a := d.popLocked(qs); a != nil {
-		a.woken()
+	front := qs.waiters.Front()
+	if front == nil {
+		return
 	}
+	w := front.Value.(*waiter)
+	d.removeLocked(qs, w)
+	w.a.woken()
 }
 
 // Waiters returns the number of parked polls.

@@ -536,3 +536,23 @@ func TestDispatcher_EnqueueClaimsForParkedPolls(t *testing.T) {
 		}
 	}
 }
+
+// A parked poll whose caller gave up is never taken: nobody would receive
+// what a store claimed for it. (Its context's AfterFunc, which takes it
+// off its line, may not have run yet.)
+func TestDispatcher_TakeWaitersPassesOverCancelled(t *testing.T) {
+	t.Parallel()
+	fs := &fakeStore{}
+	d, _ := setup(t, fs, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	gone := goPoll(d, ctx, "q", time.Minute)
+	eventually(t, func() bool { return d.Waiters() == 1 })
+	live := goPoll(d, context.Background(), "q", time.Minute)
+	eventually(t, func() bool { return d.Waiters() == 2 })
+	cancel()
+	ws := d.TakeWaiters("q", 5)
+	require.Len(t, ws, 1, "only the live poll")
+	require.ErrorIs(t, recv(t, gone).err, context.Canceled)
+	ws[0].Complete(storage.PollResult{})
+	require.NoError(t, recv(t, live).err)
+}
