@@ -73,6 +73,16 @@ func memFactory() storeFactory {
 	}}
 }
 
+// defaultFactory is the store of tests that name none: memstore, or
+// RocksDB (sync=always, as a node runs by default) when
+// LEASEQ_RPC_TEST_STORE=rocks; `make test` runs the package both ways.
+func defaultFactory() storeFactory {
+	if os.Getenv("LEASEQ_RPC_TEST_STORE") == "rocks" {
+		return rocksFactory()
+	}
+	return memFactory()
+}
+
 // testBundle is one server and what a test needs around it.
 type testBundle struct {
 	t     *testing.T
@@ -91,7 +101,7 @@ type bundleOpts struct {
 func setup(t *testing.T, o bundleOpts) *testBundle {
 	t.Helper()
 	if o.factory.open == nil {
-		o.factory = memFactory()
+		o.factory = defaultFactory()
 	}
 	if o.transport == "" {
 		o.transport = "tcp"
