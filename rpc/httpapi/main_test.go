@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -39,9 +40,16 @@ type testBundle struct {
 	client *http.Client
 }
 
+// openRocks opens RocksDB with sync=none, or with sync=always (the
+// node's default, where an enqueue claims for parked polls in its own
+// commit) when LEASEQ_RPC_TEST_STORE=rocks; `make test` runs both.
 func openRocks(t *testing.T) storage.Store {
 	t.Helper()
-	s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncNone})
+	sync := rocksstore.SyncNone
+	if os.Getenv("LEASEQ_RPC_TEST_STORE") == "rocks" {
+		sync = rocksstore.SyncAlways
+	}
+	s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: sync})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	return s
