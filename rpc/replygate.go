@@ -144,7 +144,7 @@ func (g *replyGate) await(ok func() bool) error {
 	if g == nil {
 		return nil
 	}
-	var stalled <-chan time.Time
+	var stalled chan struct{}
 	for {
 		g.mu.Lock()
 		fine, pending, changed := ok(), g.pending, g.changed
@@ -153,9 +153,16 @@ func (g *replyGate) await(ok func() bool) error {
 			return nil
 		}
 		if stalled == nil {
-			t := g.clk.Timer(g.stall)
+			// A function timer, not a channel one: a mock clock advanced
+			// while timers are being made can tick one timer twice, and a
+			// second send on its full channel would block with the mock's
+			// lock held (benbjohnson/clock 1.3.5; it hung the rpc tests on
+			// RocksDB). Once makes a second call harmless.
+			ch := make(chan struct{})
+			var once sync.Once
+			t := g.clk.AfterFunc(g.stall, func() { once.Do(func() { close(ch) }) })
 			defer t.Stop()
-			stalled = t.C
+			stalled = ch
 		}
 		select {
 		case <-changed:
