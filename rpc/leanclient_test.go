@@ -61,17 +61,20 @@ func TestLeanClient_ConnectionLost(t *testing.T) {
 		return len(c.lean.qs) == 1
 	})
 	b.srv.Stop()
-	p := <-pc
+	p := rpctest.Recv(t, pc, 30*time.Second)
 	if p.err != nil {
 		require.True(t, IsDisconnected(p.err), "%v", p.err)
 	} else {
 		require.Empty(t, p.res.Items)
 	}
-	select {
-	case <-c.Done():
-	case <-time.After(30 * time.Second):
-		t.Fatal("Done not closed after the connection was lost")
-	}
+	rpctest.Eventually(t, 30*time.Second, func() bool {
+		select {
+		case <-c.Done():
+			return true
+		default:
+			return false
+		}
+	}, "Done not closed after the connection was lost")
 	_, err := c.Queues(ctxT(t))
 	require.Error(t, err)
 	require.True(t, IsDisconnected(err), "%v", err)
