@@ -97,14 +97,7 @@ func div(a, b float64) float64 {
 
 func goals(byRow map[string][]Result) []Goal {
 	var gs []Goal
-	find := func(row, system string) (Result, bool) {
-		for _, r := range byRow[row] {
-			if r.System == system {
-				return r, true
-			}
-		}
-		return Result{}, false
-	}
+	find := func(row, system string) (Result, bool) { return findSystem(byRow, row, system) }
 	for _, l := range byRow["e2e"] {
 		if !isLeaseq(l) {
 			continue
@@ -158,6 +151,16 @@ func goals(byRow map[string][]Result) []Goal {
 	return gs
 }
 
+// findSystem returns system's completed result in row.
+func findSystem(byRow map[string][]Result, row, system string) (Result, bool) {
+	for _, r := range byRow[row] {
+		if r.System == system {
+			return r, true
+		}
+	}
+	return Result{}, false
+}
+
 // speedGoals are the targets of the engine and RPC speed work: leaseq
 // against Redis in the same durability class (sync=always against
 // appendfsync always, sync=none against everysec), the in-process rows
@@ -165,16 +168,10 @@ func goals(byRow map[string][]Result) []Goal {
 func speedGoals(byRow map[string][]Result) []Goal {
 	var gs []Goal
 	redis := func(row, class string) (Result, bool) {
-		name := "redis-everysec"
 		if class == string(target.ClassDurable) {
-			name = "redis-always"
+			return findSystem(byRow, row, "redis-always")
 		}
-		for _, r := range byRow[row] {
-			if r.System == name {
-				return r, true
-			}
-		}
-		return Result{}, false
+		return findSystem(byRow, row, "redis-everysec")
 	}
 	for _, row := range []string{"produce-b1", "produce-b100", "e2e"} {
 		for _, l := range byRow[row] {

@@ -188,33 +188,16 @@ func (s *Store) stopPipeline() {
 // the sync policy. REQUIRES: s.life held shared (enter).
 func (s *Store) submit(queue string, items int, fn func(o *opTx) error) (time.Time, error) {
 	o := &op{apply: fn, items: items, wake: make(chan bool, 1)}
-	p := &s.pipe
-	p.mu.Lock()
-	if p.failed != nil {
-		err := p.failed
-		p.mu.Unlock()
+	if err := s.submitGroup(queue, []*op{o}); err != nil {
 		return time.Time{}, err
-	}
-	p.pending = append(p.pending, o)
-	lead := !p.leading
-	p.leading = true
-	p.mu.Unlock()
-	if !lead {
-		lead = !<-o.wake
-	}
-	if lead {
-		s.lead()
-		<-o.wake
-	}
-	if o.err != nil && errors.Is(o.err, storage.ErrCorrupt) {
-		s.noteCorrupt(queue, o.err)
 	}
 	return o.next, o.err
 }
 
-// submitGroup is submit for ops that must run in this order with nothing
-// between them (they share a batch unless maxBatchItems splits them) and
-// all be durable before it returns; each op's err says how it went.
+// submitGroup hands ops to the pipeline together: they run in this order
+// with nothing between them (in one batch unless maxBatchItems splits
+// them), and it returns once all are durable under the sync policy; each
+// op's err says how it went. The caller that finds nobody leading leads.
 // REQUIRES: s.life held shared (enter).
 func (s *Store) submitGroup(queue string, ops []*op) error {
 	p := &s.pipe

@@ -122,7 +122,6 @@ func (s *Store) EnqueueClaim(ctx context.Context, p storage.EnqueueParams, polls
 	}
 	for i := range prs {
 		if prs[i].Lease.IsZero() {
-			prs[i] = storage.PollResult{}
 			continue
 		}
 		s.m.claimed.Add(uint64(len(prs[i].Items)))
