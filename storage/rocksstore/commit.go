@@ -34,11 +34,14 @@ import (
 //
 // With SyncAlways one goroutine at a time fsyncs the WAL, once for every
 // batch written since the last fsync, and only then completes their
-// callers. A leader that wrote a batch with nobody fsyncing and nobody
-// waiting to be led fsyncs it itself (syncInline), so a lone caller
-// crosses no goroutine; otherwise the syncer goroutine fsyncs while the
-// leader builds and writes the next batch. With SyncNone callers are
-// completed as soon as their batch is written.
+// callers. While nobody fsyncs, a leader that finds callers waiting once
+// its batch is written builds their batch too, and the batches share one
+// fsync: that fsync starts a batch later, but the batch after would
+// otherwise wait for a whole fsync of its own. A leader that has nobody
+// waiting behind it fsyncs itself (syncInline), so a lone caller crosses
+// no goroutine; a leader that hands the lead on leaves the fsync to the
+// syncer goroutine, which runs it while the next leader builds. With
+// SyncNone callers are completed as soon as their batch is written.
 //
 // A batch's writes are visible (to later batches and to reads) before its
 // fsync: an item can be claimed by a poll before the enqueue that made it
@@ -273,11 +276,13 @@ func (s *Store) lead() {
 	for n := 0; ; n++ {
 		p.mu.Lock()
 		if len(p.pending) == 0 {
+			p.kickLocked() // written batches left by a failed one
 			p.leading = false
 			p.mu.Unlock()
 			return
 		}
 		if n == maxLeadBatches {
+			p.kickLocked()
 			p.pending[0].wake <- false
 			p.mu.Unlock()
 			return
@@ -314,20 +319,19 @@ func (s *Store) lead() {
 			// may rest on their writes. Whoever fsyncs owns ops from here.
 			// Nobody fsyncing and nobody waiting to be led: this goroutine
 			// fsyncs inline, so a lone caller crosses no goroutine.
-			// Otherwise the syncer goroutine fsyncs while this leader
-			// builds the next batch.
+			// Nobody fsyncing but callers waiting: this leader builds
+			// their batch first, so that one fsync covers both (an
+			// fsync costs far more than a batch); the syncer takes over
+			// when the leader hands the lead on. An fsync already
+			// running: the batch waits for the next one.
 			p.buf = nil
 			p.mu.Lock()
 			p.unsynced = append(p.unsynced, written{ops: ops, wrote: wrote})
 			inline := false
-			if !p.syncing {
+			if !p.syncing && len(p.pending) == 0 {
 				p.syncing = true
-				if len(p.pending) == 0 {
-					p.leading = false
-					inline = true
-				} else {
-					p.kick <- struct{}{}
-				}
+				p.leading = false
+				inline = true
 			}
 			p.mu.Unlock()
 			if inline {
@@ -335,6 +339,15 @@ func (s *Store) lead() {
 				return
 			}
 		}
+	}
+}
+
+// kickLocked hands the written batches to the syncer goroutine unless a
+// goroutine fsyncs already. REQUIRES: mu held.
+func (p *pipeline) kickLocked() {
+	if len(p.unsynced) > 0 && !p.syncing {
+		p.syncing = true
+		p.kick <- struct{}{}
 	}
 }
 

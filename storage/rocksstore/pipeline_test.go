@@ -294,6 +294,65 @@ func TestRocksStore_LoneCallerSyncsInline(t *testing.T) {
 	h.free.Store(true)
 }
 
+// TestRocksStore_WaitingCallersShareTheFsync: with SyncAlways and nobody
+// fsyncing, a leader that finds callers waiting once its batch is written
+// builds their batch too and then fsyncs once for both, instead of
+// handing its own batch to the syncer goroutine and leaving theirs to the
+// fsync after.
+func TestRocksStore_WaitingCallersShareTheFsync(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *Options) { o.Sync = SyncAlways })
+	s := b.s
+	params := func(payload string) storage.EnqueueParams {
+		return storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: []byte(payload)}}, Now: at(0)}
+	}
+	b.enqueueN("q", at(0), 1) // the queue exists: no config write below
+	before := s.Metrics()
+
+	// The leader's op waits inside its batch until a second caller waits
+	// behind it.
+	gate := make(chan struct{})
+	_, valid, fn, err := s.enqueueOp(b.ctx, params("first"))
+	require.NoError(t, err)
+	led := make(chan error, 1)
+	go func() {
+		if err := s.enter("test"); err != nil {
+			led <- err
+			return
+		}
+		defer s.exit()
+		_, err := s.submit("q", valid, func(o *opTx) error {
+			<-gate
+			return fn(o)
+		})
+		led <- err
+	}()
+	second := make(chan error, 1)
+	require.Eventually(t, func() bool {
+		s.pipe.mu.Lock()
+		defer s.pipe.mu.Unlock()
+		return s.pipe.leading
+	}, 30*time.Second, time.Millisecond)
+	go func() {
+		_, err := s.Enqueue(b.ctx, params("second"))
+		second <- err
+	}()
+	require.Eventually(t, func() bool {
+		s.pipe.mu.Lock()
+		defer s.pipe.mu.Unlock()
+		return len(s.pipe.pending) == 1
+	}, 30*time.Second, time.Millisecond)
+	close(gate)
+	require.NoError(t, <-led)
+	require.NoError(t, <-second)
+
+	m := s.Metrics().Sub(before)
+	require.Equal(t, uint64(2), m.Commits, "two batches")
+	require.Equal(t, uint64(1), m.WALSyncs, "one fsync for both")
+	require.Equal(t, uint64(1), m.InlineSyncs, "run by the leader")
+	require.Equal(t, int64(3), b.stats("q", at(0)).Ready)
+}
+
 // TestRocksStore_PayloadsOutliveBatches: the records a batch encodes live
 // in an arena that the next batch reuses, so nothing a caller receives
 // may point into it. Producers and consumers race (some polls take items
