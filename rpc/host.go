@@ -113,20 +113,16 @@ func (s *Server) Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storag
 	if err := p.Validate(s.limits); err != nil {
 		return nil, err
 	}
-	ready := 0 // items ready at once
 	for i := range p.Items {
 		if err := s.limits.ValidateItem(p.Items[i]); err != nil {
 			return nil, fmt.Errorf("items[%d]: %w", i, err)
-		}
-		if p.Items[i].Delay == 0 {
-			ready++
 		}
 	}
 	if len(p.Items) == 0 {
 		return nil, nil
 	}
 	p.Now = s.cfg.Clock.Now()
-	out, err := s.disp.Enqueue(ctx, s.cfg.Store, p, ready)
+	out, err := s.disp.Enqueue(ctx, s.cfg.Store, p)
 	if err != nil {
 		return nil, err
 	}

@@ -378,8 +378,8 @@ type Enqueuer interface {
 }
 
 // Enqueue is store.Enqueue(p) for a front end (the RPC server, the HTTP
-// API), followed by waking the polls parked on p.Queue when ready (the
-// number of items ready at once) is not 0. When the store can claim inside
+// API), followed by waking the polls parked on p.Queue when some of its
+// items are ready at once (no delay). p.Items must all be valid. When the store can claim inside
 // an enqueue's commit (storage.EnqueueClaimer) and its commits wait for an
 // fsync, it serves the parked polls in the enqueue's own commit instead,
 // so their claims share its fsync rather than each taking one afterwards;
@@ -387,7 +387,13 @@ type Enqueuer interface {
 // never waits (storage.Nonblocking) gains nothing from that, and its
 // enqueues would carry the claims' work (measured: latency-max rpc-none
 // 4.7-5.6k against 6.1-6.4k items/s).
-func (d *Dispatcher) Enqueue(ctx context.Context, store Enqueuer, p storage.EnqueueParams, ready int) ([]storage.EnqueueResult, error) {
+func (d *Dispatcher) Enqueue(ctx context.Context, store Enqueuer, p storage.EnqueueParams) ([]storage.EnqueueResult, error) {
+	ready := 0 // items ready at once
+	for i := range p.Items {
+		if p.Items[i].Delay == 0 {
+			ready++
+		}
+	}
 	if ec, ok := claimer(store); ok && ready > 0 {
 		if ws := d.TakeWaiters(p.Queue, ready); len(ws) > 0 {
 			return d.enqueueClaim(ctx, ec, p, ws, ready)

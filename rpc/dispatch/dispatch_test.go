@@ -87,6 +87,19 @@ func goPoll(d *Dispatcher, ctx context.Context, queue string, wait time.Duration
 	})
 }
 
+// parkTwo parks two polls on queue "q", oldest first: one whose context
+// cancel ends, and one whose context never ends.
+func parkTwo(t *testing.T, d *Dispatcher) (cancel context.CancelFunc, first, second <-chan out) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	first = goPoll(d, ctx, "q", time.Minute)
+	eventually(t, func() bool { return d.Waiters() == 1 })
+	second = goPoll(d, context.Background(), "q", time.Minute)
+	eventually(t, func() bool { return d.Waiters() == 2 })
+	return cancel, first, second
+}
+
 func recv(t *testing.T, ch <-chan out) out {
 	t.Helper()
 	return rpctest.Recv(t, ch, 10*time.Second)
@@ -207,11 +220,7 @@ func TestDispatcher_CancelPassesWakeOn(t *testing.T) {
 	t.Parallel()
 	fs := &fakeStore{}
 	d, _ := setup(t, fs, 0)
-	ctx, cancel := context.WithCancel(context.Background())
-	first := goPoll(d, ctx, "q", time.Minute)
-	eventually(t, func() bool { return d.Waiters() == 1 })
-	second := goPoll(d, context.Background(), "q", time.Minute)
-	eventually(t, func() bool { return d.Waiters() == 2 })
+	cancel, first, second := parkTwo(t, d)
 	cancel()
 	o := recv(t, first)
 	require.ErrorIs(t, o.err, context.Canceled)
@@ -521,7 +530,7 @@ func TestDispatcher_EnqueueClaimsForParkedPolls(t *testing.T) {
 		d, _ := setup(t, cs, 0)
 		a := goPoll(d, context.Background(), "q", time.Minute)
 		eventually(t, func() bool { return d.Waiters() == 1 })
-		out, err := d.Enqueue(context.Background(), cs, storage.EnqueueParams{Queue: "q", Items: make([]storage.EnqueueItem, 1)}, 1)
+		out, err := d.Enqueue(context.Background(), cs, storage.EnqueueParams{Queue: "q", Items: make([]storage.EnqueueItem, 1)})
 		require.NoError(t, err)
 		require.Len(t, out, 1)
 		got := recv(t, a)
@@ -544,11 +553,7 @@ func TestDispatcher_TakeWaitersPassesOverCancelled(t *testing.T) {
 	t.Parallel()
 	fs := &fakeStore{}
 	d, _ := setup(t, fs, 0)
-	ctx, cancel := context.WithCancel(context.Background())
-	gone := goPoll(d, ctx, "q", time.Minute)
-	eventually(t, func() bool { return d.Waiters() == 1 })
-	live := goPoll(d, context.Background(), "q", time.Minute)
-	eventually(t, func() bool { return d.Waiters() == 2 })
+	cancel, gone, live := parkTwo(t, d)
 	cancel()
 	ws := d.TakeWaiters("q", 5)
 	require.Len(t, ws, 1, "only the live poll")

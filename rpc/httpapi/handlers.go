@@ -122,22 +122,18 @@ func (s *Server) enqueue(c *call) (any, error) {
 	results := make([]storage.EnqueueResult, len(in))
 	items := make([]storage.EnqueueItem, 0, len(in))
 	index := make([]int, 0, len(in)) // items[k] is input index[k]
-	ready := 0                       // items ready at once
 	for i := range in {
 		it, reason := in[i].item(s.limits)
 		if reason != "" {
 			results[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: reason}
 			continue
 		}
-		if it.Delay == 0 {
-			ready++
-		}
 		items = append(items, it)
 		index = append(index, i)
 	}
 	if len(items) > 0 {
 		p := storage.EnqueueParams{Queue: queue, Items: items, Now: s.cfg.Clock.Now()}
-		out, err := s.disp.Enqueue(c.r.Context(), s.cfg.Store, p, ready)
+		out, err := s.disp.Enqueue(c.r.Context(), s.cfg.Store, p)
 		if err != nil {
 			return nil, err
 		}
