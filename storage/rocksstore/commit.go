@@ -684,6 +684,15 @@ func keyBytes(k string) []byte { return unsafe.Slice(unsafe.StringData(k), len(k
 func (o *opTx) set(k string, v []byte) {
 	old, had := o.b.writes[k]
 	o.undo = append(o.undo, undoWrite{key: k, old: old, had: had})
+	if v == nil && had && old != nil && dbkeys.SingleDeletable(keyBytes(k)) && !slices.Contains(o.b.rewritten, k) {
+		// Written by this batch for the first time since its last delete
+		// (such a key is written once between deletes), and deleted
+		// again: neither write reaches RocksDB. An item claimed in the
+		// batch that enqueued it costs no available record and no
+		// visibility entry.
+		delete(o.b.writes, k)
+		return
+	}
 	o.b.writes[k] = v
 	if had && old == nil && v != nil && dbkeys.SingleDeletable(keyBytes(k)) {
 		o.b.rewritten = append(o.b.rewritten, k)

@@ -92,7 +92,11 @@
 // A key the batch deletes and writes again (an extend landing on the
 // same expiry) gets a single delete before its new write, since the
 // older write may already be in a table
-// (TestRocksStore_ExtendToSameExpiryThenAck). With -tags invariants,
+// (TestRocksStore_ExtendToSameExpiryThenAck). A key the batch writes
+// for the first time and then deletes (an item claimed by a poll in the
+// batch that enqueued it) reaches RocksDB not at all, neither write nor
+// single delete (TestRocksStore_ClaimInEnqueueBatchWritesNoIndexEntries).
+// With -tags invariants,
 // every other write of such a key is checked to find nothing in the
 // database (checkWriteOnce). Lease records, dedup keys and counters are
 // rewritten in place and keep ordinary deletes.

@@ -1,6 +1,8 @@
 package rocksstore
 
 import (
+	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
@@ -68,4 +70,36 @@ func TestRocksStore_EnqueueClaimNothingWritten(t *testing.T) {
 	require.Equal(t, storage.CodeInvalid, res[0].Code)
 	require.Len(t, prs, 1)
 	require.Empty(t, prs[0].Items)
+}
+
+// An item claimed in the batch that enqueued it costs RocksDB no
+// available record and no visibility entry: the put and the single
+// delete of each cancel out in the batch before it reaches RocksDB.
+func TestRocksStore_ClaimInEnqueueBatchWritesNoIndexEntries(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	keysWritten := func() int {
+		m := regexp.MustCompile(`rocksdb\.number\.keys\.written COUNT : (\d+)`).FindStringSubmatch(b.s.dbOpts.GetStatisticsString())
+		require.NotNil(t, m)
+		n, err := strconv.Atoi(m[1])
+		require.NoError(t, err)
+		return n
+	}
+	b.enqueueN("q", at(0), 1) // p0: written by an earlier batch
+	before := keysWritten()
+	_, prs, err := b.s.EnqueueClaim(b.ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: []byte("x")}, {Payload: []byte("y")}}, Now: at(time.Second)},
+		[]storage.PollParams{{Queue: "q", Max: 3, Lease: time.Minute, Now: at(time.Second)}})
+	require.NoError(t, err)
+	require.Len(t, prs[0].Items, 3)
+	// p0's claim single-deletes its available record and visibility entry;
+	// x and y cost nothing before their claims. Then 3 in_progress
+	// records, the lease and its expiry entry, and the counters' merge.
+	require.Equal(t, 2+3+2+1, keysWritten()-before, "keys written by the batch")
+	b.check()
+	b.reopen() // the database says what the claims said
+	st := b.stats("q", at(2*time.Second))
+	require.EqualValues(t, 0, st.Ready)
+	require.EqualValues(t, 3, st.Inflight)
+	require.Equal(t, []storage.Code{storage.CodeOK, storage.CodeOK, storage.CodeOK}, b.ack("q", prs[0].Lease, at(2*time.Second), itemIDs(prs[0].Items)...))
+	b.check()
 }
