@@ -29,7 +29,9 @@
 //     rpc.capnp messages itself and runs every call that cannot wait on the
 //     spot (nodeInfo, subscribe, and every call when the store is
 //     storage.Nonblocking: memstore, rocksstore with --sync=none); calls
-//     on a waiting store run on a goroutine of their own. A long poll that
+//     on a waiting store run on a goroutine of their own, taken from a
+//     pool (workers.go) so that its stack, grown deep in the store, is
+//     not copied again for every call. A long poll that
 //     parks holds no goroutine: the dispatcher's PollAsync answers it when
 //     it is woken, times out, is finished by the client or the server stops
 //     (BenchmarkRPC_ParkedPollMemory: 6 KB per parked poll, client side

@@ -189,11 +189,11 @@ func (c *leanConn) dispatch(lc *leanCall, queue bool, cl capnp.Client) {
 			cancel()
 		}
 		c.calls.Add(1)
-		go func() {
+		c.s.workers.run(func() {
 			defer c.calls.Done()
 			defer cancel()
 			c.runQueue(ctx, lc, meth)
-		}()
+		})
 		return
 	}
 	if meth.op == OpPeek || meth.op == OpDeadList {
@@ -252,7 +252,7 @@ func (c *leanConn) longPoll(lc *leanCall) {
 		c.s.disp.PollAsync(ctx, p, wait, complete)
 		return
 	}
-	go c.s.disp.PollAsync(ctx, p, wait, complete)
+	c.s.workers.run(func() { c.s.disp.PollAsync(ctx, p, wait, complete) })
 }
 
 // reply runs a Queue method's body into a new Return (run builds the

@@ -143,6 +143,7 @@ type Server struct {
 	subCtx     context.Context // cancelled by Stop: ends every subscription
 	subCancel  context.CancelFunc
 	closeAll   chan struct{} // closed by Stop once calls drained: closes conns
+	workers    *workerPool   // runs the lean engine's calls that may wait
 	stopOnce   sync.Once
 	wg         sync.WaitGroup      // accept loops, connections, pushers
 	subWG      sync.WaitGroup      // pushers only: Stop lets them say goodbye before conns close
@@ -239,6 +240,7 @@ func NewServer(c ServerConfig) (*Server, error) {
 		tracker:  newLeaseTracker(),
 		closeAll: make(chan struct{}),
 	}
+	s.workers = newWorkerPool(s.closeAll)
 	if c.MaxInflightBytes > 0 {
 		s.inflight = semaphore.NewWeighted(c.MaxInflightBytes)
 	}
