@@ -879,6 +879,13 @@ func (o *opTx) finish() {
 // keys in random order cost 7 % of the serial batch path
 // (docs/BENCHMARKS.md).
 func sortedKeys(dst, order []string, writes map[string][]byte) []string {
+	if len(order) <= smallBatchKeys {
+		// A call or two: a plain sort costs less than the counting pass.
+		base := len(dst)
+		dst = append(dst, order...)
+		slices.Sort(dst[base:])
+		return keepWritten(dst, base, writes)
+	}
 	var count [256]int32
 	for _, k := range order {
 		count[k[0]]++
@@ -905,8 +912,15 @@ func sortedKeys(dst, order []string, writes map[string][]byte) []string {
 		}
 		start += c
 	}
-	// Drop keys no longer in the overlay, and repeats (a key dropped and
-	// written again is listed twice).
+	return keepWritten(dst, base, writes)
+}
+
+// smallBatchKeys is the most keys sortedKeys sorts directly.
+const smallBatchKeys = 16
+
+// keepWritten drops from the sorted dst[base:] the keys no longer in the
+// overlay, and repeats (a key dropped and written again is listed twice).
+func keepWritten(dst []string, base int, writes map[string][]byte) []string {
 	out := dst[:base]
 	for i := base; i < len(dst); i++ {
 		k := dst[i]
