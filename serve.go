@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -48,7 +49,10 @@ exits at once.
 --sync=always (the default) fsyncs the write-ahead log before any enqueue,
 ack, nack or poll returns; --sync=none writes the log without fsync, which
 survives a process crash but not a power loss. The startup log says which
-is on, and the address it listens on.
+is on, and the address it listens on. With --sync=always the node runs
+one more Go scheduler thread than it has CPUs (GOMAXPROCS), since one of
+them spends much of its time waiting for fsync; a GOMAXPROCS set in the
+environment wins.
 
 --listen takes host:port or unix:/path/to/socket. The default is loopback
 only. With --tls-cert and --tls-key the node speaks TLS; adding
@@ -138,6 +142,21 @@ type serveConfig struct {
 	log           *slog.Logger
 }
 
+// syncProcs returns the GOMAXPROCS for the node when it should differ
+// from Go's default (procs): one more with RocksDB and --sync=always,
+// unless env (the GOMAXPROCS variable) sets it. There a goroutine holds
+// its P in a cgo fsync for hundreds of µs at a time. With one P more, the
+// others keep running Go code, and Go's sysmon, finding a P idle, leaves
+// the fsyncing one alone instead of retaking it and waking every 20 µs
+// (sysmon went from 9.5 % to 3.4 % of the node's CPU in e2e rpc-always;
+// docs/BENCHMARKS.md). With --sync=none the extra P measured worse.
+func syncProcs(backend string, mode rocksstore.SyncMode, env string, procs int) (int, bool) {
+	if backend == "fdb" || mode != rocksstore.SyncAlways || env != "" {
+		return 0, false
+	}
+	return procs + 1, true
+}
+
 // openBackend opens the configured store. rocks is the same store when it
 // is RocksDB (for its write-path metrics), else nil.
 func openBackend(c serveConfig, clk clock.Clock, onDeadline storage.DeadlineFunc) (store storage.Store, rocks *rocksstore.Store, err error) {
@@ -193,6 +212,10 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	// only: they hold payloads. The unix socket gets --socket-mode.
 	syscall.Umask(0o077)
 	debug.SetGCPercent(c.gcPercent)
+	if n, ok := syncProcs(c.backend, c.sync, os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0)); ok {
+		runtime.GOMAXPROCS(n)
+		log.Info("one scheduler thread more than the CPUs for --sync=always", "gomaxprocs", n)
+	}
 
 	// Undo whatever was started, in reverse order, if startup fails.
 	var undo []func() error

@@ -13,6 +13,8 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -25,6 +27,7 @@ import (
 
 	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
+	"github.com/leaseq/leaseq/storage/rocksstore"
 )
 
 // TestMetricsServer_Readiness: /readyz follows the ready flag (503 while
@@ -236,6 +239,54 @@ func TestServe_GCPercent(t *testing.T) {
 		require.NoError(t, err)
 		require.Contains(t, string(page), tc.want, "args %v", tc.args)
 		n.kill()
+	}
+}
+
+// With --sync=always the node runs one more P than Go's default (what
+// --sync=none runs), unless GOMAXPROCS is set in its environment.
+func TestServe_GOMAXPROCS(t *testing.T) {
+	t.Parallel()
+	procs := func(args ...string) int {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		metrics := ln.Addr().String()
+		require.NoError(t, ln.Close())
+		n := startNode(t, t.TempDir(), append([]string{"--metrics", metrics}, args...)...)
+		defer n.kill()
+		resp, err := http.Get("http://" + metrics + "/metrics")
+		require.NoError(t, err)
+		page, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		m := regexp.MustCompile(`(?m)^go_sched_gomaxprocs_threads (\d+)$`).FindStringSubmatch(string(page))
+		require.NotNil(t, m, "no GOMAXPROCS gauge in /metrics")
+		v, err := strconv.Atoi(m[1])
+		require.NoError(t, err)
+		return v
+	}
+	none, always := procs("--sync", "none"), procs("--sync", "always")
+	if os.Getenv("GOMAXPROCS") != "" { // inherited by the node: it wins
+		require.Equal(t, none, always)
+		return
+	}
+	require.Equal(t, none+1, always)
+}
+
+func TestSyncProcs(t *testing.T) {
+	n, ok := syncProcs("rocksdb", rocksstore.SyncAlways, "", 2)
+	require.True(t, ok)
+	require.Equal(t, 3, n)
+	for _, tc := range []struct {
+		backend string
+		mode    rocksstore.SyncMode
+		env     string
+	}{
+		{"rocksdb", rocksstore.SyncNone, ""},
+		{"rocksdb", rocksstore.SyncAlways, "4"},
+		{"fdb", rocksstore.SyncAlways, ""},
+	} {
+		_, ok := syncProcs(tc.backend, tc.mode, tc.env, 2)
+		require.False(t, ok, "%+v", tc)
 	}
 }
 
