@@ -69,7 +69,11 @@
 // hands each to its waiting caller, and the Finish of an answer rides
 // along with the next call instead of taking a write of its own (at once
 // when the answer was over 64 KiB, or when 32 Finishes wait, since the
-// node keeps an answer until its Finish). It hosts no capabilities, so
+// node keeps an answer until its Finish). Plain sockets are read and
+// written with raw system calls, as on the server (rawio.go): with Go's
+// system-call bookkeeping, sysmon took 12 % of a producer's CPU, and the
+// client's CPU per single-item enqueue fell from 26-29 to 20-23 µs
+// without it (Redis's Go client: 20). It hosts no capabilities, so
 // Subscribe and Queue open a go-capnp connection of their own on first
 // use; NewClient, over a connection the caller made, is go-capnp only.
 // go-capnp's rpc.Conn hands every call and every Finish to a sender
