@@ -87,15 +87,15 @@ func goPoll(d *Dispatcher, ctx context.Context, queue string, wait time.Duration
 	})
 }
 
-// parkTwo parks two polls on queue "q", oldest first: one whose context
-// cancel ends, and one whose context never ends.
-func parkTwo(t *testing.T, d *Dispatcher) (cancel context.CancelFunc, first, second <-chan out) {
+// parkTwo parks two polls on queue "q" that wait up to wait, oldest
+// first: one whose context cancel ends, and one whose context never ends.
+func parkTwo(t *testing.T, d *Dispatcher, wait time.Duration) (cancel context.CancelFunc, first, second <-chan out) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	first = goPoll(d, ctx, "q", time.Minute)
+	first = goPoll(d, ctx, "q", wait)
 	eventually(t, func() bool { return d.Waiters() == 1 })
-	second = goPoll(d, context.Background(), "q", time.Minute)
+	second = goPoll(d, context.Background(), "q", wait)
 	eventually(t, func() bool { return d.Waiters() == 2 })
 	return cancel, first, second
 }
@@ -220,7 +220,7 @@ func TestDispatcher_CancelPassesWakeOn(t *testing.T) {
 	t.Parallel()
 	fs := &fakeStore{}
 	d, _ := setup(t, fs, 0)
-	cancel, first, second := parkTwo(t, d)
+	cancel, first, second := parkTwo(t, d, time.Minute)
 	cancel()
 	o := recv(t, first)
 	require.ErrorIs(t, o.err, context.Canceled)
@@ -424,10 +424,7 @@ func TestDispatcher_TakeWaiters(t *testing.T) {
 	t.Parallel()
 	fs := &fakeStore{}
 	d, mock := setup(t, fs, 0)
-	a := goPoll(d, context.Background(), "q", 5*time.Second)
-	eventually(t, func() bool { return d.Waiters() == 1 })
-	b := goPoll(d, context.Background(), "q", 5*time.Second)
-	eventually(t, func() bool { return d.Waiters() == 2 })
+	_, a, b := parkTwo(t, d, 5*time.Second)
 	c := goPoll(d, context.Background(), "q", 5*time.Second)
 	eventually(t, func() bool { return d.Waiters() == 3 })
 	require.Empty(t, d.TakeWaiters("other", 5))
@@ -553,7 +550,7 @@ func TestDispatcher_TakeWaitersPassesOverCancelled(t *testing.T) {
 	t.Parallel()
 	fs := &fakeStore{}
 	d, _ := setup(t, fs, 0)
-	cancel, gone, live := parkTwo(t, d)
+	cancel, gone, live := parkTwo(t, d, time.Minute)
 	cancel()
 	ws := d.TakeWaiters("q", 5)
 	require.Len(t, ws, 1, "only the live poll")

@@ -60,6 +60,11 @@ type op struct {
 	wake chan bool
 }
 
+// newOp returns an op that runs apply and touches about items items.
+func newOp(items int, apply func(o *opTx) error) *op {
+	return &op{apply: apply, items: items, wake: make(chan bool, 1)}
+}
+
 // maxBatchItems caps the items one batch applies, so a crowd of large
 // calls does not build one huge transaction; the rest go into the next
 // batch.
@@ -190,7 +195,7 @@ func (s *Store) stopPipeline() {
 // submit runs fn in a batch and waits until the batch is durable under
 // the sync policy. REQUIRES: s.life held shared (enter).
 func (s *Store) submit(queue string, items int, fn func(o *opTx) error) (time.Time, error) {
-	o := &op{apply: fn, items: items, wake: make(chan bool, 1)}
+	o := newOp(items, fn)
 	if err := s.submitGroup(queue, []*op{o}); err != nil {
 		return time.Time{}, err
 	}

@@ -85,15 +85,14 @@ func (s *Store) EnqueueClaim(ctx context.Context, p storage.EnqueueParams, polls
 	if fn == nil {
 		return res, prs, nil // nothing written, so nothing new to claim
 	}
-	enq := &op{apply: fn, items: valid, wake: make(chan bool, 1)}
+	enq := newOp(valid, fn)
 	ops := []*op{enq}
-	var at []int // ops[k+1] claims for polls[at[k]]
 	for i, pp := range polls {
 		if pp.Queue != p.Queue || pp.Validate(s.limits) != nil {
 			continue
 		}
 		now, max, lease := nanos(pp.Now), pp.Max, int64(pp.Lease)
-		ops = append(ops, &op{items: max, wake: make(chan bool, 1), apply: func(o *opTx) error {
+		ops = append(ops, newOp(max, func(o *opTx) error {
 			q := s.queue(p.Queue)
 			if enq.err != nil || q == nil {
 				return nil // the enqueue failed: claim nothing
@@ -103,10 +102,12 @@ func (s *Store) EnqueueClaim(ctx context.Context, p storage.EnqueueParams, polls
 			}
 			o.b.polls++
 			r, err := s.claim(o, q, now, max, lease)
+			if err != nil {
+				return err // the claim is undone: prs[i] stays empty
+			}
 			prs[i] = r
-			return err
-		}})
-		at = append(at, i)
+			return nil
+		}))
 	}
 	if err := s.submitGroup(p.Queue, ops); err != nil {
 		return nil, nil, fmt.Errorf("rocksstore: enqueue %q: %w", p.Queue, err)
@@ -115,11 +116,6 @@ func (s *Store) EnqueueClaim(ctx context.Context, p storage.EnqueueParams, polls
 		return nil, nil, fmt.Errorf("rocksstore: enqueue %q: %w", p.Queue, enq.err)
 	}
 	next := enq.next
-	for k, o := range ops[1:] {
-		if o.err != nil {
-			prs[at[k]] = storage.PollResult{} // its claim was undone
-		}
-	}
 	for i := range prs {
 		if prs[i].Lease.IsZero() {
 			continue
