@@ -8,8 +8,10 @@ package rocksstore
 // leaseq_wbwi_apply adds a batch's encoded writes to wb. Each write is an
 // op byte ('p' put, 'd' delete, 's' single delete, 'm' merge), a uint32
 // key length, the key, and for put and merge a uint32 value length and
-// the value (host byte order, unaligned).
-static void leaseq_wbwi_apply(rocksdb_writebatch_wi_t* wb, const char* p, size_t n) {
+// the value (host byte order, unaligned). cfs maps a key's first byte (its
+// namespace) to its column family.
+static void leaseq_wbwi_apply(rocksdb_writebatch_wi_t* wb,
+		rocksdb_column_family_handle_t** cfs, const char* p, size_t n) {
 	const char* end = p + n;
 	while (p < end) {
 		char op = *p++;
@@ -18,12 +20,13 @@ static void leaseq_wbwi_apply(rocksdb_writebatch_wi_t* wb, const char* p, size_t
 		p += 4;
 		const char* k = p;
 		p += kl;
+		rocksdb_column_family_handle_t* cf = cfs[(unsigned char)k[0]];
 		if (op == 'd') {
-			rocksdb_writebatch_wi_delete(wb, k, kl);
+			rocksdb_writebatch_wi_delete_cf(wb, cf, k, kl);
 			continue;
 		}
 		if (op == 's') {
-			rocksdb_writebatch_wi_singledelete(wb, k, kl);
+			rocksdb_writebatch_wi_singledelete_cf(wb, cf, k, kl);
 			continue;
 		}
 		memcpy(&vl, p, 4);
@@ -31,9 +34,9 @@ static void leaseq_wbwi_apply(rocksdb_writebatch_wi_t* wb, const char* p, size_t
 		const char* v = p;
 		p += vl;
 		if (op == 'p') {
-			rocksdb_writebatch_wi_put(wb, k, kl, v, vl);
+			rocksdb_writebatch_wi_put_cf(wb, cf, k, kl, v, vl);
 		} else {
-			rocksdb_writebatch_wi_merge(wb, k, kl, v, vl);
+			rocksdb_writebatch_wi_merge_cf(wb, cf, k, kl, v, vl);
 		}
 	}
 }
@@ -42,14 +45,17 @@ static void leaseq_wbwi_apply(rocksdb_writebatch_wi_t* wb, const char* p, size_t
 // GetForUpdate. Key i is keys[koff[i]:koff[i+1]]. Each value found is
 // copied to out at *used (vlen[i] is its length; -1: not found) until one
 // does not fit in cap: then vlen[i] is the length it needs and i is
-// returned. Returns n when every key is read, or -1 with *errptr set.
+// returned. Returns n when every key is read, or -1 with *errptr set. cfs
+// is leaseq_wbwi_apply's.
 static int64_t leaseq_txn_get_for_update(rocksdb_transaction_t* txn,
-		const rocksdb_readoptions_t* ro, const char* keys, const uint32_t* koff,
+		const rocksdb_readoptions_t* ro, rocksdb_column_family_handle_t** cfs,
+		const char* keys, const uint32_t* koff,
 		int64_t start, int64_t n, char* out, size_t cap, size_t* used,
 		int64_t* vlen, char** errptr) {
 	for (int64_t i = start; i < n; i++) {
-		rocksdb_pinnableslice_t* ps = rocksdb_transaction_get_pinned_for_update(
-			txn, ro, keys + koff[i], koff[i+1] - koff[i], 1, errptr);
+		const char* k = keys + koff[i];
+		rocksdb_pinnableslice_t* ps = rocksdb_transaction_get_pinned_for_update_cf(
+			txn, ro, cfs[(unsigned char)k[0]], k, koff[i+1] - koff[i], 1, errptr);
 		if (*errptr != NULL) {
 			return -1;
 		}
@@ -120,18 +126,18 @@ func (w *writeBuf) del(key []byte)          { w.add('d', key, nil) }
 func (w *writeBuf) singleDel(key []byte)    { w.add('s', key, nil) }
 func (w *writeBuf) merge(key, value []byte) { w.add('m', key, value) }
 
-// applyWrites adds w's writes to wb in one call.
-func applyWrites(wb *grocksdb.WriteBatchWI, w *writeBuf) {
+// applyWrites adds w's writes to wb in one call, each to its key's family.
+func applyWrites(wb *grocksdb.WriteBatchWI, fams *families, w *writeBuf) {
 	if len(w.b) == 0 {
 		return
 	}
-	C.leaseq_wbwi_apply(cWBWI(wb), (*C.char)(unsafe.Pointer(&w.b[0])), C.size_t(len(w.b)))
+	C.leaseq_wbwi_apply(cWBWI(wb), fams.cTable(), (*C.char)(unsafe.Pointer(&w.b[0])), C.size_t(len(w.b)))
 }
 
 // getManyForUpdate reads keys with GetForUpdate (exclusive) in t. vals[i]
 // is key i's value, nil when it is missing; the values share one fresh
 // buffer.
-func getManyForUpdate(t *grocksdb.Transaction, ro *grocksdb.ReadOptions, keys [][]byte) ([][]byte, error) {
+func getManyForUpdate(t *grocksdb.Transaction, ro *grocksdb.ReadOptions, fams *families, keys [][]byte) ([][]byte, error) {
 	n := len(keys)
 	if n == 0 {
 		return nil, nil
@@ -159,7 +165,7 @@ func getManyForUpdate(t *grocksdb.Transaction, ro *grocksdb.ReadOptions, keys []
 		if len(out) > 0 {
 			outp = (*C.char)(unsafe.Pointer(&out[0]))
 		}
-		next := int(C.leaseq_txn_get_for_update(cTxn(t), cReadOpts(ro),
+		next := int(C.leaseq_txn_get_for_update(cTxn(t), cReadOpts(ro), fams.cTable(),
 			(*C.char)(unsafe.Pointer(&kb[0])), (*C.uint32_t)(unsafe.Pointer(&koff[0])),
 			C.int64_t(start), C.int64_t(n), outp, C.size_t(len(out)), &used,
 			(*C.int64_t)(unsafe.Pointer(&vlen[0])), &cErr))

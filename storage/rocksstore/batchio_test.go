@@ -7,13 +7,16 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/dbkeys"
 )
 
 // TestBatchIO checks the batched C calls against grocksdb's own: writes
-// applied through applyWrites read back through grocksdb, and
-// getManyForUpdate returns what grocksdb's Get does, for present, missing,
-// empty and large values (larger than its first output buffer). It fails
-// (or crashes) if grocksdb's structs stop holding their C handle first.
+// applied through applyWrites read back through grocksdb from the key's
+// column family, and getManyForUpdate returns what grocksdb's Get does,
+// for present, missing, empty and large values (larger than its first
+// output buffer). It fails (or crashes) if grocksdb's structs stop holding
+// their C handle first.
 func TestBatchIO(t *testing.T) {
 	s, err := Open(t.TempDir(), Options{Sync: SyncNone, Now: time.Now})
 	require.NoError(t, err)
@@ -23,7 +26,9 @@ func TestBatchIO(t *testing.T) {
 	var keys, want [][]byte
 	var w writeBuf
 	for i := range 40 {
-		k := []byte(fmt.Sprintf("\xfftest/%03d", i))
+		// Keys of three namespaces, so of three column families.
+		ns := []byte{dbkeys.NsAvailable, dbkeys.NsLeases, dbkeys.NsPayload}[i%3]
+		k := append([]byte{ns}, fmt.Sprintf("test/%03d", i)...)
 		var v []byte
 		switch i % 4 {
 		case 0:
@@ -41,29 +46,35 @@ func TestBatchIO(t *testing.T) {
 		keys, want = append(keys, k), append(want, v)
 	}
 	// A put then a delete of the same key in one batch leaves it missing.
-	gone := []byte("\xfftest/gone")
+	gone := []byte("\x05test/gone")
 	w.put(gone, []byte("soon deleted"))
 	w.del(gone)
 	keys, want = append(keys, gone), append(want, nil)
 
 	txn := s.db.TransactionBegin(s.wo, s.txo, nil)
 	defer txn.Destroy()
-	applyWrites(txn.GetWriteBatchWI(), &w)
+	applyWrites(txn.GetWriteBatchWI(), s.fams, &w)
 	require.NoError(t, txn.Commit())
 
 	for i, k := range keys {
-		sl, err := s.db.Get(s.ro, k)
+		sl, err := s.db.GetCF(s.ro, s.fams.of(k), k)
 		require.NoError(t, err)
 		require.Equal(t, want[i] != nil, sl.Exists(), "key %q", k)
 		if want[i] != nil {
 			require.Equal(t, want[i], sl.Data(), "key %q", k)
 		}
 		sl.Free()
+		// Nothing lands in another family.
+		other := s.fams.byNs[dbkeys.NsDLQ]
+		sl, err = s.db.GetCF(s.ro, other, k)
+		require.NoError(t, err)
+		require.False(t, sl.Exists(), "key %q in the dlq family", k)
+		sl.Free()
 	}
 
 	rtx := s.db.TransactionBegin(s.wo, s.txo, nil)
 	defer rtx.Destroy()
-	got, err := getManyForUpdate(rtx, s.ro, keys)
+	got, err := getManyForUpdate(rtx, s.ro, s.fams, keys)
 	require.NoError(t, err)
 	require.Len(t, got, len(keys))
 	for i := range keys {
@@ -76,7 +87,7 @@ func TestBatchIO(t *testing.T) {
 	}
 	require.NoError(t, rtx.Rollback())
 
-	got, err = getManyForUpdate(rtx, s.ro, nil)
+	got, err = getManyForUpdate(rtx, s.ro, s.fams, nil)
 	require.NoError(t, err)
 	require.Empty(t, got)
 }

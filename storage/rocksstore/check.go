@@ -54,12 +54,26 @@ func CheckDir(ctx context.Context, dir string) (storage.CheckReport, error) {
 	o.SetWALRecoveryMode(walRecoveryMode(false))
 	o.SetDbLogDir(logDir)
 	o.SetInfoLogLevel(grocksdb.WarnInfoLogLevel)
-	db, err := grocksdb.OpenDbForReadOnly(o, dir, false)
+	// Read-only, RocksDB opens exactly the families the database has.
+	names, err := grocksdb.ListColumnFamilies(o, dir)
 	if err != nil {
 		return storage.CheckReport{}, walOpenError(dir, translate("check: open "+dir+" read-only", err))
 	}
-	defer db.Close()
-	s := &Store{dir: dir, rd: db, log: slog.New(slog.DiscardHandler)}
+	db, handles, err := grocksdb.OpenDbForReadOnlyColumnFamilies(o, dir, names, familyOptions(o, names), false)
+	if err != nil {
+		return storage.CheckReport{}, walOpenError(dir, translate("check: open "+dir+" read-only", err))
+	}
+	fams := newFamilies(names, handles)
+	defer func() {
+		fams.destroy()
+		db.Close()
+	}()
+	ro := grocksdb.NewDefaultReadOptions()
+	defer ro.Destroy()
+	s := &Store{dir: dir, rd: db, fams: fams, ro: ro, log: slog.New(slog.DiscardHandler)}
+	if err := s.checkLayout(); err != nil {
+		return storage.CheckReport{}, err
+	}
 	return s.Check(ctx)
 }
 

@@ -20,10 +20,10 @@ type raw struct {
 	sc checktest.Scenario
 }
 
-func (r raw) put(k, v []byte) { require.NoError(r.t, r.s.db.Put(r.s.swo, k, v)) }
-func (r raw) del(k []byte)    { require.NoError(r.t, r.s.db.Delete(r.s.swo, k)) }
+func (r raw) put(k, v []byte) { require.NoError(r.t, r.s.db.PutCF(r.s.swo, r.s.fams.of(k), k, v)) }
+func (r raw) del(k []byte)    { require.NoError(r.t, r.s.db.DeleteCF(r.s.swo, r.s.fams.of(k), k)) }
 func (r raw) addCounters(c dbkeys.Counters) {
-	require.NoError(r.t, r.s.db.Merge(r.s.swo, dbkeys.CountersKey(r.sc.Queue), dbkeys.EncodeCounters(c)))
+	require.NoError(r.t, r.s.db.MergeCF(r.s.swo, r.s.fams.of(dbkeys.CountersKey(r.sc.Queue)), dbkeys.CountersKey(r.sc.Queue), dbkeys.EncodeCounters(c)))
 }
 
 func (r raw) item(k []byte) dbkeys.ItemRecord {

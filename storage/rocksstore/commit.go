@@ -589,7 +589,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 			w.merge(dbkeys.CountersKey(d.q.name), dbkeys.EncodeCounters(d.d))
 		}
 	}
-	applyWrites(wb, w)
+	applyWrites(wb, s.fams, w)
 	clear(keys)
 	if cap(keys) <= maxReusedSorted {
 		slot.sorted = keys[:0]
@@ -761,7 +761,7 @@ func (o *opTx) getForUpdate(key []byte) ([]byte, bool, error) {
 		return v, v != nil, nil
 	}
 	s := o.b.s
-	sl, err := o.b.slot.t.GetForUpdate(s.ro, key)
+	sl, err := o.b.slot.t.GetForUpdateWithCF(s.ro, s.fams.of(key), key)
 	return copied("get for update", sl, err)
 }
 
@@ -780,7 +780,7 @@ func (o *opTx) getManyForUpdate(keys [][]byte) ([][]byte, error) {
 		miss = append(miss, k)
 		at = append(at, i)
 	}
-	got, err := getManyForUpdate(o.b.slot.t, o.b.s.ro, miss)
+	got, err := getManyForUpdate(o.b.slot.t, o.b.s.ro, o.b.s.fams, miss)
 	if err != nil {
 		return nil, err
 	}
@@ -796,7 +796,7 @@ func (o *opTx) get(key []byte) ([]byte, bool, error) {
 		return v, v != nil, nil
 	}
 	s := o.b.s
-	sl, err := o.b.slot.t.Get(s.ro, key)
+	sl, err := o.b.slot.t.GetWithCF(s.ro, s.fams.of(key), key)
 	return copied("get", sl, err)
 }
 

@@ -4,13 +4,37 @@
 //
 // # Layout
 //
-// One column family; every namespace is a key prefix laid out by dbkeys
-// (available, visibility, in_progress, leases, lease_expiry, dlq, dedup,
-// dedup_expiry, delayed, payload, meta). Prefixes rather than column
-// families: every batch touches several namespaces, all share one WAL
-// either way, and one family keeps one memtable and one set of compactions
-// on a 2-core box. An item's state is where its record lives; indexes point
-// at it:
+// Every namespace laid out by dbkeys (available, visibility, in_progress,
+// leases, lease_expiry, dlq, dedup, dedup_expiry, delayed, payload, meta)
+// is a column family of its own (families.go); keys keep their namespace
+// byte, so dbkeys' encoding is the same in every family. All families
+// share one WAL, so a batch that touches several namespaces is still one
+// atomic write. Format 1 databases (one family, namespaces as key
+// prefixes) are moved to this layout by the first Open (migrate.go).
+//
+// Why families: with a single one, every flushed table held keys of
+// several namespaces and overlapped every other table, so compaction
+// rewrote the whole backlog level by level. With a family per namespace a
+// growing backlog appends to the tails of available and visibility, a
+// flushed table overlaps nothing before it, and compaction moves it down
+// without rewriting it. Measured in process, produce-b100 (4 producers,
+// batches of 100, nobody consuming), three interleaved pairs of 6 s:
+// sync=always 339k, 342k, 303k items/s on one family against 397k, 387k,
+// 407k on families, with 25 % less CPU per item; sync=none 546k, 518k,
+// 515k against 610k, 590k, 590k. perf over 4 s of the sync=always row:
+// compaction went from 35.6 % of the process's samples to 0.02 % (every
+// table moved down whole), flushes from 6.8 % to 12.2 % (more items
+// flushed per second). e2e did not move (items die in the memtable
+// either way).
+//
+// A TransactionDB keeps, per family, up to max_write_buffer_number
+// flushed memtables in memory as history for the write-conflict checks of
+// transactions that take a snapshot. leaseq's transactions take none, so
+// Open keeps none (max_write_buffer_size_to_maintain 1 byte): with eleven
+// families the history grew the e2e row's RSS from 200 MB to 410 MB in 6
+// s; without history it stays at 150 MB.
+//
+// An item's state is where its record lives; indexes point at it:
 //
 //   - available items have one visibility entry (queue, priority,
 //     visible_at, id), and a delayed entry (visible_at, queue, id) while they

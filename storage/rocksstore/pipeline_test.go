@@ -237,7 +237,7 @@ func TestRocksStore_CorruptionIsReported(t *testing.T) {
 	good, ok, err := b.s.getRaw(k)
 	require.NoError(t, err)
 	require.True(t, ok)
-	require.NoError(t, b.s.db.Put(b.s.swo, k, []byte{0xff, 0x01})) // a damaged record at the head
+	require.NoError(t, b.s.db.PutCF(b.s.swo, b.s.fams.of(k), k, []byte{0xff, 0x01})) // a damaged record at the head
 	for range 2 {
 		_, err = b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 1, Lease: time.Minute, Now: at(time.Second)})
 		require.ErrorIs(t, err, storage.ErrCorrupt)
@@ -249,7 +249,7 @@ func TestRocksStore_CorruptionIsReported(t *testing.T) {
 	b.enqueueN("other", at(0), 1)
 	require.Zero(t, b.stats("other", at(time.Second)).CorruptErrors)
 
-	require.NoError(t, b.s.db.Put(b.s.swo, k, good)) // repaired, for the cleanup's Check
+	require.NoError(t, b.s.db.PutCF(b.s.swo, b.s.fams.of(k), k, good)) // repaired, for the cleanup's Check
 	res := b.poll("q", 3, time.Minute, at(2*time.Second))
 	require.Len(t, res.Items, 3)
 }
@@ -420,7 +420,7 @@ func TestRocksStore_FailedNackLeavesNothing(t *testing.T) {
 	good, ok, err := b.s.getRaw(k)
 	require.NoError(t, err)
 	require.True(t, ok)
-	require.NoError(t, b.s.db.Put(b.s.swo, k, []byte{0xff, 0x01}))
+	require.NoError(t, b.s.db.PutCF(b.s.swo, b.s.fams.of(k), k, []byte{0xff, 0x01}))
 	zero := time.Duration(0)
 	_, err = b.s.Nack(b.ctx, storage.NackParams{Queue: "q", Lease: pr.Lease, IDs: ids, Delay: &zero, Now: at(2 * time.Second)})
 	require.ErrorIs(t, err, storage.ErrCorrupt)
@@ -430,7 +430,7 @@ func TestRocksStore_FailedNackLeavesNothing(t *testing.T) {
 	require.Equal(t, int64(3), st.Inflight)
 	require.Empty(t, b.poll("q", 3, time.Minute, at(2*time.Second)).Items)
 
-	require.NoError(t, b.s.db.Put(b.s.swo, k, good))
+	require.NoError(t, b.s.db.PutCF(b.s.swo, b.s.fams.of(k), k, good))
 	require.Equal(t, []storage.Code{storage.CodeOK, storage.CodeOK, storage.CodeOK}, b.ack("q", pr.Lease, at(3*time.Second), ids...))
 	require.Zero(t, b.stats("q", at(3*time.Second)).Inflight)
 }

@@ -14,20 +14,29 @@ import (
 )
 
 // tableDeletions opens dir read-only and returns the delete markers its
-// tables hold (RocksDB's aggregated table properties).
+// tables hold, in every column family (RocksDB's aggregated table
+// properties).
 func tableDeletions(t *testing.T, dir string) int {
 	t.Helper()
 	o := grocksdb.NewDefaultOptions()
 	defer o.Destroy()
-	db, err := grocksdb.OpenDbForReadOnly(o, dir, false)
+	names := familyList()
+	db, handles, err := grocksdb.OpenDbForReadOnlyColumnFamilies(o, dir, names, familyOptions(o, names), false)
 	require.NoError(t, err)
-	defer db.Close()
-	props := db.GetProperty("rocksdb.aggregated-table-properties")
-	m := regexp.MustCompile(`# deletions=(\d+)`).FindStringSubmatch(props)
-	require.NotNil(t, m, "no deletion count in %q", props)
-	n, err := strconv.Atoi(m[1])
-	require.NoError(t, err)
-	return n
+	defer func() {
+		newFamilies(names, handles).destroy()
+		db.Close()
+	}()
+	total := 0
+	for _, h := range handles {
+		props := db.GetPropertyCF("rocksdb.aggregated-table-properties", h)
+		m := regexp.MustCompile(`# deletions=(\d+)`).FindStringSubmatch(props)
+		require.NotNil(t, m, "no deletion count in %q", props)
+		n, err := strconv.Atoi(m[1])
+		require.NoError(t, err)
+		total += n
+	}
+	return total
 }
 
 // Consumed items leave no delete markers behind: their records and index

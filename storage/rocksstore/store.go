@@ -3,6 +3,7 @@ package rocksstore
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -32,7 +33,8 @@ type Store struct {
 	onDeadline storage.DeadlineFunc
 
 	db     *grocksdb.TransactionDB
-	rd     reader // what reads go through: db, or a read-only DB (CheckDir)
+	rd     reader    // what reads go through: db, or a read-only DB (CheckDir)
+	fams   *families // the column family of each namespace (families.go)
 	tdbo   *grocksdb.TransactionDBOptions
 	txo    *grocksdb.TransactionOptions
 	dbOpts *grocksdb.Options
@@ -150,9 +152,12 @@ func Open(dir string, opts Options) (*Store, error) {
 }
 
 // openDB opens the database in s.dir with s.opts and rebuilds every
-// in-memory index from it; Open and Recover call it. REQUIRES: no
-// database open, no call in flight.
-func (s *Store) openDB() error {
+// in-memory index from it; Open and Recover call it. A format 1 database
+// is migrated first (migrate.go). REQUIRES: no database open, no call in
+// flight.
+func (s *Store) openDB() error { return s.openDBOnce(false) }
+
+func (s *Store) openDBOnce(migrated bool) error {
 	if s.opts.Sync != SyncAlways && s.opts.Sync != SyncNone {
 		return fmt.Errorf("rocksstore: open: %w: sync mode %d", storage.ErrInvalidArgument, int(s.opts.Sync))
 	}
@@ -182,14 +187,21 @@ func (s *Store) openDB() error {
 	o.SetBlockBasedTableFactory(s.bbto)
 	o.SetMergeOperator(countersMerge{})
 	o.SetCompression(grocksdb.LZ4Compression)
-	// Memtables of defaultMemtable bytes, at most 3: bounded memory (96
-	// MiB) and flushes small enough to keep Open's WAL replay short.
+	// Memtables of defaultMemtable bytes, at most 3 per family and 3
+	// memtables' worth in all (db_write_buffer_size flushes the family
+	// with the oldest data beyond it): bounded memory (96 MiB) and flushes
+	// small enough to keep Open's WAL replay short.
 	memtable := s.opts.memtable
 	if memtable <= 0 {
 		memtable = defaultMemtable
 	}
 	o.SetWriteBufferSize(uint64(memtable))
 	o.SetMaxWriteBufferNumber(3)
+	o.SetDbWriteBufferSize(uint64(3 * memtable))
+	// No flushed memtables kept as transaction history (doc.go): leaseq's
+	// transactions take no snapshot. 0 would make TransactionDB keep
+	// max_write_buffer_number of them.
+	o.SetMaxWriteBufferSizeToMaintain(1)
 	o.SetMaxBackgroundJobs(2)
 	o.SetMaxTotalWalSize(128 << 20)
 	// RocksDB's statistics time the writes for Metrics: the store itself
@@ -206,7 +218,9 @@ func (s *Store) openDB() error {
 	o.SetWALRecoveryMode(walRecoveryMode(s.opts.RecoverPointInTime))
 	s.tdbo = grocksdb.NewDefaultTransactionDBOptions()
 	s.tdbo.SetTransactionLockTimeout(lockTimeoutMillis)
-	db, err := grocksdb.OpenTransactionDb(o, s.tdbo, s.dir)
+	o.SetCreateIfMissingColumnFamilies(true)
+	names := familyList()
+	db, handles, err := grocksdb.OpenTransactionDbColumnFamilies(o, s.tdbo, s.dir, names, familyOptions(o, names))
 	if err != nil {
 		s.tdbo.Destroy()
 		s.destroyOptions()
@@ -217,6 +231,7 @@ func (s *Store) openDB() error {
 	}
 	s.db = db
 	s.rd = db
+	s.fams = newFamilies(names, handles)
 	s.txo = grocksdb.NewDefaultTransactionOptions()
 	s.txo.SetLockTimeout(lockTimeoutMillis)
 	s.wo = grocksdb.NewDefaultWriteOptions()
@@ -232,8 +247,18 @@ func (s *Store) openDB() error {
 	s.expiry, s.delayed = nil, nil
 	s.dedupCur.reset()
 	if err := s.load(); err != nil {
-		s.closeDB()
-		return err
+		if !errors.Is(err, errFormat1) || migrated {
+			s.closeDB()
+			return err
+		}
+		s.closeHandles()
+		moved, err := migrateFormat1(s.dbOpts, s.dir)
+		s.destroyOptions()
+		if err != nil {
+			return err
+		}
+		s.log.Info("moved the database from format 1 (one column family) to format 2 (a column family per namespace)", "data", s.dir, "keys", moved)
+		return s.openDBOnce(true)
 	}
 	if err := s.rebuild(); err != nil {
 		s.closeDB()
@@ -246,20 +271,14 @@ func (s *Store) openDB() error {
 // load reads the format version, queue configs, counters and the id
 // high-water mark.
 func (s *Store) load() error {
-	v, ok, err := s.getRaw(dbkeys.MetaFormatKey())
+	ok, err := s.readFormat()
 	if err != nil {
 		return err
 	}
-	if ok {
-		f, err := dbkeys.DecodeUint64(v)
-		if err != nil {
-			return fmt.Errorf("rocksstore: open: format version: %w: %v", storage.ErrCorrupt, err)
+	if !ok {
+		if err := s.db.PutCF(s.swo, s.fams.of(dbkeys.MetaFormatKey()), dbkeys.MetaFormatKey(), dbkeys.EncodeUint64(formatVersion)); err != nil {
+			return translate("open", err)
 		}
-		if f != formatVersion {
-			return fmt.Errorf("rocksstore: open: %w: database format %d, this build reads %d", storage.ErrCorrupt, f, formatVersion)
-		}
-	} else if err := s.db.Put(s.swo, dbkeys.MetaFormatKey(), dbkeys.EncodeUint64(formatVersion)); err != nil {
-		return translate("open", err)
 	}
 	hw, ok, err := s.getRaw(dbkeys.MetaIDSeqKey())
 	if err != nil {
@@ -319,10 +338,6 @@ func memtableHintOptions() (*grocksdb.Options, error) {
 // defaultMemtable is the memtable size (see doc.go for the measurement).
 const defaultMemtable = 32 << 20
 
-// formatVersion is the database layout this build reads and writes. Part of
-// the on-disk format.
-const formatVersion = 1
-
 func (s *Store) readCounters(ro *grocksdb.ReadOptions, name string) (dbkeys.Counters, error) {
 	v, ok, err := s.getAt(ro, dbkeys.CountersKey(name))
 	if err != nil || !ok {
@@ -351,7 +366,11 @@ func (s *Store) Close() error {
 	// replay up to max_total_wal_size of WAL (see BenchmarkOpenBacklog).
 	var err error
 	if !s.opts.noCloseFlush {
-		err = flushWith(s.db.Flush)
+		for _, h := range s.fams.handles {
+			if err = flushWith(func(fo *grocksdb.FlushOptions) error { return s.db.FlushCF(h, fo) }); err != nil {
+				break
+			}
+		}
 	}
 	s.saveStats()
 	s.closeDB()
@@ -370,17 +389,24 @@ func flushWith(f func(*grocksdb.FlushOptions) error) error {
 }
 
 func (s *Store) closeDB() {
+	s.closeHandles()
+	s.destroyOptions()
+}
+
+// closeHandles closes the database and everything opened with it, but not
+// the options it was opened with.
+func (s *Store) closeHandles() {
 	for _, sl := range s.slots {
 		sl.t.Destroy()
 	}
 	s.slots = nil
+	s.fams.destroy()
 	s.db.Close()
 	s.txo.Destroy()
 	s.tdbo.Destroy()
 	s.wo.Destroy()
 	s.swo.Destroy()
 	s.ro.Destroy()
-	s.destroyOptions()
 }
 
 func (s *Store) destroyOptions() {
@@ -550,7 +576,7 @@ func (s *Store) getRaw(key []byte) ([]byte, bool, error) { return s.getAt(s.ro, 
 
 // getAt reads one key with ro (a snapshot, say); the value is a copy.
 func (s *Store) getAt(ro *grocksdb.ReadOptions, key []byte) ([]byte, bool, error) {
-	sl, err := s.rd.Get(ro, key)
+	sl, err := s.rd.GetCF(ro, s.fams.of(key), key)
 	return copied("get", sl, err)
 }
 
@@ -609,7 +635,7 @@ func (s *Store) scanViewAt(snap *grocksdb.Snapshot, once bool, lower, upper, see
 	if upper != nil {
 		ro.SetIterateUpperBound(bytes.Clone(upper))
 	}
-	it := s.rd.NewIterator(ro)
+	it := s.rd.NewIteratorCF(ro, s.fams.of(lower))
 	defer func() {
 		it.Close()
 		ro.Destroy()
@@ -777,8 +803,8 @@ func corrupt(op string, key []byte, err error) error {
 // reader is the part of a RocksDB handle that reads use: the store's
 // TransactionDB, or the read-only DB of CheckDir.
 type reader interface {
-	Get(*grocksdb.ReadOptions, []byte) (*grocksdb.Slice, error)
-	NewIterator(*grocksdb.ReadOptions) *grocksdb.Iterator
+	GetCF(*grocksdb.ReadOptions, *grocksdb.ColumnFamilyHandle, []byte) (*grocksdb.Slice, error)
+	NewIteratorCF(*grocksdb.ReadOptions, *grocksdb.ColumnFamilyHandle) *grocksdb.Iterator
 	NewSnapshot() *grocksdb.Snapshot
 	ReleaseSnapshot(*grocksdb.Snapshot)
 }

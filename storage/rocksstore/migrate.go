@@ -1,0 +1,196 @@
+package rocksstore
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/leaseq/leaseq/dbkeys"
+	"github.com/leaseq/leaseq/storage"
+	"github.com/linxGnu/grocksdb"
+)
+
+// Database formats (the meta format key):
+//
+//   - 1: every namespace in RocksDB's default column family;
+//   - 2: a column family per namespace (families.go), default empty.
+//
+// Open moves a format 1 database to format 2 before it serves anything
+// (migrateFormat1). The move is a sequence of batches, each putting a
+// slice of keys into their families and deleting them from default, so a
+// crash during it leaves every key in exactly one place, and the next
+// Open goes on from where it stopped. The format key moves last, in a
+// synced batch: a database whose meta family holds the format key is
+// fully moved.
+const (
+	format1       = 1
+	formatVersion = 2 // what this build writes
+)
+
+// errFormat1 is load's answer for a database still (or partly) in format
+// 1: openDB migrates it and opens again.
+var errFormat1 = errors.New("rocksstore: database in format 1")
+
+// migrateChunk is how many keys one migration batch moves; migrateFail,
+// if set, fails the migration after that many batches (tests: a crash
+// halfway).
+var (
+	migrateChunk = 4096
+	migrateFail  = 0
+)
+
+// readFormat reads the format key. In format 2 it is in the meta family;
+// a format 1 database has it in default (errFormat1). ok is false for a
+// new, empty database.
+func (s *Store) readFormat() (ok bool, err error) {
+	key := dbkeys.MetaFormatKey()
+	v, ok, err := s.getRaw(key)
+	if err != nil {
+		return false, err
+	}
+	if !ok {
+		sl, err := s.rd.GetCF(s.ro, s.fams.def, key)
+		_, old, err := copied("get", sl, err)
+		if err != nil {
+			return false, err
+		}
+		if old {
+			return false, errFormat1
+		}
+		return false, s.requireEmptyDefault()
+	}
+	f, err := dbkeys.DecodeUint64(v)
+	if err != nil {
+		return false, fmt.Errorf("rocksstore: open: format version: %w: %v", storage.ErrCorrupt, err)
+	}
+	if f != formatVersion {
+		return false, fmt.Errorf("rocksstore: open: %w: database format %d, this build reads %d", storage.ErrCorrupt, f, formatVersion)
+	}
+	return true, nil
+}
+
+// requireEmptyDefault fails when the default family holds a key although
+// no format key says the database is format 1.
+func (s *Store) requireEmptyDefault() error {
+	ro := grocksdb.NewDefaultReadOptions()
+	defer ro.Destroy()
+	it := s.rd.NewIteratorCF(ro, s.fams.def)
+	defer it.Close()
+	it.SeekToFirst()
+	if it.Valid() {
+		return fmt.Errorf("rocksstore: open: %w: the default column family holds key %x but no format version", storage.ErrCorrupt, it.Key().Data())
+	}
+	return translate("iterate", it.Err())
+}
+
+// migrateFormat1 moves every key of the default family of the database in
+// dir into its namespace's family, with o (Open's options), on a plain
+// DB: its compaction then drops the moved keys' old copies. REQUIRES: the
+// database is closed.
+func migrateFormat1(o *grocksdb.Options, dir string) (moved int, err error) {
+	names := familyList()
+	db, handles, err := grocksdb.OpenDbColumnFamilies(o, dir, names, familyOptions(o, names))
+	if err != nil {
+		return 0, walOpenError(dir, translate("migrate: open "+dir, err))
+	}
+	fams := newFamilies(names, handles)
+	defer func() {
+		fams.destroy()
+		db.Close()
+	}()
+	wo := grocksdb.NewDefaultWriteOptions()
+	defer wo.Destroy()
+	ro := grocksdb.NewDefaultReadOptions()
+	defer ro.Destroy()
+	ro.SetFillCache(false)
+	it := db.NewIteratorCF(ro, fams.def) // an implicit snapshot: the deletes below do not disturb it
+	defer it.Close()
+	wb := grocksdb.NewWriteBatch()
+	defer wb.Destroy()
+	formatKey := dbkeys.MetaFormatKey()
+	batches, n := 0, 0
+	write := func(w *grocksdb.WriteOptions) error {
+		if migrateFail > 0 && batches == migrateFail {
+			return fmt.Errorf("rocksstore: migrate: stopped after %d batches (test)", batches)
+		}
+		if err := db.Write(w, wb); err != nil {
+			return translate("migrate: write", err)
+		}
+		batches++
+		wb.Clear()
+		n = 0
+		return nil
+	}
+	for it.SeekToFirst(); it.Valid(); it.Next() {
+		k, v := it.Key().Data(), it.Value().Data()
+		if string(k) == string(formatKey) {
+			continue // moves last
+		}
+		var h *grocksdb.ColumnFamilyHandle
+		if len(k) > 0 {
+			h = fams.byNs[k[0]]
+		}
+		if h == nil {
+			return moved, fmt.Errorf("rocksstore: migrate: %w: key %x in no namespace", storage.ErrCorrupt, k)
+		}
+		wb.PutCF(h, k, v)
+		wb.DeleteCF(fams.def, k)
+		moved++
+		if n++; n == migrateChunk {
+			if err := write(wo); err != nil {
+				return moved, err
+			}
+		}
+	}
+	if err := it.Err(); err != nil {
+		return moved, translate("migrate: iterate", err)
+	}
+	wb.PutCF(fams.byNs[dbkeys.NsMeta], formatKey, dbkeys.EncodeUint64(formatVersion))
+	wb.DeleteCF(fams.def, formatKey)
+	swo := grocksdb.NewDefaultWriteOptions()
+	defer swo.Destroy()
+	swo.SetSync(true)
+	if err := write(swo); err != nil {
+		return moved, err
+	}
+	// Drop the moved keys' old copies and their tombstones from default.
+	db.CompactRangeCF(fams.def, grocksdb.Range{})
+	return moved, nil
+}
+
+// checkLayout fits the families of a read-only store (CheckDir) to its
+// database's format: format 2 is read family by family; format 1 is read
+// from default alone; a format 1 database part way through its move (an
+// Open that stopped during the migration) is refused, since its keys are
+// in two places.
+func (s *Store) checkLayout() error {
+	formatKey := dbkeys.MetaFormatKey()
+	sl, err := s.rd.GetCF(s.ro, s.fams.def, formatKey)
+	_, v1, err := copied("get", sl, err)
+	if err != nil {
+		return err
+	}
+	if !v1 {
+		for b, name := range familyNames {
+			if s.fams.byNs[b] == nil {
+				return fmt.Errorf("rocksstore: check: %w: column family %q missing", storage.ErrCorrupt, name)
+			}
+		}
+		_, err := s.readFormat()
+		return err
+	}
+	for b, name := range familyNames {
+		h := s.fams.byNs[b]
+		if h == nil {
+			continue
+		}
+		it := s.rd.NewIteratorCF(s.ro, h)
+		it.SeekToFirst()
+		used := it.Valid()
+		it.Close()
+		if used {
+			return fmt.Errorf("rocksstore: check: the database is part way through its move from format 1 to format 2 (column family %q is in use): open it once (leaseq serve) to finish the move", name)
+		}
+	}
+	s.fams.singleFamily()
+	return nil
+}
