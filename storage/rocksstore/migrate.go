@@ -185,8 +185,11 @@ func (s *Store) checkLayout() error {
 		}
 		it := s.rd.NewIteratorCF(s.ro, h)
 		it.SeekToFirst()
-		used := it.Valid()
+		used, err := it.Valid(), it.Err()
 		it.Close()
+		if err != nil {
+			return translate("check: iterate", err)
+		}
 		if used {
 			return fmt.Errorf("rocksstore: check: the database is part way through its move from format 1 to format 2 (column family %q is in use): open it once (leaseq serve) to finish the move", name)
 		}
