@@ -48,8 +48,7 @@ func (s *Store) readFormat() (ok bool, err error) {
 		return false, err
 	}
 	if !ok {
-		sl, err := s.rd.GetCF(s.ro, s.fams.def, key)
-		_, old, err := copied("get", sl, err)
+		old, err := s.defaultFormat()
 		if err != nil {
 			return false, err
 		}
@@ -64,6 +63,22 @@ func (s *Store) readFormat() (ok bool, err error) {
 	}
 	if f != formatVersion {
 		return false, fmt.Errorf("rocksstore: open: %w: database format %d, this build reads %d", storage.ErrCorrupt, f, formatVersion)
+	}
+	return true, nil
+}
+
+// defaultFormat reports whether the default family holds the format key
+// (a format 1 database, or one part way through its move); any value but
+// 1 there is damage.
+func (s *Store) defaultFormat() (bool, error) {
+	key := dbkeys.MetaFormatKey()
+	sl, err := s.rd.GetCF(s.ro, s.fams.def, key)
+	v, found, err := copied("get", sl, err)
+	if err != nil || !found {
+		return false, err
+	}
+	if f, err := dbkeys.DecodeUint64(v); err != nil || f != format1 {
+		return false, fmt.Errorf("rocksstore: open: %w: format key %x in the default column family (want format %d)", storage.ErrCorrupt, v, format1)
 	}
 	return true, nil
 }
@@ -163,9 +178,7 @@ func migrateFormat1(o *grocksdb.Options, dir string) (moved int, err error) {
 // Open that stopped during the migration) is refused, since its keys are
 // in two places.
 func (s *Store) checkLayout() error {
-	formatKey := dbkeys.MetaFormatKey()
-	sl, err := s.rd.GetCF(s.ro, s.fams.def, formatKey)
-	_, v1, err := copied("get", sl, err)
+	v1, err := s.defaultFormat()
 	if err != nil {
 		return err
 	}
