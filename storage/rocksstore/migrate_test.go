@@ -203,3 +203,25 @@ func TestNewDatabaseIsFormat2(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, formatVersion, f)
 }
+
+// A format key in the default family that does not say format 1 is
+// damage: Open and CheckDir refuse the database instead of moving it.
+func TestMigrate_UnknownFormatInDefault(t *testing.T) {
+	t.Parallel()
+	dir := format1DB(t)
+	o := grocksdb.NewDefaultOptions() // not destroyed: see Store.destroyOptions
+	o.SetMergeOperator(countersMerge{})
+	db, err := grocksdb.OpenDb(o, dir)
+	require.NoError(t, err)
+	wo := grocksdb.NewDefaultWriteOptions()
+	require.NoError(t, db.Put(wo, dbkeys.MetaFormatKey(), dbkeys.EncodeUint64(7)))
+	wo.Destroy()
+	db.Close()
+
+	_, err = Open(dir, testOptions(t))
+	require.ErrorIs(t, err, storage.ErrCorrupt)
+	require.ErrorContains(t, err, "want format 1")
+	_, err = CheckDir(context.Background(), dir)
+	require.ErrorIs(t, err, storage.ErrCorrupt)
+	require.Equal(t, map[string]int{defaultFamily: 39}, familyKeys(t, dir), "nothing moved")
+}
