@@ -630,3 +630,40 @@ func TestCLI_MaxMessage(t *testing.T) {
 	require.Len(t, strings.TrimSpace(n.cli("enqueue", "jobs", "small").stdout), 32)
 	require.NotContains(t, n.logs.String(), "level=ERROR")
 }
+
+// TestCLI_Format1Upgrade: a database written before column families
+// (storage/rocksstore/testdata/format1, made by ac825a7) is checked as it
+// is, moved to format 2 by the first leaseq serve, and serves the same
+// queues after the move.
+func TestCLI_Format1Upgrade(t *testing.T) {
+	t.Parallel()
+	src := filepath.Join("storage", "rocksstore", "testdata", "format1", "db")
+	data := filepath.Join(t.TempDir(), "data")
+	require.NoError(t, os.MkdirAll(data, 0o700))
+	ents, err := os.ReadDir(src)
+	require.NoError(t, err)
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(data, e.Name()), b, 0o600))
+	}
+	r := runCLI(t, nil, "", "check", "--data", data)
+	require.Equal(t, 0, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, "14 items, 1 leases")
+
+	n := startNode(t, data)
+	require.Contains(t, n.logs.String(), "moved the database from format 1")
+	jobs := n.stats("jobs")
+	require.Equal(t, queueStats{Ready: 8, Delayed: 2, Inflight: 2, Leases: 1, Enqueued: 13, Delivered: 4, Acked: 1, Nacked: 1}, jobs)
+	dead := n.stats("dead")
+	require.EqualValues(t, 2, dead.Dead)
+	require.Len(t, n.cli("dlq", "ls", "dead").lines(), 2)
+	require.Equal(t, 0, n.stop())
+
+	r = runCLI(t, nil, "", "check", "--data", data)
+	require.Equal(t, 0, r.code, r.stdout+r.stderr)
+	require.Contains(t, r.stdout, "14 items, 1 leases")
+	n = startNode(t, data)
+	require.NotContains(t, n.logs.String(), "moved the database", "moved once only")
+	require.Equal(t, jobs, n.stats("jobs"))
+}
