@@ -167,7 +167,14 @@ func migrateFormat1(o *grocksdb.Options, dir string) (moved int, err error) {
 	if err := write(swo); err != nil {
 		return moved, err
 	}
-	// Drop the moved keys' old copies and their tombstones from default.
+	// Flush the moved keys, so the Open that follows does not replay
+	// them from the WAL, and drop their old copies and their tombstones
+	// from default.
+	for _, h := range fams.handles {
+		if err := flushWith(func(fo *grocksdb.FlushOptions) error { return db.FlushCF(h, fo) }); err != nil {
+			return moved, translate("migrate: flush", err)
+		}
+	}
 	db.CompactRangeCF(fams.def, grocksdb.Range{})
 	return moved, nil
 }
