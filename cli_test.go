@@ -637,16 +637,8 @@ func TestCLI_MaxMessage(t *testing.T) {
 // queues after the move.
 func TestCLI_Format1Upgrade(t *testing.T) {
 	t.Parallel()
-	src := filepath.Join("storage", "rocksstore", "testdata", "format1", "db")
 	data := filepath.Join(t.TempDir(), "data")
-	require.NoError(t, os.MkdirAll(data, 0o700))
-	ents, err := os.ReadDir(src)
-	require.NoError(t, err)
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(src, e.Name()))
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join(data, e.Name()), b, 0o600))
-	}
+	require.NoError(t, os.CopyFS(data, os.DirFS(filepath.Join("storage", "rocksstore", "testdata", "format1", "db"))))
 	r := runCLI(t, nil, "", "check", "--data", data)
 	require.Equal(t, 0, r.code, r.stdout+r.stderr)
 	require.Contains(t, r.stdout, "14 items, 1 leases")

@@ -103,6 +103,20 @@ func (f *families) of(key []byte) *grocksdb.ColumnFamilyHandle {
 	return h
 }
 
+// flush flushes every family's memtables with flushCF (a DB's or a
+// TransactionDB's FlushCF) and waits for them.
+func (f *families) flush(flushCF func(*grocksdb.ColumnFamilyHandle, *grocksdb.FlushOptions) error) error {
+	fo := grocksdb.NewDefaultFlushOptions()
+	defer fo.Destroy()
+	fo.SetWait(true)
+	for _, h := range f.handles {
+		if err := flushCF(h, fo); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (f *families) destroy() {
 	for _, h := range f.handles {
 		h.Destroy()

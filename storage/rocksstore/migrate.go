@@ -1,6 +1,7 @@
 package rocksstore
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 
@@ -86,15 +87,26 @@ func (s *Store) defaultFormat() (bool, error) {
 // requireEmptyDefault fails when the default family holds a key although
 // no format key says the database is format 1.
 func (s *Store) requireEmptyDefault() error {
-	ro := grocksdb.NewDefaultReadOptions()
-	defer ro.Destroy()
-	it := s.rd.NewIteratorCF(ro, s.fams.def)
+	k, err := s.firstKey(s.fams.def)
+	if err != nil || k == nil {
+		return err
+	}
+	return fmt.Errorf("rocksstore: open: %w: the default column family holds key %x but no format version", storage.ErrCorrupt, k)
+}
+
+// firstKey returns a copy of the first key in family h, nil when it is
+// empty.
+func (s *Store) firstKey(h *grocksdb.ColumnFamilyHandle) ([]byte, error) {
+	it := s.rd.NewIteratorCF(s.ro, h)
 	defer it.Close()
 	it.SeekToFirst()
-	if it.Valid() {
-		return fmt.Errorf("rocksstore: open: %w: the default column family holds key %x but no format version", storage.ErrCorrupt, it.Key().Data())
+	if err := it.Err(); err != nil {
+		return nil, translate("iterate", err)
 	}
-	return translate("iterate", it.Err())
+	if !it.Valid() {
+		return nil, nil
+	}
+	return bytes.Clone(it.Key().Data()), nil
 }
 
 // migrateFormat1 moves every key of the default family of the database in
@@ -170,10 +182,8 @@ func migrateFormat1(o *grocksdb.Options, dir string) (moved int, err error) {
 	// Flush the moved keys, so the Open that follows does not replay
 	// them from the WAL, and drop their old copies and their tombstones
 	// from default.
-	for _, h := range fams.handles {
-		if err := flushWith(func(fo *grocksdb.FlushOptions) error { return db.FlushCF(h, fo) }); err != nil {
-			return moved, translate("migrate: flush", err)
-		}
+	if err := fams.flush(db.FlushCF); err != nil {
+		return moved, translate("migrate: flush", err)
 	}
 	db.CompactRangeCF(fams.def, grocksdb.Range{})
 	return moved, nil
@@ -203,14 +213,11 @@ func (s *Store) checkLayout() error {
 		if h == nil {
 			continue
 		}
-		it := s.rd.NewIteratorCF(s.ro, h)
-		it.SeekToFirst()
-		used, err := it.Valid(), it.Err()
-		it.Close()
+		k, err := s.firstKey(h)
 		if err != nil {
-			return translate("check: iterate", err)
+			return err
 		}
-		if used {
+		if k != nil {
 			return fmt.Errorf("rocksstore: check: the database is part way through its move from format 1 to format 2 (column family %q is in use): open it once (leaseq serve) to finish the move", name)
 		}
 	}

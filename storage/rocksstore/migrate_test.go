@@ -76,16 +76,8 @@ func requireFormat1State(t *testing.T, s *Store) {
 // format1DB copies the format 1 database into a fresh directory.
 func format1DB(t *testing.T) string {
 	t.Helper()
-	src := filepath.Join("testdata", "format1", "db")
 	dir := filepath.Join(t.TempDir(), "db")
-	require.NoError(t, os.MkdirAll(dir, 0o700))
-	ents, err := os.ReadDir(src)
-	require.NoError(t, err)
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(src, e.Name()))
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join(dir, e.Name()), b, 0o600))
-	}
+	require.NoError(t, os.CopyFS(dir, os.DirFS(filepath.Join("testdata", "format1", "db"))))
 	return dir
 }
 

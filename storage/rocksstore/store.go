@@ -366,11 +366,7 @@ func (s *Store) Close() error {
 	// replay up to max_total_wal_size of WAL (see BenchmarkOpenBacklog).
 	var err error
 	if !s.opts.noCloseFlush {
-		for _, h := range s.fams.handles {
-			if err = flushWith(func(fo *grocksdb.FlushOptions) error { return s.db.FlushCF(h, fo) }); err != nil {
-				break
-			}
-		}
+		err = s.fams.flush(s.db.FlushCF)
 	}
 	s.saveStats()
 	s.closeDB()
@@ -379,13 +375,6 @@ func (s *Store) Close() error {
 	}
 	s.log.Info("rocksstore closed", "data", s.dir)
 	return nil
-}
-
-func flushWith(f func(*grocksdb.FlushOptions) error) error {
-	fo := grocksdb.NewDefaultFlushOptions()
-	defer fo.Destroy()
-	fo.SetWait(true)
-	return f(fo)
 }
 
 func (s *Store) closeDB() {
