@@ -1,5 +1,5 @@
-// The HTTP endpoints of a node (/metrics, /healthz, /readyz) and the
-// Prometheus collector.
+// The HTTP endpoints of a node (/metrics, /healthz, /readyz; /debug/pprof/
+// with --pprof) and the Prometheus collector.
 
 package main
 
@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -55,6 +56,20 @@ func metricsServer(c prometheus.Collector, ready *atomic.Bool, health func() err
 	})
 	// Timeouts keep a stuck scraper from holding connections forever.
 	return &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
+}
+
+// pprofServer serves Go's profiling endpoints under /debug/pprof/ on a mux
+// of its own (net/http/pprof also registers them on http.DefaultServeMux,
+// which the node never serves). A CPU profile or an execution trace runs
+// for the seconds its request asks, so there is no write timeout.
+func pprofServer() *http.Server {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 }
 
 // nodeParts are what the collector reads on each scrape; nil before the

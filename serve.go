@@ -71,6 +71,11 @@ histograms, commit and fsync latency, sweeper lag), /healthz (the process
 is up) and /readyz (200 once the store is open and the RPC listener
 accepts; 503 before that and while shutting down).
 
+--pprof ADDR (host:port, off by default) serves Go's profiling endpoints
+under http://ADDR/debug/pprof/: a CPU profile (/debug/pprof/profile?seconds=N),
+an execution trace (/debug/pprof/trace?seconds=N), the heap and the
+goroutines. They show the process's internals: keep ADDR on loopback.
+
 The --max-* and --min-lease flags set the limits every request is checked
 against; a request over a limit gets a clear error naming it.
 
@@ -124,6 +129,7 @@ type serveConfig struct {
 	minFreeDisk   int64
 	socketMode    fs.FileMode
 	metrics       string
+	pprof         string // --pprof; "" when off
 	http          string // the HTTP API's address; "" when off
 	tls           *tls.Config
 	mutualTLS     bool
@@ -237,6 +243,11 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		return err
 	}
 	undo = append(undo, func() error { stopMetrics(false); return nil })
+	stopPprof, err := startPprof(&c)
+	if err != nil {
+		return err
+	}
+	undo = append(undo, func() error { stopPprof(false); return nil })
 
 	// The store reports new deadlines from its first commit on, possibly
 	// from other goroutines; the sweeper exists only after the store is
@@ -333,6 +344,7 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	collector.node.Store(nil)
 	err = closeStore(store)
 	stopMetrics(true)
+	stopPprof(true)
 	if err != nil {
 		return err
 	}
@@ -347,28 +359,42 @@ func startMetrics(c *serveConfig, collector *nodeCollector, ready *atomic.Bool) 
 	if c.metrics == "" {
 		return func(bool) {}, nil
 	}
-	log := c.log
-	mln, err := net.Listen("tcp", c.metrics)
-	if err != nil {
-		return nil, fmt.Errorf("metrics listener: %w", err)
+	return listenAndServe(&c.metrics, "metrics", metricsServer(collector, ready, nodeHealth(collector), c.log), c.log)
+}
+
+// startPprof serves Go's profiling endpoints on c.pprof (if set; c.pprof
+// becomes the real address when given :0). stop ends it.
+func startPprof(c *serveConfig) (stop func(graceful bool), err error) {
+	if c.pprof == "" {
+		return func(bool) {}, nil
 	}
-	c.metrics = mln.Addr().String()
-	httpSrv := metricsServer(collector, ready, nodeHealth(collector), log)
+	return listenAndServe(&c.pprof, "pprof", pprofServer(), c.log)
+}
+
+// listenAndServe serves srv on the TCP address *addr, which it replaces with
+// the address it listens on. stop ends it, gracefully (requests get 2 s
+// to finish) or at once.
+func listenAndServe(addr *string, what string, srv *http.Server, log *slog.Logger) (stop func(graceful bool), err error) {
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s listener: %w", what, err)
+	}
+	*addr = ln.Addr().String()
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if err := httpSrv.Serve(mln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server failed", "err", err)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error(what+" server failed", "err", err)
 		}
 	})
 	return func(graceful bool) {
 		if graceful {
 			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			if herr := httpSrv.Shutdown(sctx); herr != nil {
-				_ = httpSrv.Close()
+			if herr := srv.Shutdown(sctx); herr != nil {
+				_ = srv.Close()
 			}
 			cancel()
 		} else {
-			_ = httpSrv.Close()
+			_ = srv.Close()
 		}
 		wg.Wait()
 	}, nil
@@ -484,6 +510,9 @@ func servingAttrs(c serveConfig, ln, qbln net.Listener) []any {
 		"sweep_interval", c.sweepInterval,
 		"pid", os.Getpid(),
 	)
+	if c.pprof != "" {
+		attrs = append(attrs, "pprof", c.pprof)
+	}
 	if c.backend == "rocksdb" {
 		dir, _ := filepath.Abs(c.data)
 		return append(attrs, "data", dir, "sync", c.syncText)

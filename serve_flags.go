@@ -32,6 +32,7 @@ type serveFlags struct {
 	recoverMode    *choice[string]
 	socketMode     *choice[fs.FileMode]
 	metricsAddr    *string
+	pprofAddr      *string
 	httpAddr       *string
 	tlsCert        *string
 	tlsKey         *string
@@ -91,6 +92,7 @@ func addServeFlags(fs *flag.FlagSet) *serveFlags {
 	fs.Var(f.socketMode, "socket-mode", "permission `bits` (octal) of the unix socket for --listen unix:/path; connecting needs write permission")
 	fs.Var(f.recoverMode, "recover", "`point-in-time`: open a database whose write-ahead log is damaged, dropping every write after the damage (the node refuses to start on such a log otherwise; keep a copy of --data first)")
 	f.metricsAddr = fs.String("metrics", "", "serve /metrics, /healthz and /readyz over HTTP on `host:port` (empty: off)")
+	f.pprofAddr = fs.String("pprof", "", "serve Go's profiling endpoints under /debug/pprof/ (CPU profile, heap, goroutines, execution trace) over HTTP on `host:port` (empty: off); they show the process's internals, so keep them on loopback")
 	f.httpAddr = fs.String("http", "", "serve the HTTP/JSON API on `address`, host:port or unix:/path, with the TLS of --tls-* (empty: off)")
 	f.tlsCert = fs.String("tls-cert", "", "server certificate `file` (PEM); enables TLS with --tls-key")
 	f.tlsKey = fs.String("tls-key", "", "server private key `file` (PEM)")
@@ -184,6 +186,16 @@ func (f *serveFlags) check() error {
 	if *f.httpAddr != "" && (*f.httpAddr == *f.listen || *f.httpAddr == *f.metricsAddr || *f.httpAddr == *f.qbListen) {
 		return usagef("--http %s is also the address of --listen, --metrics or --queueber-listen", *f.httpAddr)
 	}
+	if *f.pprofAddr != "" {
+		if strings.HasPrefix(*f.pprofAddr, "unix:") {
+			return usagef("--pprof takes host:port, not a unix socket")
+		}
+		for _, other := range []string{*f.listen, *f.metricsAddr, *f.httpAddr, *f.qbListen} {
+			if *f.pprofAddr == other {
+				return usagef("--pprof %s is also the address of --listen, --metrics, --http or --queueber-listen", *f.pprofAddr)
+			}
+		}
+	}
 	if f.backend.val == "fdb" && f.recoverMode.set {
 		return usagef("--recover applies to --backend=rocksdb only")
 	}
@@ -217,6 +229,7 @@ func (f *serveFlags) config(stderr io.Writer) (serveConfig, error) {
 		minFreeDisk: int64(f.minFreeDisk.val),
 		socketMode:  f.socketMode.val,
 		metrics:     *f.metricsAddr,
+		pprof:       *f.pprofAddr,
 		http:        *f.httpAddr,
 		tls:         tc,
 		mutualTLS:   *f.tlsClientCA != "",

@@ -320,3 +320,48 @@ func TestDefaultNodeWaiters(t *testing.T) {
 		require.LessOrEqual(t, int64(n)*parkedPollCost, machineMemory()/8)
 	}
 }
+
+// TestServe_Pprof: --pprof serves a CPU profile, an execution trace and
+// the index of a real node, and the startup log names the address.
+func TestServe_Pprof(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	n := startNode(t, t.TempDir(), "--pprof", addr)
+	require.Contains(t, n.logs.String(), "pprof="+addr)
+	get := func(path string) []byte {
+		resp, err := http.Get("http://" + addr + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", path, body)
+		return body
+	}
+	require.Contains(t, string(get("/debug/pprof/")), "goroutine")
+	prof := get("/debug/pprof/profile?seconds=1")
+	require.True(t, bytes.HasPrefix(prof, []byte{0x1f, 0x8b}), "a CPU profile is gzipped protobuf, got %q", prof[:min(len(prof), 16)])
+	tr := get("/debug/pprof/trace?seconds=1")
+	require.True(t, bytes.HasPrefix(tr, []byte("go 1.")), "an execution trace starts with its version, got %q", tr[:min(len(tr), 16)])
+	require.Zero(t, n.stop())
+}
+
+// --pprof takes a TCP address of its own.
+func TestServe_PprofFlagChecks(t *testing.T) {
+	t.Parallel()
+	data := filepath.Join(t.TempDir(), "d")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--pprof", "unix:/tmp/p.sock"}, "--pprof takes host:port"},
+		{[]string{"--listen", "127.0.0.1:7799", "--pprof", "127.0.0.1:7799"}, "--pprof 127.0.0.1:7799 is also the address of"},
+		{[]string{"--metrics", "127.0.0.1:7798", "--pprof", "127.0.0.1:7798"}, "--pprof 127.0.0.1:7798 is also the address of"},
+	} {
+		r := runCLI(t, nil, "", append([]string{"serve", "--data", data}, tc.args...)...)
+		require.Equal(t, 2, r.code, "%v: %s%s", tc.args, r.stdout, r.stderr)
+		require.Contains(t, r.stderr, tc.want, "%v", tc.args)
+	}
+}
