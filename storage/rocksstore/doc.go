@@ -133,6 +133,10 @@
 // without a hint RocksDB's skiplist searched from the top for each of
 // them.
 //
+// In a Go execution trace (leaseq serve --pprof), each batch is a
+// "rocksstore.batch" region, logged with its number of calls, and each WAL
+// fsync a "rocksstore.fsync" region (TestRocksStore_TraceRegions).
+//
 // # In-memory indexes (index.go, rebuild.go)
 //
 // Each queue keeps its serve order in memory, per priority: a sorted run

@@ -1,11 +1,13 @@
 package rocksstore
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"runtime/trace"
 	"testing"
 	"time"
 
@@ -433,4 +435,21 @@ func TestRocksStore_FailedNackLeavesNothing(t *testing.T) {
 	require.NoError(t, b.s.db.PutCF(b.s.swo, b.s.fams.of(k), k, good))
 	require.Equal(t, []storage.Code{storage.CodeOK, storage.CodeOK, storage.CodeOK}, b.ack("q", pr.Lease, at(3*time.Second), ids...))
 	require.Zero(t, b.stats("q", at(3*time.Second)).Inflight)
+}
+
+// A Go execution trace shows each batch of the pipeline, with how many
+// calls it held, and each WAL fsync (traceBatch).
+func TestRocksStore_TraceRegions(t *testing.T) {
+	b := setup(t, func(o *Options) { o.Sync = SyncAlways })
+	var buf bytes.Buffer
+	require.NoError(t, trace.Start(&buf))
+	_, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: []byte("a")}, {Payload: []byte("b")}}, Now: at(0)})
+	require.NoError(t, err)
+	pr, err := b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 2, Lease: time.Minute, Now: at(time.Second)})
+	trace.Stop()
+	require.NoError(t, err)
+	require.Len(t, pr.Items, 2)
+	for _, want := range []string{"rocksstore.batch", "calls=1", "rocksstore.fsync"} {
+		require.True(t, bytes.Contains(buf.Bytes(), []byte(want)), "the trace has no %q", want)
+	}
 }
