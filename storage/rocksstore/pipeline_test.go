@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"runtime/trace"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"runtime/trace"
 	"testing"
 	"time"
 
