@@ -71,6 +71,7 @@ func TestRun_EveryWorkloadInProcess(t *testing.T) {
 		require.Positive(t, r.Items, "%s/%s completed nothing", r.Row, r.System)
 		require.Positive(t, r.ItemsPerSec, "%s/%s", r.Row, r.System)
 		require.True(t, r.InProcess, "in-process rows say their CPU includes the harness")
+		require.Zero(t, r.ClientCPUSeconds, "an in-process row has no separate client")
 		require.NotEmpty(t, r.Durability)
 		if strings.HasPrefix(r.Row, "produce") {
 			require.NotNil(t, r.Enqueue, "%s/%s enqueue latency", r.Row, r.System)

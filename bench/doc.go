@@ -17,7 +17,10 @@
 // into per-goroutine HDR histograms merged at the end. At a fixed rate the
 // send time is the scheduled one, so a stalled system is charged for the
 // requests it delayed. CPU seconds and peak RSS come from /proc for the
-// server process (for in-process systems, the harness's own process).
+// server process (for in-process systems, the harness's own process); for
+// a server in a process of its own, the harness's own CPU over the row is
+// reported too, as the client's (the system's client library and the load
+// generator).
 //
 // Each row runs on a fresh instance with a fresh data directory, bounded
 // by Config.Timeout beyond its planned length, and is torn down after. A

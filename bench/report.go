@@ -233,8 +233,17 @@ func rowLine(r Result) string {
 	if r.Err != "" {
 		return fmt.Sprintf("%-14s %-22s FAILED: %s", r.Row, r.System, r.Err)
 	}
-	return fmt.Sprintf("%-14s %-22s %10.0f items/s  e2e p50/p99 %s/%s ms  enq p50/p99 %s/%s ms  cpu %.1fs  rss %.0fMB",
-		r.Row, r.System, r.ItemsPerSec, ms(r.E2E, p50), ms(r.E2E, p99), ms(r.Enqueue, p50), ms(r.Enqueue, p99), r.CPUSeconds, float64(r.PeakRSS)/(1<<20))
+	return fmt.Sprintf("%-14s %-22s %10.0f items/s  e2e p50/p99 %s/%s ms  enq p50/p99 %s/%s ms  cpu %.1fs  client cpu %s  rss %.0fMB",
+		r.Row, r.System, r.ItemsPerSec, ms(r.E2E, p50), ms(r.E2E, p99), ms(r.Enqueue, p50), ms(r.Enqueue, p99), r.CPUSeconds, clientCPU(r, "%.1fs", r.ClientCPUSeconds), float64(r.PeakRSS)/(1<<20))
+}
+
+// clientCPU formats a client CPU figure, "-" for an in-process row (its
+// client shares the server's process and CPU figure).
+func clientCPU(r Result, format string, v float64) string {
+	if r.InProcess {
+		return "-"
+	}
+	return fmt.Sprintf(format, v)
 }
 
 func note(r Result) string {
@@ -269,11 +278,11 @@ func note(r Result) string {
 // aligned text.
 func WriteTable(w io.Writer, rep *Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "row\tsystem\tdurability\titems/s\te2e p50/p99/p999 ms\tenqueue p50/p99/p999 ms\tcpu s\tcpu µs/item\tpeak rss MB\tnotes")
+	fmt.Fprintln(tw, "row\tsystem\tdurability\titems/s\te2e p50/p99/p999 ms\tenqueue p50/p99/p999 ms\tcpu s\tcpu µs/item\tclient µs/item\tpeak rss MB\tnotes")
 	for _, r := range rep.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%s/%s/%s\t%s/%s/%s\t%.1f\t%.0f\t%.0f\t%s\n", r.Row, r.System, r.Durability, r.ItemsPerSec,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%s/%s/%s\t%s/%s/%s\t%.1f\t%.0f\t%s\t%.0f\t%s\n", r.Row, r.System, r.Durability, r.ItemsPerSec,
 			ms(r.E2E, p50), ms(r.E2E, p99), ms(r.E2E, p999), ms(r.Enqueue, p50), ms(r.Enqueue, p99), ms(r.Enqueue, p999),
-			r.CPUSeconds, r.CPUPerItem, float64(r.PeakRSS)/(1<<20), note(r))
+			r.CPUSeconds, r.CPUPerItem, clientCPU(r, "%.0f", r.ClientCPUPerItem), float64(r.PeakRSS)/(1<<20), note(r))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -315,17 +324,17 @@ func WriteMarkdown(w io.Writer, rep *Report) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Run %s, seed %d, %d CPUs (%s), %s, %s, load average %.1f at start and %.1f at end.\n\n", rep.Started.Format("2006-01-02 15:04 UTC"), rep.Config.Seed,
 		rep.Machine.CPUs, rep.Machine.CPUModel, rep.Machine.Kernel, rep.Machine.GoVersion, rep.LoadAvg[0], rep.LoadAvg[1])
-	b.WriteString("| row | system | durability | items/s | e2e p50 / p99 / p999 ms | enqueue p50 / p99 / p999 ms | CPU s | CPU µs/item | peak RSS MB | notes |\n")
-	b.WriteString("|---|---|---|--:|--:|--:|--:|--:|--:|---|\n")
+	b.WriteString("| row | system | durability | items/s | e2e p50 / p99 / p999 ms | enqueue p50 / p99 / p999 ms | CPU s | CPU µs/item | client µs/item | peak RSS MB | notes |\n")
+	b.WriteString("|---|---|---|--:|--:|--:|--:|--:|--:|--:|---|\n")
 	shape := ""
 	for _, r := range rep.Results {
 		if r.Shape != shape {
 			shape = r.Shape
-			fmt.Fprintf(&b, "| **%s** | *%s* | | | | | | | | |\n", r.Row, strings.ReplaceAll(r.Shape, "|", "/"))
+			fmt.Fprintf(&b, "| **%s** | *%s* | | | | | | | | | |\n", r.Row, strings.ReplaceAll(r.Shape, "|", "/"))
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %s / %s / %s | %s / %s / %s | %.1f | %.0f | %.0f | %s |\n", r.Row, r.System, r.Durability,
+		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %s / %s / %s | %s / %s / %s | %.1f | %.0f | %s | %.0f | %s |\n", r.Row, r.System, r.Durability,
 			r.ItemsPerSec, ms(r.E2E, p50), ms(r.E2E, p99), ms(r.E2E, p999), ms(r.Enqueue, p50), ms(r.Enqueue, p99), ms(r.Enqueue, p999),
-			r.CPUSeconds, r.CPUPerItem, float64(r.PeakRSS)/(1<<20), strings.ReplaceAll(note(r), "|", "/"))
+			r.CPUSeconds, r.CPUPerItem, clientCPU(r, "%.0f", r.ClientCPUPerItem), float64(r.PeakRSS)/(1<<20), strings.ReplaceAll(note(r), "|", "/"))
 	}
 	if len(rep.Ratios) > 0 {
 		b.WriteString("\n| row | leaseq | peer | class | metric | leaseq | peer | leaseq/peer |\n|---|---|---|---|---|--:|--:|--:|\n")

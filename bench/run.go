@@ -36,8 +36,14 @@ type Result struct {
 	Enqueue     *Latency `json:"enqueue_latency,omitempty"` // one enqueue call
 	CPUSeconds  float64  `json:"cpu_s"`                     // server process CPU (user+sys) during the row
 	CPUPerItem  float64  `json:"cpu_us_per_item"`           // CPUSeconds per completed item, in µs
-	PeakRSS     int64    `json:"peak_rss_bytes"`
-	InProcess   bool     `json:"in_process"` // CPU and RSS include the harness
+	// ClientCPUSeconds is the harness process's own CPU during the row of
+	// a system in a process of its own: the system's client library and
+	// the load generator (0 for in-process rows, whose CPUSeconds holds
+	// both sides). The two processes share the machine's cores.
+	ClientCPUSeconds float64 `json:"client_cpu_s,omitempty"`
+	ClientCPUPerItem float64 `json:"client_cpu_us_per_item,omitempty"` // ClientCPUSeconds per completed item, in µs
+	PeakRSS          int64   `json:"peak_rss_bytes"`
+	InProcess        bool    `json:"in_process"` // CPU and RSS include the harness
 	// Intervals are items/s per equal interval (churn).
 	Intervals   []float64          `json:"intervals,omitempty"`
 	Extra       map[string]float64 `json:"extra,omitempty"`
@@ -447,13 +453,18 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 	r.InProcess = pid == os.Getpid()
 	_ = procx.ResetPeak(pid) // best effort: without it the peak covers the process's life
 	u0, uerr := procx.ReadUsage(pid)
+	h0, herr := procx.ReadUsage(os.Getpid())
 	e := &env{clk: c.Clock, base: c.Clock.Now(), progress: c.Progress, label: s.Name() + " " + v.row,
 		drain: drain, seed: c.Seed, payload: c.PayloadSize}
 	runErr := v.run(ctx, e, in, &r)
 	u1, uerr1 := procx.ReadUsage(pid)
+	h1, herr1 := procx.ReadUsage(os.Getpid())
 	if err := errors.Join(uerr, uerr1); err == nil {
 		r.CPUSeconds = (u1.CPU - u0.CPU).Seconds()
 		r.PeakRSS = u1.PeakRSS
+	}
+	if err := errors.Join(herr, herr1); err == nil && !r.InProcess {
+		r.ClientCPUSeconds = (h1.CPU - h0.CPU).Seconds()
 	}
 	closeErr := in.Close()
 	if err := errors.Join(runErr, closeErr); err != nil {
@@ -464,6 +475,7 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 	}
 	if r.Items > 0 {
 		r.CPUPerItem = r.CPUSeconds * 1e6 / float64(r.Items)
+		r.ClientCPUPerItem = r.ClientCPUSeconds * 1e6 / float64(r.Items)
 	}
 	return r
 }

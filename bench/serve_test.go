@@ -32,6 +32,12 @@ func TestRun_LeaseqServeOverRPC(t *testing.T) {
 		require.Positive(t, r.Items, "%s/%s", r.Row, r.System)
 		require.False(t, r.InProcess, "CPU and RSS are the server process's")
 		require.Positive(t, r.PeakRSS, "%s/%s", r.Row, r.System)
+		require.InDelta(t, r.ClientCPUSeconds*1e6/float64(r.Items), r.ClientCPUPerItem, 1e-6, "%s/%s", r.Row, r.System)
+		if r.Row == "e2e" {
+			// /proc counts CPU in 10 ms ticks: the short drain and
+			// storm rows may not reach one.
+			require.Positive(t, r.ClientCPUSeconds, "%s/%s: the harness drove the client", r.Row, r.System)
+		}
 		require.NotNil(t, r.E2E)
 	}
 	storm := rep.Results[4]
