@@ -368,6 +368,9 @@ func WriteGoBench(w io.Writer, rep *Report) error {
 		}
 		line := fmt.Sprintf("BenchmarkLeaseqBench/row=%s/system=%s-%d\t%d\t%.1f ns/op\t%.0f items/s\t%.3f cpu-s\t%d peak-rss-B",
 			r.Row, r.System, runtime.GOMAXPROCS(0), r.Items, r.Seconds*1e9/float64(r.Items), r.ItemsPerSec, r.CPUSeconds, r.PeakRSS)
+		if !r.InProcess {
+			line += fmt.Sprintf("\t%.3f client-cpu-s", r.ClientCPUSeconds)
+		}
 		if r.E2E != nil {
 			line += fmt.Sprintf("\t%.0f e2e-p50-us\t%.0f e2e-p99-us\t%.0f e2e-p999-us", r.E2E.P50, r.E2E.P99, r.E2E.P999)
 		}

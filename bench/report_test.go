@@ -155,7 +155,7 @@ func newTestRand() *rand.Rand { return rand.New(rand.NewSource(1)) }
 func TestReport_ClientCPUColumn(t *testing.T) {
 	t.Parallel()
 	out := cpu(row("produce-b1", "redis-everysec", "redis", "relaxed", 50000, 0), 14)
-	out.ClientCPUSeconds, out.ClientCPUPerItem = 0.0165, 16.5
+	out.ClientCPUSeconds, out.ClientCPUPerItem = 0.025, 25
 	in := cpu(inproc(row("produce-b1", "leaseq-inproc-none", "leaseq", "relaxed", 90000, 0)), 30)
 	rep := &Report{Results: []Result{out, in}}
 
@@ -163,15 +163,21 @@ func TestReport_ClientCPUColumn(t *testing.T) {
 	require.NoError(t, WriteTable(&tb, rep))
 	lines := strings.Split(tb.String(), "\n")
 	require.Contains(t, lines[0], "client µs/item")
-	require.Regexp(t, `redis-everysec .* 14 +16 +`, lines[1], "server then client µs/item")
+	require.Regexp(t, `redis-everysec .* 14 +25 +`, lines[1], "server then client µs/item")
 	require.Regexp(t, `leaseq-inproc-none .* 30 +- +`, lines[2])
 
 	var md bytes.Buffer
 	require.NoError(t, WriteMarkdown(&md, rep))
 	require.Contains(t, md.String(), "| CPU µs/item | client µs/item |")
-	require.Contains(t, md.String(), "| 14 | 16 |")
+	require.Contains(t, md.String(), "| 14 | 25 |")
 	require.Contains(t, md.String(), "| 30 | - |")
 
 	require.Contains(t, rowLine(out), "client cpu 0.0s")
 	require.Contains(t, rowLine(in), "client cpu -")
+
+	var gb bytes.Buffer
+	require.NoError(t, WriteGoBench(&gb, rep))
+	lines = strings.Split(gb.String(), "\n")
+	require.Contains(t, lines[0], "\t0.025 client-cpu-s\t", "benchstat sees the client's CPU")
+	require.NotContains(t, lines[1], "client-cpu-s")
 }
