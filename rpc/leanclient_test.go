@@ -40,8 +40,9 @@ func TestLeanClient_GiveUpThenReuse(t *testing.T) {
 }
 
 // TestLeanClient_ConnectionLost: when the node goes away, a parked poll
-// ends (the node answers it empty as it stops, or it fails disconnected),
-// Done closes, and every later call fails with a disconnected error.
+// ends (the node answers it empty as it stops, or it fails disconnected,
+// or, when Stop began before the node read it, unavailable), Done
+// closes, and every later call fails with a disconnected error.
 func TestLeanClient_ConnectionLost(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bundleOpts{})
@@ -63,7 +64,10 @@ func TestLeanClient_ConnectionLost(t *testing.T) {
 	b.srv.Stop()
 	p := rpctest.Recv(t, pc, 30*time.Second)
 	if p.err != nil {
-		require.True(t, IsDisconnected(p.err), "%v", p.err)
+		// The client counts the question open once it wrote the call, so
+		// Stop may come before the node reads it: then the poll is
+		// refused as the node stops (Server.Stop's contract).
+		require.True(t, IsDisconnected(p.err) || errors.Is(p.err, ErrUnavailable), "%v", p.err)
 	} else {
 		require.Empty(t, p.res.Items)
 	}
