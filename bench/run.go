@@ -449,22 +449,28 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 		r.Err = fmt.Sprintf("start: %v", err)
 		return r
 	}
-	pid := in.PID()
-	r.InProcess = pid == os.Getpid()
+	pid, self := in.PID(), os.Getpid()
+	r.InProcess = pid == self
 	_ = procx.ResetPeak(pid) // best effort: without it the peak covers the process's life
 	u0, uerr := procx.ReadUsage(pid)
-	h0, herr := procx.ReadUsage(os.Getpid())
+	// The harness's own CPU is the client's, for a server of its own.
+	var h0 procx.Usage
+	var herr error
+	if !r.InProcess {
+		h0, herr = procx.ReadUsage(self)
+	}
 	e := &env{clk: c.Clock, base: c.Clock.Now(), progress: c.Progress, label: s.Name() + " " + v.row,
 		drain: drain, seed: c.Seed, payload: c.PayloadSize}
 	runErr := v.run(ctx, e, in, &r)
 	u1, uerr1 := procx.ReadUsage(pid)
-	h1, herr1 := procx.ReadUsage(os.Getpid())
 	if err := errors.Join(uerr, uerr1); err == nil {
 		r.CPUSeconds = (u1.CPU - u0.CPU).Seconds()
 		r.PeakRSS = u1.PeakRSS
 	}
-	if err := errors.Join(herr, herr1); err == nil && !r.InProcess {
-		r.ClientCPUSeconds = (h1.CPU - h0.CPU).Seconds()
+	if !r.InProcess && herr == nil {
+		if h1, err := procx.ReadUsage(self); err == nil {
+			r.ClientCPUSeconds = (h1.CPU - h0.CPU).Seconds()
+		}
 	}
 	closeErr := in.Close()
 	if err := errors.Join(runErr, closeErr); err != nil {
