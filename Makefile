@@ -72,11 +72,11 @@ export PATH := $(GO_BIN_DIR):$(PATH)
 endif
 
 # The fully static binary (VERSIONS.md): link RocksDB and its compression
-# libraries statically ourselves (grocksdb_no_link drops grocksdb's own
-# dynamic link flags); netgo and osusergo avoid glibc's NSS, which cannot be
-# linked statically.
+# libraries statically ourselves (leaseq_no_link drops storage/rocksstore's
+# own dynamic link flags, rdb_link.go); netgo and osusergo avoid glibc's NSS,
+# which cannot be linked statically.
 STATIC_CGO_LDFLAGS := -lrocksdb -lsnappy -llz4 -lzstd -lz -lbz2 -lstdc++ -lm -ldl -pthread
-STATIC_TAGS := grocksdb_no_link netgo osusergo
+STATIC_TAGS := leaseq_no_link netgo osusergo
 STATIC_LDFLAGS := -s -w -linkmode external -extldflags "-static"
 
 # The release RocksDB (`make rocksdb`): Debian's own source of the installed
@@ -90,8 +90,10 @@ ROCKSDB ?= release
 ROCKSDB_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/leaseq
 export ROCKSDB_CACHE
 ROCKSDB_RELEASE_DIR = $(ROCKSDB_CACHE)/rocksdb-$(shell dpkg-query -W -f='$${Version}' librocksdb-dev 2>/dev/null | sed 's/^[0-9]*://; s/-.*//')-release
-# static_env sets CGO_CFLAGS/CGO_LDFLAGS for a static link against the chosen library.
-static_env = $(if $(filter debian,$(ROCKSDB)),CGO_LDFLAGS="$(STATIC_CGO_LDFLAGS)",CGO_CFLAGS="-I$(ROCKSDB_RELEASE_DIR)/include" CGO_LDFLAGS="-L$(ROCKSDB_RELEASE_DIR)/lib $(STATIC_CGO_LDFLAGS)")
+# static_env sets CGO_CPPFLAGS/CGO_LDFLAGS for a static link against the
+# chosen library. storage/rocksstore's C++ binding (rdb.cc) is compiled
+# against the same library's headers, with NDEBUG as the library was.
+static_env = $(if $(filter debian,$(ROCKSDB)),CGO_LDFLAGS="$(STATIC_CGO_LDFLAGS)",CGO_CPPFLAGS="-I$(ROCKSDB_RELEASE_DIR)/include -DNDEBUG" CGO_LDFLAGS="-L$(ROCKSDB_RELEASE_DIR)/lib $(STATIC_CGO_LDFLAGS)")
 # rocksdb_dep is the prerequisite that provides the chosen library.
 rocksdb_dep = $(if $(filter debian,$(ROCKSDB)),deps,rocksdb)
 

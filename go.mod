@@ -9,7 +9,6 @@ require (
 	github.com/beanstalkd/go-beanstalk v0.2.0
 	github.com/benbjohnson/clock v1.3.5
 	github.com/chromedp/chromedp v0.23.0
-	github.com/linxGnu/grocksdb v1.7.15
 	github.com/nats-io/nats.go v1.47.0
 	github.com/prometheus/client_golang v1.23.2
 	github.com/redis/go-redis/v9 v9.7.3

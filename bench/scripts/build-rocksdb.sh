@@ -22,7 +22,7 @@ as_root() {
 }
 
 # The version of Debian's library: the release build must match the headers
-# grocksdb compiles against.
+# storage/rocksstore's binding (rdb.cc) compiles against.
 if ! ver=$(dpkg-query -W -f='${Version}' librocksdb-dev 2>/dev/null) || [ -z "$ver" ]; then
 	echo "build-rocksdb: librocksdb-dev is not installed (run make deps)" >&2
 	exit 1

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/linxGnu/grocksdb"
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/storage"
@@ -484,14 +483,13 @@ func BenchmarkRawRocksDB(b *testing.B) {
 			cpu := cpuTime()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				wb := grocksdb.NewWriteBatch()
+				var wb writeBuf
 				for j := 0; j < 100; j++ {
-					wb.Put([]byte(fmt.Sprintf("\xff/raw/%012d/%03d", i, j)), val)
+					wb.put([]byte(fmt.Sprintf("\x00raw/%012d/%03d", i, j)), val)
 				}
-				if err := db.Write(s.swo, wb); err != nil {
+				if err := db.write(&wb, sync == SyncAlways); err != nil {
 					b.Fatal(err)
 				}
-				wb.Destroy()
 			}
 			b.StopTimer()
 			reportCPU(b, cpu, b.N*100)

@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/linxGnu/grocksdb"
-
 	"github.com/leaseq/leaseq/dbkeys"
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/check"
@@ -28,8 +26,8 @@ func (s *Store) Check(ctx context.Context) (storage.CheckReport, error) {
 		return storage.CheckReport{}, err
 	}
 	defer s.exit()
-	snap := s.rd.NewSnapshot()
-	defer s.rd.ReleaseSnapshot(snap)
+	snap := s.db.snapshot()
+	defer s.db.release(snap)
 	c := &checker{s: s, snap: snap}
 	if err := c.run(ctx); err != nil {
 		return storage.CheckReport{}, fmt.Errorf("rocksstore: check: %w", err)
@@ -49,28 +47,17 @@ func CheckDir(ctx context.Context, dir string) (storage.CheckReport, error) {
 		return storage.CheckReport{}, fmt.Errorf("rocksstore: check: %w", err)
 	}
 	defer os.RemoveAll(logDir)
-	o := grocksdb.NewDefaultOptions()
-	o.SetMergeOperator(countersMerge{})
-	o.SetWALRecoveryMode(walRecoveryMode(false))
-	o.SetDbLogDir(logDir)
-	o.SetInfoLogLevel(grocksdb.WarnInfoLogLevel)
 	// Read-only, RocksDB opens exactly the families the database has.
-	names, err := grocksdb.ListColumnFamilies(o, dir)
+	names, err := listFamilies(dir)
 	if err != nil {
 		return storage.CheckReport{}, walOpenError(dir, translate("check: open "+dir+" read-only", err))
 	}
-	db, handles, err := grocksdb.OpenDbForReadOnlyColumnFamilies(o, dir, names, familyOptions(o, names), false)
+	db, err := openRDB(dir, rdbOptions{mode: readOnly, logDir: logDir}, names)
 	if err != nil {
 		return storage.CheckReport{}, walOpenError(dir, translate("check: open "+dir+" read-only", err))
 	}
-	fams := newFamilies(names, handles)
-	defer func() {
-		fams.destroy()
-		db.Close()
-	}()
-	ro := grocksdb.NewDefaultReadOptions()
-	defer ro.Destroy()
-	s := &Store{dir: dir, rd: db, fams: fams, ro: ro, log: slog.New(slog.DiscardHandler)}
+	defer db.close()
+	s := &Store{dir: dir, db: db, fams: newFamilies(db, names), log: slog.New(slog.DiscardHandler)}
 	if err := s.checkLayout(); err != nil {
 		return storage.CheckReport{}, err
 	}
@@ -80,7 +67,7 @@ func CheckDir(ctx context.Context, dir string) (storage.CheckReport, error) {
 // checker scans one snapshot into facts.
 type checker struct {
 	s    *Store
-	snap *grocksdb.Snapshot
+	snap *rdbSnap
 	f    check.Facts
 }
 

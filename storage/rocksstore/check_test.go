@@ -20,10 +20,16 @@ type raw struct {
 	sc checktest.Scenario
 }
 
-func (r raw) put(k, v []byte) { require.NoError(r.t, r.s.db.PutCF(r.s.swo, r.s.fams.of(k), k, v)) }
-func (r raw) del(k []byte)    { require.NoError(r.t, r.s.db.DeleteCF(r.s.swo, r.s.fams.of(k), k)) }
+func (r raw) put(k, v []byte) { require.NoError(r.t, r.s.db.put(k, v, true)) }
+func (r raw) del(k []byte) {
+	var w writeBuf
+	w.del(k)
+	require.NoError(r.t, r.s.db.write(&w, true))
+}
 func (r raw) addCounters(c dbkeys.Counters) {
-	require.NoError(r.t, r.s.db.MergeCF(r.s.swo, r.s.fams.of(dbkeys.CountersKey(r.sc.Queue)), dbkeys.CountersKey(r.sc.Queue), dbkeys.EncodeCounters(c)))
+	var w writeBuf
+	w.merge(dbkeys.CountersKey(r.sc.Queue), dbkeys.EncodeCounters(c))
+	require.NoError(r.t, r.s.db.write(&w, true))
 }
 
 func (r raw) item(k []byte) dbkeys.ItemRecord {

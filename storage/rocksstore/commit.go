@@ -12,8 +12,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/linxGnu/grocksdb"
-
 	"github.com/leaseq/leaseq/dbkeys"
 	"github.com/leaseq/leaseq/storage"
 )
@@ -102,8 +100,7 @@ type pipeline struct {
 
 // txnSlot is a reusable RocksDB transaction object and its write batch.
 type txnSlot struct {
-	t  *grocksdb.Transaction
-	wb *grocksdb.WriteBatchWI // the C wrapper is fetched once and never destroyed (that would free the transaction's own batch)
+	t *rdbTxn
 	// writes is the overlay of the batch being built, reused across
 	// batches.
 	writes map[string][]byte
@@ -175,8 +172,7 @@ func (s *Store) startPipeline() {
 	p.idle.L = &p.mu
 	p.wg.Add(1)
 	go s.syncLoop()
-	t := s.db.TransactionBegin(s.wo, s.txo, nil)
-	p.slot = &txnSlot{t: t, wb: t.GetWriteBatchWI(), writes: make(map[string][]byte)}
+	p.slot = &txnSlot{t: s.db.begin(nil), writes: make(map[string][]byte)}
 	s.slots = append(s.slots, p.slot)
 }
 
@@ -457,7 +453,7 @@ func (s *Store) syncGroup(group []written, inline bool) {
 // every caller's commit; a C thread of its own measured worse
 // (docs/BENCHMARKS.md).
 func (s *Store) syncWAL() error {
-	sync := func() error { return s.db.FlushWAL(true) }
+	sync := func() error { return s.db.flushWAL(true) }
 	if s.opts.syncHook != nil {
 		return s.opts.syncHook(sync)
 	}
@@ -547,7 +543,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	}
 	slot.keys.reset()
 	slot.vals.reset()
-	slot.t = s.db.TransactionBegin(s.wo, s.txo, slot.t)
+	slot.t = s.db.begin(slot.t)
 	b := &batch{s: s, slot: slot, writes: slot.writes, order: slot.order[:0]}
 	defer func() {
 		for _, n := range b.notes {
@@ -565,12 +561,11 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 		slot.keepUndo(ot)
 	}
 	if len(b.writes) == 0 && len(b.deltas) == 0 {
-		if err := slot.t.Rollback(); err != nil {
+		if err := slot.t.rollback(); err != nil {
 			return false, translate("rollback", err)
 		}
 		return false, nil
 	}
-	wb := slot.wb
 	// Sorted, the memtable inserts a run along one skiplist path instead
 	// of searching from the top for every key.
 	keys := sortedKeys(slot.sorted[:0], b.order, b.writes)
@@ -607,7 +602,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 			w.merge(dbkeys.CountersKey(d.q.name), dbkeys.EncodeCounters(d.d))
 		}
 	}
-	applyWrites(wb, s.fams, w)
+	slot.t.write(w)
 	clear(keys)
 	if cap(keys) <= maxReusedSorted {
 		slot.sorted = keys[:0]
@@ -615,10 +610,10 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	if cap(w.b) > maxReusedWriteBuf {
 		w.b = nil
 	}
-	// The writes went into the transaction's batch untracked: batches are
-	// applied one at a time, and the records a batch changes were read
-	// with GetForUpdate.
-	if err := slot.t.Commit(); err != nil {
+	// The writes went into the transaction's batch unlocked and unindexed
+	// (rdb.go): batches are applied one at a time, and the records a batch
+	// changes were read with GetForUpdate.
+	if err := slot.t.commit(); err != nil {
 		return false, translate("commit", err)
 	}
 	if invariants {
@@ -778,9 +773,11 @@ func (o *opTx) getForUpdate(key []byte) ([]byte, bool, error) {
 	if v, ok := o.overlay(key); ok {
 		return v, v != nil, nil
 	}
-	s := o.b.s
-	sl, err := o.b.slot.t.GetForUpdateWithCF(s.ro, s.fams.of(key), key)
-	return copied("get for update", sl, err)
+	vals, err := o.b.slot.t.getManyForUpdate([][]byte{key})
+	if err != nil {
+		return nil, false, translate("get for update", err)
+	}
+	return vals[0], vals[0] != nil, nil
 }
 
 // getManyForUpdate is getForUpdate for several keys: vals[i] is key i's
@@ -798,9 +795,9 @@ func (o *opTx) getManyForUpdate(keys [][]byte) ([][]byte, error) {
 		miss = append(miss, k)
 		at = append(at, i)
 	}
-	got, err := getManyForUpdate(o.b.slot.t, o.b.s.ro, o.b.s.fams, miss)
+	got, err := o.b.slot.t.getManyForUpdate(miss)
 	if err != nil {
-		return nil, err
+		return nil, translate("get for update", err)
 	}
 	for j, v := range got {
 		vals[at[j]] = v
@@ -813,9 +810,8 @@ func (o *opTx) get(key []byte) ([]byte, bool, error) {
 	if v, ok := o.overlay(key); ok {
 		return v, v != nil, nil
 	}
-	s := o.b.s
-	sl, err := o.b.slot.t.GetWithCF(s.ro, s.fams.of(key), key)
-	return copied("get", sl, err)
+	v, ok, err := o.b.slot.t.get(key)
+	return v, ok, translate("get", err)
 }
 
 func (o *opTx) exists(key []byte) (bool, error) {

@@ -79,7 +79,7 @@ func TestRocksStore_ClaimInEnqueueBatchWritesNoIndexEntries(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	keysWritten := func() int {
-		m := regexp.MustCompile(`rocksdb\.number\.keys\.written COUNT : (\d+)`).FindStringSubmatch(b.s.dbOpts.GetStatisticsString())
+		m := regexp.MustCompile(`rocksdb\.number\.keys\.written COUNT : (\d+)`).FindStringSubmatch(b.s.db.statistics())
 		require.NotNil(t, m)
 		n, err := strconv.Atoi(m[1])
 		require.NoError(t, err)

@@ -1,14 +1,9 @@
 package rocksstore
 
-// #include <rocksdb/c.h>
-import "C"
-
 import (
 	"fmt"
-	"unsafe"
 
 	"github.com/leaseq/leaseq/dbkeys"
-	"github.com/linxGnu/grocksdb"
 )
 
 // Column families. Each namespace of dbkeys lives in its own column
@@ -42,12 +37,14 @@ var familyNames = map[byte]string{
 // defaultFamily is RocksDB's own family: empty in format 2.
 const defaultFamily = "default"
 
-// families routes a key to its column family by its namespace byte.
+// families routes a key to its column family by its namespace byte: in
+// Go (of) and in rdb.cc (rdb.route), which finds the family of each key
+// of a batch.
 type families struct {
-	byNs    [256]*grocksdb.ColumnFamilyHandle
-	c       *[256]*C.rocksdb_column_family_handle_t // byNs's C handles, for batchio: an allocation of its own, holding no Go pointer, so cgo may be passed it
-	handles []*grocksdb.ColumnFamilyHandle          // as opened, for flushes and Destroy
-	def     *grocksdb.ColumnFamilyHandle            // "default"
+	db    *rdb
+	names []string // as opened
+	byNs  [256]int // family index + 1; 0: not open
+	def   int      // "default"
 }
 
 // familyList returns every family's name, default first: what Open opens
@@ -62,84 +59,49 @@ func familyList() []string {
 	return names
 }
 
-// newFamilies indexes handles, opened with names. A namespace whose
-// family was not opened has no route (of panics); CheckDir opens only the
-// families a database has.
-func newFamilies(names []string, handles []*grocksdb.ColumnFamilyHandle) *families {
+// newFamilies indexes db's families, opened with names, and routes every
+// namespace of dbkeys to its own. A namespace whose family was not opened
+// has no route (of panics); CheckDir opens only the families a database
+// has.
+func newFamilies(db *rdb, names []string) *families {
 	ns := make(map[string]byte, len(familyNames))
 	for b, n := range familyNames {
 		ns[n] = b
 	}
-	f := &families{handles: handles, c: new([256]*C.rocksdb_column_family_handle_t)}
-	for i, h := range handles {
-		if names[i] == defaultFamily {
-			f.def = h
+	f := &families{db: db, names: names}
+	for i, n := range names {
+		if n == defaultFamily {
+			f.def = i
 			continue
 		}
-		if b, ok := ns[names[i]]; ok {
-			f.byNs[b] = h
-			f.c[b] = cFamily(h)
+		if b, ok := ns[n]; ok {
+			f.set(b, i)
 		}
 	}
 	return f
 }
 
+func (f *families) set(ns byte, fam int) {
+	f.byNs[ns] = fam + 1
+	f.db.route(ns, fam)
+}
+
+// has reports whether namespace ns has a family open.
+func (f *families) has(ns byte) bool { return f.byNs[ns] != 0 }
+
 // singleFamily routes every namespace to the default family: format 1,
 // read as it is by CheckDir.
 func (f *families) singleFamily() {
 	for b := range familyNames {
-		f.byNs[b] = f.def
-		f.c[b] = cFamily(f.def)
+		f.set(b, f.def)
 	}
 }
 
 // of returns key's family. Every key starts with a namespace byte of
 // dbkeys; a key without one is a bug.
-func (f *families) of(key []byte) *grocksdb.ColumnFamilyHandle {
-	h := f.byNs[key[0]]
-	if h == nil {
+func (f *families) of(key []byte) int {
+	if len(key) == 0 || f.byNs[key[0]] == 0 {
 		panic(fmt.Sprintf("rocksstore: key %x outside every open column family", key))
 	}
-	return h
-}
-
-// flush flushes every family's memtables with flushCF (a DB's or a
-// TransactionDB's FlushCF) and waits for them.
-func (f *families) flush(flushCF func(*grocksdb.ColumnFamilyHandle, *grocksdb.FlushOptions) error) error {
-	fo := grocksdb.NewDefaultFlushOptions()
-	defer fo.Destroy()
-	fo.SetWait(true)
-	for _, h := range f.handles {
-		if err := flushCF(h, fo); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (f *families) destroy() {
-	for _, h := range f.handles {
-		h.Destroy()
-	}
-}
-
-// familyOptions returns o once per name, as RocksDB's open wants it: every
-// family has the same options.
-func familyOptions(o *grocksdb.Options, names []string) []*grocksdb.Options {
-	opts := make([]*grocksdb.Options, len(names))
-	for i := range opts {
-		opts[i] = o
-	}
-	return opts
-}
-
-// cFamily is the C handle inside grocksdb's ColumnFamilyHandle (its first
-// field, like the handles of batchio.go; TestBatchIO checks it).
-func cFamily(h *grocksdb.ColumnFamilyHandle) *C.rocksdb_column_family_handle_t {
-	return *(**C.rocksdb_column_family_handle_t)(unsafe.Pointer(h))
-}
-
-// cTable is f's C table for batchio's C helpers.
-func (f *families) cTable() **C.rocksdb_column_family_handle_t {
-	return &f.c[0]
+	return f.byNs[key[0]] - 1
 }

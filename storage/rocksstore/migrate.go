@@ -7,7 +7,6 @@ import (
 
 	"github.com/leaseq/leaseq/dbkeys"
 	"github.com/leaseq/leaseq/storage"
-	"github.com/linxGnu/grocksdb"
 )
 
 // Database formats (the meta format key):
@@ -73,10 +72,9 @@ func (s *Store) readFormat() (ok bool, err error) {
 // 1 there is damage.
 func (s *Store) defaultFormat() (bool, error) {
 	key := dbkeys.MetaFormatKey()
-	sl, err := s.rd.GetCF(s.ro, s.fams.def, key)
-	v, found, err := copied("get", sl, err)
+	v, found, err := s.db.getIn(nil, s.fams.def, key)
 	if err != nil || !found {
-		return false, err
+		return false, translate("get", err)
 	}
 	if f, err := dbkeys.DecodeUint64(v); err != nil || f != format1 {
 		return false, fmt.Errorf("rocksstore: open: %w: format key %x in the default column family (want format %d)", storage.ErrCorrupt, v, format1)
@@ -94,98 +92,81 @@ func (s *Store) requireEmptyDefault() error {
 	return fmt.Errorf("rocksstore: open: %w: the default column family holds key %x but no format version", storage.ErrCorrupt, k)
 }
 
-// firstKey returns a copy of the first key in family h, nil when it is
+// firstKey returns a copy of the first key in family fam, nil when it is
 // empty.
-func (s *Store) firstKey(h *grocksdb.ColumnFamilyHandle) ([]byte, error) {
-	it := s.rd.NewIteratorCF(s.ro, h)
-	defer it.Close()
-	it.SeekToFirst()
-	if err := it.Err(); err != nil {
-		return nil, translate("iterate", err)
+func (s *Store) firstKey(fam int) ([]byte, error) {
+	it := s.db.iter(nil, fam, nil, nil, false)
+	defer it.close()
+	if !it.seek(nil) {
+		return nil, translate("iterate", it.err)
 	}
-	if !it.Valid() {
-		return nil, nil
-	}
-	return bytes.Clone(it.Key().Data()), nil
+	return bytes.Clone(it.key), nil
 }
 
 // migrateFormat1 moves every key of the default family of the database in
-// dir into its namespace's family, with o (Open's options), on a plain
-// DB: its compaction then drops the moved keys' old copies. REQUIRES: the
-// database is closed.
-func migrateFormat1(o *grocksdb.Options, dir string) (moved int, err error) {
+// dir into its namespace's family, on a plain DB opened with Open's
+// options: its compaction then drops the moved keys' old copies.
+// REQUIRES: the database is closed.
+func migrateFormat1(dir string, cacheBytes, memtable int64) (moved int, err error) {
 	names := familyList()
-	db, handles, err := grocksdb.OpenDbColumnFamilies(o, dir, names, familyOptions(o, names))
+	db, err := openRDB(dir, rdbOptions{mode: plainDB, cacheBytes: cacheBytes, memtable: memtable}, names)
 	if err != nil {
 		return 0, walOpenError(dir, translate("migrate: open "+dir, err))
 	}
-	fams := newFamilies(names, handles)
-	defer func() {
-		fams.destroy()
-		db.Close()
-	}()
-	wo := grocksdb.NewDefaultWriteOptions()
-	defer wo.Destroy()
-	ro := grocksdb.NewDefaultReadOptions()
-	defer ro.Destroy()
-	ro.SetFillCache(false)
-	it := db.NewIteratorCF(ro, fams.def) // an implicit snapshot: the deletes below do not disturb it
-	defer it.Close()
-	wb := grocksdb.NewWriteBatch()
-	defer wb.Destroy()
+	defer db.close()
+	fams := newFamilies(db, names)
+	// An implicit snapshot: the deletes below do not disturb it.
+	it := db.iter(nil, fams.def, nil, nil, true)
+	defer it.close()
+	var wb writeBuf
 	formatKey := dbkeys.MetaFormatKey()
 	batches, n := 0, 0
-	write := func(w *grocksdb.WriteOptions) error {
+	write := func(sync bool) error {
 		if migrateFail > 0 && batches == migrateFail {
 			return fmt.Errorf("rocksstore: migrate: stopped after %d batches (test)", batches)
 		}
-		if err := db.Write(w, wb); err != nil {
+		if err := db.write(&wb, sync); err != nil {
 			return translate("migrate: write", err)
 		}
 		batches++
-		wb.Clear()
+		wb.reset()
 		n = 0
 		return nil
 	}
-	for it.SeekToFirst(); it.Valid(); it.Next() {
-		k, v := it.Key().Data(), it.Value().Data()
+	for ok := it.seek(nil); ok; ok = it.next() {
+		k, v := it.key, it.value
 		if string(k) == string(formatKey) {
 			continue // moves last
 		}
-		var h *grocksdb.ColumnFamilyHandle
-		if len(k) > 0 {
-			h = fams.byNs[k[0]]
-		}
-		if h == nil {
+		if len(k) == 0 || !fams.has(k[0]) {
 			return moved, fmt.Errorf("rocksstore: migrate: %w: key %x in no namespace", storage.ErrCorrupt, k)
 		}
-		wb.PutCF(h, k, v)
-		wb.DeleteCF(fams.def, k)
+		wb.put(k, v)
+		wb.delIn(fams.def, k)
 		moved++
 		if n++; n == migrateChunk {
-			if err := write(wo); err != nil {
+			if err := write(false); err != nil {
 				return moved, err
 			}
 		}
 	}
-	if err := it.Err(); err != nil {
-		return moved, translate("migrate: iterate", err)
+	if it.err != nil {
+		return moved, translate("migrate: iterate", it.err)
 	}
-	wb.PutCF(fams.byNs[dbkeys.NsMeta], formatKey, dbkeys.EncodeUint64(formatVersion))
-	wb.DeleteCF(fams.def, formatKey)
-	swo := grocksdb.NewDefaultWriteOptions()
-	defer swo.Destroy()
-	swo.SetSync(true)
-	if err := write(swo); err != nil {
+	wb.put(formatKey, dbkeys.EncodeUint64(formatVersion))
+	wb.delIn(fams.def, formatKey)
+	if err := write(true); err != nil {
 		return moved, err
 	}
 	// Flush the moved keys, so the Open that follows does not replay
 	// them from the WAL, and drop their old copies and their tombstones
 	// from default.
-	if err := fams.flush(db.FlushCF); err != nil {
+	if err := db.flush(); err != nil {
 		return moved, translate("migrate: flush", err)
 	}
-	db.CompactRangeCF(fams.def, grocksdb.Range{})
+	if err := db.compact(fams.def); err != nil {
+		return moved, translate("migrate: compact", err)
+	}
 	return moved, nil
 }
 
@@ -201,7 +182,7 @@ func (s *Store) checkLayout() error {
 	}
 	if !v1 {
 		for b, name := range familyNames {
-			if s.fams.byNs[b] == nil {
+			if !s.fams.has(b) {
 				return fmt.Errorf("rocksstore: check: %w: column family %q missing", storage.ErrCorrupt, name)
 			}
 		}
@@ -209,11 +190,10 @@ func (s *Store) checkLayout() error {
 		return err
 	}
 	for b, name := range familyNames {
-		h := s.fams.byNs[b]
-		if h == nil {
+		if !s.fams.has(b) {
 			continue
 		}
-		k, err := s.firstKey(h)
+		k, err := s.firstKey(s.fams.byNs[b] - 1)
 		if err != nil {
 			return err
 		}

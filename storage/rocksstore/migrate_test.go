@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/linxGnu/grocksdb"
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/dbkeys"
@@ -85,30 +84,23 @@ func format1DB(t *testing.T) string {
 // database in dir, by family name.
 func familyKeys(t *testing.T, dir string) map[string]int {
 	t.Helper()
-	o := grocksdb.NewDefaultOptions() // not destroyed: see Store.destroyOptions
-	o.SetMergeOperator(countersMerge{})
-	names, err := grocksdb.ListColumnFamilies(o, dir)
+	names, err := listFamilies(dir)
 	require.NoError(t, err)
-	db, handles, err := grocksdb.OpenDbForReadOnlyColumnFamilies(o, dir, names, familyOptions(o, names), false)
+	db, err := openRDB(dir, rdbOptions{mode: readOnly}, names)
 	require.NoError(t, err)
-	defer func() {
-		newFamilies(names, handles).destroy()
-		db.Close()
-	}()
+	defer db.close()
 	n := map[string]int{}
-	for i, h := range handles {
-		ro := grocksdb.NewDefaultReadOptions()
-		it := db.NewIteratorCF(ro, h)
-		for it.SeekToFirst(); it.Valid(); it.Next() {
-			k := it.Key().Data()
-			if names[i] != defaultFamily {
-				require.Equal(t, names[i], familyNames[k[0]], "key %x in family %s", k, names[i])
+	for i, name := range names {
+		it := db.iter(nil, i, nil, nil, false)
+		for ok := it.seek(nil); ok; ok = it.next() {
+			k := it.key
+			if name != defaultFamily {
+				require.Equal(t, name, familyNames[k[0]], "key %x in family %s", k, name)
 			}
-			n[names[i]]++
+			n[name]++
 		}
-		require.NoError(t, it.Err())
-		it.Close()
-		ro.Destroy()
+		require.NoError(t, it.err)
+		it.close()
 	}
 	return n
 }
@@ -201,14 +193,11 @@ func TestNewDatabaseIsFormat2(t *testing.T) {
 func TestMigrate_UnknownFormatInDefault(t *testing.T) {
 	t.Parallel()
 	dir := format1DB(t)
-	o := grocksdb.NewDefaultOptions() // not destroyed: see Store.destroyOptions
-	o.SetMergeOperator(countersMerge{})
-	db, err := grocksdb.OpenDb(o, dir)
+	db, err := openRDB(dir, rdbOptions{mode: plainDB}, []string{defaultFamily})
 	require.NoError(t, err)
-	wo := grocksdb.NewDefaultWriteOptions()
-	require.NoError(t, db.Put(wo, dbkeys.MetaFormatKey(), dbkeys.EncodeUint64(7)))
-	wo.Destroy()
-	db.Close()
+	db.route(dbkeys.NsMeta, 0) // format 1: every key in default
+	require.NoError(t, db.put(dbkeys.MetaFormatKey(), dbkeys.EncodeUint64(7), false))
+	db.close()
 
 	_, err = Open(dir, testOptions(t))
 	require.ErrorIs(t, err, storage.ErrCorrupt)

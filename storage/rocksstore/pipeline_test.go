@@ -239,7 +239,7 @@ func TestRocksStore_CorruptionIsReported(t *testing.T) {
 	good, ok, err := b.s.getRaw(k)
 	require.NoError(t, err)
 	require.True(t, ok)
-	require.NoError(t, b.s.db.PutCF(b.s.swo, b.s.fams.of(k), k, []byte{0xff, 0x01})) // a damaged record at the head
+	require.NoError(t, b.s.db.put(k, []byte{0xff, 0x01}, true)) // a damaged record at the head
 	for range 2 {
 		_, err = b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 1, Lease: time.Minute, Now: at(time.Second)})
 		require.ErrorIs(t, err, storage.ErrCorrupt)
@@ -251,7 +251,7 @@ func TestRocksStore_CorruptionIsReported(t *testing.T) {
 	b.enqueueN("other", at(0), 1)
 	require.Zero(t, b.stats("other", at(time.Second)).CorruptErrors)
 
-	require.NoError(t, b.s.db.PutCF(b.s.swo, b.s.fams.of(k), k, good)) // repaired, for the cleanup's Check
+	require.NoError(t, b.s.db.put(k, good, true)) // repaired, for the cleanup's Check
 	res := b.poll("q", 3, time.Minute, at(2*time.Second))
 	require.Len(t, res.Items, 3)
 }
@@ -275,8 +275,11 @@ func TestRocksStore_LoneCallerSyncsInline(t *testing.T) {
 		_, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: []byte("b")}}, Now: at(0)})
 		second <- err
 	}()
-	// The second batch is written behind the held fsync.
-	require.Eventually(t, func() bool { return b.stats("q", at(0)).Ready == 2 }, 30*time.Second, time.Millisecond)
+	// The second batch is written behind the held fsync and waits for the
+	// next. (Its item counts as ready a little earlier, before the batch
+	// is handed to the fsync: waiting for that instead let the first
+	// fsync end first, now and then, under load.)
+	require.Eventually(t, func() bool { return b.s.unsyncedBatches() == 1 }, 30*time.Second, time.Millisecond)
 	h.release <- nil
 	require.NoError(t, <-first)
 	m := b.s.Metrics().Sub(before)
@@ -422,7 +425,7 @@ func TestRocksStore_FailedNackLeavesNothing(t *testing.T) {
 	good, ok, err := b.s.getRaw(k)
 	require.NoError(t, err)
 	require.True(t, ok)
-	require.NoError(t, b.s.db.PutCF(b.s.swo, b.s.fams.of(k), k, []byte{0xff, 0x01}))
+	require.NoError(t, b.s.db.put(k, []byte{0xff, 0x01}, true))
 	zero := time.Duration(0)
 	_, err = b.s.Nack(b.ctx, storage.NackParams{Queue: "q", Lease: pr.Lease, IDs: ids, Delay: &zero, Now: at(2 * time.Second)})
 	require.ErrorIs(t, err, storage.ErrCorrupt)
@@ -432,7 +435,7 @@ func TestRocksStore_FailedNackLeavesNothing(t *testing.T) {
 	require.Equal(t, int64(3), st.Inflight)
 	require.Empty(t, b.poll("q", 3, time.Minute, at(2*time.Second)).Items)
 
-	require.NoError(t, b.s.db.PutCF(b.s.swo, b.s.fams.of(k), k, good))
+	require.NoError(t, b.s.db.put(k, good, true))
 	require.Equal(t, []storage.Code{storage.CodeOK, storage.CodeOK, storage.CodeOK}, b.ack("q", pr.Lease, at(3*time.Second), ids...))
 	require.Zero(t, b.stats("q", at(3*time.Second)).Inflight)
 }
@@ -452,4 +455,11 @@ func TestRocksStore_TraceRegions(t *testing.T) {
 	for _, want := range []string{"rocksstore.batch", "calls=1", "rocksstore.fsync"} {
 		require.True(t, bytes.Contains(buf.Bytes(), []byte(want)), "the trace has no %q", want)
 	}
+}
+
+// unsyncedBatches is how many written batches wait for an fsync.
+func (s *Store) unsyncedBatches() int {
+	s.pipe.mu.Lock()
+	defer s.pipe.mu.Unlock()
+	return len(s.pipe.unsynced)
 }

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/linxGnu/grocksdb"
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/dbkeys"
@@ -18,18 +17,14 @@ import (
 // properties).
 func tableDeletions(t *testing.T, dir string) int {
 	t.Helper()
-	o := grocksdb.NewDefaultOptions()
-	defer o.Destroy()
 	names := familyList()
-	db, handles, err := grocksdb.OpenDbForReadOnlyColumnFamilies(o, dir, names, familyOptions(o, names), false)
+	db, err := openRDB(dir, rdbOptions{mode: readOnly}, names)
 	require.NoError(t, err)
-	defer func() {
-		newFamilies(names, handles).destroy()
-		db.Close()
-	}()
+	defer db.close()
 	total := 0
-	for _, h := range handles {
-		props := db.GetPropertyCF("rocksdb.aggregated-table-properties", h)
+	for i := range names {
+		props, ok := db.property(i, "rocksdb.aggregated-table-properties")
+		require.True(t, ok)
 		m := regexp.MustCompile(`# deletions=(\d+)`).FindStringSubmatch(props)
 		require.NotNil(t, m, "no deletion count in %q", props)
 		n, err := strconv.Atoi(m[1])

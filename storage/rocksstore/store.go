@@ -15,8 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/linxGnu/grocksdb"
-
 	"github.com/leaseq/leaseq/dbkeys"
 	"github.com/leaseq/leaseq/storage"
 )
@@ -32,17 +30,11 @@ type Store struct {
 	inlineMax  int
 	onDeadline storage.DeadlineFunc
 
-	db     *grocksdb.TransactionDB
-	rd     reader    // what reads go through: db, or a read-only DB (CheckDir)
-	fams   *families // the column family of each namespace (families.go)
-	tdbo   *grocksdb.TransactionDBOptions
-	txo    *grocksdb.TransactionOptions
-	dbOpts *grocksdb.Options
-	bbto   *grocksdb.BlockBasedTableOptions
-	cache  *grocksdb.Cache
-	wo     *grocksdb.WriteOptions // commits: never synced (see syncGroup)
-	swo    *grocksdb.WriteOptions // metadata writes outside the pipeline, synced per Options.Sync
-	ro     *grocksdb.ReadOptions  // point reads; no bounds, shared
+	// db is the database (rdb.go): a TransactionDB, or the read-only DB
+	// of CheckDir. Commits are never synced (see syncGroup); metadata
+	// writes outside the pipeline are synced per Options.Sync.
+	db   *rdb
+	fams *families // the column family of each namespace (families.go)
 
 	// life guards use of the database: every call holds it shared and
 	// Close and Recover take it exclusively, so they wait for calls in
@@ -168,77 +160,33 @@ func (s *Store) openDBOnce(migrated bool) error {
 	if cacheBytes < 0 {
 		return fmt.Errorf("rocksstore: open: %w: negative CacheBytes", storage.ErrInvalidArgument)
 	}
-	s.cache = grocksdb.NewLRUCache(uint64(cacheBytes))
-	s.bbto = grocksdb.NewDefaultBlockBasedTableOptions()
-	s.bbto.SetBlockCache(s.cache)
-	s.bbto.SetFilterPolicy(grocksdb.NewBloomFilterFull(10))
-	// Index and filter blocks live in the block cache so memory stays
-	// bounded by CacheBytes however large the backlog grows.
-	s.bbto.SetCacheIndexAndFilterBlocks(true)
-	s.bbto.SetPinL0FilterAndIndexBlocksInCache(true)
-	o, err := memtableHintOptions()
-	if err != nil {
-		return err
-	}
-	s.dbOpts = o
-	o.SetCreateIfMissing(true)
-	o.SetInfoLogLevel(grocksdb.WarnInfoLogLevel)
-	o.SetKeepLogFileNum(2)
-	o.SetBlockBasedTableFactory(s.bbto)
-	o.SetMergeOperator(countersMerge{})
-	o.SetCompression(grocksdb.LZ4Compression)
 	// Memtables of defaultMemtable bytes, at most 3 per family and 3
 	// memtables' worth in all (db_write_buffer_size flushes the family
 	// with the oldest data beyond it): bounded memory (96 MiB) and flushes
-	// small enough to keep Open's WAL replay short.
+	// small enough to keep Open's WAL replay short. The rest of the
+	// options are in rdb.cc (lq_open), with why.
 	memtable := s.opts.memtable
 	if memtable <= 0 {
 		memtable = defaultMemtable
 	}
-	o.SetWriteBufferSize(uint64(memtable))
-	o.SetMaxWriteBufferNumber(3)
-	o.SetDbWriteBufferSize(uint64(3 * memtable))
-	// No flushed memtables kept as transaction history (doc.go): leaseq's
-	// transactions take no snapshot. 0 would make TransactionDB keep
-	// max_write_buffer_number of them.
-	o.SetMaxWriteBufferSizeToMaintain(1)
-	o.SetMaxBackgroundJobs(2)
-	o.SetMaxTotalWalSize(128 << 20)
-	// RocksDB's statistics time the writes for Metrics: the store itself
-	// never reads a clock.
-	if !s.opts.noStats {
-		o.EnableStatistics()
-	}
-	if !s.opts.noDelCompact {
-		// A queue deletes from its head forever. Mark an SST for
-		// compaction when any window of 1000 entries holds 500
-		// tombstones, so deleted heads are dropped by compaction.
-		o.AddCompactOnDeletionCollectorFactory(1000, 500)
-	}
-	o.SetWALRecoveryMode(walRecoveryMode(s.opts.RecoverPointInTime))
-	s.tdbo = grocksdb.NewDefaultTransactionDBOptions()
-	s.tdbo.SetTransactionLockTimeout(lockTimeoutMillis)
-	o.SetCreateIfMissingColumnFamilies(true)
 	names := familyList()
-	db, handles, err := grocksdb.OpenTransactionDbColumnFamilies(o, s.tdbo, s.dir, names, familyOptions(o, names))
+	db, err := openRDB(s.dir, rdbOptions{
+		mode:          txnDB,
+		cacheBytes:    cacheBytes,
+		memtable:      int64(memtable),
+		stats:         !s.opts.noStats,
+		delCompact:    !s.opts.noDelCompact,
+		pointInTime:   s.opts.RecoverPointInTime,
+		lockTimeoutMs: lockTimeoutMillis,
+	}, names)
 	if err != nil {
-		s.tdbo.Destroy()
-		s.destroyOptions()
 		return walOpenError(s.dir, translate("open "+s.dir, err))
 	}
 	if s.opts.RecoverPointInTime {
 		s.log.Warn("opened with point-in-time WAL recovery: writes after a damaged WAL record, if any, were dropped", "data", s.dir)
 	}
 	s.db = db
-	s.rd = db
-	s.fams = newFamilies(names, handles)
-	s.txo = grocksdb.NewDefaultTransactionOptions()
-	s.txo.SetLockTimeout(lockTimeoutMillis)
-	s.wo = grocksdb.NewDefaultWriteOptions()
-	s.wo.SetSync(false)
-	s.swo = grocksdb.NewDefaultWriteOptions()
-	s.swo.SetSync(s.opts.Sync == SyncAlways)
-	s.ro = grocksdb.NewDefaultReadOptions()
+	s.fams = newFamilies(db, names)
 	// Everything in memory is rebuilt from the database.
 	s.mu.queues = make(map[string]*queueState)
 	s.leases = make(map[storage.LeaseID]*leaseState)
@@ -251,9 +199,8 @@ func (s *Store) openDBOnce(migrated bool) error {
 			s.closeDB()
 			return err
 		}
-		s.closeHandles()
-		moved, err := migrateFormat1(s.dbOpts, s.dir)
-		s.destroyOptions()
+		s.closeDB()
+		moved, err := migrateFormat1(s.dir, cacheBytes, int64(memtable))
 		if err != nil {
 			return err
 		}
@@ -276,7 +223,7 @@ func (s *Store) load() error {
 		return err
 	}
 	if !ok {
-		if err := s.db.PutCF(s.swo, s.fams.of(dbkeys.MetaFormatKey()), dbkeys.MetaFormatKey(), dbkeys.EncodeUint64(formatVersion)); err != nil {
+		if err := s.db.put(dbkeys.MetaFormatKey(), dbkeys.EncodeUint64(formatVersion), s.opts.Sync == SyncAlways); err != nil {
 			return translate("open", err)
 		}
 	}
@@ -309,7 +256,7 @@ func (s *Store) load() error {
 		return err
 	}
 	for name, q := range s.mu.queues {
-		c, err := s.readCounters(s.ro, name)
+		c, err := s.readCounters(name)
 		if err != nil {
 			return err
 		}
@@ -318,28 +265,11 @@ func (s *Store) load() error {
 	return nil
 }
 
-// memtableHintOptions returns default options whose memtable keeps an
-// insert hint per namespace (the key's first byte). RocksDB's skiplist
-// otherwise searches from the top for every key that does not land right
-// after the previous insert, and a batch deletes keys that each sit just
-// before their own older put (a queue's head) while it appends new keys
-// at its tail. The option has no setter in the C API; RocksDB's options
-// string sets it.
-func memtableHintOptions() (*grocksdb.Options, error) {
-	base := grocksdb.NewDefaultOptions()
-	defer base.Destroy()
-	o, err := grocksdb.GetOptionsFromString(base, "memtable_insert_with_hint_prefix_extractor=rocksdb.FixedPrefix.1")
-	if err != nil {
-		return nil, fmt.Errorf("rocksstore: open: options: %w", err)
-	}
-	return o, nil
-}
-
 // defaultMemtable is the memtable size (see doc.go for the measurement).
 const defaultMemtable = 32 << 20
 
-func (s *Store) readCounters(ro *grocksdb.ReadOptions, name string) (dbkeys.Counters, error) {
-	v, ok, err := s.getAt(ro, dbkeys.CountersKey(name))
+func (s *Store) readCounters(name string) (dbkeys.Counters, error) {
+	v, ok, err := s.getRaw(dbkeys.CountersKey(name))
 	if err != nil || !ok {
 		return dbkeys.Counters{}, err
 	}
@@ -366,7 +296,7 @@ func (s *Store) Close() error {
 	// replay up to max_total_wal_size of WAL (see BenchmarkOpenBacklog).
 	var err error
 	if !s.opts.noCloseFlush {
-		err = s.fams.flush(s.db.FlushCF)
+		err = s.db.flush()
 	}
 	s.saveStats()
 	s.closeDB()
@@ -378,34 +308,11 @@ func (s *Store) Close() error {
 }
 
 func (s *Store) closeDB() {
-	s.closeHandles()
-	s.destroyOptions()
-}
-
-// closeHandles closes the database and everything opened with it, but not
-// the options it was opened with.
-func (s *Store) closeHandles() {
 	for _, sl := range s.slots {
-		sl.t.Destroy()
+		sl.t.destroy()
 	}
 	s.slots = nil
-	s.fams.destroy()
-	s.db.Close()
-	s.txo.Destroy()
-	s.tdbo.Destroy()
-	s.wo.Destroy()
-	s.swo.Destroy()
-	s.ro.Destroy()
-}
-
-func (s *Store) destroyOptions() {
-	// s.dbOpts is deliberately not destroyed: grocksdb's Options.Destroy
-	// deletes the options (whose shared_ptr already frees the Go merge
-	// operator's C wrapper) and then destroys that wrapper again, a double
-	// free that crashes. Leaking one options object per Open is the lesser
-	// evil.
-	s.bbto.Destroy()
-	s.cache.Destroy()
+	s.db.close()
 }
 
 // enter marks a call in flight; it fails with ErrClosed after Close.
@@ -554,32 +461,17 @@ func (s *Store) Metrics() Metrics {
 // saveStats reads RocksDB's statistics into lastStats. REQUIRES: s.life
 // held (shared or exclusive) and the database open.
 func (s *Store) saveStats() {
-	st := parseStatistics(s.dbOpts.GetStatisticsString())
+	st := parseStatistics(s.db.statistics())
 	s.lastStats.Lock()
 	s.lastStats.st = st
 	s.lastStats.Unlock()
 }
 
 // getRaw reads one committed key; the value is a copy.
-func (s *Store) getRaw(key []byte) ([]byte, bool, error) { return s.getAt(s.ro, key) }
-
-// getAt reads one key with ro (a snapshot, say); the value is a copy.
-func (s *Store) getAt(ro *grocksdb.ReadOptions, key []byte) ([]byte, bool, error) {
-	sl, err := s.rd.GetCF(ro, s.fams.of(key), key)
-	return copied("get", sl, err)
-}
-
-// copied turns a RocksDB read into an owned copy of the value, freeing the
-// slice; op names the read in a translated error.
-func copied(op string, sl *grocksdb.Slice, err error) ([]byte, bool, error) {
-	if err != nil {
-		return nil, false, translate(op, err)
-	}
-	defer sl.Free()
-	if !sl.Exists() {
-		return nil, false, nil
-	}
-	return bytes.Clone(sl.Data()), true, nil
+func (s *Store) getRaw(key []byte) ([]byte, bool, error) {
+	s.fams.of(key) // a key outside the open families is a bug
+	v, ok, err := s.db.get(nil, key)
+	return v, ok, translate("get", err)
 }
 
 // scan iterates [lower, upper) (upper nil: unbounded) of the committed
@@ -591,7 +483,7 @@ func (s *Store) scan(lower, upper, seek []byte, fn func(k, v []byte) (bool, erro
 }
 
 // scanAt is scan at snapshot snap (nil: the latest state).
-func (s *Store) scanAt(snap *grocksdb.Snapshot, lower, upper, seek []byte, fn func(k, v []byte) (bool, error)) error {
+func (s *Store) scanAt(snap *rdbSnap, lower, upper, seek []byte, fn func(k, v []byte) (bool, error)) error {
 	return s.scanViewAt(snap, false, lower, upper, seek, func(k, v []byte) (bool, error) {
 		return fn(bytes.Clone(k), bytes.Clone(v))
 	})
@@ -609,31 +501,14 @@ func (s *Store) scanOnce(lower, upper []byte, fn func(k, v []byte) (bool, error)
 	return s.scanViewAt(nil, true, lower, upper, nil, fn)
 }
 
-func (s *Store) scanViewAt(snap *grocksdb.Snapshot, once bool, lower, upper, seek []byte, fn func(k, v []byte) (bool, error)) error {
-	ro := grocksdb.NewDefaultReadOptions()
-	if snap != nil {
-		ro.SetSnapshot(snap)
-	}
-	if once {
-		ro.SetFillCache(false)
-		ro.SetReadaheadSize(2 << 20)
-	}
-	// The bound slices are referenced by C until ro is destroyed; they are
-	// fresh allocations nobody mutates.
-	ro.SetIterateLowerBound(bytes.Clone(lower))
-	if upper != nil {
-		ro.SetIterateUpperBound(bytes.Clone(upper))
-	}
-	it := s.rd.NewIteratorCF(ro, s.fams.of(lower))
-	defer func() {
-		it.Close()
-		ro.Destroy()
-	}()
+func (s *Store) scanViewAt(snap *rdbSnap, once bool, lower, upper, seek []byte, fn func(k, v []byte) (bool, error)) error {
+	it := s.db.iter(snap, s.fams.of(lower), lower, upper, once)
+	defer it.close()
 	if seek == nil || bytes.Compare(seek, lower) < 0 {
 		seek = lower
 	}
-	for it.Seek(seek); it.Valid(); it.Next() {
-		more, err := fn(it.Key().Data(), it.Value().Data())
+	for ok := it.seek(seek); ok; ok = it.next() {
+		more, err := fn(it.key, it.value)
 		if err != nil {
 			return err
 		}
@@ -641,10 +516,7 @@ func (s *Store) scanViewAt(snap *grocksdb.Snapshot, once bool, lower, upper, see
 			break
 		}
 	}
-	if err := it.Err(); err != nil {
-		return translate("iterate", err)
-	}
-	return nil
+	return translate("iterate", it.err)
 }
 
 // queueState is the in-memory view of one queue. Lock order:
@@ -784,27 +656,11 @@ func corrupt(op string, key []byte, err error) error {
 	return fmt.Errorf("rocksstore: %s: key %x: %w: %v", op, key, storage.ErrCorrupt, err)
 }
 
-// translate is the one place grocksdb errors become this package's errors.
-// grocksdb reports a RocksDB Status only as its message text, so the Status
+// translate is the one place RocksDB errors become this package's errors.
+// rdb.go reports a RocksDB Status only as its message text, so the Status
 // code is recovered from the fixed prefix RocksDB's Status::ToString puts
 // first: corruption becomes storage.ErrCorrupt; anything else is wrapped
 // as an I/O failure.
-// reader is the part of a RocksDB handle that reads use: the store's
-// TransactionDB, or the read-only DB of CheckDir.
-type reader interface {
-	GetCF(*grocksdb.ReadOptions, *grocksdb.ColumnFamilyHandle, []byte) (*grocksdb.Slice, error)
-	NewIteratorCF(*grocksdb.ReadOptions, *grocksdb.ColumnFamilyHandle) *grocksdb.Iterator
-	NewSnapshot() *grocksdb.Snapshot
-	ReleaseSnapshot(*grocksdb.Snapshot)
-}
-
-func walRecoveryMode(pointInTime bool) grocksdb.WALRecoveryMode {
-	if pointInTime {
-		return grocksdb.PointInTimeRecovery
-	}
-	return grocksdb.TolerateCorruptedTailRecordsRecovery
-}
-
 func translate(op string, err error) error {
 	if err == nil {
 		return nil
@@ -813,46 +669,6 @@ func translate(op string, err error) error {
 		return fmt.Errorf("rocksstore: %s: %w: %v", op, storage.ErrCorrupt, err)
 	}
 	return fmt.Errorf("rocksstore: %s: rocksdb: %v", op, err)
-}
-
-// countersMerge is the merge operator of the counters keys: operands are
-// deltas, merging adds them.
-type countersMerge struct{}
-
-// Name is recorded in RocksDB's OPTIONS file: part of the on-disk format.
-func (countersMerge) Name() string { return "leaseq.counters.v1" }
-
-// FullMerge adds the operands to the existing value (absent: zero).
-func (countersMerge) FullMerge(_, existing []byte, operands [][]byte) ([]byte, bool) {
-	var sum dbkeys.Counters
-	if existing != nil {
-		c, err := dbkeys.DecodeCounters(existing)
-		if err != nil {
-			return nil, false
-		}
-		sum = c
-	}
-	for _, op := range operands {
-		c, err := dbkeys.DecodeCounters(op)
-		if err != nil {
-			return nil, false
-		}
-		sum = sum.Add(c)
-	}
-	return dbkeys.EncodeCounters(sum), true
-}
-
-// PartialMerge adds two operands, so compactions fold long operand runs.
-func (countersMerge) PartialMerge(_, left, right []byte) ([]byte, bool) {
-	l, err := dbkeys.DecodeCounters(left)
-	if err != nil {
-		return nil, false
-	}
-	r, err := dbkeys.DecodeCounters(right)
-	if err != nil {
-		return nil, false
-	}
-	return dbkeys.EncodeCounters(l.Add(r)), true
 }
 
 // checkCtx returns ctx's error wrapped for op, between batches of work.

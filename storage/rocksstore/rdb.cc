@@ -1,0 +1,399 @@
+// rdb.cc: see rdb.h. Only RocksDB's public C++ headers are used.
+#include "rdb.h"
+
+#include <rocksdb/cache.h>
+#include <rocksdb/db.h>
+#include <rocksdb/filter_policy.h>
+#include <rocksdb/merge_operator.h>
+#include <rocksdb/slice_transform.h>
+#include <rocksdb/statistics.h>
+#include <rocksdb/table.h>
+#include <rocksdb/utilities/table_properties_collectors.h>
+#include <rocksdb/utilities/transaction.h>
+#include <rocksdb/utilities/transaction_db.h>
+#include <rocksdb/utilities/write_batch_with_index.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace rocksdb;
+
+namespace {
+
+// countersMerge adds leaseq's queue counters (dbkeys.Counters: a format
+// byte, then 14 big-endian int64 fields). Its name is recorded in the
+// OPTIONS file: part of the on-disk format.
+class CountersMerge : public AssociativeMergeOperator {
+ public:
+  static constexpr size_t kLen = 1 + 14 * 8;
+  static constexpr char kFormat = 1;
+
+  const char* Name() const override { return "leaseq.counters.v1"; }
+
+  bool Merge(const Slice&, const Slice* existing, const Slice& value, std::string* out,
+             Logger*) const override {
+    if (value.size() != kLen || value[0] != kFormat) return false;
+    if (existing != nullptr && (existing->size() != kLen || (*existing)[0] != kFormat)) return false;
+    out->assign(kLen, 0);
+    (*out)[0] = kFormat;
+    for (size_t i = 0; i < 14; i++) {
+      uint64_t sum = get(value.data() + 1 + 8 * i);
+      if (existing != nullptr) sum += get(existing->data() + 1 + 8 * i);
+      for (int b = 0; b < 8; b++) (*out)[1 + 8 * i + b] = char(sum >> (56 - 8 * b));
+    }
+    return true;
+  }
+
+ private:
+  static uint64_t get(const char* p) {
+    uint64_t v = 0;
+    for (int b = 0; b < 8; b++) v = (v << 8) | uint8_t(p[b]);
+    return v;
+  }
+};
+
+char* dup(const std::string& s) {
+  char* p = static_cast<char*>(std::malloc(s.size() + 1));
+  std::memcpy(p, s.data(), s.size());
+  p[s.size()] = 0;
+  return p;
+}
+
+int fail(const Status& s, char** err) {
+  *err = dup(s.ToString());
+  return -1;
+}
+
+uint32_t u32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+}  // namespace
+
+struct lq_db {
+  Options opts;
+  DB* db = nullptr;              // every mode; the TransactionDB itself in LQ_TXN_DB
+  TransactionDB* tdb = nullptr;  // LQ_TXN_DB only
+  std::vector<ColumnFamilyHandle*> cfs;
+  ColumnFamilyHandle* route[256] = {};
+  WriteOptions wo, swo;  // no sync, sync
+  TransactionOptions txo;
+  ReadOptions ro;
+};
+
+struct lq_txn {
+  lq_db* db;
+  Transaction* t;
+  WriteBatch* wb;
+};
+
+struct lq_iter {
+  std::string lower, upper;
+  Slice lo, up;
+  ReadOptions ro;
+  Iterator* it = nullptr;
+};
+
+struct lq_snap {};  // stands for a const Snapshot*
+
+static const Snapshot* snapOf(const lq_snap* s) { return reinterpret_cast<const Snapshot*>(s); }
+
+static void apply(WriteBatch* wb, const lq_db* d, const char* p, size_t n) {
+  const char* end = p + n;
+  while (p < end) {
+    char op = *p++;
+    ColumnFamilyHandle* cf = nullptr;
+    if (op == 'D') {
+      cf = d->cfs[uint8_t(*p++)];
+      op = 'd';
+    }
+    uint32_t kl = u32(p);
+    p += 4;
+    Slice k(p, kl);
+    p += kl;
+    if (cf == nullptr) cf = d->route[uint8_t(k[0])];
+    if (op == 'd') {
+      wb->Delete(cf, k);
+      continue;
+    }
+    if (op == 's') {
+      wb->SingleDelete(cf, k);
+      continue;
+    }
+    uint32_t vl = u32(p);
+    p += 4;
+    Slice v(p, vl);
+    p += vl;
+    if (op == 'p') {
+      wb->Put(cf, k, v);
+    } else {
+      wb->Merge(cf, k, v);
+    }
+  }
+}
+
+static int64_t copyOut(const Status& s, const PinnableSlice& v, char* out, size_t cap, char** err) {
+  if (s.IsNotFound()) return -2;
+  if (!s.ok()) return fail(s, err);
+  if (v.size() <= cap && v.size() > 0) std::memcpy(out, v.data(), v.size());
+  return int64_t(v.size());
+}
+
+extern "C" {
+
+lq_db* lq_open(const char* dir, const lq_options* o, const char* const* families, int n, char** err) {
+  auto* d = new lq_db;
+  Options& opts = d->opts;
+  BlockBasedTableOptions bbto;
+  if (o->cache_bytes > 0) bbto.block_cache = NewLRUCache(size_t(o->cache_bytes));
+  bbto.filter_policy.reset(NewBloomFilterPolicy(10, false));
+  bbto.cache_index_and_filter_blocks = true;
+  bbto.pin_l0_filter_and_index_blocks_in_cache = true;
+  opts.table_factory.reset(NewBlockBasedTableFactory(bbto));
+  opts.memtable_insert_with_hint_prefix_extractor.reset(NewFixedPrefixTransform(1));
+  opts.create_if_missing = o->mode != LQ_READ_ONLY;
+  opts.create_missing_column_families = o->mode != LQ_READ_ONLY;
+  opts.info_log_level = WARN_LEVEL;
+  if (o->log_dir != nullptr) opts.db_log_dir = o->log_dir;
+  opts.keep_log_file_num = 2;
+  opts.merge_operator = std::make_shared<CountersMerge>();
+  opts.compression = kLZ4Compression;
+  if (o->memtable > 0) {
+    opts.write_buffer_size = size_t(o->memtable);
+    opts.db_write_buffer_size = size_t(3 * o->memtable);
+  }
+  opts.max_write_buffer_number = 3;
+  opts.max_write_buffer_size_to_maintain = 1;
+  opts.max_background_jobs = 2;
+  opts.max_total_wal_size = 128 << 20;
+  if (o->stats) opts.statistics = CreateDBStatistics();
+  if (o->del_compact) {
+    opts.table_properties_collector_factories.emplace_back(NewCompactOnDeletionCollectorFactory(1000, 500));
+  }
+  opts.wal_recovery_mode = o->point_in_time ? WALRecoveryMode::kPointInTimeRecovery
+                                            : WALRecoveryMode::kTolerateCorruptedTailRecords;
+  std::vector<ColumnFamilyDescriptor> descs;
+  for (int i = 0; i < n; i++) descs.emplace_back(families[i], ColumnFamilyOptions(opts));
+  Status s;
+  switch (o->mode) {
+    case LQ_TXN_DB: {
+      TransactionDBOptions tdbo;
+      tdbo.transaction_lock_timeout = o->lock_timeout;
+      s = TransactionDB::Open(opts, tdbo, dir, descs, &d->cfs, &d->tdb);
+      d->db = d->tdb;
+      d->txo.lock_timeout = o->lock_timeout;
+      break;
+    }
+    case LQ_PLAIN_DB:
+      s = DB::Open(opts, dir, descs, &d->cfs, &d->db);
+      break;
+    default:
+      s = DB::OpenForReadOnly(opts, dir, descs, &d->cfs, &d->db, false);
+  }
+  if (!s.ok()) {
+    fail(s, err);
+    delete d;
+    return nullptr;
+  }
+  d->swo.sync = true;
+  return d;
+}
+
+void lq_close(lq_db* d) {
+  for (auto* h : d->cfs) d->db->DestroyColumnFamilyHandle(h);
+  delete d->db;
+  delete d;
+}
+
+char* lq_list_families(const char* dir, size_t* len, char** err) {
+  std::vector<std::string> names;
+  Status s = DB::ListColumnFamilies(DBOptions(), dir, &names);
+  if (!s.ok()) {
+    fail(s, err);
+    return nullptr;
+  }
+  std::string all;
+  for (auto& n : names) {
+    all += n;
+    all.push_back(0);
+  }
+  *len = all.size();
+  return dup(all);
+}
+
+void lq_route(lq_db* d, int ns, int family) { d->route[ns & 0xff] = family < 0 ? nullptr : d->cfs[family]; }
+
+void lq_free(void* p) { std::free(p); }
+
+int64_t lq_get(lq_db* d, const lq_snap* snap, int family, const char* k, size_t kl, char* out, size_t cap,
+               char** err) {
+  ReadOptions ro;
+  ro.snapshot = snapOf(snap);
+  PinnableSlice v;
+  ColumnFamilyHandle* cf = family < 0 ? d->route[uint8_t(k[0])] : d->cfs[family];
+  Status s = d->db->Get(ro, cf, Slice(k, kl), &v);
+  return copyOut(s, v, out, cap, err);
+}
+
+const lq_snap* lq_snapshot(lq_db* d) { return reinterpret_cast<const lq_snap*>(d->db->GetSnapshot()); }
+
+void lq_release_snapshot(lq_db* d, const lq_snap* snap) { d->db->ReleaseSnapshot(snapOf(snap)); }
+
+int lq_write(lq_db* d, const char* buf, size_t n, int sync, char** err) {
+  WriteBatch wb;
+  apply(&wb, d, buf, n);
+  // In LQ_TXN_DB the batch goes to the base DB: the caller writes nothing a
+  // transaction holds (see rdb.go).
+  DB* target = d->tdb != nullptr ? d->tdb->GetBaseDB() : d->db;
+  Status s = target->Write(sync ? d->swo : d->wo, &wb);
+  return s.ok() ? 0 : fail(s, err);
+}
+
+int lq_flush_wal(lq_db* d, int sync, char** err) {
+  Status s = d->db->FlushWAL(sync != 0);
+  return s.ok() ? 0 : fail(s, err);
+}
+
+int lq_flush(lq_db* d, char** err) {
+  FlushOptions fo;
+  fo.wait = true;
+  for (auto* h : d->cfs) {
+    Status s = d->db->Flush(fo, h);
+    if (!s.ok()) return fail(s, err);
+  }
+  return 0;
+}
+
+int lq_compact_family(lq_db* d, int family, char** err) {
+  Status s = d->db->CompactRange(CompactRangeOptions(), d->cfs[family], nullptr, nullptr);
+  return s.ok() ? 0 : fail(s, err);
+}
+
+char* lq_statistics(lq_db* d) {
+  if (!d->opts.statistics) return nullptr;
+  return dup(d->opts.statistics->ToString());
+}
+
+char* lq_property(lq_db* d, int family, const char* name) {
+  std::string v;
+  if (!d->db->GetProperty(d->cfs[family], name, &v)) return nullptr;
+  return dup(v);
+}
+
+lq_iter* lq_iter_new(lq_db* d, const lq_snap* snap, int family, const char* lower, size_t ll,
+                     const char* upper, size_t ul, int once) {
+  auto* it = new lq_iter;
+  it->ro.snapshot = snapOf(snap);
+  if (lower != nullptr) {
+    it->lower.assign(lower, ll);
+    it->lo = Slice(it->lower);
+    it->ro.iterate_lower_bound = &it->lo;
+  }
+  if (upper != nullptr) {
+    it->upper.assign(upper, ul);
+    it->up = Slice(it->upper);
+    it->ro.iterate_upper_bound = &it->up;
+  }
+  if (once) {
+    it->ro.fill_cache = false;
+    it->ro.readahead_size = 2 << 20;
+  }
+  it->it = d->db->NewIterator(it->ro, d->cfs[family]);
+  return it;
+}
+
+static int entry(lq_iter* it, const char** ko, size_t* klo, const char** vo, size_t* vlo, char** err) {
+  if (!it->it->Valid()) {
+    Status s = it->it->status();
+    return s.ok() ? 0 : fail(s, err);
+  }
+  Slice k = it->it->key(), v = it->it->value();
+  *ko = k.data();
+  *klo = k.size();
+  *vo = v.data();
+  *vlo = v.size();
+  return 1;
+}
+
+int lq_iter_seek(lq_iter* it, const char* k, size_t kl, const char** ko, size_t* klo, const char** vo, size_t* vlo,
+                 char** err) {
+  if (k == nullptr) {
+    it->it->SeekToFirst();
+  } else {
+    it->it->Seek(Slice(k, kl));
+  }
+  return entry(it, ko, klo, vo, vlo, err);
+}
+
+int lq_iter_next(lq_iter* it, const char** ko, size_t* klo, const char** vo, size_t* vlo, char** err) {
+  it->it->Next();
+  return entry(it, ko, klo, vo, vlo, err);
+}
+
+void lq_iter_destroy(lq_iter* it) {
+  delete it->it;
+  delete it;
+}
+
+lq_txn* lq_txn_begin(lq_db* d, lq_txn* old) {
+  if (old == nullptr) {
+    old = new lq_txn{d, nullptr, nullptr};
+  }
+  old->t = d->tdb->BeginTransaction(d->wo, d->txo, old->t);
+  // Nothing reads a write back through the transaction (the store's batch
+  // overlay answers first), so its batch keeps no index.
+  old->t->DisableIndexing();
+  old->wb = old->t->GetWriteBatch()->GetWriteBatch();
+  return old;
+}
+
+void lq_txn_destroy(lq_txn* t) {
+  delete t->t;
+  delete t;
+}
+
+void lq_txn_write(lq_txn* t, const char* buf, size_t n) { apply(t->wb, t->db, buf, n); }
+
+int64_t lq_txn_get_for_update(lq_txn* t, const char* keys, const uint32_t* koff, int64_t start, int64_t n,
+                              char* out, size_t cap, size_t* used, int64_t* vlen, char** err) {
+  lq_db* d = t->db;
+  PinnableSlice v;
+  for (int64_t i = start; i < n; i++) {
+    Slice k(keys + koff[i], koff[i + 1] - koff[i]);
+    v.Reset();
+    Status s = t->t->GetForUpdate(d->ro, d->route[uint8_t(k[0])], k, &v, true);
+    if (s.IsNotFound()) {
+      vlen[i] = -1;
+      continue;
+    }
+    if (!s.ok()) return fail(s, err);
+    vlen[i] = int64_t(v.size());
+    if (v.size() > cap - *used) return i;
+    if (v.size() > 0) std::memcpy(out + *used, v.data(), v.size());
+    *used += v.size();
+  }
+  return n;
+}
+
+int64_t lq_txn_get(lq_txn* t, const char* k, size_t kl, char* out, size_t cap, char** err) {
+  PinnableSlice v;
+  Status s = t->t->Get(t->db->ro, t->db->route[uint8_t(k[0])], Slice(k, kl), &v);
+  return copyOut(s, v, out, cap, err);
+}
+
+int lq_txn_commit(lq_txn* t, char** err) {
+  Status s = t->t->Commit();
+  return s.ok() ? 0 : fail(s, err);
+}
+
+int lq_txn_rollback(lq_txn* t, char** err) {
+  Status s = t->t->Rollback();
+  return s.ok() ? 0 : fail(s, err);
+}
+
+}  // extern "C"
