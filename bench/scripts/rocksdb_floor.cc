@@ -5,9 +5,14 @@
 // expiry entry) and ack (single delete of in_progress, delete of the lease
 // and its expiry), in batches of 32, sync off, one column family per
 // namespace, options as leaseq's. Modes:
-//   A  every batch a transaction, writes into its indexed batch (leaseq today)
-//   B  as A with the transaction's indexing disabled (C++ API only)
+//   A  every batch a transaction, writes through PutUntracked and friends
+//      (indexed, and each key locked)
+//   B  as A with the transaction's indexing disabled
 //   C  as B, and enqueue and ack written as plain batches (no transaction)
+//   D  writes straight into the transaction's indexed batch: indexed, not
+//      locked (leaseq until 2026-11-24, through RocksDB's C API)
+//   E  writes straight into the transaction's plain write batch: neither
+//      indexed nor locked (leaseq since, through storage/rocksstore/rdb.cc)
 // Prints process CPU (background flushes included) per item.
 //
 // Build against the release library of `make rocksdb` (printed by it):
@@ -19,6 +24,7 @@
 #include <rocksdb/db.h>
 #include <rocksdb/utilities/transaction_db.h>
 #include <rocksdb/slice_transform.h>
+#include <rocksdb/utilities/write_batch_with_index.h>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -29,8 +35,8 @@ using namespace rocksdb;
 static double cpu() { timespec t; clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 static std::string key(char ns, uint64_t id) { std::string k(1, ns); k += "q"; k.push_back(0); char b[8]; for (int i = 0; i < 8; i++) b[i] = (id >> (56 - 8 * i)) & 0xff; k.append(b, 8); k.append(8, 'x'); return k; }
 int main(int argc, char** argv) {
-  if (argc != 3 || std::strlen(argv[1]) != 1 || std::strchr("ABC", argv[1][0]) == nullptr) {
-    fprintf(stderr, "usage: rocksdb_floor A|B|C DIR\n");
+  if (argc != 3 || std::strlen(argv[1]) != 1 || std::strchr("ABCDE", argv[1][0]) == nullptr) {
+    fprintf(stderr, "usage: rocksdb_floor A|B|C|D|E DIR\n");
     return 2;
   }
   char mode = argv[1][0];
@@ -50,7 +56,23 @@ int main(int argc, char** argv) {
   uint64_t next = 1, lease = 1;
   double t0 = cpu();
   Transaction* txn = nullptr;
-  auto begin = [&]() { txn = db->BeginTransaction(wo, txo, txn); if (mode != 'A') txn->DisableIndexing(); };
+  auto begin = [&]() { txn = db->BeginTransaction(wo, txo, txn); if (mode == 'B' || mode == 'C' || mode == 'E') txn->DisableIndexing(); };
+  // The transaction's writes, as each mode makes them.
+  auto put = [&](ColumnFamilyHandle* cf, const std::string& k, const std::string& v) {
+    if (mode == 'D') txn->GetWriteBatch()->Put(cf, k, v);
+    else if (mode == 'E') txn->GetWriteBatch()->GetWriteBatch()->Put(cf, k, v);
+    else txn->PutUntracked(cf, k, v);
+  };
+  auto sdel = [&](ColumnFamilyHandle* cf, const std::string& k) {
+    if (mode == 'D') txn->GetWriteBatch()->SingleDelete(cf, k);
+    else if (mode == 'E') txn->GetWriteBatch()->GetWriteBatch()->SingleDelete(cf, k);
+    else txn->SingleDeleteUntracked(cf, k);
+  };
+  auto del = [&](ColumnFamilyHandle* cf, const std::string& k) {
+    if (mode == 'D') txn->GetWriteBatch()->Delete(cf, k);
+    else if (mode == 'E') txn->GetWriteBatch()->GetWriteBatch()->Delete(cf, k);
+    else txn->DeleteUntracked(cf, k);
+  };
   for (uint64_t done = 0; done < N; done += B) {
     uint64_t first = next;
     // enqueue
@@ -60,7 +82,7 @@ int main(int argc, char** argv) {
       db->GetBaseDB()->Write(wo, &wb);
     } else {
       begin();
-      for (int i = 0; i < B; i++, next++) { txn->PutUntracked(h[1], key(2, next), payload); txn->PutUntracked(h[2], key(3, next), ""); }
+      for (int i = 0; i < B; i++, next++) { put(h[1], key(2, next), payload); put(h[2], key(3, next), ""); }
       txn->Commit();
     }
     // claim
@@ -69,10 +91,10 @@ int main(int argc, char** argv) {
     for (int i = 0; i < B; i++) {
       uint64_t id = first + i;
       txn->GetForUpdate(ro, h[1], key(2, id), &v);
-      txn->SingleDeleteUntracked(h[1], key(2, id)); txn->SingleDeleteUntracked(h[2], key(3, id));
-      txn->PutUntracked(h[3], key(4, id), v);
+      sdel(h[1], key(2, id)); sdel(h[2], key(3, id));
+      put(h[3], key(4, id), v);
     }
-    txn->PutUntracked(h[4], key(5, lease), std::string(B * 16, 'l')); txn->PutUntracked(h[5], key(6, lease), "");
+    put(h[4], key(5, lease), std::string(B * 16, 'l')); put(h[5], key(6, lease), "");
     txn->Commit();
     // ack
     if (mode == 'C') {
@@ -82,8 +104,8 @@ int main(int argc, char** argv) {
       db->GetBaseDB()->Write(wo, &wb);
     } else {
       begin();
-      for (int i = 0; i < B; i++) txn->SingleDeleteUntracked(h[3], key(4, first + i));
-      txn->DeleteUntracked(h[4], key(5, lease)); txn->DeleteUntracked(h[5], key(6, lease));
+      for (int i = 0; i < B; i++) sdel(h[3], key(4, first + i));
+      del(h[4], key(5, lease)); del(h[5], key(6, lease));
       txn->Commit();
     }
     lease++;

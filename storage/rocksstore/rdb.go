@@ -22,8 +22,9 @@ import (
 // read with GetForUpdate). RocksDB's transaction.h advises against writing
 // to a transaction's batch directly, since such writes bypass its locks and
 // its index; bypassing both is the point here, and the single committer
-// is what makes it safe. It halves what RocksDB spends on leaseq's key
-// pattern (bench/scripts/rocksdb_floor.cc, docs/BENCHMARKS.md). The same
+// is what makes it safe. Without the index RocksDB spends about a quarter
+// less on leaseq's key pattern (bench/scripts/rocksdb_floor.cc, modes D
+// and E; docs/BENCHMARKS.md, "A C++ binding of our own"). The same
 // binding opens plain and read-only databases (migrate.go, CheckDir), so
 // the package has one way into RocksDB.
 
