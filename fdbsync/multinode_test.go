@@ -98,7 +98,15 @@ func TestFDBMultiNodeHistory(t *testing.T) {
 	)
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d, %d items", seed, items)
-	c := newCluster(t, nodes, fdbmodel.Faults{Seed: seed, NotCommitted: 0.01, TooOld: 0.005, UnknownResult: 0.02, UnknownApplied: 0.5})
+	// The run must meet applied unknown results (asserted at the end). The
+	// small run commits only about 500 write transactions: at 2 % unknown
+	// it met none applied about once in 200 runs (seed 1795521636206102357,
+	// 2 injected, neither applied), so it injects them more often.
+	unknown := 0.02
+	if items < 100_000 {
+		unknown = 0.06
+	}
+	c := newCluster(t, nodes, fdbmodel.Faults{Seed: seed, NotCommitted: 0.01, TooOld: 0.005, UnknownResult: unknown, UnknownApplied: 0.5})
 	ctx := context.Background()
 	cfg := storage.DefaultQueueConfig()
 	cfg.MaxAttempts = 3
