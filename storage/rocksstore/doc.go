@@ -57,7 +57,7 @@
 // Ids are a big-endian sequence number (reserved in blocks of idBlock with
 // one meta write per block) followed by the enqueue instant. Lease tokens
 // are 16 bytes from crypto/rand. Per-queue counters are merge operands
-// (countersMerge) in the batch that changes them, so Stats is O(1) and Open
+// (CountersMerge in rdb.cc) in the batch that changes them, so Stats is O(1) and Open
 // reads them instead of counting.
 //
 // # The commit pipeline (commit.go)
