@@ -58,6 +58,17 @@ func cErr(msg *C.char) error {
 	return err
 }
 
+// cStatus is a call's error from its return code (0: success) and the
+// message it left in *msg. (msg is a pointer so that it is read after the
+// call: Go does not order a plain variable operand against a call in the
+// same argument list.)
+func cStatus(rc C.int, msg **C.char) error {
+	if rc != 0 {
+		return cErr(*msg)
+	}
+	return nil
+}
+
 func cbool(b bool) C.int {
 	if b {
 		return 1
@@ -207,28 +218,19 @@ func (d *rdb) put(key, value []byte, sync bool) error {
 
 func (d *rdb) flushWAL(sync bool) error {
 	var msg *C.char
-	if C.lq_flush_wal(d.p, cbool(sync), &msg) != 0 {
-		return cErr(msg)
-	}
-	return nil
+	return cStatus(C.lq_flush_wal(d.p, cbool(sync), &msg), &msg)
 }
 
 // flush flushes every family's memtables and waits for them.
 func (d *rdb) flush() error {
 	var msg *C.char
-	if C.lq_flush(d.p, &msg) != 0 {
-		return cErr(msg)
-	}
-	return nil
+	return cStatus(C.lq_flush(d.p, &msg), &msg)
 }
 
 // compact compacts all of family fam.
 func (d *rdb) compact(fam int) error {
 	var msg *C.char
-	if C.lq_compact_family(d.p, C.int(fam), &msg) != 0 {
-		return cErr(msg)
-	}
-	return nil
+	return cStatus(C.lq_compact_family(d.p, C.int(fam), &msg), &msg)
 }
 
 // statistics returns RocksDB's statistics dump ("" without statistics).
@@ -350,18 +352,12 @@ func (t *rdbTxn) write(w *writeBuf) {
 
 func (t *rdbTxn) commit() error {
 	var msg *C.char
-	if C.lq_txn_commit(t.p, &msg) != 0 {
-		return cErr(msg)
-	}
-	return nil
+	return cStatus(C.lq_txn_commit(t.p, &msg), &msg)
 }
 
 func (t *rdbTxn) rollback() error {
 	var msg *C.char
-	if C.lq_txn_rollback(t.p, &msg) != 0 {
-		return cErr(msg)
-	}
-	return nil
+	return cStatus(C.lq_txn_rollback(t.p, &msg), &msg)
 }
 
 // get reads key in the transaction without locking it; a copy.
