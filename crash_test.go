@@ -396,8 +396,14 @@ func TestCrash_CorruptedWAL(t *testing.T) {
 	wal := logs[len(logs)-1]
 	b, err := os.ReadFile(wal)
 	require.NoError(t, err)
+	// The middle of its records: with --sync=always the log is made over
+	// zeros (storage/rocksstore/zerowal.h), which follow the records.
+	end := len(b)
+	for end > 0 && b[end-1] == 0 {
+		end--
+	}
 	for i := range 16 {
-		b[len(b)/2+i] ^= 0xff
+		b[end/2+i] ^= 0xff
 	}
 	require.NoError(t, os.WriteFile(wal, b, 0o600))
 	before := hashDir(t, data)

@@ -2,6 +2,7 @@ package rocksstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -52,7 +53,15 @@ func CheckDir(ctx context.Context, dir string) (storage.CheckReport, error) {
 	if err != nil {
 		return storage.CheckReport{}, walOpenError(dir, translate("check: open "+dir+" read-only", err))
 	}
-	db, err := openRDB(dir, rdbOptions{mode: readOnly, logDir: logDir}, names)
+	o := rdbOptions{mode: readOnly, logDir: logDir}
+	db, err := openRDB(dir, o, names)
+	if err != nil && errors.Is(translate("", err), storage.ErrCorrupt) {
+		// As Open: a log over zeros torn by a crash (walTornTail).
+		if torn, _ := walTornTail(dir); torn != nil {
+			o.pointInTime = true
+			db, err = openRDB(dir, o, names)
+		}
+	}
 	if err != nil {
 		return storage.CheckReport{}, walOpenError(dir, translate("check: open "+dir+" read-only", err))
 	}

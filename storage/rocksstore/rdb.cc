@@ -1,6 +1,8 @@
 // rdb.cc: see rdb.h. Only RocksDB's public C++ headers are used.
 #include "rdb.h"
 
+#include <rocksdb/env.h>
+
 #include <rocksdb/cache.h>
 #include <rocksdb/db.h>
 #include <rocksdb/filter_policy.h>
@@ -18,6 +20,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "zerowal.h"
 
 using namespace rocksdb;
 
@@ -76,6 +80,8 @@ uint32_t u32(const char* p) {
 }  // namespace
 
 struct lq_db {
+  std::shared_ptr<leaseq::ZeroedWALs> walfs;  // lq_options.zeroed_wal only
+  std::unique_ptr<Env> env;                   // over walfs; outlives db
   Options opts;
   DB* db = nullptr;              // every mode; the TransactionDB itself in LQ_TXN_DB
   TransactionDB* tdb = nullptr;  // LQ_TXN_DB only
@@ -175,6 +181,14 @@ lq_db* lq_open(const char* dir, const lq_options* o, const char* const* families
   if (o->del_compact) {
     opts.table_properties_collector_factories.emplace_back(NewCompactOnDeletionCollectorFactory(1000, 500));
   }
+  if (o->mode == LQ_TXN_DB && o->zeroed_wal > 0) {
+    d->walfs = std::make_shared<leaseq::ZeroedWALs>(FileSystem::Default(), dir, uint64_t(o->zeroed_wal));
+    d->walfs->Prepare();
+    d->env = NewCompositeEnv(d->walfs);
+    opts.env = d->env.get();
+  } else if (o->mode == LQ_TXN_DB) {
+    leaseq::ZeroedWALs::RemoveSpare(dir);
+  }
   opts.wal_recovery_mode = o->point_in_time ? WALRecoveryMode::kPointInTimeRecovery
                                             : WALRecoveryMode::kTolerateCorruptedTailRecords;
   std::vector<ColumnFamilyDescriptor> descs;
@@ -207,7 +221,13 @@ lq_db* lq_open(const char* dir, const lq_options* o, const char* const* families
 void lq_close(lq_db* d) {
   for (auto* h : d->cfs) d->db->DestroyColumnFamilyHandle(h);
   delete d->db;
+  if (d->walfs) d->walfs->Stop();
   delete d;
+}
+
+void lq_wal_files(lq_db* d, int64_t* zeroed, int64_t* plain) {
+  *zeroed = d->walfs ? d->walfs->zeroed.load() : 0;
+  *plain = d->walfs ? d->walfs->plain.load() : 0;
 }
 
 char* lq_list_families(const char* dir, size_t* len, char** err) {

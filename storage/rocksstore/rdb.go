@@ -47,6 +47,7 @@ type rdbOptions struct {
 	pointInTime   bool
 	lockTimeoutMs int64
 	logDir        string // "": the database directory
+	zeroedWAL     int64  // txnDB: new WALs are made over zeros of this size (zerowal.h); 0: empty
 }
 
 type rdb struct{ p *C.lq_db }
@@ -95,6 +96,7 @@ func openRDB(dir string, o rdbOptions, names []string) (*rdb, error) {
 		stats:        cbool(o.stats),
 		del_compact:  cbool(o.delCompact),
 		lock_timeout: C.int64_t(o.lockTimeoutMs),
+		zeroed_wal:   C.int64_t(o.zeroedWAL),
 	}
 	co.point_in_time = cbool(o.pointInTime)
 	if o.logDir != "" {
@@ -114,6 +116,14 @@ func openRDB(dir string, o rdbOptions, names []string) (*rdb, error) {
 		return nil, cErr(msg)
 	}
 	return &rdb{p: p}, nil
+}
+
+// walFiles reports how many WALs this open created over a zero-filled
+// spare and how many empty.
+func (d *rdb) walFiles() (zeroed, plain int64) {
+	var z, p C.int64_t
+	C.lq_wal_files(d.p, &z, &p)
+	return int64(z), int64(p)
 }
 
 // listFamilies returns the column families of the database in dir.

@@ -27,6 +27,7 @@ typedef struct {
 	int point_in_time;    // WAL recovery: point in time (else tolerate a corrupted tail)
 	int64_t lock_timeout; // transaction lock timeout, ms
 	const char* log_dir;  // RocksDB's info log directory; NULL: the database's
+	int64_t zeroed_wal;   // LQ_TXN_DB: new WALs are created over zeros of this size (zerowal.h); 0: empty
 } lq_options;
 
 // Every call that can fail returns 0 (or a count) on success and -1 with
@@ -57,6 +58,9 @@ int lq_flush(lq_db* db, char** err);
 int lq_compact_family(lq_db* db, int family, char** err);
 // lq_statistics returns RocksDB's statistics dump (malloc'd), or NULL.
 char* lq_statistics(lq_db* db);
+// lq_wal_files reports how many WALs this open created over a zero-filled
+// spare and how many empty (both 0 without lq_options.zeroed_wal).
+void lq_wal_files(lq_db* db, int64_t* zeroed, int64_t* plain);
 // lq_property returns a property of a family (malloc'd), or NULL.
 char* lq_property(lq_db* db, int family, const char* name);
 

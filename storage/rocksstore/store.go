@@ -169,8 +169,16 @@ func (s *Store) openDBOnce(migrated bool) error {
 	if memtable <= 0 {
 		memtable = defaultMemtable
 	}
+	// With SyncAlways every commit waits for an fdatasync of the WAL,
+	// which costs less on a file already written (zerowal.h): new WALs
+	// are made over a zero-filled spare of two memtables, about what one
+	// WAL holds before a memtable switch starts the next.
+	var zeroedWAL int64
+	if s.opts.Sync == SyncAlways {
+		zeroedWAL = 2 * int64(memtable)
+	}
 	names := familyList()
-	db, err := openRDB(s.dir, rdbOptions{
+	o := rdbOptions{
 		mode:          txnDB,
 		cacheBytes:    cacheBytes,
 		memtable:      int64(memtable),
@@ -178,7 +186,18 @@ func (s *Store) openDBOnce(migrated bool) error {
 		delCompact:    !s.opts.noDelCompact,
 		pointInTime:   s.opts.RecoverPointInTime,
 		lockTimeoutMs: lockTimeoutMillis,
-	}, names)
+		zeroedWAL:     zeroedWAL,
+	}
+	db, err := openRDB(s.dir, o, names)
+	if err != nil && !o.pointInTime && errors.Is(translate("", err), storage.ErrCorrupt) {
+		// A log made over zeros that a crash tore mid-write (walTornTail).
+		if torn, _ := walTornTail(s.dir); torn != nil {
+			s.log.Warn("the newest write-ahead log ends in a record torn by a crash mid-write; replaying up to it",
+				"file", torn.File, "offset", torn.Offset)
+			o.pointInTime = true
+			db, err = openRDB(s.dir, o, names)
+		}
+	}
 	if err != nil {
 		return walOpenError(s.dir, translate("open "+s.dir, err))
 	}

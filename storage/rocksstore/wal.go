@@ -136,6 +136,61 @@ func walRecordAt(b []byte, off, blockLeft int) (good bool, n int) {
 	return crc == want, n
 }
 
+// walTornTail reports the torn record at the end of the newest WAL file in
+// dir: a record that fails its checksum with no readable record after it,
+// in a WAL followed by no other, and every older WAL whole. A crash mid
+// write leaves one; RocksDB's TolerateCorruptedTailRecords accepts it only
+// where the file ends with it, and a log made over zeros (zerowal.h) ends
+// with zeros after it instead. Nothing in a torn record was acknowledged
+// (its write had not returned), so point-in-time recovery, which stops
+// there, loses nothing that TolerateCorruptedTailRecords would keep.
+func walTornTail(dir string) (*WALDamage, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	if err != nil || len(files) == 0 {
+		return nil, err
+	}
+	sort.Strings(files) // zero-padded numbers: oldest first
+	var torn *WALDamage
+	for i, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		if _, ok := firstDamage(b); ok {
+			return nil, nil
+		}
+		if off, ok := tornAt(b); ok {
+			if i != len(files)-1 {
+				return nil, nil // only the newest log can end mid-write
+			}
+			torn = &WALDamage{File: f, Offset: off, Size: int64(len(b))}
+		}
+	}
+	return torn, nil
+}
+
+// tornAt returns the offset of the first unreadable record of a WAL file
+// (zero padding aside), if it has one.
+func tornAt(b []byte) (int64, bool) {
+	for off := 0; off < len(b); {
+		blockLeft := walBlockSize - off%walBlockSize
+		if blockLeft < walHeaderSize {
+			off += blockLeft
+			continue
+		}
+		good, n := walRecordAt(b, off, blockLeft)
+		switch {
+		case good:
+			off += n
+		case n == 0:
+			off += blockLeft
+		default:
+			return int64(off), true
+		}
+	}
+	return 0, false
+}
+
 // walOpenError turns a failed Open under TolerateCorruptedTailRecords into
 // a clear refusal when the WAL is damaged; other errors pass unchanged.
 func walOpenError(dir string, openErr error) error {

@@ -1,0 +1,190 @@
+// zerowal.cc: see zerowal.h.
+#include "zerowal.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+using namespace rocksdb;
+
+namespace leaseq {
+
+namespace {
+
+const char kSpare[] = "/LEASEQ-SPARE-WAL";
+
+// isWAL reports whether path names a write-ahead log: digits, then ".log".
+bool isWAL(const std::string& path) {
+  size_t slash = path.rfind('/');
+  size_t start = slash == std::string::npos ? 0 : slash + 1;
+  if (path.size() < start + 5 || path.compare(path.size() - 4, 4, ".log") != 0) return false;
+  for (size_t i = start; i < path.size() - 4; i++) {
+    if (path[i] < '0' || path[i] > '9') return false;
+  }
+  return true;
+}
+
+bool syncDir(const std::string& dir) {
+  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool ok = fsync(fd) == 0;
+  close(fd);
+  return ok;
+}
+
+// walFile is a write-ahead log as ZeroedWALs hands it out: it counts its
+// bytes and fsyncs into stats, and if it was made on a spare, Close cuts
+// the zeros after its data (RocksDB cuts a file it preallocated, and a
+// log closed before its first write is not one), so a closed log is
+// replayed without its zero tail.
+class walFile : public FSWritableFileOwnerWrapper {
+ public:
+  walFile(std::unique_ptr<FSWritableFile>&& f, const std::string& path, bool zeroed,
+          std::shared_ptr<ZeroedWALs::LogStats> stats)
+      : FSWritableFileOwnerWrapper(std::move(f)), path_(path), zeroed_(zeroed), stats_(std::move(stats)) {}
+
+  IOStatus Append(const Slice& data, const IOOptions& opts, IODebugContext* dbg) override {
+    stats_->bytes += data.size();
+    return target()->Append(data, opts, dbg);
+  }
+  IOStatus Append(const Slice& data, const IOOptions& opts, const DataVerificationInfo& info,
+                  IODebugContext* dbg) override {
+    stats_->bytes += data.size();
+    return target()->Append(data, opts, info, dbg);
+  }
+  IOStatus Sync(const IOOptions& opts, IODebugContext* dbg) override {
+    stats_->syncs++;
+    return target()->Sync(opts, dbg);
+  }
+  IOStatus Fsync(const IOOptions& opts, IODebugContext* dbg) override {
+    stats_->syncs++;
+    return target()->Fsync(opts, dbg);
+  }
+
+  IOStatus Close(const IOOptions& opts, IODebugContext* dbg) override {
+    uint64_t size = target()->GetFileSize(opts, dbg);
+    IOStatus s = target()->Close(opts, dbg);
+    // As RocksDB's own trim, a failure only leaves zeros to skip.
+    if (s.ok() && zeroed_) (void)!truncate(path_.c_str(), off_t(size));
+    return s;
+  }
+
+ private:
+  const std::string path_;
+  const bool zeroed_;
+  const std::shared_ptr<ZeroedWALs::LogStats> stats_;
+};
+
+}  // namespace
+
+ZeroedWALs::ZeroedWALs(const std::shared_ptr<FileSystem>& base, const std::string& dir, uint64_t size)
+    : FileSystemWrapper(base), dir_(dir), spare_(dir + kSpare), tmp_(dir + kSpare + ".tmp"), size_(size) {}
+
+ZeroedWALs::~ZeroedWALs() { Stop(); }
+
+void ZeroedWALs::RemoveSpare(const std::string& dir) {
+  unlink((dir + kSpare).c_str());
+  unlink((dir + kSpare + ".tmp").c_str());
+}
+
+void ZeroedWALs::Prepare() {
+  unlink(tmp_.c_str());  // a spare being made when the process stopped
+  struct stat st;
+  bool ok = stat(spare_.c_str(), &st) == 0 && uint64_t(st.st_size) == size_;
+  if (!ok) ok = make();
+  std::lock_guard<std::mutex> l(mu_);
+  ready_ = ok;
+}
+
+void ZeroedWALs::Stop() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+  }
+  if (worker_.joinable()) worker_.join();
+}
+
+IOStatus ZeroedWALs::NewWritableFile(const std::string& fname, const FileOptions& opts,
+                                     std::unique_ptr<FSWritableFile>* result, IODebugContext* dbg) {
+  if (!isWAL(fname)) return target()->NewWritableFile(fname, opts, result, dbg);
+  // The log before this one says whether zeros pay: judged once it holds
+  // kJudgeBytes, so a log cut short (an open and a close) changes nothing.
+  if (last_ != nullptr && last_->bytes >= kJudgeBytes) {
+    worth_ = last_->bytes <= last_->syncs * kMaxBytesPerSync;
+  }
+  last_ = std::make_shared<LogStats>();
+  std::unique_ptr<FSWritableFile> f;
+  bool zeroed = false;
+  IOStatus s;
+  if (worth_ && take()) {
+    // Renames the spare to fname and opens it for writing from its start.
+    s = target()->ReuseWritableFile(fname, spare_, opts, &f, dbg);
+    zeroed = s.ok();
+  }
+  if (worth_) refill();
+  if (!zeroed) s = target()->NewWritableFile(fname, opts, &f, dbg);
+  if (!s.ok()) return s;
+  (zeroed ? this->zeroed : plain)++;
+  result->reset(new walFile(std::move(f), fname, zeroed, last_));
+  return s;
+}
+
+bool ZeroedWALs::take() {
+  std::lock_guard<std::mutex> l(mu_);
+  bool ok = ready_;
+  ready_ = false;
+  return ok;
+}
+
+// refill starts making the next spare unless one is ready or being made.
+void ZeroedWALs::refill() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (ready_ || busy_ || stopping_) return;
+  busy_ = true;
+  // The last worker has cleared busy_, its last act: joining it is short.
+  if (worker_.joinable()) worker_.join();
+  worker_ = std::thread([this] {
+    bool ok = make();
+    std::lock_guard<std::mutex> l(mu_);
+    ready_ = ok;
+    busy_ = false;
+  });
+}
+
+// make writes size_ zero bytes to tmp_, fsyncs it and renames it to
+// spare_: a spare exists only whole and durable. On failure (a full disk)
+// it leaves nothing behind.
+bool ZeroedWALs::make() {
+  static const char zeros[1 << 20] = {};
+  // Only while the disk has four spares' worth free: on a small or nearly
+  // full disk, logs are created empty rather than a spare taking the room
+  // the data needs.
+  struct statvfs vfs;
+  if (statvfs(dir_.c_str(), &vfs) != 0 || uint64_t(vfs.f_bavail) * vfs.f_frsize < 4 * size_) return false;
+  int fd = open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  bool ok = true;
+  // A megabyte at a time, each flushed before the next: one large flush
+  // would hold up the journal commit that a WAL fsync may be waiting for.
+  for (uint64_t off = 0; ok && off < size_;) {
+    ssize_t n = write(fd, zeros, size_t(std::min<uint64_t>(sizeof zeros, size_ - off)));
+    if (n > 0) {
+      off += uint64_t(n);
+      ok = fdatasync(fd) == 0;
+    } else if (n == 0 || errno != EINTR) {
+      ok = false;
+    }
+  }
+  ok = fsync(fd) == 0 && ok;
+  ok = close(fd) == 0 && ok;
+  ok = ok && rename(tmp_.c_str(), spare_.c_str()) == 0 && syncDir(dir_);
+  if (!ok) unlink(tmp_.c_str());
+  return ok;
+}
+
+}  // namespace leaseq

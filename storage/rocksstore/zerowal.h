@@ -1,0 +1,95 @@
+// zerowal.h: write-ahead logs created over zeros (zerowal.cc), for rdb.cc.
+#ifndef LEASEQ_ZEROWAL_H
+#define LEASEQ_ZEROWAL_H
+
+#include <rocksdb/file_system.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace leaseq {
+
+// ZeroedWALs is a file system that gives each new RocksDB write-ahead log
+// (a file named <number>.log) a file already written with zeros and
+// fsynced, so that appending to the log overwrites blocks the file
+// system has allocated and sized: fdatasync then flushes the data and
+// nothing else. A log that grows its file makes each fdatasync also
+// commit the file's new size (an ext4 journal commit), which measured
+// 35-45 % of the time of a small write+fdatasync on this project's
+// machine. PostgreSQL zero-fills its WAL segments for the same reason.
+//
+// Zeros double the bytes written to the disk, so they are used only while
+// RocksDB fsyncs the logs often for the bytes they carry (kMaxBytesPerSync):
+// single items and small batches, not large ones.
+//
+// It keeps one spare of size bytes, <dir>/LEASEQ-SPARE-WAL, made in a
+// background thread; a new log takes it by rename (ReuseWritableFile: no
+// truncation), and the next spare is started at once. With no spare ready
+// (logs switching faster than spares are made, or the disk full), a log
+// is created empty, as RocksDB would. RocksDB's log reader skips zero
+// blocks, so a crash leaves a log whose zero tail recovery reads past;
+// a log closed cleanly is truncated to its data by RocksDB.
+class ZeroedWALs : public rocksdb::FileSystemWrapper {
+ public:
+  ZeroedWALs(const std::shared_ptr<rocksdb::FileSystem>& base, const std::string& dir, uint64_t size);
+  ~ZeroedWALs() override;
+
+  static const char* kClassName() { return "leaseq.ZeroedWALs"; }
+  const char* Name() const override { return kClassName(); }
+
+  // Prepare makes the spare now, unless one of the right size is left
+  // from before, so the log that DB::Open creates takes it.
+  void Prepare();
+  // Stop waits for a spare being made.
+  void Stop();
+
+  rocksdb::IOStatus NewWritableFile(const std::string& fname, const rocksdb::FileOptions& opts,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* result,
+                                    rocksdb::IODebugContext* dbg) override;
+
+  // Counts of logs created on a spare and empty.
+  std::atomic<int64_t> zeroed{0}, plain{0};
+
+  // LogStats counts what RocksDB wrote to one log and how often it
+  // synced it.
+  struct LogStats {
+    std::atomic<uint64_t> bytes{0}, syncs{0};
+  };
+  // Zeros pay while RocksDB syncs a log at least every kMaxBytesPerSync
+  // bytes. Measured here: an fdatasync that need not commit a new size
+  // saves 60-70 us, and zeros cost about 2 us per KiB to write and flush,
+  // so the break-even is near 30 KiB per fsync. Single-item enqueues sync
+  // every 1 KiB or so and gain; e2e with batches of 32 (28 KiB) lost
+  // throughput and p99 with zeros (docs/BENCHMARKS.md, "Write-ahead logs
+  // over zeros").
+  static constexpr uint64_t kMaxBytesPerSync = 16 << 10;
+  static constexpr uint64_t kJudgeBytes = 1 << 20;
+
+  // RemoveSpare deletes a spare left in dir (a store opened without
+  // zeroed logs).
+  static void RemoveSpare(const std::string& dir);
+
+ private:
+  bool take();
+  void refill();
+  bool make();
+
+  const std::string dir_, spare_, tmp_;
+  const uint64_t size_;
+  // RocksDB creates logs one at a time (under its DB mutex): these need
+  // no lock.
+  std::shared_ptr<LogStats> last_;
+  bool worth_ = true;
+  std::mutex mu_;
+  bool ready_ = false, busy_ = false, stopping_ = false;
+  std::thread worker_;
+};
+
+}  // namespace leaseq
+
+#endif

@@ -1,0 +1,167 @@
+package rocksstore
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/storage"
+)
+
+const testSpare = 2 << 20 // the spare of a store with 1 MiB memtables
+
+func zeroedWALOptions(o *Options) {
+	o.Sync = SyncAlways
+	o.memtable = testSpare / 2
+}
+
+// walFilesIn returns the .log files of dir, oldest first.
+func walFilesIn(t *testing.T, dir string) []string {
+	t.Helper()
+	logs, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	require.NoError(t, err)
+	return logs
+}
+
+// spareReady waits for the store in dir to have a whole spare.
+func spareReady(t *testing.T, dir string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		fi, err := os.Stat(filepath.Join(dir, "LEASEQ-SPARE-WAL"))
+		return err == nil && fi.Size() == testSpare
+	}, 30*time.Second, time.Millisecond, "no spare WAL")
+}
+
+// copyDir copies the regular files of src into a new directory, as a
+// crash would leave them (the store in src stays open).
+func copyDir(t *testing.T, src string) string {
+	t.Helper()
+	dst := t.TempDir()
+	ents, err := os.ReadDir(src)
+	require.NoError(t, err)
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dst, e.Name()), b, 0o600))
+	}
+	return dst
+}
+
+// enqueueOneByOne enqueues n items of size bytes, one call (one fsync) each.
+func enqueueOneByOne(b *testBundle, q string, n, size int) {
+	b.t.Helper()
+	for i := 0; i < n; i++ {
+		b.enqueue(q, at(0), storage.EnqueueItem{Payload: bytes.Repeat([]byte{'x'}, size)})
+	}
+}
+
+// With SyncAlways the log Open creates is a zero-filled spare, and a crash
+// leaves it with zeros after the records: Open replays the records and
+// Check passes.
+func TestZeroedWAL_CrashLeavesZeroTail(t *testing.T) {
+	t.Parallel()
+	b := setup(t, zeroedWALOptions)
+	zeroed, plain := b.s.db.walFiles()
+	require.Equal(t, [2]int64{1, 0}, [2]int64{zeroed, plain})
+	spareReady(t, b.dir)
+	enqueueOneByOne(b, "q", 100, 100)
+
+	crashed := copyDir(t, b.dir)
+	logs := walFilesIn(t, crashed)
+	require.Len(t, logs, 1)
+	wal, err := os.ReadFile(logs[0])
+	require.NoError(t, err)
+	require.Len(t, wal, testSpare, "the log's file is the spare's size")
+	end := len(wal)
+	for end > 0 && wal[end-1] == 0 {
+		end--
+	}
+	require.Greater(t, end, 100*100, "the records")
+	require.Less(t, end, testSpare/2, "zeros after the records")
+
+	c := setupDir(t, crashed, zeroedWALOptions)
+	require.Equal(t, int64(100), c.stats("q", at(time.Second)).Ready)
+}
+
+// A crash mid-write leaves the last record torn with zeros after it, not
+// at the end of the file: Open and CheckDir replay up to it; the enqueue
+// it held was never answered.
+func TestZeroedWAL_TornLastRecord(t *testing.T) {
+	t.Parallel()
+	b := setup(t, zeroedWALOptions)
+	enqueueOneByOne(b, "q", 100, 100)
+
+	crashed := copyDir(t, b.dir)
+	logs := walFilesIn(t, crashed)
+	require.Len(t, logs, 1)
+	wal, err := os.ReadFile(logs[0])
+	require.NoError(t, err)
+	end := len(wal)
+	for end > 0 && wal[end-1] == 0 {
+		end--
+	}
+	clear(wal[end-8 : end]) // the last record's end never reached the disk
+	require.NoError(t, os.WriteFile(logs[0], wal, 0o600))
+
+	torn, err := walTornTail(crashed)
+	require.NoError(t, err)
+	require.NotNil(t, torn)
+	require.Equal(t, logs[0], torn.File)
+	rep, err := CheckDir(b.ctx, crashed)
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "violations: %v", rep.Violations)
+
+	c := setupDir(t, crashed, zeroedWALOptions)
+	require.Equal(t, int64(99), c.stats("q", at(time.Second)).Ready)
+}
+
+// Zeros are used while RocksDB syncs the log often for its bytes: after a
+// log written in large batches the next one is created empty, after a log
+// of single items the next one takes the spare again.
+func TestZeroedWAL_OnlyForFrequentSyncs(t *testing.T) {
+	t.Parallel()
+	b := setup(t, zeroedWALOptions)
+	spareReady(t, b.dir)
+	big := make([]storage.EnqueueItem, 100)
+	for i := range big {
+		big[i] = storage.EnqueueItem{Payload: bytes.Repeat([]byte{'b'}, 4000)}
+	}
+	for range 3 { // 1.2 MB in three fsyncs
+		b.enqueue("q", at(0), big...)
+	}
+	require.NoError(t, b.s.db.flush()) // a new log
+	zeroed, plain := b.s.db.walFiles()
+	require.Equal(t, [2]int64{1, 1}, [2]int64{zeroed, plain}, "after large batches")
+
+	// 1.2 MB in 300 fsyncs (the memtable may fill and start a log too).
+	enqueueOneByOne(b, "q", 300, 4000)
+	require.NoError(t, b.s.db.flush())
+	zeroed, plain = b.s.db.walFiles()
+	require.Equal(t, int64(1), plain, "after single items")
+	require.GreaterOrEqual(t, zeroed, int64(2), "after single items")
+	b.reopen()
+	require.Equal(t, int64(600), b.stats("q", at(time.Second)).Ready)
+}
+
+// SyncNone makes no spare and removes one left by a SyncAlways open.
+func TestZeroedWAL_SyncNoneRemovesSpare(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s, err := Open(dir, func() Options { o := testOptions(t); zeroedWALOptions(&o); return o }())
+	require.NoError(t, err)
+	spareReady(t, dir)
+	require.NoError(t, s.Close())
+
+	b := setupDir(t, dir, func(o *Options) { o.memtable = testSpare / 2 })
+	zeroed, plain := b.s.db.walFiles()
+	require.Equal(t, [2]int64{0, 0}, [2]int64{zeroed, plain})
+	_, err = os.Stat(filepath.Join(dir, "LEASEQ-SPARE-WAL"))
+	require.True(t, os.IsNotExist(err), "spare left: %v", err)
+}
