@@ -86,7 +86,16 @@ func walDamage(dir string) (*WALDamage, error) {
 // firstDamage scans one WAL file's bytes and reports the offset of the
 // first bad physical record if a good one follows it somewhere later.
 func firstDamage(b []byte) (int64, bool) {
-	bad := int64(-1)
+	if bad, goodAfter := scanWAL(b); goodAfter {
+		return bad, true
+	}
+	return 0, false
+}
+
+// scanWAL returns the offset of the first bad physical record of a WAL
+// file (-1: none) and whether a good one follows it.
+func scanWAL(b []byte) (bad int64, goodAfter bool) {
+	bad = -1
 	for off := 0; off < len(b); {
 		blockLeft := walBlockSize - off%walBlockSize
 		if blockLeft < walHeaderSize {
@@ -111,7 +120,7 @@ func firstDamage(b []byte) (int64, bool) {
 			off += blockLeft
 		}
 	}
-	return 0, false
+	return bad, false
 }
 
 // walRecordAt checks the physical record at off. It returns whether its
@@ -156,10 +165,11 @@ func walTornTail(dir string) (*WALDamage, error) {
 		if err != nil {
 			return nil, err
 		}
-		if _, ok := firstDamage(b); ok {
+		off, goodAfter := scanWAL(b)
+		if goodAfter {
 			return nil, nil
 		}
-		if off, ok := tornAt(b); ok {
+		if off >= 0 {
 			if i != len(files)-1 {
 				return nil, nil // only the newest log can end mid-write
 			}
@@ -167,28 +177,6 @@ func walTornTail(dir string) (*WALDamage, error) {
 		}
 	}
 	return torn, nil
-}
-
-// tornAt returns the offset of the first unreadable record of a WAL file
-// (zero padding aside), if it has one.
-func tornAt(b []byte) (int64, bool) {
-	for off := 0; off < len(b); {
-		blockLeft := walBlockSize - off%walBlockSize
-		if blockLeft < walHeaderSize {
-			off += blockLeft
-			continue
-		}
-		good, n := walRecordAt(b, off, blockLeft)
-		switch {
-		case good:
-			off += n
-		case n == 0:
-			off += blockLeft
-		default:
-			return int64(off), true
-		}
-	}
-	return 0, false
 }
 
 // walOpenError turns a failed Open under TolerateCorruptedTailRecords into

@@ -19,12 +19,17 @@ func zeroedWALOptions(o *Options) {
 	o.memtable = testSpare / 2
 }
 
-// walFilesIn returns the .log files of dir, oldest first.
-func walFilesIn(t *testing.T, dir string) []string {
+// crashCopy copies the files of the open store in dir, as a crash would
+// leave them, and returns the copy, its one WAL file and that file's bytes.
+func crashCopy(t *testing.T, dir string) (crashed, log string, wal []byte) {
 	t.Helper()
-	logs, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	crashed = copyDir(t, dir)
+	logs, err := filepath.Glob(filepath.Join(crashed, "*.log"))
 	require.NoError(t, err)
-	return logs
+	require.Len(t, logs, 1)
+	wal, err = os.ReadFile(logs[0])
+	require.NoError(t, err)
+	return crashed, logs[0], wal
 }
 
 // spareReady waits for the store in dir to have a whole spare.
@@ -54,6 +59,15 @@ func copyDir(t *testing.T, src string) string {
 	return dst
 }
 
+// recordsEnd is where a WAL file's records end: zeros follow.
+func recordsEnd(wal []byte) int {
+	end := len(wal)
+	for end > 0 && wal[end-1] == 0 {
+		end--
+	}
+	return end
+}
+
 // enqueueOneByOne enqueues n items of size bytes, one call (one fsync) each.
 func enqueueOneByOne(b *testBundle, q string, n, size int) {
 	b.t.Helper()
@@ -73,16 +87,9 @@ func TestZeroedWAL_CrashLeavesZeroTail(t *testing.T) {
 	spareReady(t, b.dir)
 	enqueueOneByOne(b, "q", 100, 100)
 
-	crashed := copyDir(t, b.dir)
-	logs := walFilesIn(t, crashed)
-	require.Len(t, logs, 1)
-	wal, err := os.ReadFile(logs[0])
-	require.NoError(t, err)
+	crashed, _, wal := crashCopy(t, b.dir)
 	require.Len(t, wal, testSpare, "the log's file is the spare's size")
-	end := len(wal)
-	for end > 0 && wal[end-1] == 0 {
-		end--
-	}
+	end := recordsEnd(wal)
 	require.Greater(t, end, 100*100, "the records")
 	require.Less(t, end, testSpare/2, "zeros after the records")
 
@@ -98,22 +105,15 @@ func TestZeroedWAL_TornLastRecord(t *testing.T) {
 	b := setup(t, zeroedWALOptions)
 	enqueueOneByOne(b, "q", 100, 100)
 
-	crashed := copyDir(t, b.dir)
-	logs := walFilesIn(t, crashed)
-	require.Len(t, logs, 1)
-	wal, err := os.ReadFile(logs[0])
-	require.NoError(t, err)
-	end := len(wal)
-	for end > 0 && wal[end-1] == 0 {
-		end--
-	}
+	crashed, log, wal := crashCopy(t, b.dir)
+	end := recordsEnd(wal)
 	clear(wal[end-8 : end]) // the last record's end never reached the disk
-	require.NoError(t, os.WriteFile(logs[0], wal, 0o600))
+	require.NoError(t, os.WriteFile(log, wal, 0o600))
 
 	torn, err := walTornTail(crashed)
 	require.NoError(t, err)
 	require.NotNil(t, torn)
-	require.Equal(t, logs[0], torn.File)
+	require.Equal(t, log, torn.File)
 	rep, err := CheckDir(b.ctx, crashed)
 	require.NoError(t, err)
 	require.True(t, rep.OK(), "violations: %v", rep.Violations)
