@@ -2,7 +2,6 @@ package rocksstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -53,15 +52,7 @@ func CheckDir(ctx context.Context, dir string) (storage.CheckReport, error) {
 	if err != nil {
 		return storage.CheckReport{}, walOpenError(dir, translate("check: open "+dir+" read-only", err))
 	}
-	o := rdbOptions{mode: readOnly, logDir: logDir}
-	db, err := openRDB(dir, o, names)
-	if err != nil && errors.Is(translate("", err), storage.ErrCorrupt) {
-		// As Open: a log over zeros torn by a crash (walTornTail).
-		if torn, _ := walTornTail(dir); torn != nil {
-			o.pointInTime = true
-			db, err = openRDB(dir, o, names)
-		}
-	}
+	db, _, err := openRDBPastTornTail(dir, rdbOptions{mode: readOnly, logDir: logDir}, names)
 	if err != nil {
 		return storage.CheckReport{}, walOpenError(dir, translate("check: open "+dir+" read-only", err))
 	}

@@ -188,15 +188,10 @@ func (s *Store) openDBOnce(migrated bool) error {
 		lockTimeoutMs: lockTimeoutMillis,
 		zeroedWAL:     zeroedWAL,
 	}
-	db, err := openRDB(s.dir, o, names)
-	if err != nil && !o.pointInTime && errors.Is(translate("", err), storage.ErrCorrupt) {
-		// A log made over zeros that a crash tore mid-write (walTornTail).
-		if torn, _ := walTornTail(s.dir); torn != nil {
-			s.log.Warn("the newest write-ahead log ends in a record torn by a crash mid-write; replaying up to it",
-				"file", torn.File, "offset", torn.Offset)
-			o.pointInTime = true
-			db, err = openRDB(s.dir, o, names)
-		}
+	db, torn, err := openRDBPastTornTail(s.dir, o, names)
+	if torn != nil {
+		s.log.Warn("the newest write-ahead log ends in a record torn by a crash mid-write; replaying up to it",
+			"file", torn.File, "offset", torn.Offset)
 	}
 	if err != nil {
 		return walOpenError(s.dir, translate("open "+s.dir, err))

@@ -179,6 +179,24 @@ func walTornTail(dir string) (*WALDamage, error) {
 	return torn, nil
 }
 
+// openRDBPastTornTail opens the database as openRDB does. If that fails
+// on a WAL whose only damage is a torn last record followed by zeros
+// (walTornTail), it opens again with point-in-time recovery and returns
+// the torn record too. Damage anywhere else still fails.
+func openRDBPastTornTail(dir string, o rdbOptions, names []string) (*rdb, *WALDamage, error) {
+	db, err := openRDB(dir, o, names)
+	if err == nil || o.pointInTime || !errors.Is(translate("", err), storage.ErrCorrupt) {
+		return db, nil, err
+	}
+	torn, _ := walTornTail(dir)
+	if torn == nil {
+		return nil, nil, err
+	}
+	o.pointInTime = true
+	db, err = openRDB(dir, o, names)
+	return db, torn, err
+}
+
 // walOpenError turns a failed Open under TolerateCorruptedTailRecords into
 // a clear refusal when the WAL is damaged; other errors pass unchanged.
 func walOpenError(dir string, openErr error) error {
