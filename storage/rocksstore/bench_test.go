@@ -22,15 +22,16 @@ import (
 
 // benchConfig selects the store variant a benchmark runs on.
 type benchConfig struct {
-	sync      SyncMode
-	inlineMax int
-	noDelComp bool
-	payload   int
-	memtable  int
+	sync       SyncMode
+	inlineMax  int
+	noDelComp  bool
+	payload    int
+	memtable   int
+	readyCache int64
 }
 
 func (c benchConfig) options() Options {
-	return Options{Sync: c.sync, Now: time.Now, inlineMax: c.inlineMax, noDelCompact: c.noDelComp, memtable: c.memtable}
+	return Options{Sync: c.sync, Now: time.Now, inlineMax: c.inlineMax, noDelCompact: c.noDelComp, memtable: c.memtable, ReadyCacheBytes: c.readyCache}
 }
 
 func openBench(b *testing.B, dir string, c benchConfig) *Store {
@@ -87,6 +88,9 @@ func reportMetrics(b *testing.B, m Metrics) {
 	}
 	if m.ClaimPasses > 0 {
 		b.ReportMetric(float64(m.Polls)/float64(m.ClaimPasses), "polls/pass")
+	}
+	if m.Claimed > 0 {
+		b.ReportMetric(float64(m.ClaimReads)/float64(m.Claimed), "reads/claimed")
 	}
 }
 
@@ -180,6 +184,22 @@ func BenchmarkCycle(b *testing.B) {
 				runCycle(b, s, 32, workers)
 			})
 		}
+	}
+}
+
+// BenchmarkReadyCache: the cycle (sync=none, 4 workers) with the
+// ready-record cache (readycache.go) on and off.
+func BenchmarkReadyCache(b *testing.B) {
+	for _, off := range []bool{false, true} {
+		b.Run(fmt.Sprintf("cache=%t", !off), func(b *testing.B) {
+			c := benchConfig{sync: SyncNone}
+			if off {
+				c.readyCache = -1
+			}
+			s := openBench(b, b.TempDir(), c)
+			defer s.Close()
+			runCycle(b, s, 32, 4)
+		})
 	}
 }
 

@@ -575,6 +575,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	}
 	if invariants {
 		s.checkWriteOnce(b, keys)
+		s.checkReadyWrites(b, keys)
 	}
 	w := &slot.wbuf
 	w.reset()
@@ -724,12 +725,16 @@ func (o *opTx) set(k string, v []byte) {
 }
 
 // undoStep reverts one in-memory change of a failed op: fn, or for the
-// two changes every item makes (no closure to allocate) a ready entry
-// added (q set) or an inflight id released (l set).
+// changes every item makes (no closure to allocate) a ready entry added
+// (q set), an inflight id released (l set) or a ready-record cache entry
+// changed (cache set: old and had are what it was).
 type undoStep struct {
 	fn      func()
 	q       *queueState
 	l       *leaseState
+	cache   *queueState
+	old     []byte
+	had     bool
 	id      storage.ItemID
 	vis     int64
 	prio    uint8
@@ -750,6 +755,8 @@ func (u *undoStep) run(s *Store) {
 	case u.l != nil:
 		s.inflight[u.id] = u.l
 		u.l.released--
+	case u.cache != nil:
+		s.undoCache(u.cache, u.id, u.old, u.had)
 	}
 }
 
@@ -782,27 +789,43 @@ func (o *opTx) getForUpdate(key []byte) ([]byte, bool, error) {
 
 // getManyForUpdate is getForUpdate for several keys: vals[i] is key i's
 // value, nil if it is missing. The values read from the database share
-// one buffer.
-func (o *opTx) getManyForUpdate(keys [][]byte) ([][]byte, error) {
-	vals := make([][]byte, len(keys))
-	var miss [][]byte
+// one buffer. known, if not nil, holds values the caller knows the
+// database has (the ready-record cache): such a key is locked without
+// being read, and known[i] is its value. reads counts the keys read.
+func (o *opTx) getManyForUpdate(keys, known [][]byte) (vals [][]byte, reads int, err error) {
+	vals = make([][]byte, len(keys))
+	var miss, lock, lockVals [][]byte
 	var at []int
 	for i, k := range keys {
 		if v, ok := o.overlay(k); ok {
 			vals[i] = v
 			continue
 		}
+		if known != nil && known[i] != nil {
+			vals[i] = known[i]
+			lock = append(lock, k)
+			if invariants {
+				lockVals = append(lockVals, known[i])
+			}
+			continue
+		}
 		miss = append(miss, k)
 		at = append(at, i)
 	}
+	if invariants {
+		o.b.s.checkReadyCache(lock, lockVals)
+	}
+	if err := o.b.slot.t.lockMany(lock); err != nil {
+		return nil, 0, translate("get for update", err)
+	}
 	got, err := o.b.slot.t.getManyForUpdate(miss)
 	if err != nil {
-		return nil, translate("get for update", err)
+		return nil, 0, translate("get for update", err)
 	}
 	for j, v := range got {
 		vals[at[j]] = v
 	}
-	return vals, nil
+	return vals, len(miss), nil
 }
 
 // get reads key without locking it; the overlay answers first.

@@ -141,7 +141,9 @@ func (s *Store) putAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbke
 	}
 	rec.HasLease, rec.Lease = false, [16]byte{}
 	rec.Dead, rec.DeadAt, rec.Reason = false, 0, ""
-	o.put(o.availableKey(q.name, id), o.itemValue(rec))
+	v := o.itemValue(rec)
+	o.put(o.availableKey(q.name, id), v)
+	s.cacheReady(o, q, id, v)
 	o.put(o.visibilityKey(q.name, rec.Priority, rec.VisibleAt, id), dbkeys.Marker())
 	q.mu.Lock()
 	q.ready.push(rec.Priority, readyEntry{vis: rec.VisibleAt, id: id})
@@ -165,6 +167,7 @@ func (s *Store) putAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbke
 // committer.
 func (s *Store) takeAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord) {
 	o.del(o.availableKey(q.name, id))
+	s.cacheReady(o, q, id, nil)
 	o.del(o.visibilityKey(q.name, rec.Priority, rec.VisibleAt, id))
 	d := o.delta(q)
 	// The item counts as delayed until the sweeper promotes it.

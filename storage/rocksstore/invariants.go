@@ -1,10 +1,12 @@
 package rocksstore
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 
 	"github.com/leaseq/leaseq/dbkeys"
+	"github.com/leaseq/leaseq/storage"
 )
 
 // checkIndexes verifies, for every queue a batch touched, that the
@@ -53,6 +55,48 @@ func (s *Store) checkWriteOnce(b *batch, keys []string) {
 		}
 		if found {
 			panic(fmt.Sprintf("rocksstore invariant: key %x is written again without a delete before it", kb))
+		}
+	}
+}
+
+// checkReadyCache verifies the ready-record cache (readycache.go) where a
+// claim relies on it: a record it takes from the cache instead of reading
+// it must be the one the database holds. Also, every available record the
+// batch writes or deletes must be in the cache as written, or not at all.
+// A disagreement is a bug in the engine, so it panics. One read per cached
+// record used: only with -tags invariants. REQUIRES: the caller leads.
+func (s *Store) checkReadyCache(keys, known [][]byte) {
+	// keys are locked from known values, none of them in the batch's overlay.
+	for i, k := range keys {
+		v, found, err := s.getRaw(k)
+		if err != nil {
+			panic(fmt.Sprintf("rocksstore invariant: read %x: %v", k, err))
+		}
+		if !found || !bytes.Equal(v, known[i]) {
+			panic(fmt.Sprintf("rocksstore invariant: cached ready record %x is not the database's (found %v)", k, found))
+		}
+	}
+}
+
+// checkReadyWrites is checkReadyCache's second rule, for the keys a batch
+// writes. REQUIRES: the caller leads, and b is not yet committed.
+func (s *Store) checkReadyWrites(b *batch, keys []string) {
+	for _, k := range keys {
+		kb := keyBytes(k)
+		if len(kb) == 0 || kb[0] != dbkeys.NsAvailable {
+			continue
+		}
+		name, id, err := dbkeys.DecodeAvailableKey(kb)
+		if err != nil {
+			panic(fmt.Sprintf("rocksstore invariant: available key %x: %v", kb, err))
+		}
+		q := s.queue(name)
+		if q == nil {
+			continue
+		}
+		c, cached := q.recs[storage.ItemID(id)]
+		if cached && !bytes.Equal(c, b.writes[k]) {
+			panic(fmt.Sprintf("rocksstore invariant: ready record %x written %x, cached %x", kb, b.writes[k], c))
 		}
 	}
 }

@@ -69,6 +69,10 @@ type Options struct {
 	// filter blocks so memory stays bounded as the database grows; 0 means
 	// DefaultCacheBytes.
 	CacheBytes int64
+	// ReadyCacheBytes bounds the copies of available records the committer
+	// keeps so that a claim need not read them back (readycache.go); 0
+	// means DefaultReadyCacheBytes, < 0 turns the cache off.
+	ReadyCacheBytes int64
 	// MinFreeDisk is the free space (bytes) the data directory's
 	// filesystem keeps in reserve: while less is free, Enqueue fails with
 	// storage.ErrNoSpace (acks, nacks and purges, which free space or
@@ -135,8 +139,11 @@ type Metrics struct {
 	// Poll calls. Polls/ClaimPasses > 1 shows polls sharing a commit.
 	ClaimPasses uint64
 	Polls       uint64
-	// Claimed counts items handed out by polls.
-	Claimed uint64
+	// Claimed counts items handed out by polls; ClaimReads counts those
+	// whose record a claim read back from the database because the
+	// ready-record cache did not hold it (readycache.go).
+	Claimed    uint64
+	ClaimReads uint64
 }
 
 // Sub returns m - prev field by field.
@@ -153,6 +160,7 @@ func (m Metrics) Sub(prev Metrics) Metrics {
 		ClaimPasses: m.ClaimPasses - prev.ClaimPasses,
 		Polls:       m.Polls - prev.Polls,
 		Claimed:     m.Claimed - prev.Claimed,
+		ClaimReads:  m.ClaimReads - prev.ClaimReads,
 	}
 }
 

@@ -166,13 +166,16 @@ func (s *Store) claim(o *opTx, q *queueState, now int64, max int, lease int64) (
 		q.mu.Unlock()
 	})
 	keys := make([][]byte, len(took))
+	known := make([][]byte, len(took))
 	for i, c := range took {
 		keys[i] = o.availableKey(q.name, c.e.id)
+		known[i] = q.cachedReady(c.e.id)
 	}
-	vals, err := o.getManyForUpdate(keys)
+	vals, reads, err := o.getManyForUpdate(keys, known)
 	if err != nil {
 		return storage.PollResult{}, err
 	}
+	s.m.claimReads.Add(uint64(reads))
 	items := took[:0]
 	for i, c := range took {
 		ak, v := keys[i], vals[i]

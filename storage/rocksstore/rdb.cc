@@ -400,6 +400,16 @@ int64_t lq_txn_get_for_update(lq_txn* t, const char* keys, const uint32_t* koff,
   return n;
 }
 
+int lq_txn_lock(lq_txn* t, const char* keys, const uint32_t* koff, int64_t n, char** err) {
+  lq_db* d = t->db;
+  for (int64_t i = 0; i < n; i++) {
+    Slice k(keys + koff[i], koff[i + 1] - koff[i]);
+    Status s = t->t->GetForUpdate(d->ro, d->route[uint8_t(k[0])], k, static_cast<PinnableSlice*>(nullptr), true);
+    if (!s.ok()) return fail(s, err);
+  }
+  return 0;
+}
+
 int64_t lq_txn_get(lq_txn* t, const char* k, size_t kl, char* out, size_t cap, char** err) {
   PinnableSlice v;
   Status s = t->t->Get(t->db->ro, t->db->route[uint8_t(k[0])], Slice(k, kl), &v);

@@ -377,6 +377,37 @@ func (t *rdbTxn) get(key []byte) ([]byte, bool, error) {
 	})
 }
 
+// lockMany locks keys as getManyForUpdate does, without reading them, in
+// one call into C.
+func (t *rdbTxn) lockMany(keys [][]byte) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	kb, koff := packKeys(keys)
+	var msg *C.char
+	if C.lq_txn_lock(t.p, (*C.char)(unsafe.Pointer(&kb[0])), (*C.uint32_t)(unsafe.Pointer(&koff[0])), C.int64_t(len(keys)), &msg) != 0 {
+		return cErr(msg)
+	}
+	return nil
+}
+
+// packKeys lays keys end to end for C: key i is kb[koff[i]:koff[i+1]].
+// kb ends in a zero byte, so it is a valid pointer even when every key is
+// empty.
+func packKeys(keys [][]byte) (kb []byte, koff []uint32) {
+	total := 0
+	for _, k := range keys {
+		total += len(k)
+	}
+	kb = make([]byte, 0, total+1)
+	koff = make([]uint32, len(keys)+1)
+	for i, k := range keys {
+		kb = append(kb, k...)
+		koff[i+1] = uint32(len(kb))
+	}
+	return append(kb, 0), koff
+}
+
 // getManyForUpdate reads keys with an exclusive GetForUpdate, in one call
 // into C for all of them. vals[i] is key i's value, nil when it is
 // missing; the values share one fresh buffer.
@@ -385,17 +416,7 @@ func (t *rdbTxn) getManyForUpdate(keys [][]byte) ([][]byte, error) {
 	if n == 0 {
 		return nil, nil
 	}
-	total := 0
-	for _, k := range keys {
-		total += len(k)
-	}
-	kb := make([]byte, 0, total+1)
-	koff := make([]uint32, n+1)
-	for i, k := range keys {
-		kb = append(kb, k...)
-		koff[i+1] = uint32(len(kb))
-	}
-	kb = append(kb, 0) // a valid pointer for C even when every key is empty
+	kb, koff := packKeys(keys)
 	vlen := make([]int64, n)
 	out := make([]byte, 320*n)
 	var used C.size_t

@@ -94,6 +94,9 @@ void lq_txn_write(lq_txn* t, const char* buf, size_t n);
 // Returns n when every key is read, -1 on error.
 int64_t lq_txn_get_for_update(lq_txn* t, const char* keys, const uint32_t* koff, int64_t start, int64_t n,
 		char* out, size_t cap, size_t* used, int64_t* vlen, char** err);
+// lq_txn_lock locks keys 0..n-1 (as lq_txn_get_for_update) without
+// reading them: GetForUpdate with no value. Returns 0, or -1 on error.
+int lq_txn_lock(lq_txn* t, const char* keys, const uint32_t* koff, int64_t n, char** err);
 // lq_txn_get reads one key in the transaction without locking it, as
 // lq_get.
 int64_t lq_txn_get(lq_txn* t, const char* k, size_t kl, char* out, size_t cap, char** err);

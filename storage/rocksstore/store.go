@@ -29,6 +29,7 @@ type Store struct {
 	jitter     func() float64
 	inlineMax  int
 	onDeadline storage.DeadlineFunc
+	rcache     readyCache // the ready-record cache's budget (readycache.go)
 
 	// db is the database (rdb.go): a TransactionDB, or the read-only DB
 	// of CheckDir. Commits are never synced (see syncGroup); metadata
@@ -83,7 +84,7 @@ type Store struct {
 	m struct {
 		commits, ops, items, walSyncs, inlineSyncs, syncedBatches atomic.Uint64
 		syncNanos                                                 atomic.Uint64
-		claimPasses, polls, claimed                               atomic.Uint64
+		claimPasses, polls, claimed, claimReads                   atomic.Uint64
 		corrupt                                                   atomic.Uint64
 	}
 	corruptFirst atomic.Pointer[error]
@@ -160,6 +161,10 @@ func (s *Store) openDBOnce(migrated bool) error {
 	if cacheBytes < 0 {
 		return fmt.Errorf("rocksstore: open: %w: negative CacheBytes", storage.ErrInvalidArgument)
 	}
+	s.rcache.max = s.opts.ReadyCacheBytes
+	if s.rcache.max == 0 {
+		s.rcache.max = DefaultReadyCacheBytes
+	}
 	// Memtables of defaultMemtable bytes, at most 3 per family and 3
 	// memtables' worth in all (db_write_buffer_size flushes the family
 	// with the oldest data beyond it): bounded memory (96 MiB) and flushes
@@ -207,6 +212,7 @@ func (s *Store) openDBOnce(migrated bool) error {
 	s.inflight = make(map[storage.ItemID]*leaseState)
 	s.ids.next, s.ids.limit = 0, 0
 	s.expiry, s.delayed = nil, nil
+	s.rcache.bytes = 0
 	s.dedupCur.reset()
 	if err := s.load(); err != nil {
 		if !errors.Is(err, errFormat1) || migrated {
@@ -465,6 +471,7 @@ func (s *Store) Metrics() Metrics {
 		ClaimPasses: s.m.claimPasses.Load(),
 		Polls:       s.m.polls.Load(),
 		Claimed:     s.m.claimed.Load(),
+		ClaimReads:  s.m.claimReads.Load(),
 	}
 	if s.opts.Sync == SyncAlways {
 		m.SyncCommits = s.m.syncedBatches.Load()
@@ -550,6 +557,9 @@ type queueState struct {
 	// exists) with their visible_at, and the queue's live leases.
 	delayed map[storage.ItemID]int64
 	leases  map[storage.LeaseID]*leaseState
+	// recs caches available records the committer wrote (readycache.go).
+	// Committer only.
+	recs map[storage.ItemID][]byte
 }
 
 func newQueueState(name string, cfg storage.QueueConfig) *queueState {
