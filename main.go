@@ -60,6 +60,9 @@ const defaultAddr = "127.0.0.1:7700"
 const timeFormat = "2006-01-02T15:04:05.000Z07:00"
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "serve" {
+		reexecForSysmon() // sysmon.go
+	}
 	os.Exit(run(context.Background(), os.Args[1:], newEnv()))
 }
 
