@@ -101,6 +101,11 @@ func startBenchProc(b *testing.B, backend, engine string) *benchProc {
 	b.Helper()
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), benchProcEnv+"="+backend+","+engine, "LEASEQ_TEST_ENGINES="+EngineGoCapnp)
+	if _, set := os.LookupEnv("GODEBUG"); !set {
+		// As `leaseq serve` runs (sysmon.go at the repository root): Go's
+		// sysmon kept from the deep sleep each cgo call would wake it from.
+		cmd.Env = append(cmd.Env, "GODEBUG=schedtrace=2147483647")
+	}
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	require.NoError(b, err)
