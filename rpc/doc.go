@@ -43,15 +43,18 @@
 // Why lean, by measurement: one call at a time over TCP loopback to a
 // server in a process of its own, CPU time per call from getrusage on each
 // side (2 shared cores, two runs each; the numbers move by ~15% between
-// runs):
+// runs). The server process runs with GODEBUG=schedtrace set, as `leaseq
+// serve` does (sysmon.go at the repository root: without it, every RocksDB
+// call of the idle server woke Go's sysmon, 88 instead of 53-65 µs for the
+// rocks --sync=none enqueue):
 //
 //	go test ./rpc -run '^$' -bench 'NodeInfoRoundTrip|EnqueueRoundTrip' -benchtime 20000x -count 2
 //
 //	server cpu-µs/call                  go-capnp   lean
-//	nodeInfo (no store work)              82-86    28-32
-//	enqueue 1x256 B, mem                 115-118   34-43
-//	enqueue 1x256 B, rocks --sync=none   164-192   89-91
-//	enqueue 1x256 B, rocks --sync=always   379      289   (3000 calls, one run)
+//	nodeInfo (no store work)              68-71    32-38
+//	enqueue 1x256 B, mem                 102-104   30-44
+//	enqueue 1x256 B, rocks --sync=none   147-159   63-65
+//	enqueue 1x256 B, rocks --sync=always 256-264  172-177
 //
 // Latency follows (nodeInfo p50 0.13 -> 0.08 ms). Where the lean engine's
 // remaining time goes (LEASEQ_BENCH_PROC_CPUPROFILE=/tmp/p writes the server
