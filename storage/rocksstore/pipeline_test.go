@@ -434,6 +434,7 @@ func TestRocksStore_FailedNackLeavesNothing(t *testing.T) {
 
 	st := b.stats("q", at(2*time.Second))
 	require.Zero(t, st.Ready, "the first two nacks were undone")
+	require.Zero(t, b.cacheState(), "their ready-record cache entries too")
 	require.Equal(t, int64(3), st.Inflight)
 	require.Empty(t, b.poll("q", 3, time.Minute, at(2*time.Second)).Items)
 

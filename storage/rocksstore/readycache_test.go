@@ -115,27 +115,3 @@ func TestReadyCache_QueueBound(t *testing.T) {
 	}
 	require.Equal(t, uint64(100), b.claimReads())
 }
-
-// A nack that fails part-way (TestRocksStore_FailedNackLeavesNothing)
-// undoes the cache entries it made for the items it had already put back.
-func TestReadyCache_FailedOpUndoes(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	b.enqueueN("q", at(0), 3)
-	pr := b.poll("q", 3, time.Minute, at(time.Second))
-	ids := []storage.ItemID{pr.Items[0].ID, pr.Items[1].ID, pr.Items[2].ID}
-	k := dbkeys.InProgressKey("q", ids[2])
-	good, ok, err := b.s.getRaw(k)
-	require.NoError(t, err)
-	require.True(t, ok)
-	require.NoError(t, b.s.db.put(k, []byte{0xff, 0x01}, true))
-	zero := time.Duration(0)
-	_, err = b.s.Nack(b.ctx, storage.NackParams{Queue: "q", Lease: pr.Lease, IDs: ids, Delay: &zero, Now: at(2 * time.Second)})
-	require.ErrorIs(t, err, storage.ErrCorrupt)
-	require.Zero(t, b.cacheState(), "the two nacks that ran were undone, cache entries included")
-
-	require.NoError(t, b.s.db.put(k, good, true))
-	_, err = b.s.Nack(b.ctx, storage.NackParams{Queue: "q", Lease: pr.Lease, IDs: ids, Delay: &zero, Now: at(3 * time.Second)})
-	require.NoError(t, err)
-	require.Equal(t, 3, b.cacheState())
-}
