@@ -58,29 +58,46 @@ func (s *Store) cacheReady(o *opTx, q *queueState, id storage.ItemID, v []byte) 
 		return
 	}
 	if had {
-		s.rcache.bytes -= readyCost(old)
-		delete(q.recs, id)
+		s.uncache(q, id, old)
 	}
 	if v != nil && len(q.recs) < readyCacheQueueItems && s.rcache.bytes+readyCost(v) <= s.rcache.max {
-		if q.recs == nil {
-			q.recs = make(map[storage.ItemID][]byte)
-		}
-		c := bytes.Clone(v)
-		q.recs[id] = c
-		s.rcache.bytes += readyCost(c)
+		s.cache(q, id, bytes.Clone(v))
 	}
 	o.undoFn = append(o.undoFn, undoStep{cache: q, id: id, old: old, had: had})
 }
 
+// cache adds id's record c to q's cache.
+func (s *Store) cache(q *queueState, id storage.ItemID, c []byte) {
+	if q.recs == nil {
+		q.recs = make(map[storage.ItemID][]byte)
+	}
+	q.recs[id] = c
+	q.recsPeak = max(q.recsPeak, len(q.recs))
+	s.rcache.bytes += readyCost(c)
+}
+
+// uncache removes id's record old from q's cache. A Go map keeps the room
+// of its largest size: once a map that held many records is empty again it
+// is dropped, so queues that each had a burst once do not keep that room
+// between them (RSS stays bounded by the budget, not by the queue count).
+func (s *Store) uncache(q *queueState, id storage.ItemID, old []byte) {
+	s.rcache.bytes -= readyCost(old)
+	delete(q.recs, id)
+	if len(q.recs) == 0 && q.recsPeak > readyMapKeep {
+		q.recs, q.recsPeak = nil, 0
+	}
+}
+
+// readyMapKeep is the largest size a queue's empty cache map is kept at.
+const readyMapKeep = 64
+
 // undoCache puts id's cache entry in q back to old (had: it existed).
 func (s *Store) undoCache(q *queueState, id storage.ItemID, old []byte, had bool) {
 	if cur, ok := q.recs[id]; ok {
-		s.rcache.bytes -= readyCost(cur)
-		delete(q.recs, id)
+		s.uncache(q, id, cur)
 	}
 	if had {
-		q.recs[id] = old
-		s.rcache.bytes += readyCost(old)
+		s.cache(q, id, old)
 	}
 }
 

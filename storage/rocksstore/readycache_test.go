@@ -115,3 +115,19 @@ func TestReadyCache_QueueBound(t *testing.T) {
 	}
 	require.Equal(t, uint64(100), b.claimReads())
 }
+
+// A queue's cache map that held many records is dropped once it is empty
+// (a Go map keeps the room of its largest size); a small one is kept.
+func TestReadyCache_EmptyMapDropped(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.enqueueN("small", at(0), readyMapKeep)
+	b.enqueueN("big", at(0), readyMapKeep+1)
+	require.Len(t, b.poll("small", readyMapKeep, time.Minute, at(time.Second)).Items, readyMapKeep)
+	require.Len(t, b.poll("big", readyMapKeep+1, time.Minute, at(time.Second)).Items, readyMapKeep+1)
+	require.Zero(t, b.cacheState())
+	require.NotNil(t, b.s.queue("small").recs, "kept")
+	require.Nil(t, b.s.queue("big").recs, "dropped")
+	b.enqueueN("big", at(2*time.Second), 2)
+	require.Equal(t, 2, b.cacheState(), "and made again")
+}
