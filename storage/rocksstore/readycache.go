@@ -89,7 +89,7 @@ func (s *Store) uncache(q *queueState, id storage.ItemID, old []byte) {
 }
 
 // readyMapKeep is the largest size a queue's empty cache map is kept at.
-const readyMapKeep = 64
+const readyMapKeep = 512
 
 // undoCache puts id's cache entry in q back to old (had: it existed).
 func (s *Store) undoCache(q *queueState, id storage.ItemID, old []byte, had bool) {
