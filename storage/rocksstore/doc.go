@@ -212,6 +212,18 @@
 // fits in one memtable costs the flush nothing: BenchmarkCycle sync=none,
 // 4 workers, 10.0-10.8 against 10.8-12.3 cpu-µs/item (three pairs).
 //
+// # Embedding the store
+//
+// Every mutating call enters cgo for its commit. In a process whose Ps are
+// all idle between calls, Go's sysmon sleeps until a cgo call wakes it
+// and then polls every 20 µs for a millisecond: 15-20 % of the node's CPU
+// when calls came one at a time. `leaseq serve` runs with
+// GODEBUG=schedtrace=2147483647, which keeps sysmon from that sleep
+// (sysmon.go at the repository root, docs/BENCHMARKS.md "Go's sysmon
+// between calls"); an application that embeds the store and is often
+// idle may set the same variable. The store itself leaves the process's
+// runtime settings alone.
+//
 // # Measurements
 //
 // docs/BENCHMARKS.md ("Storage engine: commit pipeline and release
