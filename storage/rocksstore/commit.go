@@ -794,7 +794,7 @@ func (o *opTx) getForUpdate(key []byte) ([]byte, bool, error) {
 // being read, and known[i] is its value. reads counts the keys read.
 func (o *opTx) getManyForUpdate(keys, known [][]byte) (vals [][]byte, reads int, err error) {
 	vals = make([][]byte, len(keys))
-	var miss, lock, lockVals [][]byte
+	var miss, lock [][]byte
 	var at []int
 	for i, k := range keys {
 		if v, ok := o.overlay(k); ok {
@@ -802,18 +802,15 @@ func (o *opTx) getManyForUpdate(keys, known [][]byte) (vals [][]byte, reads int,
 			continue
 		}
 		if known != nil && known[i] != nil {
+			if invariants {
+				o.b.s.checkReadyCache(k, known[i])
+			}
 			vals[i] = known[i]
 			lock = append(lock, k)
-			if invariants {
-				lockVals = append(lockVals, known[i])
-			}
 			continue
 		}
 		miss = append(miss, k)
 		at = append(at, i)
-	}
-	if invariants {
-		o.b.s.checkReadyCache(lock, lockVals)
 	}
 	if err := o.b.slot.t.lockMany(lock); err != nil {
 		return nil, 0, translate("get for update", err)

@@ -60,26 +60,23 @@ func (s *Store) checkWriteOnce(b *batch, keys []string) {
 }
 
 // checkReadyCache verifies the ready-record cache (readycache.go) where a
-// claim relies on it: a record it takes from the cache instead of reading
-// it must be the one the database holds. Also, every available record the
-// batch writes or deletes must be in the cache as written, or not at all.
+// claim relies on it: the record v it takes from the cache for key k,
+// which is not in the batch's overlay, must be the one the database holds.
 // A disagreement is a bug in the engine, so it panics. One read per cached
 // record used: only with -tags invariants. REQUIRES: the caller leads.
-func (s *Store) checkReadyCache(keys, known [][]byte) {
-	// keys are locked from known values, none of them in the batch's overlay.
-	for i, k := range keys {
-		v, found, err := s.getRaw(k)
-		if err != nil {
-			panic(fmt.Sprintf("rocksstore invariant: read %x: %v", k, err))
-		}
-		if !found || !bytes.Equal(v, known[i]) {
-			panic(fmt.Sprintf("rocksstore invariant: cached ready record %x is not the database's (found %v)", k, found))
-		}
+func (s *Store) checkReadyCache(k, v []byte) {
+	got, found, err := s.getRaw(k)
+	if err != nil {
+		panic(fmt.Sprintf("rocksstore invariant: read %x: %v", k, err))
+	}
+	if !found || !bytes.Equal(got, v) {
+		panic(fmt.Sprintf("rocksstore invariant: cached ready record %x is not the database's (found %v)", k, found))
 	}
 }
 
-// checkReadyWrites is checkReadyCache's second rule, for the keys a batch
-// writes. REQUIRES: the caller leads, and b is not yet committed.
+// checkReadyWrites verifies the cache's other side: every available record
+// a batch writes or deletes is in the cache as written, or not at all.
+// REQUIRES: the caller leads, and b is not yet committed.
 func (s *Store) checkReadyWrites(b *batch, keys []string) {
 	for _, k := range keys {
 		kb := keyBytes(k)
