@@ -28,8 +28,9 @@ import (
 //
 // Building and committing do not overlap: handing each built batch to a
 // committer goroutine, or passing the lead on before each commit, cost
-// more per batch than the overlap saved on two cores (measured;
-// docs/BENCHMARKS.md).
+// more per batch than the overlap saved on two cores, and a third try
+// (a committer goroutine, two transactions alternating) did not raise
+// e2e either (measured; docs/BENCHMARKS.md).
 //
 // With SyncAlways one goroutine at a time fsyncs the WAL, once for every
 // batch written since the last fsync, and only then completes their
