@@ -55,6 +55,10 @@ type Config struct {
 	Queues        int     // manyqueues: number of queues
 	ZipfS         float64 // manyqueues: skew (> 1; larger is more skewed)
 	Seed          int64
+	// Rounds runs every row this many times, the systems taking turns
+	// round by round, and reports each row's median (rounds.go); 1 runs
+	// each row once.
+	Rounds int
 	// Timeout bounds every workload of every system beyond its planned
 	// length (setup, drain, stragglers); past it the workload is aborted
 	// and reported as failed.
@@ -100,6 +104,7 @@ func DefaultConfig() Config {
 		Queues:     1000,
 		ZipfS:      1.1,
 		Seed:       1,
+		Rounds:     1,
 		Timeout:    2 * time.Minute,
 		OutDir:     "bench-results",
 	}
@@ -128,6 +133,9 @@ func (c Config) Validate() error {
 	}
 	if c.Rate < 1 || c.DrainItems < 1 || c.StormItems < 1 || c.Queues < 1 {
 		errs = append(errs, errors.New("bench: config: rate, drain-items, storm-items and queues must be >= 1"))
+	}
+	if c.Rounds < 1 || c.Rounds > maxRounds {
+		errs = append(errs, fmt.Errorf("bench: config: rounds %d outside [1, %d]", c.Rounds, maxRounds))
 	}
 	if c.ZipfS <= 1 {
 		errs = append(errs, fmt.Errorf("bench: config: zipf s %v must be > 1", c.ZipfS))
@@ -177,6 +185,7 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.IntVar(&c.Queues, "queues", c.Queues, "manyqueues: number of queues")
 	fs.Float64Var(&c.ZipfS, "zipf", c.ZipfS, "manyqueues: zipf skew s (> 1)")
 	fs.Int64Var(&c.Seed, "seed", c.Seed, "random seed (queue choice, payload bytes)")
+	fs.IntVar(&c.Rounds, "rounds", c.Rounds, "run every row this many times, the systems taking turns round by round, and report each row's median (items/s, CPU, latency percentiles); results.json keeps every round")
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "extra time allowed per workload and system before it is aborted")
 	fs.StringVar(&c.OutDir, "out", c.OutDir, "directory for results.json and chart.svg (empty: none)")
 	fs.BoolVar(&c.GoBench, "gobench", c.GoBench, "also print Go benchmark lines (for benchstat)")

@@ -257,6 +257,9 @@ func note(r Result) string {
 	if r.Incomplete != "" {
 		n = append(n, "INCOMPLETE: "+r.Incomplete)
 	}
+	if len(r.RoundsItemsPerSec) > 0 {
+		n = append(n, roundsNote(r))
+	}
 	keys := make([]string, 0, len(r.Extra))
 	for k := range r.Extra {
 		if k == "enqueued" {
@@ -272,6 +275,22 @@ func note(r Result) string {
 		n = append(n, "cpu/rss include harness")
 	}
 	return strings.Join(n, "; ")
+}
+
+// roundsNote says a row is a median and shows each round's items/s.
+func roundsNote(r Result) string {
+	rates := make([]string, len(r.RoundsItemsPerSec))
+	for i, v := range r.RoundsItemsPerSec {
+		rates[i] = fmt.Sprintf("%.0f", v)
+		if v == 0 {
+			rates[i] = "failed"
+		}
+	}
+	s := fmt.Sprintf("median of %d rounds (items/s %s)", len(r.RoundsItemsPerSec), strings.Join(rates, ", "))
+	if r.RoundsFailed > 0 {
+		s += fmt.Sprintf(", %d failed", r.RoundsFailed)
+	}
+	return s
 }
 
 // WriteTable prints the summary table, the ratios and the goals as
@@ -324,6 +343,9 @@ func WriteMarkdown(w io.Writer, rep *Report) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Run %s, seed %d, %d CPUs (%s), %s, %s, load average %.1f at start and %.1f at end.\n\n", rep.Started.Format("2006-01-02 15:04 UTC"), rep.Config.Seed,
 		rep.Machine.CPUs, rep.Machine.CPUModel, rep.Machine.Kernel, rep.Machine.GoVersion, rep.LoadAvg[0], rep.LoadAvg[1])
+	if rep.Config.Rounds > 1 {
+		fmt.Fprintf(&b, "Every row ran %d times, the systems taking turns round by round; each figure is its median over the rounds (notes: each round's items/s).\n\n", rep.Config.Rounds)
+	}
 	b.WriteString("| row | system | durability | items/s | e2e p50 / p99 / p999 ms | enqueue p50 / p99 / p999 ms | CPU s | CPU µs/item | client µs/item | peak RSS MB | notes |\n")
 	b.WriteString("|---|---|---|--:|--:|--:|--:|--:|--:|--:|---|\n")
 	shape := ""
@@ -361,8 +383,14 @@ func WriteMarkdown(w io.Writer, rep *Report) error {
 
 // WriteGoBench prints one Go benchmark line per completed row, so runs can
 // be compared with benchstat. ns/op is the wall time per completed item.
+// With several rounds it prints every round's row, as `go test -count`
+// would, and benchstat computes its own statistics.
 func WriteGoBench(w io.Writer, rep *Report) error {
-	for _, r := range rep.Results {
+	rows := rep.Results
+	if len(rep.RoundResults) > 0 {
+		rows = rep.RoundResults
+	}
+	for _, r := range rows {
 		if !ok(r) {
 			continue
 		}

@@ -53,6 +53,15 @@ type Result struct {
 	// never compared.
 	Incomplete string `json:"incomplete,omitempty"`
 	Err        string `json:"error,omitempty"`
+	// Round is which round a row of Report.RoundResults ran in (1-based;
+	// 0 in a run of one round).
+	Round int `json:"round,omitempty"`
+	// RoundsItemsPerSec is, in a run of several rounds, each round's
+	// items/s in the order they ran (failed rounds 0); the row's own
+	// figures are the medians over the rounds that completed (rounds.go).
+	RoundsItemsPerSec []float64 `json:"rounds_items_per_s,omitempty"`
+	// RoundsFailed counts the rounds that failed or did not complete.
+	RoundsFailed int `json:"rounds_failed,omitempty"`
 }
 
 // Skipped is a system that did not run, and why.
@@ -63,14 +72,17 @@ type Skipped struct {
 
 // Report is the outcome of Run.
 type Report struct {
-	Started     time.Time `json:"started"`
-	Machine     Machine   `json:"machine"`
-	Config      ConfigDoc `json:"config"`
-	Results     []Result  `json:"results"`
-	Skipped     []Skipped `json:"skipped,omitempty"`
-	Ratios      []Ratio   `json:"ratios,omitempty"`
-	Goals       []Goal    `json:"goals,omitempty"`
-	Interrupted bool      `json:"interrupted,omitempty"`
+	Started time.Time `json:"started"`
+	Machine Machine   `json:"machine"`
+	Config  ConfigDoc `json:"config"`
+	Results []Result  `json:"results"`
+	// RoundResults holds every round's row in a run of several rounds
+	// (Config.Rounds); Results then holds their medians.
+	RoundResults []Result  `json:"round_results,omitempty"`
+	Skipped      []Skipped `json:"skipped,omitempty"`
+	Ratios       []Ratio   `json:"ratios,omitempty"`
+	Goals        []Goal    `json:"goals,omitempty"`
+	Interrupted  bool      `json:"interrupted,omitempty"`
 	// LoadAvg is /proc/loadavg's 1-minute average at the start and end
 	// of the run: on a shared machine, how busy it was besides us.
 	LoadAvg [2]float64 `json:"loadavg_start_end"`
@@ -122,6 +134,7 @@ type ConfigDoc struct {
 	Queues        int      `json:"queues"`
 	ZipfS         float64  `json:"zipf_s"`
 	Seed          int64    `json:"seed"`
+	Rounds        int      `json:"rounds,omitempty"`
 }
 
 func machine() Machine {
@@ -368,26 +381,43 @@ func Run(ctx context.Context, c Config, systems []target.System) (*Report, error
 	if drain == nil {
 		drain = make(chan struct{})
 	}
+	rounds := max(c.Rounds, 1)
+	var all []Result
 	for _, w := range wls {
 		for _, v := range variants(c, w) {
-			for _, s := range run {
-				select {
-				case <-drain:
-					rep.Interrupted = true
-				default:
+			// Every system runs the row once per round before the next
+			// round starts, so a machine that speeds up or slows down
+			// over the run touches every system alike.
+			for round := 1; round <= rounds; round++ {
+				for _, s := range run {
+					select {
+					case <-drain:
+						rep.Interrupted = true
+					default:
+					}
+					if rep.Interrupted || ctx.Err() != nil {
+						rep.Interrupted = true
+						break
+					}
+					r := runRow(ctx, c, drain, v, s)
+					if r.Interrupted {
+						rep.Interrupted = true
+					}
+					if rounds > 1 {
+						r.Round = round
+						logf("round %d/%d: %s\n", round, rounds, rowLine(r))
+					} else {
+						logf("%s\n", rowLine(r))
+					}
+					all = append(all, r)
 				}
-				if rep.Interrupted || ctx.Err() != nil {
-					rep.Interrupted = true
-					break
-				}
-				r := runRow(ctx, c, drain, v, s)
-				if r.Interrupted {
-					rep.Interrupted = true
-				}
-				logf("%s\n", rowLine(r))
-				rep.Results = append(rep.Results, r)
 			}
 		}
+	}
+	rep.Results = all
+	if rounds > 1 {
+		rep.RoundResults = all
+		rep.Results = medianRows(all)
 	}
 	rep.Ratios, rep.Goals = compare(rep.Results)
 	return rep, nil
@@ -397,7 +427,7 @@ func configDoc(c Config, wls []string) ConfigDoc {
 	return ConfigDoc{Workloads: wls, Duration: c.Duration.String(), ChurnDuration: c.ChurnDuration.String(),
 		Intervals: c.Intervals, Producers: c.Producers, Consumers: c.Consumers, Batch: c.Batch, AckPerItem: c.AckPerItem,
 		PayloadSize: c.PayloadSize, Rate: c.Rate, MaxBacklog: c.MaxBacklog, DrainItems: c.DrainItems, StormItems: c.StormItems,
-		StormLease: c.StormLease.String(), Queues: c.Queues, ZipfS: c.ZipfS, Seed: c.Seed}
+		StormLease: c.StormLease.String(), Queues: c.Queues, ZipfS: c.ZipfS, Seed: c.Seed, Rounds: c.Rounds}
 }
 
 // selectSystems keeps the systems named (by name, name prefix, family, or

@@ -1,0 +1,172 @@
+package bench
+
+import (
+	"slices"
+	"sort"
+)
+
+// maxRounds bounds Config.Rounds: a full run takes about half an hour a
+// round on a small machine.
+const maxRounds = 20
+
+// On a machine whose speed drifts from minute to minute, one row of one
+// system can come out 10 % faster or slower than the same code a few
+// minutes later, and a ratio against a peer moves with it. With several
+// rounds, every system runs each row once per round, in turn, and the
+// report gives each row's median: items/s, CPU, RSS, each latency
+// percentile and each extra figure are each the median of that figure
+// over the rounds the row completed. Items and seconds are those of the
+// round with the median items/s, so they describe one real window. The
+// ratios and goals are computed from the medians. Every round's own row
+// stays in the report (Report.RoundResults).
+
+// medianRows folds the rows of several rounds (rs, in the order they ran)
+// into one row per row name and system, in order of first appearance.
+func medianRows(rs []Result) []Result {
+	type key struct{ row, system string }
+	var order []key
+	groups := make(map[key][]Result)
+	for _, r := range rs {
+		k := key{r.Row, r.System}
+		if _, seen := groups[k]; !seen {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], r)
+	}
+	out := make([]Result, 0, len(order))
+	for _, k := range order {
+		out = append(out, medianRow(groups[k]))
+	}
+	return out
+}
+
+// medianRow folds one row's rounds. A row no round completed is the last
+// round's, failure and all.
+func medianRow(rounds []Result) Result {
+	perRound := make([]float64, len(rounds))
+	var done []Result
+	for i, r := range rounds {
+		if ok(r) && !r.Interrupted {
+			perRound[i] = r.ItemsPerSec
+			done = append(done, r)
+		}
+	}
+	if len(done) == 0 {
+		m := rounds[len(rounds)-1]
+		m.Round = 0
+		m.RoundsItemsPerSec = perRound
+		m.RoundsFailed = len(rounds)
+		return m
+	}
+	byRate := slices.Clone(done)
+	sort.SliceStable(byRate, func(i, j int) bool { return byRate[i].ItemsPerSec < byRate[j].ItemsPerSec })
+	m := byRate[(len(byRate)-1)/2] // the lower middle when even
+	m.Round = 0
+	m.RoundsItemsPerSec = perRound
+	m.RoundsFailed = len(rounds) - len(done)
+	m.Interrupted = false
+	for _, r := range rounds {
+		m.Interrupted = m.Interrupted || r.Interrupted
+	}
+	m.ItemsPerSec = medianOf(done, func(r Result) float64 { return r.ItemsPerSec })
+	m.CPUSeconds = medianOf(done, func(r Result) float64 { return r.CPUSeconds })
+	m.CPUPerItem = medianOf(done, func(r Result) float64 { return r.CPUPerItem })
+	m.ClientCPUSeconds = medianOf(done, func(r Result) float64 { return r.ClientCPUSeconds })
+	m.ClientCPUPerItem = medianOf(done, func(r Result) float64 { return r.ClientCPUPerItem })
+	m.PeakRSS = int64(medianOf(done, func(r Result) float64 { return float64(r.PeakRSS) }))
+	m.E2E = medianLatency(done, func(r Result) *Latency { return r.E2E })
+	m.Enqueue = medianLatency(done, func(r Result) *Latency { return r.Enqueue })
+	m.Intervals = medianIntervals(done)
+	m.Extra = medianExtra(done)
+	return m
+}
+
+// median returns the median of xs (the mean of the two middle values
+// when their number is even); xs is sorted in place.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	sort.Float64s(xs)
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
+}
+
+func medianOf(rs []Result, f func(Result) float64) float64 {
+	xs := make([]float64, len(rs))
+	for i, r := range rs {
+		xs[i] = f(r)
+	}
+	return median(xs)
+}
+
+// medianLatency takes each percentile's median over the rounds that
+// measured it; nil when none did.
+func medianLatency(rs []Result, f func(Result) *Latency) *Latency {
+	var ls []*Latency
+	for _, r := range rs {
+		if l := f(r); l != nil {
+			ls = append(ls, l)
+		}
+	}
+	if len(ls) == 0 {
+		return nil
+	}
+	field := func(g func(*Latency) float64) float64 {
+		xs := make([]float64, len(ls))
+		for i, l := range ls {
+			xs[i] = g(l)
+		}
+		return median(xs)
+	}
+	return &Latency{
+		Count: int64(field(func(l *Latency) float64 { return float64(l.Count) })),
+		P50:   field(func(l *Latency) float64 { return l.P50 }),
+		P99:   field(func(l *Latency) float64 { return l.P99 }),
+		P999:  field(func(l *Latency) float64 { return l.P999 }),
+		Max:   field(func(l *Latency) float64 { return l.Max }),
+		Mean:  field(func(l *Latency) float64 { return l.Mean }),
+	}
+}
+
+// medianIntervals takes each interval's median (churn), over the rounds
+// that have as many intervals as the first; nil when none has any.
+func medianIntervals(rs []Result) []float64 {
+	if len(rs) == 0 || len(rs[0].Intervals) == 0 {
+		return nil
+	}
+	n := len(rs[0].Intervals)
+	out := make([]float64, n)
+	for i := range out {
+		var xs []float64
+		for _, r := range rs {
+			if len(r.Intervals) == n {
+				xs = append(xs, r.Intervals[i])
+			}
+		}
+		out[i] = median(xs)
+	}
+	return out
+}
+
+// medianExtra takes each extra figure's median over the rounds that
+// report it.
+func medianExtra(rs []Result) map[string]float64 {
+	vals := make(map[string][]float64)
+	for _, r := range rs {
+		for k, v := range r.Extra {
+			vals[k] = append(vals[k], v)
+		}
+	}
+	if len(vals) == 0 {
+		return nil
+	}
+	out := make(map[string]float64, len(vals))
+	for k, xs := range vals {
+		out[k] = median(xs)
+	}
+	return out
+}

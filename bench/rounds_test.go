@@ -1,0 +1,107 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/require"
+)
+
+func TestMedianRows_EachFigureIsItsMedianOverCompletedRounds(t *testing.T) {
+	t.Parallel()
+	row := func(system string, round int, rate, cpu, p50 float64, items int64) Result {
+		return Result{Row: "e2e", System: system, Round: round, Items: items, Seconds: 10, ItemsPerSec: rate,
+			CPUPerItem: cpu, Enqueue: &Latency{Count: items, P50: p50, P99: 2 * p50},
+			Extra: map[string]float64{"enqueued": float64(items)}}
+	}
+	failed := row("b", 2, 0, 0, 0, 0)
+	failed.Err = "start: boom"
+	rs := []Result{
+		row("a", 1, 100, 3, 30, 1000), row("b", 1, 50, 9, 90, 500),
+		row("a", 2, 300, 1, 10, 3000), failed,
+		row("a", 3, 200, 2, 20, 2000), row("b", 3, 70, 7, 70, 700),
+	}
+	got := medianRows(rs)
+	require.Len(t, got, 2)
+
+	a := got[0]
+	require.Equal(t, "a", a.System, "rows keep the order they first ran in")
+	require.Zero(t, a.Round)
+	require.Equal(t, []float64{100, 300, 200}, a.RoundsItemsPerSec, "each round's items/s, in the order run")
+	require.Zero(t, a.RoundsFailed)
+	require.InDelta(t, 200, a.ItemsPerSec, 1e-9)
+	require.InDelta(t, 2, a.CPUPerItem, 1e-9)
+	require.InDelta(t, 20, a.Enqueue.P50, 1e-9)
+	require.InDelta(t, 40, a.Enqueue.P99, 1e-9)
+	require.EqualValues(t, 2000, a.Items, "items and seconds are the median round's")
+	require.InDelta(t, 2000, a.Extra["enqueued"], 1e-9)
+
+	b := got[1]
+	require.Equal(t, []float64{50, 0, 70}, b.RoundsItemsPerSec, "a failed round shows as 0")
+	require.Equal(t, 1, b.RoundsFailed)
+	require.Empty(t, b.Err, "the median comes from the rounds that completed")
+	require.InDelta(t, 60, b.ItemsPerSec, 1e-9, "an even number of rounds: the mean of the middle two")
+	require.InDelta(t, 80, b.Enqueue.P50, 1e-9)
+	require.Contains(t, note(b), "median of 3 rounds (items/s 50, failed, 70), 1 failed")
+
+	allFailed := medianRows([]Result{failed, failed})
+	require.Len(t, allFailed, 1)
+	require.Equal(t, "start: boom", allFailed[0].Err, "a row no round completed keeps its failure")
+	require.Equal(t, 2, allFailed[0].RoundsFailed)
+}
+
+func TestRun_RoundsTakeTurnsAndReportMedians(t *testing.T) {
+	t.Parallel()
+	c := tinyConfig(t)
+	c.Workloads = []string{WorkloadProduce}
+	c.Rounds = 3
+	sys := inprocSystems()
+	rep, err := Run(context.Background(), c, sys)
+	require.NoError(t, err)
+	require.Equal(t, 3, rep.Config.Rounds)
+
+	// produce has two rows; each runs three rounds of both systems, the
+	// systems taking turns within a round.
+	require.Len(t, rep.RoundResults, 2*3*len(sys))
+	i := 0
+	for _, row := range []string{"produce-b1", "produce-b100"} {
+		for round := 1; round <= 3; round++ {
+			for _, s := range sys {
+				r := rep.RoundResults[i]
+				require.Equal(t, row, r.Row)
+				require.Equal(t, s.Name(), r.System)
+				require.Equal(t, round, r.Round)
+				require.Empty(t, r.Err)
+				i++
+			}
+		}
+	}
+	require.Len(t, rep.Results, 2*len(sys))
+	for _, m := range rep.Results {
+		require.Empty(t, m.Err)
+		require.Len(t, m.RoundsItemsPerSec, 3)
+		rates := append([]float64(nil), m.RoundsItemsPerSec...)
+		require.InDelta(t, median(rates), m.ItemsPerSec, 1e-6, "%s/%s", m.Row, m.System)
+		require.NotNil(t, m.Enqueue)
+	}
+
+	var md bytes.Buffer
+	require.NoError(t, WriteMarkdown(&md, rep))
+	require.Contains(t, md.String(), "Every row ran 3 times")
+	require.Contains(t, md.String(), "median of 3 rounds (items/s ")
+	var gb bytes.Buffer
+	require.NoError(t, WriteGoBench(&gb, rep))
+	require.Equal(t, 2*3*len(sys), strings.Count(gb.String(), "BenchmarkLeaseqBench/"), "one line per round, for benchstat")
+}
+
+func TestMain_RejectsRoundsOutOfRange(t *testing.T) {
+	t.Parallel()
+	for _, n := range []string{"0", "-1", "21"} {
+		var stdout, stderr bytes.Buffer
+		err := Main(context.Background(), clock.New(), []string{"-rounds", n, "-systems", "leaseq-inproc-mem", "e2e"}, &stdout, &stderr)
+		require.ErrorContains(t, err, "rounds "+n+" outside [1, 20]")
+	}
+}
