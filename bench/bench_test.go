@@ -176,6 +176,10 @@ func TestSelectSystems(t *testing.T) {
 	withDiag := append(all, leaseqt.Loopback{Sync: rocksstore.SyncNone})
 	require.Len(t, selectSystems(withDiag, nil), 4, "diagnostics run only when named")
 	require.Equal(t, []string{"leaseq-loopback-none"}, names(selectSystems(withDiag, []string{"leaseq-loopback"})))
+	require.Equal(t, []string{"leaseq-loopback-none"}, names(selectSystems(withDiag, []string{"leaseq-loopback-none"})))
+	require.Equal(t, []string{"leaseq-inproc-none", "leaseq-inproc-mem", "redis-always"},
+		names(selectSystems(withDiag, []string{"leaseq", "redis-always"})), "a family or group leaves the diagnostics out")
+	require.Len(t, selectSystems(withDiag, []string{"all"}), 4)
 }
 
 func TestRun_SkipsUnavailableSystemsAndSaysWhy(t *testing.T) {

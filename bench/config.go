@@ -168,7 +168,7 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs := flag.NewFlagSet("leaseq bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var systems string
-	fs.StringVar(&systems, "systems", "", "comma-separated systems or families to run (leaseq, peers, redis, beanstalkd, nats, leaseq-rpc-always, leaseq-http, ...); default all available except leaseq-http and leaseq-loopback")
+	fs.StringVar(&systems, "systems", "", "comma-separated systems or families to run (leaseq, peers, redis, beanstalkd, nats, leaseq-rpc-always, leaseq-http, ...); default all available; leaseq-http and leaseq-loopback run only when named by their own name or prefix, not by a family or group")
 	fs.DurationVar(&c.Duration, "duration", c.Duration, "length of each timed workload")
 	fs.DurationVar(&c.ChurnDuration, "churn-duration", c.ChurnDuration, "length of the tombstone churn run")
 	fs.IntVar(&c.Intervals, "intervals", c.Intervals, "churn: intervals the run is split into for the last/first ratio")

@@ -431,22 +431,25 @@ func configDoc(c Config, wls []string) ConfigDoc {
 }
 
 // selectSystems keeps the systems named (by name, name prefix, family, or
-// the groups "peers" and "all"); when names is empty, every system except
-// those that run only when named (the loopback diagnostics).
+// the groups "peers" and "all"). A system that runs only when named (the
+// loopback and HTTP diagnostics) is kept only by its name or a prefix of
+// it such as "leaseq-http", never by its family or a group: `-systems
+// leaseq` means the leaseq rows the goals compare.
 func selectSystems(all []target.System, names []string) []target.System {
 	var out []target.System
-	if len(names) == 0 {
-		for _, s := range all {
-			if o, ok := s.(interface{ OnlyWhenNamed() bool }); !ok || !o.OnlyWhenNamed() {
+	for _, s := range all {
+		o, isOpt := s.(interface{ OnlyWhenNamed() bool })
+		onlyNamed := isOpt && o.OnlyWhenNamed()
+		if len(names) == 0 {
+			if !onlyNamed {
 				out = append(out, s)
 			}
+			continue
 		}
-		return out
-	}
-	for _, s := range all {
 		for _, n := range names {
-			if n == "all" || n == s.Name() || n == s.Family() || (n == "peers" && s.Family() != "leaseq") ||
-				strings.HasPrefix(s.Name(), n+"-") {
+			byName := n == s.Name() || strings.HasPrefix(s.Name(), n+"-")
+			byGroup := n == "all" || n == s.Family() || (n == "peers" && s.Family() != "leaseq")
+			if byName && (!onlyNamed || n != s.Family()) || byGroup && !onlyNamed {
 				out = append(out, s)
 				break
 			}
