@@ -51,29 +51,25 @@ func medianRow(rounds []Result) Result {
 			done = append(done, r)
 		}
 	}
-	if len(done) == 0 {
-		m := rounds[len(rounds)-1]
-		m.Round = 0
-		m.RoundsItemsPerSec = perRound
-		m.RoundsFailed = len(rounds)
-		return m
+	m := rounds[len(rounds)-1]
+	if len(done) > 0 {
+		byRate := slices.Clone(done)
+		sort.SliceStable(byRate, func(i, j int) bool { return byRate[i].ItemsPerSec < byRate[j].ItemsPerSec })
+		m = byRate[(len(byRate)-1)/2] // the lower middle when even
 	}
-	byRate := slices.Clone(done)
-	sort.SliceStable(byRate, func(i, j int) bool { return byRate[i].ItemsPerSec < byRate[j].ItemsPerSec })
-	m := byRate[(len(byRate)-1)/2] // the lower middle when even
 	m.Round = 0
 	m.RoundsItemsPerSec = perRound
 	m.RoundsFailed = len(rounds) - len(done)
-	m.Interrupted = false
-	for _, r := range rounds {
-		m.Interrupted = m.Interrupted || r.Interrupted
+	if len(done) == 0 {
+		return m
 	}
-	m.ItemsPerSec = medianOf(done, func(r Result) float64 { return r.ItemsPerSec })
-	m.CPUSeconds = medianOf(done, func(r Result) float64 { return r.CPUSeconds })
-	m.CPUPerItem = medianOf(done, func(r Result) float64 { return r.CPUPerItem })
-	m.ClientCPUSeconds = medianOf(done, func(r Result) float64 { return r.ClientCPUSeconds })
-	m.ClientCPUPerItem = medianOf(done, func(r Result) float64 { return r.ClientCPUPerItem })
-	m.PeakRSS = int64(medianOf(done, func(r Result) float64 { return float64(r.PeakRSS) }))
+	m.Interrupted = slices.ContainsFunc(rounds, func(r Result) bool { return r.Interrupted })
+	m.ItemsPerSec = medianBy(done, func(r Result) float64 { return r.ItemsPerSec })
+	m.CPUSeconds = medianBy(done, func(r Result) float64 { return r.CPUSeconds })
+	m.CPUPerItem = medianBy(done, func(r Result) float64 { return r.CPUPerItem })
+	m.ClientCPUSeconds = medianBy(done, func(r Result) float64 { return r.ClientCPUSeconds })
+	m.ClientCPUPerItem = medianBy(done, func(r Result) float64 { return r.ClientCPUPerItem })
+	m.PeakRSS = int64(medianBy(done, func(r Result) float64 { return float64(r.PeakRSS) }))
 	m.E2E = medianLatency(done, func(r Result) *Latency { return r.E2E })
 	m.Enqueue = medianLatency(done, func(r Result) *Latency { return r.Enqueue })
 	m.Intervals = medianIntervals(done)
@@ -95,12 +91,13 @@ func median(xs []float64) float64 {
 	return (xs[n/2-1] + xs[n/2]) / 2
 }
 
-func medianOf(rs []Result, f func(Result) float64) float64 {
-	xs := make([]float64, len(rs))
-	for i, r := range rs {
-		xs[i] = f(r)
+// medianBy returns the median of f over xs.
+func medianBy[T any](xs []T, f func(T) float64) float64 {
+	vs := make([]float64, len(xs))
+	for i, x := range xs {
+		vs[i] = f(x)
 	}
-	return median(xs)
+	return median(vs)
 }
 
 // medianLatency takes each percentile's median over the rounds that
@@ -115,20 +112,13 @@ func medianLatency(rs []Result, f func(Result) *Latency) *Latency {
 	if len(ls) == 0 {
 		return nil
 	}
-	field := func(g func(*Latency) float64) float64 {
-		xs := make([]float64, len(ls))
-		for i, l := range ls {
-			xs[i] = g(l)
-		}
-		return median(xs)
-	}
 	return &Latency{
-		Count: int64(field(func(l *Latency) float64 { return float64(l.Count) })),
-		P50:   field(func(l *Latency) float64 { return l.P50 }),
-		P99:   field(func(l *Latency) float64 { return l.P99 }),
-		P999:  field(func(l *Latency) float64 { return l.P999 }),
-		Max:   field(func(l *Latency) float64 { return l.Max }),
-		Mean:  field(func(l *Latency) float64 { return l.Mean }),
+		Count: int64(medianBy(ls, func(l *Latency) float64 { return float64(l.Count) })),
+		P50:   medianBy(ls, func(l *Latency) float64 { return l.P50 }),
+		P99:   medianBy(ls, func(l *Latency) float64 { return l.P99 }),
+		P999:  medianBy(ls, func(l *Latency) float64 { return l.P999 }),
+		Max:   medianBy(ls, func(l *Latency) float64 { return l.Max }),
+		Mean:  medianBy(ls, func(l *Latency) float64 { return l.Mean }),
 	}
 }
 

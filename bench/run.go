@@ -449,7 +449,12 @@ func selectSystems(all []target.System, names []string) []target.System {
 		for _, n := range names {
 			byName := n == s.Name() || strings.HasPrefix(s.Name(), n+"-")
 			byGroup := n == "all" || n == s.Family() || (n == "peers" && s.Family() != "leaseq")
-			if byName && (!onlyNamed || n != s.Family()) || byGroup && !onlyNamed {
+			keep := byName || byGroup
+			if onlyNamed {
+				// "leaseq" is a family as well as a prefix of the name.
+				keep = byName && n != s.Family()
+			}
+			if keep {
 				out = append(out, s)
 				break
 			}
