@@ -99,6 +99,75 @@ func TestReadyIndex(t *testing.T) {
 	}
 }
 
+// TestReadyRun checks one priority's serve order as it grows past its
+// array into many chunks, from empty or from a large array as Open's
+// rebuild makes it, and drains through the chunk boundaries, with
+// undo-removes anywhere, against a plain slice.
+func TestReadyRun(t *testing.T) {
+	for seed := range uint64(3) {
+		r := rand.New(rand.NewPCG(seed, 2))
+		seq := uint64(0)
+		next := func() readyEntry {
+			seq++
+			return readyEntry{vis: int64(seq), id: dbkeys.NewID(seq, 0)}
+		}
+		var model []readyEntry
+		for range r.IntN(3) * (runArray + r.IntN(runArray)) {
+			model = append(model, next())
+		}
+		h := &readyHeap{run: slices.Clip(slices.Clone(model))}
+		chunked := false
+		for step := range 200000 {
+			switch op := r.IntN(200); {
+			case op < 60 || (step < 120000 && op < 160): // push; the run grows for a while, then shrinks
+				e := next()
+				h.push(e)
+				model = append(model, e)
+			case op < 199: // pop
+				if len(model) == 0 {
+					continue
+				}
+				if got := h.pop(); got != model[0] {
+					t.Fatalf("seed %d step %d: popped %v, want %v", seed, step, got, model[0])
+				}
+				model = model[1:]
+			default: // undo-remove some entry
+				if len(model) == 0 {
+					require.False(t, h.remove(next()))
+					continue
+				}
+				i := r.IntN(len(model))
+				if !h.remove(model[i]) {
+					t.Fatalf("seed %d step %d: %v not found", seed, step, model[i])
+				}
+				model = slices.Delete(model, i, i+1)
+			}
+			chunked = chunked || len(h.more) > 1
+			first, ok := h.peek()
+			if ok != (len(model) > 0) || h.empty() == ok || len(h.rest) > 0 || ok && first != model[0] {
+				t.Fatalf("seed %d step %d: first %v %v, empty %v, %d out of order; want %d entries",
+					seed, step, first, ok, h.empty(), len(h.rest), len(model))
+			}
+		}
+		require.True(t, chunked, "the run grew into chunks")
+		for _, want := range model {
+			require.Equal(t, want, h.pop())
+		}
+		require.True(t, h.empty())
+		require.Nil(t, h.more)
+	}
+}
+
+// BenchmarkReadyIndexGrow: pushes of in-order entries into a priority
+// whose backlog only grows (produce-b100: nobody consuming).
+func BenchmarkReadyIndexGrow(b *testing.B) {
+	var x readyIndex
+	b.ReportAllocs()
+	for i := range b.N {
+		x.push(0, readyEntry{vis: int64(i), id: dbkeys.NewID(uint64(i)+1, 0)})
+	}
+}
+
 // BenchmarkReadyIndex: one push and one pop on a priority holding a
 // backlog of n in-order entries (a queue with a backlog in steady state).
 func BenchmarkReadyIndex(b *testing.B) {
