@@ -143,7 +143,7 @@ func (s *Store) putAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbke
 	rec.Dead, rec.DeadAt, rec.Reason = false, 0, ""
 	v := o.itemValue(rec)
 	o.put(o.availableKey(q.name, id), v)
-	s.cacheReady(o, q, id, v)
+	s.cacheReady(o, q, id, v, fresh)
 	o.put(o.visibilityKey(q.name, rec.Priority, rec.VisibleAt, id), dbkeys.Marker())
 	q.mu.Lock()
 	q.ready.push(rec.Priority, readyEntry{vis: rec.VisibleAt, id: id})
@@ -167,7 +167,7 @@ func (s *Store) putAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbke
 // committer.
 func (s *Store) takeAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord) {
 	o.del(o.availableKey(q.name, id))
-	s.cacheReady(o, q, id, nil)
+	s.cacheReady(o, q, id, nil, false)
 	o.del(o.visibilityKey(q.name, rec.Priority, rec.VisibleAt, id))
 	d := o.delta(q)
 	// The item counts as delayed until the sweeper promotes it.

@@ -51,17 +51,21 @@ func readyCost(v []byte) int64 { return int64(len(v)) + readyEntryCost }
 
 // cacheReady records that the batch wrote v as id's available record in
 // q (v nil: deleted it). v may live in the batch's arena: the cache keeps
-// a copy. REQUIRES: on the committer.
-func (s *Store) cacheReady(o *opTx, q *queueState, id storage.ItemID, v []byte) {
-	old, had := q.recs[id]
-	if !had && (v == nil || s.rcache.max <= 0) {
-		return
+// a copy. fresh says id was allocated by this enqueue, so the cache cannot
+// hold it yet and is not searched. REQUIRES: on the committer.
+func (s *Store) cacheReady(o *opTx, q *queueState, id storage.ItemID, v []byte, fresh bool) {
+	var old []byte
+	had := false
+	if !fresh {
+		old, had = q.recs[id]
 	}
 	if had {
 		s.uncache(q, id, old)
 	}
 	if v != nil && len(q.recs) < readyCacheQueueItems && s.rcache.bytes+readyCost(v) <= s.rcache.max {
 		s.cache(q, id, bytes.Clone(v))
+	} else if !had {
+		return // nothing changed
 	}
 	o.undoFn = append(o.undoFn, undoStep{cache: q, id: id, old: old, had: had})
 }

@@ -1,0 +1,75 @@
+package rocksstore
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// An overlay answers lookups with the last write of each key, and sorted
+// gives its live entries in byte order, once each, whatever order they
+// were first written in, leaving out the keys no longer written; reset
+// empties it.
+func TestOverlay(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	ov := newOverlay()
+	for round := range 200 {
+		want := make(map[string][]byte) // nil: a delete
+		n := rng.IntN(300)
+		if round%2 == 0 {
+			n = rng.IntN(smallBatchKeys + 2) // around the direct sort's bound
+		}
+		var keys []string
+		for range n {
+			keys = append(keys, string([]byte{byte('a' + rng.IntN(4)), byte(rng.IntN(256)), byte(rng.IntN(256))}))
+		}
+		if round%3 == 0 {
+			slices.Sort(keys) // written in order already
+		}
+		for _, k := range keys {
+			i := ov.entry(k)
+			switch r := rng.IntN(5); {
+			case r == 0: // written, then no longer
+				ov.setEnt(i, nil, false)
+				delete(want, k)
+			case r == 1:
+				ov.setEnt(i, nil, true)
+				want[k] = nil
+			default:
+				v := []byte{byte(r)}
+				ov.setEnt(i, v, true)
+				want[k] = v
+			}
+		}
+		require.Equal(t, len(want), ov.live, "round %d", round)
+		for _, k := range keys {
+			v, found := ov.lookup([]byte(k))
+			w, ok := want[k]
+			require.Equal(t, ok, found, "round %d: %x", round, k)
+			require.Equal(t, w, v, "round %d: %x", round, k)
+		}
+		wantKeys := make([]string, 0, len(want))
+		for k := range want {
+			wantKeys = append(wantKeys, k)
+		}
+		slices.Sort(wantKeys)
+		dst := []overlayEnt{{key: "kept"}}
+		got := ov.sorted(dst)
+		require.Equal(t, "kept", got[0].key, "dst's own entries stay")
+		gotKeys := make([]string, 0, len(got)-1)
+		for _, e := range got[1:] {
+			require.True(t, e.live)
+			require.Equal(t, want[e.key], e.val)
+			gotKeys = append(gotKeys, e.key)
+		}
+		require.Equal(t, wantKeys, gotKeys, "round %d", round)
+		ov.reset()
+		require.Zero(t, ov.live)
+		if len(keys) > 0 {
+			_, found := ov.lookup([]byte(keys[0]))
+			require.False(t, found, "reset empties the overlay")
+		}
+	}
+}
