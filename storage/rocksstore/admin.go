@@ -320,9 +320,9 @@ func (s *Store) removeQueue(o *opTx, q *queueState) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	for k, v := range o.b.writes {
-		if strings.HasPrefix(k, string(prefix)) {
-			dedup[k] = v // nil: deleted in this batch
+	for _, e := range o.b.ov.ents {
+		if e.live && strings.HasPrefix(e.key, string(prefix)) {
+			dedup[e.key] = e.val // nil: deleted in this batch
 		}
 	}
 	for k, v := range dedup {

@@ -102,19 +102,17 @@ type pipeline struct {
 // txnSlot is a reusable RocksDB transaction object and its write batch.
 type txnSlot struct {
 	t *rdbTxn
-	// writes is the overlay of the batch being built, reused across
-	// batches.
-	writes map[string][]byte
+	// ov is the overlay of the batch being built, reused across batches.
+	ov overlay
 	// keys and vals hold the batch's hot-path keys and item records (see
 	// opTx.availableKey and opTx.itemValue); they are reset when the next
-	// batch starts, as writes is cleared.
+	// batch starts, as ov is.
 	keys keyArena
 	vals keyArena
 	// wbuf collects the batch's writes for one call into RocksDB, in the
-	// order of sorted, the overlay's keys.
+	// order of sorted, the overlay's live entries in key order.
 	wbuf   writeBuf
-	sorted []string
-	order  []string // batch.order's backing array, reused
+	sorted []overlayEnt
 	// undo and undoFn are the undo logs ops reuse, one op at a time.
 	undo   []undoWrite
 	undoFn []undoStep
@@ -123,7 +121,7 @@ type txnSlot struct {
 // maxReusedWriteBuf is the largest write buffer kept for the next batch.
 const maxReusedWriteBuf = 1 << 20
 
-// maxReusedSorted is the largest key list kept for the next batch.
+// maxReusedSorted is the largest entry list kept for the next batch.
 const maxReusedSorted = 4096
 
 // maxReusedUndo is the largest undo log kept for the next op.
@@ -173,7 +171,7 @@ func (s *Store) startPipeline() {
 	p.idle.L = &p.mu
 	p.wg.Add(1)
 	go s.syncLoop()
-	p.slot = &txnSlot{t: s.db.begin(nil), writes: make(map[string][]byte)}
+	p.slot = &txnSlot{t: s.db.begin(nil), ov: newOverlay()}
 	s.slots = append(s.slots, p.slot)
 }
 
@@ -504,12 +502,9 @@ func finish(ops []*op, err error) {
 
 // batch is the transaction a leader applies a group of ops to.
 type batch struct {
-	s      *Store
-	slot   *txnSlot
-	writes map[string][]byte // overlay: nil value is a delete
-	// order lists the overlay's keys as they were first written, for
-	// sortedKeys; it may also hold keys since dropped, and repeats.
-	order []string
+	s    *Store
+	slot *txnSlot
+	ov   *overlay
 	// rewritten lists the single-deletable keys (dbkeys.SingleDeletable)
 	// that the batch deleted and then wrote again: they may exist in the
 	// database, so their write is preceded by a single delete.
@@ -535,17 +530,11 @@ type noteRef struct {
 // all. REQUIRES: the caller leads.
 func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	slot := s.pipe.slot
-	if len(slot.writes) > maxReusedOverlay {
-		// A map keeps the capacity of its largest batch, and clearing or
-		// iterating it costs that capacity: start small again.
-		slot.writes = make(map[string][]byte)
-	} else {
-		clear(slot.writes)
-	}
+	slot.ov.reset()
 	slot.keys.reset()
 	slot.vals.reset()
 	slot.t = s.db.begin(slot.t)
-	b := &batch{s: s, slot: slot, writes: slot.writes, order: slot.order[:0]}
+	b := &batch{s: s, slot: slot, ov: &slot.ov}
 	defer func() {
 		for _, n := range b.notes {
 			n.c.done(n.key)
@@ -561,7 +550,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 		}
 		slot.keepUndo(ot)
 	}
-	if len(b.writes) == 0 && len(b.deltas) == 0 {
+	if b.ov.live == 0 && len(b.deltas) == 0 {
 		if err := slot.t.rollback(); err != nil {
 			return false, translate("rollback", err)
 		}
@@ -569,20 +558,16 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	}
 	// Sorted, the memtable inserts a run along one skiplist path instead
 	// of searching from the top for every key.
-	keys := sortedKeys(slot.sorted[:0], b.order, b.writes)
-	clear(b.order)
-	if cap(b.order) <= maxReusedSorted {
-		slot.order = b.order[:0]
-	}
+	keys := b.ov.sorted(slot.sorted[:0])
 	if invariants {
 		s.checkWriteOnce(b, keys)
-		s.checkReadyWrites(b, keys)
+		s.checkReadyWrites(keys)
 	}
 	w := &slot.wbuf
 	w.reset()
-	for _, k := range keys {
+	for _, e := range keys {
+		k, v := e.key, e.val
 		kb := keyBytes(k)
-		v := b.writes[k] // every key of keys is in the overlay
 		switch {
 		case !dbkeys.SingleDeletable(kb):
 			if v != nil {
@@ -649,8 +634,10 @@ type opTx struct {
 	notes        []noteRef
 }
 
+// undoWrite puts overlay entry i back to what it was (had: a write of
+// old).
 type undoWrite struct {
-	key string
+	i   int32
 	old []byte
 	had bool
 }
@@ -689,7 +676,7 @@ func (o *opTx) itemValue(rec dbkeys.ItemRecord) []byte {
 // overlay looks key up in the batch's overlay. A value found is a copy:
 // the overlay's own may live in the batch's arena.
 func (o *opTx) overlay(key []byte) (v []byte, found bool) {
-	v, found = o.b.writes[string(key)]
+	v, found = o.b.ov.lookup(key)
 	if v != nil {
 		v = bytes.Clone(v)
 	}
@@ -705,21 +692,20 @@ func keyString(k []byte) string { return unsafe.String(unsafe.SliceData(k), len(
 func keyBytes(k string) []byte { return unsafe.Slice(unsafe.StringData(k), len(k)) }
 
 func (o *opTx) set(k string, v []byte) {
-	old, had := o.b.writes[k]
-	o.undo = append(o.undo, undoWrite{key: k, old: old, had: had})
+	ov := o.b.ov
+	i := ov.entry(k)
+	old, had := ov.ents[i].val, ov.ents[i].live
+	o.undo = append(o.undo, undoWrite{i: i, old: old, had: had})
 	if v == nil && had && old != nil && dbkeys.SingleDeletable(keyBytes(k)) && !slices.Contains(o.b.rewritten, k) {
 		// Written by this batch for the first time since its last delete
 		// (such a key is written once between deletes), and deleted
 		// again: neither write reaches RocksDB. An item claimed in the
 		// batch that enqueued it costs no available record and no
 		// visibility entry.
-		delete(o.b.writes, k)
+		ov.setEnt(i, nil, false)
 		return
 	}
-	if !had {
-		o.b.order = append(o.b.order, k)
-	}
-	o.b.writes[k] = v
+	ov.setEnt(i, v, true)
 	if had && old == nil && v != nil && dbkeys.SingleDeletable(keyBytes(k)) {
 		o.b.rewritten = append(o.b.rewritten, k)
 	}
@@ -868,11 +854,7 @@ func (o *opTx) note(c *cursor, k []byte) {
 func (o *opTx) rollback() {
 	for i := len(o.undo) - 1; i >= 0; i-- {
 		u := o.undo[i]
-		if u.had {
-			o.b.writes[u.key] = u.old
-		} else {
-			delete(o.b.writes, u.key)
-		}
+		o.b.ov.setEnt(u.i, u.old, u.had)
 	}
 	clear(o.b.rewritten[o.rewrittenLen:])
 	o.b.rewritten = o.b.rewritten[:o.rewrittenLen]
@@ -909,68 +891,4 @@ func (o *opTx) finish() {
 		}
 	}
 	b.notes = append(b.notes, o.notes...)
-}
-
-// sortedKeys appends to dst, in byte order and once each, the keys of
-// order that are in writes. order lists keys as first written: one
-// counting pass groups them by their first byte (the namespace), and
-// within a namespace they mostly come in order already (ids rise), so
-// sorting each group costs little; a map walk followed by a sort of
-// keys in random order cost 7 % of the serial batch path
-// (docs/BENCHMARKS.md).
-func sortedKeys(dst, order []string, writes map[string][]byte) []string {
-	if len(order) <= smallBatchKeys {
-		// A call or two: a plain sort costs less than the counting pass.
-		base := len(dst)
-		dst = append(dst, order...)
-		slices.Sort(dst[base:])
-		return keepWritten(dst, base, writes)
-	}
-	var count [256]int32
-	for _, k := range order {
-		count[k[0]]++
-	}
-	var at [256]int32
-	n := int32(0)
-	for i, c := range count {
-		at[i] = n
-		n += c
-	}
-	base := len(dst)
-	dst = slices.Grow(dst, int(n))[:base+int(n)]
-	for _, k := range order {
-		dst[base+int(at[k[0]])] = k
-		at[k[0]]++
-	}
-	start := int32(0)
-	for _, c := range count {
-		if c > 1 {
-			g := dst[base+int(start) : base+int(start+c)]
-			if !slices.IsSorted(g) {
-				slices.Sort(g)
-			}
-		}
-		start += c
-	}
-	return keepWritten(dst, base, writes)
-}
-
-// smallBatchKeys is the most keys sortedKeys sorts directly.
-const smallBatchKeys = 16
-
-// keepWritten drops from the sorted dst[base:] the keys no longer in the
-// overlay, and repeats (a key dropped and written again is listed twice).
-func keepWritten(dst []string, base int, writes map[string][]byte) []string {
-	out := dst[:base]
-	for i := base; i < len(dst); i++ {
-		k := dst[i]
-		if len(out) > base && out[len(out)-1] == k {
-			continue
-		}
-		if _, ok := writes[k]; ok {
-			out = append(out, k)
-		}
-	}
-	clear(dst[len(out):])
-	return out
 }

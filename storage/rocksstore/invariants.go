@@ -43,10 +43,10 @@ func checkIndexes(queues []*queueState) {
 // delete would uncover the older one. A violation is a bug in the engine,
 // so it panics. One read per key: only with -tags invariants.
 // REQUIRES: the caller leads, and b is not yet committed.
-func (s *Store) checkWriteOnce(b *batch, keys []string) {
-	for _, k := range keys {
-		kb := keyBytes(k)
-		if b.writes[k] == nil || !dbkeys.SingleDeletable(kb) || slices.Contains(b.rewritten, k) {
+func (s *Store) checkWriteOnce(b *batch, keys []overlayEnt) {
+	for _, e := range keys {
+		kb := keyBytes(e.key)
+		if e.val == nil || !dbkeys.SingleDeletable(kb) || slices.Contains(b.rewritten, e.key) {
 			continue
 		}
 		_, found, err := s.getRaw(kb)
@@ -77,9 +77,9 @@ func (s *Store) checkReadyCache(k, v []byte) {
 // checkReadyWrites verifies the cache's other side: every available record
 // a batch writes or deletes is in the cache as written, or not at all.
 // REQUIRES: the caller leads, and b is not yet committed.
-func (s *Store) checkReadyWrites(b *batch, keys []string) {
-	for _, k := range keys {
-		kb := keyBytes(k)
+func (s *Store) checkReadyWrites(keys []overlayEnt) {
+	for _, e := range keys {
+		kb := keyBytes(e.key)
 		if len(kb) == 0 || kb[0] != dbkeys.NsAvailable {
 			continue
 		}
@@ -92,8 +92,8 @@ func (s *Store) checkReadyWrites(b *batch, keys []string) {
 			continue
 		}
 		c, cached := q.recs[storage.ItemID(id)]
-		if cached && !bytes.Equal(c, b.writes[k]) {
-			panic(fmt.Sprintf("rocksstore invariant: ready record %x written %x, cached %x", kb, b.writes[k], c))
+		if cached && !bytes.Equal(c, e.val) {
+			panic(fmt.Sprintf("rocksstore invariant: ready record %x written %x, cached %x", kb, e.val, c))
 		}
 	}
 }

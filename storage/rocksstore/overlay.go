@@ -1,0 +1,133 @@
+package rocksstore
+
+import (
+	"slices"
+	"strings"
+)
+
+// overlay holds the writes of the batch being built: one entry per key,
+// in the order the batch first wrote each key, and an index from key to
+// entry. The batch's reads see it before the database (opTx.overlay); at
+// commit its live entries go to RocksDB in key order (sorted).
+//
+// An entry is never removed while the batch is built: a key the batch
+// wrote and then no longer writes (an item claimed in the batch that
+// enqueued it, see opTx.set, or an op rolled back) stays as a dead entry,
+// so each write costs one map lookup, plus one insert for a key new to the
+// batch, and the commit needs none.
+type overlay struct {
+	idx  map[string]int32 // key -> its entry in ents
+	ents []overlayEnt
+	live int // entries that are writes
+}
+
+type overlayEnt struct {
+	key  string
+	val  []byte // nil: a delete
+	live bool   // false: the batch does not write this key (anymore)
+}
+
+func newOverlay() overlay { return overlay{idx: make(map[string]int32)} }
+
+// reset empties ov for the next batch. A map keeps the capacity of its
+// largest size, and clearing it costs that capacity: one that grew past
+// maxReusedOverlay keys starts small again.
+func (ov *overlay) reset() {
+	if len(ov.idx) > maxReusedOverlay {
+		ov.idx = make(map[string]int32)
+	} else {
+		clear(ov.idx)
+	}
+	clear(ov.ents) // drop what the entries point to
+	ov.ents = ov.ents[:0]
+	if cap(ov.ents) > maxReusedSorted {
+		ov.ents = nil
+	}
+	ov.live = 0
+}
+
+// lookup returns the batch's write of k: found with v nil is a delete.
+func (ov *overlay) lookup(k []byte) (v []byte, found bool) {
+	if i, ok := ov.idx[string(k)]; ok && ov.ents[i].live {
+		return ov.ents[i].val, true
+	}
+	return nil, false
+}
+
+// entry returns k's entry, adding a dead one if the batch has none.
+func (ov *overlay) entry(k string) int32 {
+	i, ok := ov.idx[k]
+	if !ok {
+		i = int32(len(ov.ents))
+		ov.ents = append(ov.ents, overlayEnt{key: k})
+		ov.idx[k] = i
+	}
+	return i
+}
+
+// setEnt makes entry i write v (live) or not write at all (!live).
+func (ov *overlay) setEnt(i int32, v []byte, live bool) {
+	e := &ov.ents[i]
+	switch {
+	case live && !e.live:
+		ov.live++
+	case !live && e.live:
+		ov.live--
+	}
+	e.val, e.live = v, live
+}
+
+// sorted appends ov's live entries to dst in key order. The entries are
+// in the order first written: one counting pass groups them by their
+// first byte (the namespace), and within a namespace they mostly come in
+// order already (ids rise), so sorting each group costs little; a map walk
+// followed by a sort of keys in random order cost 7 % of the serial batch
+// path (docs/BENCHMARKS.md).
+func (ov *overlay) sorted(dst []overlayEnt) []overlayEnt {
+	base := len(dst)
+	if ov.live <= smallBatchKeys {
+		// A call or two: a plain sort costs less than the counting pass.
+		for _, e := range ov.ents {
+			if e.live {
+				dst = append(dst, e)
+			}
+		}
+		slices.SortFunc(dst[base:], cmpEnt)
+		return dst
+	}
+	var count [256]int32
+	for _, e := range ov.ents {
+		if e.live {
+			count[e.key[0]]++
+		}
+	}
+	var at [256]int32
+	n := int32(0)
+	for i, c := range count {
+		at[i] = n
+		n += c
+	}
+	dst = slices.Grow(dst, int(n))[:base+int(n)]
+	for _, e := range ov.ents {
+		if e.live {
+			dst[base+int(at[e.key[0]])] = e
+			at[e.key[0]]++
+		}
+	}
+	start := int32(0)
+	for _, c := range count {
+		if c > 1 {
+			g := dst[base+int(start) : base+int(start+c)]
+			if !slices.IsSortedFunc(g, cmpEnt) {
+				slices.SortFunc(g, cmpEnt)
+			}
+		}
+		start += c
+	}
+	return dst
+}
+
+func cmpEnt(a, b overlayEnt) int { return strings.Compare(a.key, b.key) }
+
+// smallBatchKeys is the most keys sorted sorts directly.
+const smallBatchKeys = 16
