@@ -155,8 +155,10 @@
 // # In-memory indexes (index.go, rebuild.go)
 //
 // Each queue keeps its serve order in memory, per priority: a sorted run
-// of (visible_at, id) that in-order arrivals append to, plus a min-heap
-// for the entries that arrive out of order (readyHeap). The store keeps
+// of (visible_at, id) that in-order arrivals append to (an array, then
+// chunks of 4096 entries once a backlog passes 65,536, so that a growing
+// backlog is never copied), plus a min-heap for the entries that arrive
+// out of order (readyHeap). The store keeps
 // every live lease (token, queue, expiry, ids), a map from inflight id to
 // lease, and two timed heaps (lease expiry, delayed items coming due) for
 // the sweeper. So a claim pops ids from the serve order and reads each record
