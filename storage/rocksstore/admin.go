@@ -320,7 +320,7 @@ func (s *Store) removeQueue(o *opTx, q *queueState) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	for _, e := range o.b.ov.ents {
+	for _, e := range o.b.slot.ov.ents {
 		if e.live && strings.HasPrefix(e.key, string(prefix)) {
 			dedup[e.key] = e.val // nil: deleted in this batch
 		}

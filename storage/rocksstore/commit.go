@@ -504,7 +504,6 @@ func finish(ops []*op, err error) {
 type batch struct {
 	s    *Store
 	slot *txnSlot
-	ov   *overlay
 	// rewritten lists the single-deletable keys (dbkeys.SingleDeletable)
 	// that the batch deleted and then wrote again: they may exist in the
 	// database, so their write is preceded by a single delete.
@@ -534,7 +533,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	slot.keys.reset()
 	slot.vals.reset()
 	slot.t = s.db.begin(slot.t)
-	b := &batch{s: s, slot: slot, ov: &slot.ov}
+	b := &batch{s: s, slot: slot}
 	defer func() {
 		for _, n := range b.notes {
 			n.c.done(n.key)
@@ -550,7 +549,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 		}
 		slot.keepUndo(ot)
 	}
-	if b.ov.live == 0 && len(b.deltas) == 0 {
+	if slot.ov.live == 0 && len(b.deltas) == 0 {
 		if err := slot.t.rollback(); err != nil {
 			return false, translate("rollback", err)
 		}
@@ -558,7 +557,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	}
 	// Sorted, the memtable inserts a run along one skiplist path instead
 	// of searching from the top for every key.
-	keys := b.ov.sorted(slot.sorted[:0])
+	keys := slot.ov.sorted(slot.sorted[:0])
 	if invariants {
 		s.checkWriteOnce(b, keys)
 		s.checkReadyWrites(keys)
@@ -676,7 +675,7 @@ func (o *opTx) itemValue(rec dbkeys.ItemRecord) []byte {
 // overlay looks key up in the batch's overlay. A value found is a copy:
 // the overlay's own may live in the batch's arena.
 func (o *opTx) overlay(key []byte) (v []byte, found bool) {
-	v, found = o.b.ov.lookup(key)
+	v, found = o.b.slot.ov.lookup(key)
 	if v != nil {
 		v = bytes.Clone(v)
 	}
@@ -692,7 +691,7 @@ func keyString(k []byte) string { return unsafe.String(unsafe.SliceData(k), len(
 func keyBytes(k string) []byte { return unsafe.Slice(unsafe.StringData(k), len(k)) }
 
 func (o *opTx) set(k string, v []byte) {
-	ov := o.b.ov
+	ov := &o.b.slot.ov
 	i := ov.entry(k)
 	old, had := ov.ents[i].val, ov.ents[i].live
 	o.undo = append(o.undo, undoWrite{i: i, old: old, had: had})
@@ -854,7 +853,7 @@ func (o *opTx) note(c *cursor, k []byte) {
 func (o *opTx) rollback() {
 	for i := len(o.undo) - 1; i >= 0; i-- {
 		u := o.undo[i]
-		o.b.ov.setEnt(u.i, u.old, u.had)
+		o.b.slot.ov.setEnt(u.i, u.old, u.had)
 	}
 	clear(o.b.rewritten[o.rewrittenLen:])
 	o.b.rewritten = o.b.rewritten[:o.rewrittenLen]
