@@ -116,6 +116,18 @@ type txnSlot struct {
 	// undo and undoFn are the undo logs ops reuse, one op at a time.
 	undo   []undoWrite
 	undoFn []undoStep
+	// ot is the view of the op being applied, reused op after op.
+	ot opTx
+	// claimed holds the items the batch's claims take (opTx.claimBuf);
+	// reset when the next batch starts. lockKeys, lockKnown, lockVals
+	// and lockAt are one claim's scratch lists (opTx.getManyForUpdate).
+	claimed   []claimedItem
+	lockKeys  [][]byte
+	lockKnown [][]byte
+	lockVals  [][]byte
+	lockMiss  [][]byte
+	lockHit   [][]byte
+	lockAt    []int
 }
 
 // maxReusedWriteBuf is the largest write buffer kept for the next batch.
@@ -138,7 +150,54 @@ func (t *txnSlot) keepUndo(o *opTx) {
 	if cap(o.undoFn) <= maxReusedUndo {
 		t.undoFn = o.undoFn[:0]
 	}
+	clear(o.deltas)
+	clear(o.notes)
 }
+
+// resetScratch drops what the last batch's claims left in the slot's
+// scratch lists, keeping their room when it is not too large.
+func (t *txnSlot) resetScratch() {
+	clear(t.claimed)
+	t.claimed = t.claimed[:0]
+	if cap(t.claimed) > maxReusedClaimed {
+		t.claimed = nil
+	}
+	for _, l := range []*[][]byte{&t.lockKeys, &t.lockKnown, &t.lockVals} {
+		clear(*l)
+		if cap(*l) > maxReusedClaimed {
+			*l = nil
+		}
+	}
+}
+
+// scratch returns *l resized to n zeroed entries, reusing its room.
+func scratch(l *[][]byte, n int) [][]byte {
+	if cap(*l) < n {
+		*l = make([][]byte, n)
+		return *l
+	}
+	*l = (*l)[:n]
+	clear(*l)
+	return *l
+}
+
+// claimBuf returns an empty list with room for n claimed items, from the
+// batch's claimed items: it stays valid until the next batch starts, so
+// an op's undo can still read it.
+func (o *opTx) claimBuf(n int) []claimedItem {
+	sl := o.b.slot
+	c := sl.claimed
+	if cap(c)-len(c) < n {
+		c = make([]claimedItem, 0, max(n, 64))
+	}
+	l := len(c)
+	sl.claimed = c[:l+n]
+	return c[l : l : l+n]
+}
+
+// maxReusedClaimed is the most claimed items whose room the slot keeps
+// for the next batch.
+const maxReusedClaimed = maxBatchItems
 
 // keyArena hands out buffers from large chunks, so the several keys and
 // records an item's life writes cost no allocation each. A buffer taken
@@ -532,6 +591,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	slot.ov.reset()
 	slot.keys.reset()
 	slot.vals.reset()
+	slot.resetScratch()
 	slot.t = s.db.begin(slot.t)
 	b := &batch{s: s, slot: slot}
 	defer func() {
@@ -540,7 +600,9 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 		}
 	}()
 	for _, o := range ops {
-		ot := &opTx{b: b, op: o, undo: slot.undo[:0], undoFn: slot.undoFn[:0], rewrittenLen: len(b.rewritten)}
+		ot := &slot.ot
+		*ot = opTx{b: b, op: o, undo: slot.undo[:0], undoFn: slot.undoFn[:0],
+			deltas: ot.deltas[:0], notes: ot.notes[:0], rewrittenLen: len(b.rewritten)}
 		if err := o.apply(ot); err != nil {
 			ot.rollback()
 			o.err = err
@@ -779,9 +841,14 @@ func (o *opTx) getForUpdate(key []byte) ([]byte, bool, error) {
 // database has (the ready-record cache): such a key is locked without
 // being read, and known[i] is its value. reads counts the keys read.
 func (o *opTx) getManyForUpdate(keys, known [][]byte) (vals [][]byte, reads int, err error) {
-	vals = make([][]byte, len(keys))
-	var miss, lock [][]byte
-	var at []int
+	sl := o.b.slot
+	vals = scratch(&sl.lockVals, len(keys))
+	miss, lock, at := sl.lockMiss[:0], sl.lockHit[:0], sl.lockAt[:0]
+	defer func() {
+		clear(miss)
+		clear(lock)
+		sl.lockMiss, sl.lockHit, sl.lockAt = miss[:0], lock[:0], at[:0]
+	}()
 	for i, k := range keys {
 		if v, ok := o.overlay(k); ok {
 			vals[i] = v

@@ -143,7 +143,7 @@ type claimedItem struct {
 // lease nanoseconds. REQUIRES: on the committer.
 func (s *Store) claim(o *opTx, q *queueState, now int64, max int, lease int64) (storage.PollResult, error) {
 	q.mu.Lock()
-	took := make([]claimedItem, 0, min(max, q.ready.n))
+	took := o.claimBuf(min(max, q.ready.n))
 	q.ready.prios(func(prio uint8) bool {
 		for len(took) < max {
 			e, ok := q.ready.popReady(prio, now)
@@ -165,8 +165,8 @@ func (s *Store) claim(o *opTx, q *queueState, now int64, max int, lease int64) (
 		}
 		q.mu.Unlock()
 	})
-	keys := make([][]byte, len(took))
-	known := make([][]byte, len(took))
+	keys := scratch(&o.b.slot.lockKeys, len(took))
+	known := scratch(&o.b.slot.lockKnown, len(took))
 	for i, c := range took {
 		keys[i] = o.availableKey(q.name, c.e.id)
 		known[i] = q.cachedReady(c.e.id)
