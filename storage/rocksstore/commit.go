@@ -119,8 +119,9 @@ type txnSlot struct {
 	// ot is the view of the op being applied, reused op after op.
 	ot opTx
 	// claimed holds the items the batch's claims take (opTx.claimBuf);
-	// reset when the next batch starts. lockKeys, lockKnown, lockVals
-	// and lockAt are one claim's scratch lists (opTx.getManyForUpdate).
+	// reset when the next batch starts. The lock lists are one claim's
+	// keys, cached records and values, and getManyForUpdate's split of
+	// them into keys to lock and keys to read (lockHit, lockMiss, lockAt).
 	claimed   []claimedItem
 	lockKeys  [][]byte
 	lockKnown [][]byte
@@ -162,11 +163,14 @@ func (t *txnSlot) resetScratch() {
 	if cap(t.claimed) > maxReusedClaimed {
 		t.claimed = nil
 	}
-	for _, l := range []*[][]byte{&t.lockKeys, &t.lockKnown, &t.lockVals} {
+	for _, l := range []*[][]byte{&t.lockKeys, &t.lockKnown, &t.lockVals, &t.lockMiss, &t.lockHit} {
 		clear(*l)
 		if cap(*l) > maxReusedClaimed {
 			*l = nil
 		}
+	}
+	if cap(t.lockAt) > maxReusedClaimed {
+		t.lockAt = nil
 	}
 }
 

@@ -112,10 +112,12 @@
 // database, so every later call fails until it is reopened.
 //
 // A batch's hot-path keys and item records are carved from two arenas
-// that the next batch reuses (keyArena), and the undo steps every item
-// needs are plain values rather than closures, so an item's life
-// allocates little beyond what reaches the caller; a value read back from
-// the overlay is therefore copied before anyone sees it.
+// that the next batch reuses (keyArena), a claim's lists of the items it
+// takes and of their keys and values come from scratch lists the next
+// batch reuses too (opTx.claimBuf), and the undo steps every item needs
+// are plain values rather than closures, so an item's life allocates
+// little beyond what reaches the caller; a value read back from the
+// overlay is therefore copied before anyone sees it.
 //
 // An item's available record and visibility entry, its in_progress record
 // and a lease's lease_expiry entry are written once between deletes
@@ -204,7 +206,7 @@
 // So per item: 2 reads and ~3 iterator steps became 1 read, and the
 // lock-tracked, indexed transaction writes became sorted untracked ones.
 // The key layout did not change (the namespaces of DESIGN.md stay, and
-// Check verifies the same invariants); an item still costs 5 writes
+// Check verifies the same invariants); an item still costs 6 writes
 // (2 puts at enqueue, 2 deletes and 1 put at poll, 1 delete at ack), which
 // is the floor the layout allows with a separate visibility index. With
 // the ready-record cache (2026-11-24), the poll's GetForUpdate locks
