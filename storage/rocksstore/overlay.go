@@ -18,7 +18,8 @@ import (
 type overlay struct {
 	idx  map[string]int32 // key -> its entry in ents
 	ents []overlayEnt
-	live int // entries that are writes
+	live int          // entries that are writes
+	tmp  []overlayEnt // sortRuns' merge buffer
 }
 
 type overlayEnt struct {
@@ -42,6 +43,9 @@ func (ov *overlay) reset() {
 	ov.ents = ov.ents[:0]
 	if cap(ov.ents) > maxReusedSorted {
 		ov.ents = nil
+	}
+	if cap(ov.tmp) > maxReusedSorted {
+		ov.tmp = nil
 	}
 	ov.live = 0
 }
@@ -117,14 +121,57 @@ func (ov *overlay) sorted(dst []overlayEnt) []overlayEnt {
 	start := int32(0)
 	for _, c := range count {
 		if c > 1 {
-			g := dst[base+int(start) : base+int(start+c)]
-			if !slices.IsSortedFunc(g, cmpEnt) {
-				slices.SortFunc(g, cmpEnt)
-			}
+			ov.sortRuns(dst[base+int(start) : base+int(start+c)])
 		}
 		start += c
 	}
+	clear(ov.tmp)
 	return dst
+}
+
+// maxMergedRuns is the most ascending runs sortRuns merges; a group with
+// more is sorted.
+const maxMergedRuns = 8
+
+// sortRuns sorts g, one namespace's entries in the order first written.
+// That order is a few ascending runs: each op writes its keys in id
+// order (an enqueue's new items, a poll's claimed ones, an ack's), so a
+// batch's group is the runs of its ops. Merging them costs a comparison
+// or two per entry where a sort costs log(n).
+func (ov *overlay) sortRuns(g []overlayEnt) {
+	var ends [maxMergedRuns]int
+	runs := 0
+	for i := 1; i <= len(g); i++ {
+		if i == len(g) || cmpEnt(g[i-1], g[i]) > 0 {
+			if runs == maxMergedRuns {
+				slices.SortFunc(g, cmpEnt)
+				return
+			}
+			ends[runs] = i
+			runs++
+		}
+	}
+	// Merge each run into the sorted prefix before it.
+	for r := 1; r < runs; r++ {
+		a, b := g[:ends[r-1]], g[ends[r-1]:ends[r]]
+		if cmpEnt(a[len(a)-1], b[0]) < 0 {
+			continue // already in order
+		}
+		m := append(ov.tmp[:0], a...)
+		i, j, k := 0, 0, 0
+		for i < len(m) && j < len(b) {
+			if cmpEnt(m[i], b[j]) < 0 {
+				g[k] = m[i]
+				i++
+			} else {
+				g[k] = b[j]
+				j++
+			}
+			k++
+		}
+		copy(g[k:], m[i:]) // what is left of b is in place already
+		ov.tmp = m
+	}
 }
 
 func cmpEnt(a, b overlayEnt) int { return strings.Compare(a.key, b.key) }
