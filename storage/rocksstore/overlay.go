@@ -83,10 +83,10 @@ func (ov *overlay) setEnt(i int32, v []byte, live bool) {
 
 // sorted appends ov's live entries to dst in key order. The entries are
 // in the order first written: one counting pass groups them by their
-// first byte (the namespace), and within a namespace they mostly come in
-// order already (ids rise), so sorting each group costs little; a map walk
-// followed by a sort of keys in random order cost 7 % of the serial batch
-// path (docs/BENCHMARKS.md).
+// first byte (the namespace), and within a namespace they come as a few
+// ascending runs (ids rise within each op), which sortRuns merges; a map
+// walk followed by a sort of keys in random order cost 7 % of the serial
+// batch path (docs/BENCHMARKS.md).
 func (ov *overlay) sorted(dst []overlayEnt) []overlayEnt {
 	base := len(dst)
 	if ov.live <= smallBatchKeys {
