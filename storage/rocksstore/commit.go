@@ -118,17 +118,19 @@ type txnSlot struct {
 	undoFn []undoStep
 	// ot is the view of the op being applied, reused op after op.
 	ot opTx
-	// claimed holds the items the batch's claims take (opTx.claimBuf);
-	// reset when the next batch starts. The lock lists are one claim's
-	// keys, cached records and values, and getManyForUpdate's split of
-	// them into keys to lock and keys to read (lockHit, lockMiss, lockAt).
-	claimed   []claimedItem
-	lockKeys  [][]byte
-	lockKnown [][]byte
-	lockVals  [][]byte
-	lockMiss  [][]byte
-	lockHit   [][]byte
-	lockAt    []int
+	// cs is the claims' scratch, reset when the next batch starts.
+	cs claimScratch
+}
+
+// claimScratch holds the lists the batch's claims use, so a poll
+// allocates none of them: the claimed items (opTx.claimBuf), and one
+// claim's keys, cached records and values with getManyForUpdate's split
+// of them into keys to lock (hit) and keys to read (miss, at their
+// positions at).
+type claimScratch struct {
+	claimed                      []claimedItem
+	keys, known, vals, miss, hit [][]byte
+	at                           []int
 }
 
 // maxReusedWriteBuf is the largest write buffer kept for the next batch.
@@ -155,22 +157,22 @@ func (t *txnSlot) keepUndo(o *opTx) {
 	clear(o.notes)
 }
 
-// resetScratch drops what the last batch's claims left in the slot's
-// scratch lists, keeping their room when it is not too large.
-func (t *txnSlot) resetScratch() {
-	clear(t.claimed)
-	t.claimed = t.claimed[:0]
-	if cap(t.claimed) > maxReusedClaimed {
-		t.claimed = nil
+// reset drops what the last batch's claims left, keeping the lists'
+// room when it is not too large.
+func (c *claimScratch) reset() {
+	clear(c.claimed)
+	c.claimed = c.claimed[:0]
+	if cap(c.claimed) > maxReusedClaimed {
+		c.claimed = nil
 	}
-	for _, l := range []*[][]byte{&t.lockKeys, &t.lockKnown, &t.lockVals, &t.lockMiss, &t.lockHit} {
+	for _, l := range []*[][]byte{&c.keys, &c.known, &c.vals, &c.miss, &c.hit} {
 		clear(*l)
 		if cap(*l) > maxReusedClaimed {
 			*l = nil
 		}
 	}
-	if cap(t.lockAt) > maxReusedClaimed {
-		t.lockAt = nil
+	if cap(c.at) > maxReusedClaimed {
+		c.at = nil
 	}
 }
 
@@ -189,13 +191,13 @@ func scratch(l *[][]byte, n int) [][]byte {
 // batch's claimed items: it stays valid until the next batch starts, so
 // an op's undo can still read it.
 func (o *opTx) claimBuf(n int) []claimedItem {
-	sl := o.b.slot
-	c := sl.claimed
+	cs := &o.b.slot.cs
+	c := cs.claimed
 	if cap(c)-len(c) < n {
 		c = make([]claimedItem, 0, max(n, 64))
 	}
 	l := len(c)
-	sl.claimed = c[:l+n]
+	cs.claimed = c[:l+n]
 	return c[l : l : l+n]
 }
 
@@ -595,7 +597,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	slot.ov.reset()
 	slot.keys.reset()
 	slot.vals.reset()
-	slot.resetScratch()
+	slot.cs.reset()
 	slot.t = s.db.begin(slot.t)
 	b := &batch{s: s, slot: slot}
 	defer func() {
@@ -845,13 +847,13 @@ func (o *opTx) getForUpdate(key []byte) ([]byte, bool, error) {
 // database has (the ready-record cache): such a key is locked without
 // being read, and known[i] is its value. reads counts the keys read.
 func (o *opTx) getManyForUpdate(keys, known [][]byte) (vals [][]byte, reads int, err error) {
-	sl := o.b.slot
-	vals = scratch(&sl.lockVals, len(keys))
-	miss, lock, at := sl.lockMiss[:0], sl.lockHit[:0], sl.lockAt[:0]
+	cs := &o.b.slot.cs
+	vals = scratch(&cs.vals, len(keys))
+	miss, lock, at := cs.miss[:0], cs.hit[:0], cs.at[:0]
 	defer func() {
 		clear(miss)
 		clear(lock)
-		sl.lockMiss, sl.lockHit, sl.lockAt = miss[:0], lock[:0], at[:0]
+		cs.miss, cs.hit, cs.at = miss[:0], lock[:0], at[:0]
 	}()
 	for i, k := range keys {
 		if v, ok := o.overlay(k); ok {

@@ -165,8 +165,8 @@ func (s *Store) claim(o *opTx, q *queueState, now int64, max int, lease int64) (
 		}
 		q.mu.Unlock()
 	})
-	keys := scratch(&o.b.slot.lockKeys, len(took))
-	known := scratch(&o.b.slot.lockKnown, len(took))
+	keys := scratch(&o.b.slot.cs.keys, len(took))
+	known := scratch(&o.b.slot.cs.known, len(took))
 	for i, c := range took {
 		keys[i] = o.availableKey(q.name, c.e.id)
 		known[i] = q.cachedReady(c.e.id)
