@@ -265,3 +265,20 @@ func (f fakeSystem) Start(context.Context, target.StartOptions) (target.Instance
 type errString string
 
 func (e errString) Error() string { return string(e) }
+
+func TestMain_WritesExecutionTrace(t *testing.T) {
+	t.Parallel()
+	tr := filepath.Join(t.TempDir(), "bench.trace")
+	var stdout, stderr bytes.Buffer
+	args := []string{"e2e", "-systems", "leaseq-inproc-mem", "-duration", "200ms", "-out", "", "-trace", tr}
+	err := Main(context.Background(), clock.New(), args, &stdout, &stderr)
+	require.NoError(t, err, "stderr: %s", stderr.String())
+	b, err := os.ReadFile(tr)
+	require.NoError(t, err)
+	require.True(t, bytes.HasPrefix(b, []byte("go 1.")), "an execution trace starts with its Go version header, got %q", b[:min(len(b), 16)])
+	require.Greater(t, len(b), 1024, "the trace holds the run's events")
+
+	err = Main(context.Background(), clock.New(), []string{"e2e", "-systems", "leaseq-inproc-mem", "-duration", "100ms", "-out", "",
+		"-trace", filepath.Join(t.TempDir(), "no", "such", "dir", "x.trace")}, &stdout, &stderr)
+	require.ErrorContains(t, err, "bench: trace")
+}

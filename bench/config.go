@@ -71,6 +71,9 @@ type Config struct {
 	// CPUProfile, if set, is where Main writes a CPU profile of the
 	// harness process (which includes the in-process systems).
 	CPUProfile string
+	// Trace, if set, is where Main writes a Go execution trace of the
+	// harness process, in-process systems included (go tool trace).
+	Trace string
 
 	// Clock is the only time source (DESIGN: main.go creates it).
 	Clock clock.Clock
@@ -192,6 +195,7 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&c.LeaseqBin, "leaseq-bin", c.LeaseqBin, "leaseq binary for the RPC systems (default: ./leaseq if present, else go build)")
 	fs.BoolVar(&c.KeepData, "keep-data", c.KeepData, "keep data directories")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", c.CPUProfile, "write a CPU profile of this process (in-process systems included) to `file`")
+	fs.StringVar(&c.Trace, "trace", c.Trace, "write a Go execution trace of this process (in-process systems included) to `file`; it grows by tens of MB a second")
 	var rest []string
 	for {
 		if err := fs.Parse(args); err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"runtime/trace"
 	"syscall"
 
 	"github.com/benbjohnson/clock"
@@ -86,6 +87,22 @@ func Main(ctx context.Context, clk clock.Clock, args []string, stdout, stderr io
 			pprof.StopCPUProfile()
 			if cerr := f.Close(); cerr != nil {
 				fmt.Fprintf(stderr, "bench: cpu profile: %v\n", cerr)
+			}
+		}()
+	}
+	if cfg.Trace != "" {
+		f, err := os.Create(cfg.Trace)
+		if err != nil {
+			return fmt.Errorf("bench: trace: %w", err)
+		}
+		if err := trace.Start(f); err != nil {
+			f.Close()
+			return fmt.Errorf("bench: trace: %w", err)
+		}
+		defer func() {
+			trace.Stop()
+			if cerr := f.Close(); cerr != nil {
+				fmt.Fprintf(stderr, "bench: trace: %v\n", cerr)
 			}
 		}()
 	}
