@@ -72,7 +72,7 @@
 // a committer goroutine; combining gives the same batches without a
 // goroutine hand-off per call, so an uncontended call crosses no goroutine.
 //
-// Within a batch each op works on an opTx: reads go to the batch's
+// Within a batch each op works on an opTx (optx.go): reads go to the batch's
 // overlay first, then to the transaction (GetForUpdate for the records a
 // decision rests on: the available record a poll takes, a dedup record);
 // writes go to the overlay, and every overlay write and in-memory index
