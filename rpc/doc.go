@@ -28,10 +28,17 @@
 //   - lean (the default; lean*.go): one reader goroutine per connection decodes the
 //     rpc.capnp messages itself and runs every call that cannot wait on the
 //     spot (nodeInfo, subscribe, and every call when the store is
-//     storage.Nonblocking: memstore, rocksstore with --sync=none); calls
-//     on a waiting store run on a goroutine of their own, taken from a
-//     pool (workers.go) so that its stack, grown deep in the store, is
-//     not copied again for every call. A long poll that
+//     storage.Nonblocking: memstore, rocksstore with --sync=none). On a
+//     store whose calls wait for an fsync but complete asynchronously
+//     (storage.Async: rocksstore with --sync=always), enqueues, polls and
+//     acks take no goroutine either: the reader hands them to the store
+//     and reads on, and the goroutine that fsynced them builds and sends
+//     their Returns (lean_async.go; 20-25 % less server CPU per durable
+//     single-item enqueue, docs/BENCHMARKS.md "Calls completed by the
+//     fsync's goroutine"). Other calls on a waiting store run on a
+//     goroutine of their own, taken from a pool (workers.go) so that its
+//     stack, grown deep in the store, is not copied again for every
+//     call. A long poll that
 //     parks holds no goroutine: the dispatcher's PollAsync answers it when
 //     it is woken, times out, is finished by the client or the server stops
 //     (BenchmarkRPC_ParkedPollMemory: 6 KB per parked poll, client side

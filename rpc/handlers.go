@@ -162,40 +162,71 @@ func (q *queueServer) Enqueue(ctx context.Context, call schema.Queue_enqueue) er
 
 // enqueue is Enqueue's body, shared by both engines (lean.go).
 func (q *queueServer) enqueue(ctx context.Context, args schema.Queue_enqueue_Params, res schema.Queue_enqueue_Results) error {
-	queue, err := q.queueName(args.Queue)
+	e, err := q.enqueueArgs(args)
 	if err != nil {
 		return err
 	}
-	in, err := args.Items()
-	if err != nil {
-		return fmt.Errorf("%w: items: %v", storage.ErrInvalidArgument, err)
-	}
-	n := in.Len()
-	if err := q.s.limits.ValidateBatch(n); err != nil {
-		return err
-	}
-	results := make([]storage.EnqueueResult, n)
-	items := make([]storage.EnqueueItem, 0, n)
-	index := make([]int, 0, n) // items[k] is input index[k]
-	for i := 0; i < n; i++ {
-		it, reason := q.enqueueItem(in.At(i))
-		if reason != "" {
-			results[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: reason}
-			continue
-		}
-		items = append(items, it)
-		index = append(index, i)
-	}
-	if len(items) > 0 {
-		out, err := q.s.Enqueue(ctx, storage.EnqueueParams{Queue: queue, Items: items})
+	if len(e.items) > 0 {
+		out, err := q.s.Enqueue(ctx, storage.EnqueueParams{Queue: e.queue, Items: e.items})
 		if err != nil {
 			return err
 		}
-		for k, r := range out {
-			results[index[k]] = r
-		}
+		e.merge(out)
 	}
-	l, err := res.NewResults(int32(n))
+	return writeEnqueue(res, e.results)
+}
+
+// enqueueCall is one enqueue call's items, checked: items (the valid
+// ones) go to the store, the others are answered as invalid.
+type enqueueCall struct {
+	queue   string
+	results []storage.EnqueueResult // one per item of the call
+	items   []storage.EnqueueItem
+	index   []int // items[k] is the call's item index[k]
+}
+
+// enqueueArgs reads and checks an enqueue call's arguments.
+func (q *queueServer) enqueueArgs(args schema.Queue_enqueue_Params) (*enqueueCall, error) {
+	queue, err := q.queueName(args.Queue)
+	if err != nil {
+		return nil, err
+	}
+	in, err := args.Items()
+	if err != nil {
+		return nil, fmt.Errorf("%w: items: %v", storage.ErrInvalidArgument, err)
+	}
+	n := in.Len()
+	if err := q.s.limits.ValidateBatch(n); err != nil {
+		return nil, err
+	}
+	e := &enqueueCall{
+		queue:   queue,
+		results: make([]storage.EnqueueResult, n),
+		items:   make([]storage.EnqueueItem, 0, n),
+		index:   make([]int, 0, n),
+	}
+	for i := 0; i < n; i++ {
+		it, reason := q.enqueueItem(in.At(i))
+		if reason != "" {
+			e.results[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: reason}
+			continue
+		}
+		e.items = append(e.items, it)
+		e.index = append(e.index, i)
+	}
+	return e, nil
+}
+
+// merge puts the store's results for e.items in their places.
+func (e *enqueueCall) merge(out []storage.EnqueueResult) {
+	for k, r := range out {
+		e.results[e.index[k]] = r
+	}
+}
+
+// writeEnqueue writes an enqueue's results.
+func writeEnqueue(res schema.Queue_enqueue_Results, results []storage.EnqueueResult) error {
+	l, err := res.NewResults(int32(len(results)))
 	if err != nil {
 		return err
 	}

@@ -110,19 +110,30 @@ func (s *Server) clientError(op Op, remote string, err error) error {
 // storage.ErrInvalidArgument that names its index) and nothing is written.
 // One result per item, in order; the payloads are not retained.
 func (s *Server) Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage.EnqueueResult, error) {
-	if err := p.Validate(s.limits); err != nil {
+	p, err := s.enqueueParams(p)
+	if err != nil || len(p.Items) == 0 {
 		return nil, err
+	}
+	out, err := s.disp.Enqueue(ctx, s.cfg.Store, p)
+	return enqueueOut(p, out, err)
+}
+
+// enqueueParams checks p against the limits and sets p.Now.
+func (s *Server) enqueueParams(p storage.EnqueueParams) (storage.EnqueueParams, error) {
+	if err := p.Validate(s.limits); err != nil {
+		return p, err
 	}
 	for i := range p.Items {
 		if err := s.limits.ValidateItem(p.Items[i]); err != nil {
-			return nil, fmt.Errorf("items[%d]: %w", i, err)
+			return p, fmt.Errorf("items[%d]: %w", i, err)
 		}
 	}
-	if len(p.Items) == 0 {
-		return nil, nil
-	}
 	p.Now = s.cfg.Clock.Now()
-	out, err := s.disp.Enqueue(ctx, s.cfg.Store, p)
+	return p, nil
+}
+
+// enqueueOut checks that the store answered every item of p.
+func enqueueOut(p storage.EnqueueParams, out []storage.EnqueueResult, err error) ([]storage.EnqueueResult, error) {
 	if err != nil {
 		return nil, err
 	}

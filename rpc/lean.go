@@ -25,7 +25,10 @@ import (
 // go-capnp's rpc.Conn: one reader goroutine per connection decodes each
 // message and runs the call on the spot when it cannot wait (nodeInfo,
 // subscribe, every call on a store that never waits for I/O: memstore,
-// rocksstore with SyncNone); a call that can wait (a long poll, an fsync)
+// rocksstore with SyncNone); on a store that completes calls
+// asynchronously (storage.Async), enqueues, polls and acks are handed to
+// the store, which answers them on the goroutine that made them durable
+// (lean_async.go); any other call that can wait (a long poll, an fsync)
 // runs on a goroutine of its own. Replies are coalesced: the reader writes
 // the replies it made once it has no buffered input left (one write for a
 // burst of pipelined calls), and a call that finished on its own goroutine
@@ -77,7 +80,12 @@ type leanConn struct {
 	cancel context.CancelFunc
 	// inline: store calls run on the reader (the store never waits).
 	inline bool
+	// async: enqueues, polls and acks go to the store without a
+	// goroutine of their own, and are answered by whoever makes them
+	// durable (lean_async.go); nil when the store cannot, or inline.
+	async storage.Async
 
+	raw    *rawIO // nil: not a plain socket (TLS, a pipe)
 	br     *bufio.Reader
 	dec    *capnp.Decoder
 	maxMsg uint64
@@ -110,11 +118,16 @@ type leanConn struct {
 		readerBusy bool // the reader will write the queue before it blocks
 		dead       bool
 	}
-	bw       *bufio.Writer  // used by the writer of the moment only
-	enc      *capnp.Encoder // on bw
-	werr     error          // first write error (writer of the moment only)
-	writeSeq atomic.Uint64  // odd while a write is in progress (the stall watchdog)
-	watchdog struct {       // closes a connection whose write is stuck
+	bw   *bufio.Writer  // used by the writer of the moment only
+	enc  *capnp.Encoder // on bw
+	werr error          // first write error (writer of the moment only)
+	// nonblock and spill, for the writer of the moment: with nonblock
+	// set, what the socket does not take at once is kept in spill
+	// instead of waiting for it (leanWriter).
+	nonblock bool
+	spill    []byte
+	writeSeq atomic.Uint64 // odd while a write is in progress (the stall watchdog)
+	watchdog struct {      // closes a connection whose write is stuck
 		sync.Mutex
 		t    *clock.Timer
 		last uint64
@@ -138,10 +151,14 @@ type leanAnswer struct {
 	// releaseResultCaps is the Finish's flag when it came before the Return.
 	releaseResultCaps bool
 	cancel            context.CancelFunc // ends the call (nil: it runs on the reader)
-	err               error              // the exception returned
-	content           capnp.Ptr          // the results, for pipelined calls
-	caps              []uint32           // export ids of the results' capabilities
-	pending           []*leanCall        // pipelined calls waiting for the return
+	// shared: the Return is sent by a goroutine that serves other
+	// connections too (the store's syncer, say), which must never wait
+	// for this connection's socket (see sendShared).
+	shared  bool
+	err     error       // the exception returned
+	content capnp.Ptr   // the results, for pipelined calls
+	caps    []uint32    // export ids of the results' capabilities
+	pending []*leanCall // pipelined calls waiting for the return
 }
 
 // leanExport is a capability the client holds.
@@ -189,12 +206,15 @@ func (s *Server) serveLean(ctx context.Context, cancel context.CancelFunc, conn 
 	}
 	var rw io.ReadWriter = conn
 	if raw := newRawIO(conn); raw != nil {
-		rw = raw
+		rw, c.raw = raw, raw
 	}
 	c.br = bufio.NewReaderSize(rw, leanReadBuffer)
-	c.bw = bufio.NewWriterSize(rw, leanWriteBuffer)
+	c.bw = bufio.NewWriterSize(leanWriter{c}, leanWriteBuffer)
 	if nb, ok := s.cfg.Store.(storage.Nonblocking); ok {
 		c.inline = nb.Nonblocking()
+	}
+	if as, ok := s.cfg.Store.(storage.Async); ok && !c.inline {
+		c.async = as
 	}
 	c.dec = capnp.NewDecoder(c.br)
 	c.dec.MaxMessageSize = c.maxMsg

@@ -175,8 +175,11 @@ func (c *leanConn) dispatch(lc *leanCall, queue bool, cl capnp.Client) {
 		return
 	}
 	meth := &leanMethods[lc.method]
-	if meth.op == OpPoll && schema.Queue_poll_Params(lc.args).WaitMs() > 0 {
+	if meth.op == OpPoll && (c.async != nil || schema.Queue_poll_Params(lc.args).WaitMs() > 0) {
 		c.longPoll(lc)
+		return
+	}
+	if c.async != nil && c.runAsync(lc, meth.op) {
 		return
 	}
 	if meth.mayWait(c, lc.args) {
@@ -223,6 +226,10 @@ func (c *leanConn) longPoll(lc *leanCall) {
 	if finished {
 		cancel()
 	}
+	// With a store that completes calls asynchronously, the poll may be
+	// answered by the store's syncer, or by an enqueue's (that claimed
+	// for it).
+	lc.ans.shared = c.async != nil
 	t := c.q.begin(OpPoll)
 	c.calls.Add(1)
 	complete := func(pr storage.PollResult, err error) {
@@ -248,7 +255,9 @@ func (c *leanConn) longPoll(lc *leanCall) {
 		complete(storage.PollResult{}, err)
 		return
 	}
-	if c.inline {
+	if c.inline || c.async != nil {
+		// The attempt does not wait: the store never does, or it
+		// completes the poll on the goroutine that makes it durable.
 		c.s.disp.PollAsync(ctx, p, wait, complete)
 		return
 	}
@@ -410,7 +419,7 @@ func (c *leanConn) settle(qid uint32, a *leanAnswer, err error, content capnp.Pt
 	if msg != nil {
 		// Keep the message when pipelined calls may still read its
 		// results (it has capabilities).
-		c.send(msg, len(caps) > 0)
+		c.sendFrom(msg, len(caps) > 0, a.shared)
 	}
 	for _, cl := range release {
 		cl.Release()

@@ -30,7 +30,15 @@ func (c *leanConn) sendSmall(build func(rpccp.Message) error) {
 
 // send queues msg to be written. It writes the queue itself unless
 // another writer is at work or the reader will write it before it blocks.
-func (c *leanConn) send(m *capnp.Message, keep bool) {
+func (c *leanConn) send(m *capnp.Message, keep bool) { c.sendFrom(m, keep, false) }
+
+// sendFrom is send; shared: the caller serves other connections too (a
+// store's syncer completing calls of many connections), so it must not
+// wait for this socket. It writes what the socket takes at once and
+// leaves the rest, if any, to a goroutine of this connection
+// (writeQueue); on a connection that is not a plain socket it leaves the
+// whole write to one.
+func (c *leanConn) sendFrom(m *capnp.Message, keep, shared bool) {
 	c.w.Lock()
 	if c.w.dead {
 		c.w.Unlock()
@@ -44,7 +52,15 @@ func (c *leanConn) send(m *capnp.Message, keep bool) {
 	}
 	c.w.writing = true
 	c.w.Unlock()
-	c.writeQueue()
+	if shared && c.raw == nil {
+		c.calls.Add(1)
+		c.s.workers.run(func() {
+			defer c.calls.Done()
+			c.writeQueue(false)
+		})
+		return
+	}
+	c.writeQueue(shared)
 }
 
 // idle: the reader is about to block, so it writes what is queued, and
@@ -58,7 +74,7 @@ func (c *leanConn) idle() {
 	}
 	c.w.writing = true
 	c.w.Unlock()
-	c.writeQueue()
+	c.writeQueue(false)
 }
 
 // busy: the reader has work, and will write the queue before it blocks.
@@ -69,8 +85,10 @@ func (c *leanConn) busy() {
 }
 
 // writeQueue writes queued messages until the queue is empty; the caller
-// has set c.w.writing, which this clears.
-func (c *leanConn) writeQueue() {
+// has set c.w.writing, which this clears. shared (on a plain socket): it
+// never waits for the socket; when the socket is full, a goroutine of the
+// connection writes the rest, waiting, and goes on with the queue.
+func (c *leanConn) writeQueue(shared bool) {
 	var done []outFrame
 	for {
 		c.w.Lock()
@@ -86,10 +104,71 @@ func (c *leanConn) writeQueue() {
 		c.w.out = c.w.spare
 		c.w.spare = nil
 		c.w.Unlock()
+		c.nonblock = shared
 		c.writeBatch(batch)
+		c.nonblock = false
 		clear(batch)
 		done = batch
+		if len(c.spill) > 0 {
+			c.w.Lock()
+			c.w.spare = done[:0]
+			c.w.Unlock()
+			c.calls.Add(1)
+			c.s.workers.run(func() {
+				defer c.calls.Done()
+				c.writeSpill()
+				c.writeQueue(false)
+			})
+			return
+		}
 	}
+}
+
+// writeSpill writes what a non-waiting write left in c.spill, waiting
+// for the socket. REQUIRES: the writer of the moment.
+func (c *leanConn) writeSpill() {
+	c.writeSeq.Add(1) // odd: a write in progress (the stall watchdog)
+	if c.werr == nil {
+		if _, err := c.raw.Write(c.spill); err != nil {
+			c.werr = err
+			_ = c.conn.Close()
+		}
+	}
+	c.writeSeq.Add(1)
+	clear(c.spill)
+	if cap(c.spill) > leanWriteBuffer {
+		c.spill = nil
+	} else {
+		c.spill = c.spill[:0]
+	}
+}
+
+// leanWriter is what the connection's bufio.Writer writes to: the socket,
+// waiting for it; or, with nonblock set (a shared writer, on a plain
+// socket), only what it takes at once, the rest kept in spill, and
+// everything after it too, in order.
+type leanWriter struct{ c *leanConn }
+
+func (w leanWriter) Write(p []byte) (int, error) {
+	c := w.c
+	if c.raw == nil {
+		return c.conn.Write(p)
+	}
+	if !c.nonblock {
+		return c.raw.Write(p)
+	}
+	if len(c.spill) > 0 {
+		c.spill = append(c.spill, p...)
+		return len(p), nil
+	}
+	n, err := c.raw.writeNow(p)
+	if err != nil {
+		return n, err
+	}
+	if n < len(p) {
+		c.spill = append(c.spill, p[n:]...)
+	}
+	return len(p), nil
 }
 
 // writeBatch writes batch with one flush (one write when it fits the

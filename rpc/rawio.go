@@ -72,7 +72,15 @@ func (r *rawIO) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-func (r *rawIO) Write(p []byte) (int, error) {
+// writeNow writes what the socket takes of p without waiting for it to
+// become writable: a short count and no error when it is full.
+func (r *rawIO) writeNow(p []byte) (int, error) { return r.write(p, false) }
+
+func (r *rawIO) Write(p []byte) (int, error) { return r.write(p, true) }
+
+// write writes p, waiting for the socket to become writable when it is
+// full (wait) or returning what it wrote so far.
+func (r *rawIO) write(p []byte, wait bool) (int, error) {
 	written := 0
 	var errno syscall.Errno
 	err := r.rc.Write(func(fd uintptr) bool {
@@ -83,7 +91,7 @@ func (r *rawIO) Write(p []byte) (int, error) {
 				written += int(m)
 			case syscall.EINTR:
 			case syscall.EAGAIN:
-				return false // wait until writable
+				return !wait // false: wait until writable
 			default:
 				errno = e
 				return true

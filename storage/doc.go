@@ -22,8 +22,11 @@
 //
 // Optional capabilities a store may add: Nonblocking (its calls never wait
 // for I/O), ReadyWatcher (tells other nodes' pollers when a shared queue
-// gains ready items) and EnqueueClaimer (claims for waiting polls in the
-// commit, and fsync, of the enqueue that feeds them; rocksstore).
+// gains ready items), EnqueueClaimer (claims for waiting polls in the
+// commit, and fsync, of the enqueue that feeds them; rocksstore) and
+// Async (enqueue, poll and ack report through a callback run by whoever
+// makes them durable, so a server's network reader need not wait or hand
+// the call to a goroutine; rocksstore).
 //
 // Subpackages: rocksstore (embedded RocksDB, the default), memstore (the
 // reference model used by tests and benchmark baselines), storagetest (the

@@ -34,6 +34,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/benbjohnson/clock"
@@ -76,8 +77,12 @@ const DefaultMaxWaiters = 100000
 
 // Dispatcher parks long polls and wakes them on Notify.
 type Dispatcher struct {
-	store      Poller
-	watcher    storage.ReadyWatcher // nil unless the store is shared with other nodes
+	store   Poller
+	watcher storage.ReadyWatcher // nil unless the store is shared with other nodes
+	// async: the store's asynchronous polls, used by PollAsync when its
+	// calls wait (nil otherwise): an attempt then holds no goroutine
+	// while its claim waits for an fsync.
+	async      storage.Async
 	clock      clock.Clock
 	maxWaiters int        // per queue
 	maxTotal   int        // per node, with extra()
@@ -122,6 +127,11 @@ func New(c Config) (*Dispatcher, error) {
 	}
 	d := &Dispatcher{store: c.Store, clock: c.Clock, maxWaiters: c.MaxWaitersPerQueue, maxTotal: c.MaxWaiters, extra: c.Extra, closed: make(chan struct{})}
 	d.watcher, _ = c.Store.(storage.ReadyWatcher)
+	if as, ok := c.Store.(storage.Async); ok {
+		if nb, ok := c.Store.(storage.Nonblocking); !ok || !nb.Nonblocking() {
+			d.async = as
+		}
+	}
 	d.mu.queues = make(map[string]*queueState)
 	return d, nil
 }
@@ -195,46 +205,79 @@ func (a *asyncPoll) run(woken bool) {
 		d.mu.Unlock()
 
 		a.p.Now = d.clock.Now()
-		res, err := d.store.Poll(a.ctx, a.p)
-		if err != nil {
-			if woken {
-				d.wakeNext(qs)
+		if d.async == nil {
+			res, err := d.store.Poll(a.ctx, a.p)
+			if !a.attempted(woken, gen, res, err) {
+				return
 			}
-			a.finish(storage.PollResult{}, err)
-			return
+			woken = false
+			continue
 		}
-		if len(res.Items) > 0 {
-			if woken {
-				// More items may remain: let the next waiter look.
-				d.wakeNext(qs)
+		// The store completes the attempt, maybe on another goroutine
+		// (the one that fsyncs its claim): that one goes on with the
+		// poll; one completed before PollAsync returned goes on here.
+		var state atomic.Int32 // 0: in PollAsync, 1: returned, 2: completed inside
+		var again bool
+		w := woken
+		d.async.PollAsync(a.ctx, a.p, func(res storage.PollResult, err error) {
+			ag := a.attempted(w, gen, res, err)
+			if state.CompareAndSwap(0, 2) {
+				again = ag
+				return
 			}
-			a.finish(res, nil)
+			if ag {
+				a.run(false)
+			}
+		})
+		if state.CompareAndSwap(0, 1) || !again {
 			return
 		}
 		woken = false
-		remaining := a.wait - d.clock.Since(a.start)
-		if a.wait <= 0 || remaining <= 0 || d.isClosed() {
-			a.finish(res, nil)
-			return
-		}
-		if a.timer == nil {
-			// Once, before the poll first parks: they can only find it
-			// parked afterwards (park checks what they set).
-			a.timer = d.clock.AfterFunc(remaining, a.expire)
-			a.stopCtx = context.AfterFunc(a.ctx, a.cancelled)
-		}
-		a.watch()
-		parked, again, err := a.park(gen)
-		if again {
-			a.endWatch()
-			continue
-		}
-		if !parked {
-			a.endWatch()
-			a.finish(res, err)
-		}
-		return
 	}
+}
+
+// attempted goes on with the poll after an attempt that polled the store
+// (res, err), started with the queue's generation at gen: it completes
+// the poll, or parks it, or returns again for one more attempt.
+func (a *asyncPoll) attempted(woken bool, gen uint64, res storage.PollResult, err error) (again bool) {
+	d, qs := a.d, a.qs
+	if err != nil {
+		if woken {
+			d.wakeNext(qs)
+		}
+		a.finish(storage.PollResult{}, err)
+		return false
+	}
+	if len(res.Items) > 0 {
+		if woken {
+			// More items may remain: let the next waiter look.
+			d.wakeNext(qs)
+		}
+		a.finish(res, nil)
+		return false
+	}
+	remaining := a.wait - d.clock.Since(a.start)
+	if a.wait <= 0 || remaining <= 0 || d.isClosed() {
+		a.finish(res, nil)
+		return false
+	}
+	if a.timer == nil {
+		// Once, before the poll first parks: they can only find it
+		// parked afterwards (park checks what they set).
+		a.timer = d.clock.AfterFunc(remaining, a.expire)
+		a.stopCtx = context.AfterFunc(a.ctx, a.cancelled)
+	}
+	a.watch()
+	parked, again, err := a.park(gen)
+	if again {
+		a.endWatch()
+		return true
+	}
+	if !parked {
+		a.endWatch()
+		a.finish(res, err)
+	}
+	return false
 }
 
 // park puts the poll in its queue's line unless a notification came since
@@ -409,6 +452,38 @@ func (d *Dispatcher) Enqueue(ctx context.Context, store Enqueuer, p storage.Enqu
 	return out, nil
 }
 
+// EnqueueAsync is Enqueue for a store that completes calls without
+// holding the caller (storage.Async): done gets what Enqueue would have
+// returned, on the goroutine that completed the enqueue. As Enqueue, it
+// claims for the polls parked on the queue in the enqueue's own commit.
+func (d *Dispatcher) EnqueueAsync(ctx context.Context, store storage.Async, p storage.EnqueueParams, done func([]storage.EnqueueResult, error)) {
+	ready := 0 // items ready at once
+	for i := range p.Items {
+		if p.Items[i].Delay == 0 {
+			ready++
+		}
+	}
+	if ready > 0 {
+		if ws := d.TakeWaiters(p.Queue, ready); len(ws) > 0 {
+			polls := make([]storage.PollParams, len(ws))
+			for i, w := range ws {
+				polls[i] = w.Params()
+				polls[i].Now = p.Now
+			}
+			store.EnqueueClaimAsync(ctx, p, polls, func(out []storage.EnqueueResult, prs []storage.PollResult, err error) {
+				done(d.claimed(p, ws, ready, out, prs, err))
+			})
+			return
+		}
+	}
+	store.EnqueueAsync(ctx, p, func(out []storage.EnqueueResult, err error) {
+		if err == nil && ready > 0 {
+			d.Notify(p.Queue)
+		}
+		done(out, err)
+	})
+}
+
 // claimer returns store as a storage.EnqueueClaimer whose commits wait.
 func claimer(store Enqueuer) (storage.EnqueueClaimer, bool) {
 	ec, ok := store.(storage.EnqueueClaimer)
@@ -430,6 +505,12 @@ func (d *Dispatcher) enqueueClaim(ctx context.Context, ec storage.EnqueueClaimer
 		polls[i].Now = p.Now
 	}
 	out, prs, err := ec.EnqueueClaim(ctx, p, polls)
+	return d.claimed(p, ws, ready, out, prs, err)
+}
+
+// claimed completes the polls ws that an enqueue of p claimed for (prs,
+// one each), or hands them back when it claimed nothing for them.
+func (d *Dispatcher) claimed(p storage.EnqueueParams, ws []Taken, ready int, out []storage.EnqueueResult, prs []storage.PollResult, err error) ([]storage.EnqueueResult, error) {
 	if err == nil && len(prs) != len(ws) {
 		err = fmt.Errorf("dispatch: store returned %d claims for %d polls", len(prs), len(ws))
 	}

@@ -41,6 +41,16 @@ import (
 // syncer goroutine, which runs it while the next leader builds. With
 // SyncNone callers are completed as soon as their batch is written.
 //
+// Asynchronous ops (async.go) have no caller waiting: their done runs on
+// the goroutine that completes them. A caller that submits one and finds
+// nobody leading leads, but never fsyncs inline, and when the next op to
+// lead for is asynchronous too, a leader past maxLeadBatches hands the
+// lead to a new goroutine rather than leading on. Completing asynchronous
+// ops costs more than waking callers (their done builds and sends RPC
+// answers), so a syncer with many such items to complete, and batches
+// waiting behind them, first hands the next fsync to the second syncer
+// goroutine (syncers).
+//
 // A batch's writes are visible (to later batches and to reads) before its
 // fsync: an item can be claimed by a poll before the enqueue that made it
 // is durable. Nobody has been told the enqueue succeeded yet, and the WAL
@@ -56,7 +66,11 @@ type op struct {
 	next  time.Time // earliest new deadline (OnDeadline)
 	// wake receives true when the op is complete, false when its caller
 	// must lead the next batch (and true later, when it is complete).
+	// nil for an asynchronous op, which done completes instead.
 	wake chan bool
+	// done, for an asynchronous op (submitAsync), runs once the op is
+	// complete, on the goroutine that completes it.
+	done func()
 }
 
 // newOp returns an op that runs apply and touches about items items.
@@ -232,8 +246,10 @@ func (s *Store) startPipeline() {
 	p := &s.pipe
 	p.kick = make(chan struct{}, 1)
 	p.idle.L = &p.mu
-	p.wg.Add(1)
-	go s.syncLoop()
+	p.wg.Add(syncers)
+	for range syncers {
+		go s.syncLoop()
+	}
 	p.slot = &txnSlot{t: s.db.begin(nil), ov: newOverlay()}
 	s.slots = append(s.slots, p.slot)
 }
@@ -336,7 +352,16 @@ func (s *Store) Corruption() (count uint64, first error) {
 // lead builds and writes batches of pending ops until none is left or
 // maxLeadBatches were built, then gives up the lead (to the first pending
 // op, if any). REQUIRES: the caller was made leader.
-func (s *Store) lead() {
+func (s *Store) lead() { s.leadBatches(false) }
+
+// leadAsync leads as lead does, for a caller that must not wait for an
+// fsync (submitAsync): the written batches go to the syncer goroutine.
+func (s *Store) leadAsync() { s.leadBatches(true) }
+
+// leadBatches is lead; async: the leader leaves every fsync to the
+// syncers. An asynchronous op has no goroutine to take the lead: when the
+// next pending op is one, a new goroutine leads on.
+func (s *Store) leadBatches(async bool) {
 	p := &s.pipe
 	for n := 0; ; n++ {
 		p.mu.Lock()
@@ -346,11 +371,21 @@ func (s *Store) lead() {
 			p.mu.Unlock()
 			return
 		}
-		if n == maxLeadBatches {
+		if n >= maxLeadBatches {
 			p.kickLocked()
-			p.pending[0].wake <- false
-			p.mu.Unlock()
-			return
+			if p.pending[0].wake != nil {
+				p.pending[0].wake <- false
+				p.mu.Unlock()
+				return
+			}
+			if async {
+				// The next op has no goroutine to take the lead, and this
+				// one (a connection's reader) must not lead for ever: a
+				// goroutine of the store's own goes on.
+				p.mu.Unlock()
+				go s.leadAsync()
+				return
+			}
 		}
 		k, items := 0, 0
 		for k < len(p.pending) && (k == 0 || items+p.pending[k].items <= maxBatchItems) {
@@ -395,7 +430,7 @@ func (s *Store) lead() {
 			p.mu.Lock()
 			p.unsynced = append(p.unsynced, written{ops: ops, wrote: wrote})
 			inline := false
-			if !p.syncing && len(p.pending) == 0 {
+			if !p.syncing && len(p.pending) == 0 && !async {
 				p.syncing = true
 				p.leading = false
 				inline = true
@@ -424,6 +459,12 @@ type written struct {
 	wrote bool // the batch wrote to the WAL
 }
 
+// syncers is the number of syncer goroutines. One fsyncs at a time; a
+// second lets the one that just fsynced complete its group's
+// asynchronous ops (which build and send the calls' answers, see
+// submitAsync) while the other already fsyncs the next group.
+const syncers = 2
+
 // syncInline fsyncs the written batches on the caller's goroutine (a
 // leader that gave up the lead); batches written meanwhile go to the
 // syncer goroutine, so the caller is held for one fsync only.
@@ -434,7 +475,7 @@ func (s *Store) syncInline() {
 	group := p.unsynced
 	p.unsynced = nil
 	p.mu.Unlock()
-	s.syncGroup(group, true)
+	err := s.syncFor(group, true)
 	p.mu.Lock()
 	if len(p.unsynced) > 0 {
 		p.kick <- struct{}{} // the syncing passes to the syncer
@@ -442,6 +483,7 @@ func (s *Store) syncInline() {
 		p.endSyncingLocked()
 	}
 	p.mu.Unlock()
+	complete(group, err)
 }
 
 // endSyncingLocked: nobody fsyncs any more. REQUIRES: mu held.
@@ -450,13 +492,14 @@ func (p *pipeline) endSyncingLocked() {
 	p.idle.Broadcast()
 }
 
-// syncLoop is the syncer goroutine: once kicked (and made the one
+// syncLoop is a syncer goroutine: once kicked (and made the one
 // syncing), it fsyncs the WAL once for every batch written since the last
-// fsync and completes their ops, until none is waiting.
+// fsync and completes their ops, until none is waiting. When a group's
+// asynchronous ops are large and more batches wait, it hands the syncing
+// to the other syncer before it completes the group (see syncers).
 func (s *Store) syncLoop() {
 	p := &s.pipe
 	defer p.wg.Done()
-	var group []written
 	for range p.kick {
 		for {
 			p.mu.Lock()
@@ -465,47 +508,85 @@ func (s *Store) syncLoop() {
 				p.mu.Unlock()
 				break
 			}
-			group, p.unsynced = p.unsynced, group[:0]
+			group := p.unsynced
+			p.unsynced = nil
 			p.mu.Unlock()
-			s.syncGroup(group, false)
-			clear(group)
+			err := s.syncFor(group, false)
+			handed := false
+			if asyncItems(group) >= handOffItems {
+				p.mu.Lock()
+				if len(p.unsynced) > 0 {
+					p.kick <- struct{}{}
+					handed = true
+				}
+				p.mu.Unlock()
+			}
+			complete(group, err)
+			if handed {
+				break
+			}
 		}
 	}
 }
 
-// syncGroup fsyncs the WAL for a group of written batches and completes
-// their ops (inline: on the goroutine of a call, see syncInline).
-// Batches are written in order, so when none in the group wrote, every
-// earlier write was synced by an earlier group.
-func (s *Store) syncGroup(group []written, inline bool) {
-	wrote := false
+// handOffItems is how many items the asynchronous ops of a group must
+// touch for a syncer to hand the next fsync to the other syncer before it
+// completes them: completing a few single-item calls costs less than
+// waking the other syncer (measured: produce-b1 and e2e over RPC,
+// docs/BENCHMARKS.md).
+const handOffItems = 32
+
+// asyncItems returns the items the asynchronous ops of a group touch.
+func asyncItems(group []written) int {
+	n := 0
 	for _, w := range group {
-		wrote = wrote || w.wrote
-	}
-	var err error
-	if wrote {
-		var start time.Time
-		if s.opts.Now != nil {
-			start = s.opts.Now()
-		}
-		rg := trace.StartRegion(context.Background(), "rocksstore.fsync")
-		err = s.syncWAL()
-		rg.End()
-		if s.opts.Now != nil {
-			s.m.syncNanos.Add(uint64(s.opts.Now().Sub(start)))
-		}
-		s.m.walSyncs.Add(1)
-		if inline {
-			s.m.inlineSyncs.Add(1)
-		}
-		if err != nil {
-			err = s.fail(translate("sync wal", err))
+		for _, o := range w.ops {
+			if o.done != nil {
+				n += o.items
+			}
 		}
 	}
+	return n
+}
+
+// syncFor fsyncs the WAL for a group of written batches (inline: on the
+// goroutine of a call, see syncInline) and returns the error their ops
+// complete with. Batches are written in order, so when none in the group
+// wrote, every earlier write was synced by an earlier group.
+func (s *Store) syncFor(group []written, inline bool) error {
+	wrote := uint64(0)
 	for _, w := range group {
 		if w.wrote {
-			s.m.syncedBatches.Add(1)
+			wrote++
 		}
+	}
+	if wrote == 0 {
+		return nil
+	}
+	s.m.syncedBatches.Add(wrote)
+	var start time.Time
+	if s.opts.Now != nil {
+		start = s.opts.Now()
+	}
+	rg := trace.StartRegion(context.Background(), "rocksstore.fsync")
+	err := s.syncWAL()
+	rg.End()
+	if s.opts.Now != nil {
+		s.m.syncNanos.Add(uint64(s.opts.Now().Sub(start)))
+	}
+	s.m.walSyncs.Add(1)
+	if inline {
+		s.m.inlineSyncs.Add(1)
+	}
+	if err != nil {
+		err = s.fail(translate("sync wal", err))
+	}
+	return err
+}
+
+// complete completes the ops of a group that syncFor fsynced.
+func complete(group []written, err error) {
+	for _, w := range group {
 		finish(w.ops, err)
 	}
 }
@@ -558,6 +639,10 @@ func finish(ops []*op, err error) {
 		if err != nil && o.err == nil {
 			o.err = err
 			o.next = time.Time{}
+		}
+		if o.done != nil {
+			o.done()
+			continue
 		}
 		o.wake <- true
 	}

@@ -97,6 +97,16 @@
 // Measurements.) With SyncNone callers are
 // answered as soon as their batch is written.
 //
+// Enqueue, EnqueueClaim, Poll and Ack also come asynchronously
+// (storage.Async, async.go): the same ops, whose done callback runs on the
+// goroutine that completes them instead of waking a waiting caller. The
+// lean RPC engine hands a durable call over this way from its connection
+// reader, and the syncer that fsynced a group builds and sends the
+// group's answers. A syncer that has at least handOffItems items of such
+// calls to complete, with batches written behind them, first hands the
+// next fsync to the second syncer goroutine, so that answering one group
+// does not delay the next group's fsync.
+//
 // With SyncAlways, new WAL files are zero-filled spares made ahead of time
 // (zerowal.h), so that the fdatasync of a commit overwrites blocks the
 // file already has and does not also commit a new file size: produce-b1

@@ -111,18 +111,23 @@ func (s *Store) Ack(ctx context.Context, p storage.AckParams) ([]storage.Code, e
 		return nil, err
 	}
 	q := s.queue(p.Queue)
-	codes, err := s.settle(q, p.Lease, nanos(p.Now), p.IDs, func(o *opTx, l *leaseState, id storage.ItemID) error {
+	codes, err := s.settle(q, p.Lease, nanos(p.Now), p.IDs, s.ackItem(q))
+	if err != nil {
+		return nil, fmt.Errorf("rocksstore: ack %q: %w", p.Queue, err)
+	}
+	return codes, nil
+}
+
+// ackItem returns what an ack does to each item of q it settles.
+func (s *Store) ackItem(q *queueState) func(o *opTx, l *leaseState, id storage.ItemID) error {
+	return func(o *opTx, l *leaseState, id storage.ItemID) error {
 		o.del(o.inProgressKey(q.name, id))
 		if l.ext[id] {
 			o.del(dbkeys.PayloadKey(q.name, id))
 		}
 		o.delta(q).Acked++
 		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("rocksstore: ack %q: %w", p.Queue, err)
 	}
-	return codes, nil
 }
 
 // Nack implements storage.Store.
@@ -184,6 +189,24 @@ func (s *Store) Nack(ctx context.Context, p storage.NackParams) ([]storage.Code,
 // code CodeNotFound without a commit.
 func (s *Store) settle(q *queueState, token storage.LeaseID, now int64, ids []storage.ItemID,
 	done func(o *opTx, l *leaseState, id storage.ItemID) error) ([]storage.Code, error) {
+	codes, fn := s.settleOp(q, token, now, ids, done)
+	if fn == nil {
+		return codes, nil
+	}
+	next, err := s.submit(q.name, len(ids), fn)
+	if err != nil {
+		return nil, err
+	}
+	if !next.IsZero() && s.onDeadline != nil {
+		s.onDeadline(next)
+	}
+	return codes, nil
+}
+
+// settleOp returns settle's codes (filled in when fn runs) and its op;
+// fn is nil when q does not exist (every id is not found).
+func (s *Store) settleOp(q *queueState, token storage.LeaseID, now int64, ids []storage.ItemID,
+	done func(o *opTx, l *leaseState, id storage.ItemID) error) ([]storage.Code, func(o *opTx) error) {
 	codes := make([]storage.Code, len(ids))
 	if q == nil {
 		for i := range codes {
@@ -191,7 +214,7 @@ func (s *Store) settle(q *queueState, token storage.LeaseID, now int64, ids []st
 		}
 		return codes, nil
 	}
-	next, err := s.submit(q.name, len(ids), func(o *opTx) error {
+	return codes, func(o *opTx) error {
 		l := s.leases[token]
 		for i, id := range ids {
 			c, err := s.checkItem(o, q, token, l, id, now)
@@ -212,14 +235,7 @@ func (s *Store) settle(q *queueState, token storage.LeaseID, now int64, ids []st
 			s.finishLease(o, l)
 		}
 		return nil
-	})
-	if err != nil {
-		return nil, err
 	}
-	if !next.IsZero() && s.onDeadline != nil {
-		s.onDeadline(next)
-	}
-	return codes, nil
 }
 
 // putDead writes an item that left inflight into the dead-letter namespace.

@@ -30,15 +30,29 @@ func (s *Store) Poll(ctx context.Context, p storage.PollParams) (storage.PollRes
 }
 
 func (s *Store) poll(ctx context.Context, p storage.PollParams) (storage.PollResult, error) {
-	if err := p.Validate(s.limits); err != nil {
+	res, fn, err := s.pollOp(ctx, p)
+	if err != nil || fn == nil {
 		return storage.PollResult{}, err
 	}
-	if err := ctx.Err(); err != nil {
+	if _, err := s.submit(p.Queue, p.Max, fn); err != nil {
 		return storage.PollResult{}, err
+	}
+	s.m.claimed.Add(uint64(len(res.Items)))
+	return *res, nil
+}
+
+// pollOp checks a poll and returns the op that claims for it, which fills
+// in *res; fn is nil when there is nothing to claim (an empty answer).
+func (s *Store) pollOp(ctx context.Context, p storage.PollParams) (res *storage.PollResult, fn func(o *opTx) error, err error) {
+	if err := p.Validate(s.limits); err != nil {
+		return nil, nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
 	}
 	q := s.queue(p.Queue)
 	if q == nil {
-		return storage.PollResult{}, nil
+		return nil, nil, nil
 	}
 	now := nanos(p.Now)
 	q.mu.Lock()
@@ -53,20 +67,15 @@ func (s *Store) poll(ctx context.Context, p storage.PollParams) (storage.PollRes
 		// Nothing is ready now: an empty answer needs no batch (and,
 		// with SyncAlways, no wait for an fsync). Long polls come here
 		// on every wake-up.
-		return storage.PollResult{}, nil
+		return nil, nil, nil
 	}
-	var res storage.PollResult
-	_, err := s.submit(p.Queue, p.Max, func(o *opTx) error {
+	res = new(storage.PollResult)
+	return res, func(o *opTx) error {
 		o.b.polls++
 		var err error
-		res, err = s.claim(o, q, now, p.Max, int64(lease))
+		*res, err = s.claim(o, q, now, p.Max, int64(lease))
 		return err
-	})
-	if err != nil {
-		return storage.PollResult{}, err
-	}
-	s.m.claimed.Add(uint64(len(res.Items)))
-	return res, nil
+	}, nil
 }
 
 // EnqueueClaim implements storage.EnqueueClaimer: the enqueue's op and
@@ -77,16 +86,30 @@ func (s *Store) EnqueueClaim(ctx context.Context, p storage.EnqueueParams, polls
 		return nil, nil, err
 	}
 	defer s.exit()
-	res, valid, fn, err := s.enqueueOp(ctx, p)
-	if err != nil {
+	res, prs, enq, ops, err := s.enqueueClaimOps(ctx, p, polls)
+	if err != nil || enq == nil {
+		return res, prs, err
+	}
+	if err := s.submitGroup(p.Queue, ops); err != nil {
 		return nil, nil, fmt.Errorf("rocksstore: enqueue %q: %w", p.Queue, err)
 	}
-	prs := make([]storage.PollResult, len(polls))
-	if fn == nil {
-		return res, prs, nil // nothing written, so nothing new to claim
+	return s.enqueueClaimDone(p, polls, res, prs, enq)
+}
+
+// enqueueClaimOps returns EnqueueClaim's results (filled in when the ops
+// run) and its ops: the enqueue's (enq) first, then one claim per poll.
+// enq is nil when there is nothing to write, and so nothing to claim.
+func (s *Store) enqueueClaimOps(ctx context.Context, p storage.EnqueueParams, polls []storage.PollParams) (res []storage.EnqueueResult, prs []storage.PollResult, enq *op, ops []*op, err error) {
+	res, valid, fn, err := s.enqueueOp(ctx, p)
+	if err != nil {
+		return nil, nil, nil, nil, fmt.Errorf("rocksstore: enqueue %q: %w", p.Queue, err)
 	}
-	enq := newOp(valid, fn)
-	ops := []*op{enq}
+	prs = make([]storage.PollResult, len(polls))
+	if fn == nil {
+		return res, prs, nil, nil, nil // nothing written, so nothing new to claim
+	}
+	enq = newOp(valid, fn)
+	ops = []*op{enq}
 	for i, pp := range polls {
 		if pp.Queue != p.Queue || pp.Validate(s.limits) != nil {
 			continue
@@ -109,9 +132,11 @@ func (s *Store) EnqueueClaim(ctx context.Context, p storage.EnqueueParams, polls
 			return nil
 		}))
 	}
-	if err := s.submitGroup(p.Queue, ops); err != nil {
-		return nil, nil, fmt.Errorf("rocksstore: enqueue %q: %w", p.Queue, err)
-	}
+	return res, prs, enq, ops, nil
+}
+
+// enqueueClaimDone returns EnqueueClaim's answer once its ops completed.
+func (s *Store) enqueueClaimDone(p storage.EnqueueParams, polls []storage.PollParams, res []storage.EnqueueResult, prs []storage.PollResult, enq *op) ([]storage.EnqueueResult, []storage.PollResult, error) {
 	if enq.err != nil {
 		return nil, nil, fmt.Errorf("rocksstore: enqueue %q: %w", p.Queue, enq.err)
 	}

@@ -1,0 +1,181 @@
+package rocksstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/leaseq/leaseq/storage"
+)
+
+// The asynchronous calls (storage.Async): the same ops as Enqueue,
+// EnqueueClaim, Poll and Ack, handed to the commit pipeline without
+// waiting there. Each reports through a done callback, which runs on the
+// goroutine that completes the op: the syncer goroutine after the fsync
+// that made it durable (SyncAlways), a leader once its batch is written
+// (SyncNone), or the caller's own goroutine when the call fails or has
+// nothing to write. A server's connection reader hands a call over this
+// way and goes back to reading, and the goroutine that fsynced answers
+// every call its fsync covered: no goroutine is woken per call
+// (rpc/lean_calls.go, docs/BENCHMARKS.md).
+
+var _ storage.Async = (*Store)(nil)
+
+// submitAsync hands ops to the pipeline as submitGroup does and returns
+// without waiting; done runs once they are all complete (durable under
+// the sync policy), on the goroutine that completes the last of them.
+// The caller that finds nobody leading leads, but never fsyncs: it leaves
+// the fsync to the syncer goroutines, so that it can go back to its own
+// work. REQUIRES: s.life held shared (enter); done releases it.
+func (s *Store) submitAsync(queue string, ops []*op, done func()) {
+	left := new(atomic.Int32)
+	left.Store(int32(len(ops)))
+	for _, o := range ops {
+		o.wake = nil
+		o.done = func() {
+			if o.err != nil && errors.Is(o.err, storage.ErrCorrupt) {
+				s.noteCorrupt(queue, o.err)
+			}
+			if left.Add(-1) == 0 {
+				done()
+			}
+		}
+	}
+	p := &s.pipe
+	p.mu.Lock()
+	if p.failed != nil {
+		err := p.failed
+		p.mu.Unlock()
+		for _, o := range ops {
+			o.err = err
+		}
+		done()
+		return
+	}
+	p.pending = append(p.pending, ops...)
+	lead := !p.leading
+	p.leading = true
+	p.mu.Unlock()
+	if lead {
+		s.leadAsync()
+	}
+}
+
+// EnqueueAsync implements storage.Async.
+func (s *Store) EnqueueAsync(ctx context.Context, p storage.EnqueueParams, done func([]storage.EnqueueResult, error)) {
+	if err := s.enter("enqueue"); err != nil {
+		done(nil, err)
+		return
+	}
+	fail := func(err error) { done(nil, fmt.Errorf("rocksstore: enqueue %q: %w", p.Queue, err)) }
+	res, valid, fn, err := s.enqueueOp(ctx, p)
+	if err != nil || fn == nil {
+		s.exit()
+		if err != nil {
+			fail(err)
+			return
+		}
+		done(res, nil)
+		return
+	}
+	o := &op{apply: fn, items: valid}
+	s.submitAsync(p.Queue, []*op{o}, s.doneOne(o, fail, func() { done(res, nil) }))
+}
+
+// EnqueueClaimAsync implements storage.Async.
+func (s *Store) EnqueueClaimAsync(ctx context.Context, p storage.EnqueueParams, polls []storage.PollParams, done func([]storage.EnqueueResult, []storage.PollResult, error)) {
+	if err := s.enter("enqueue"); err != nil {
+		done(nil, nil, err)
+		return
+	}
+	res, prs, enq, ops, err := s.enqueueClaimOps(ctx, p, polls)
+	if err != nil || enq == nil {
+		s.exit()
+		done(res, prs, err)
+		return
+	}
+	s.submitAsync(p.Queue, ops, func() {
+		res, prs, err := s.enqueueClaimDone(p, polls, res, prs, enq)
+		s.exit()
+		done(res, prs, err)
+	})
+}
+
+// PollAsync implements storage.Async.
+func (s *Store) PollAsync(ctx context.Context, p storage.PollParams, done func(storage.PollResult, error)) {
+	if err := s.enter("poll"); err != nil {
+		done(storage.PollResult{}, err)
+		return
+	}
+	fail := func(err error) { done(storage.PollResult{}, fmt.Errorf("rocksstore: poll %q: %w", p.Queue, err)) }
+	res, fn, err := s.pollOp(ctx, p)
+	if err != nil || fn == nil {
+		s.exit()
+		if err != nil {
+			fail(err)
+			return
+		}
+		done(storage.PollResult{}, nil)
+		return
+	}
+	o := &op{apply: fn, items: p.Max}
+	s.submitAsync(p.Queue, []*op{o}, func() {
+		if o.err != nil {
+			s.exit()
+			fail(o.err)
+			return
+		}
+		s.m.claimed.Add(uint64(len(res.Items)))
+		if !res.Lease.IsZero() && s.onDeadline != nil {
+			s.onDeadline(res.ExpiresAt)
+		}
+		s.exit()
+		done(*res, nil)
+	})
+}
+
+// AckAsync implements storage.Async.
+func (s *Store) AckAsync(ctx context.Context, p storage.AckParams, done func([]storage.Code, error)) {
+	if err := s.enter("ack"); err != nil {
+		done(nil, err)
+		return
+	}
+	fail := func(err error) { done(nil, fmt.Errorf("rocksstore: ack %q: %w", p.Queue, err)) }
+	if err := p.Validate(s.limits); err != nil {
+		s.exit()
+		fail(err)
+		return
+	}
+	if err := checkCtx(ctx, "ack"); err != nil {
+		s.exit()
+		done(nil, err)
+		return
+	}
+	q := s.queue(p.Queue)
+	codes, fn := s.settleOp(q, p.Lease, nanos(p.Now), p.IDs, s.ackItem(q))
+	if fn == nil {
+		s.exit()
+		done(codes, nil)
+		return
+	}
+	o := &op{apply: fn, items: len(p.IDs)}
+	s.submitAsync(p.Queue, []*op{o}, s.doneOne(o, fail, func() { done(codes, nil) }))
+}
+
+// doneOne returns the done of a call made of the one op o: it announces
+// o's earliest new deadline, releases the store (exit), and reports o's
+// error to fail, or its success to ok.
+func (s *Store) doneOne(o *op, fail func(error), ok func()) func() {
+	return func() {
+		if o.err == nil && !o.next.IsZero() && s.onDeadline != nil {
+			s.onDeadline(o.next)
+		}
+		s.exit()
+		if o.err != nil {
+			fail(o.err)
+			return
+		}
+		ok()
+	}
+}
