@@ -475,7 +475,9 @@ func (s *Store) syncInline() {
 	group := p.unsynced
 	p.unsynced = nil
 	p.mu.Unlock()
-	err := s.syncFor(group, true)
+	complete(group, s.syncFor(group, true))
+	// Completed first: the batches written meanwhile then share the
+	// syncer's next fsync (measured: produce-b100 in process).
 	p.mu.Lock()
 	if len(p.unsynced) > 0 {
 		p.kick <- struct{}{} // the syncing passes to the syncer
@@ -483,7 +485,6 @@ func (s *Store) syncInline() {
 		p.endSyncingLocked()
 	}
 	p.mu.Unlock()
-	complete(group, err)
 }
 
 // endSyncingLocked: nobody fsyncs any more. REQUIRES: mu held.
