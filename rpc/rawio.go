@@ -21,6 +21,19 @@ import (
 // would never be seen.
 type rawIO struct {
 	rc syscall.RawConn
+	// The read and the write in progress, and the functions RawConn runs
+	// for them, made once: a closure per call cost two allocations per
+	// RPC call. One goroutine reads at a time, and one writes.
+	rd, wr          rawOp
+	readFn, writeFn func(fd uintptr) bool
+}
+
+// rawOp is one read or write: its buffer, progress and outcome.
+type rawOp struct {
+	p     []byte
+	n     int
+	errno syscall.Errno
+	wait  bool // write: wait for the socket to become writable
 }
 
 // newRawIO returns a rawIO for conn, or nil when conn is not a plain TCP or
@@ -39,28 +52,20 @@ func newRawIO(conn net.Conn) *rawIO {
 	if err != nil {
 		return nil
 	}
-	return &rawIO{rc: rc}
+	r := &rawIO{rc: rc}
+	r.readFn = r.read
+	r.writeFn = r.write
+	return r
 }
 
 func (r *rawIO) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	var n int
-	var errno syscall.Errno
-	err := r.rc.Read(func(fd uintptr) bool {
-		for {
-			m, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-			switch e {
-			case syscall.EINTR:
-				continue
-			case syscall.EAGAIN:
-				return false
-			}
-			n, errno = int(m), e
-			return true
-		}
-	})
+	r.rd = rawOp{p: p}
+	err := r.rc.Read(r.readFn)
+	n, errno := r.rd.n, r.rd.errno
+	r.rd.p = nil
 	switch {
 	case err != nil:
 		return 0, err
@@ -72,35 +77,58 @@ func (r *rawIO) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// read is RawConn.Read's function for r.rd: false when the socket has
+// nothing yet (RawConn then waits for it).
+func (r *rawIO) read(fd uintptr) bool {
+	p := r.rd.p
+	for {
+		m, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		switch e {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		}
+		r.rd.n, r.rd.errno = int(m), e
+		return true
+	}
+}
+
 // writeNow writes what the socket takes of p without waiting for it to
 // become writable: a short count and no error when it is full.
-func (r *rawIO) writeNow(p []byte) (int, error) { return r.write(p, false) }
+func (r *rawIO) writeNow(p []byte) (int, error) { return r.writeOp(p, false) }
 
-func (r *rawIO) Write(p []byte) (int, error) { return r.write(p, true) }
+func (r *rawIO) Write(p []byte) (int, error) { return r.writeOp(p, true) }
 
-// write writes p, waiting for the socket to become writable when it is
-// full (wait) or returning what it wrote so far.
-func (r *rawIO) write(p []byte, wait bool) (int, error) {
-	written := 0
-	var errno syscall.Errno
-	err := r.rc.Write(func(fd uintptr) bool {
-		for written < len(p) {
-			m, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p[written])), uintptr(len(p)-written))
-			switch e {
-			case 0:
-				written += int(m)
-			case syscall.EINTR:
-			case syscall.EAGAIN:
-				return !wait // false: wait until writable
-			default:
-				errno = e
-				return true
-			}
-		}
-		return true
-	})
+// writeOp writes p, waiting for the socket to become writable when it
+// is full (wait) or returning what it wrote so far.
+func (r *rawIO) writeOp(p []byte, wait bool) (int, error) {
+	r.wr = rawOp{p: p, wait: wait}
+	err := r.rc.Write(r.writeFn)
+	n, errno := r.wr.n, r.wr.errno
+	r.wr.p = nil
 	if err == nil && errno != 0 {
 		err = errno
 	}
-	return written, err
+	return n, err
+}
+
+// write is RawConn.Write's function for r.wr: false to wait until the
+// socket is writable.
+func (r *rawIO) write(fd uintptr) bool {
+	w := &r.wr
+	for w.n < len(w.p) {
+		m, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&w.p[w.n])), uintptr(len(w.p)-w.n))
+		switch e {
+		case 0:
+			w.n += int(m)
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return !w.wait
+		default:
+			w.errno = e
+			return true
+		}
+	}
+	return true
 }
