@@ -6,8 +6,10 @@ import "sync/atomic"
 // wait (workerPool).
 const maxIdleWorkers = 32
 
-// workerPool runs the calls that may wait (a durable enqueue waiting for
-// its fsync, a forwarded call) on goroutines that outlive them. Such a call
+// workerPool runs the calls that may wait (a durable call the store does
+// not complete asynchronously, a nack waiting for its fsync say; a
+// forwarded call; the rest of an answer a full socket did not take) on
+// goroutines that outlive them. Such a call
 // goes deep into the store, and a fresh goroutine starts with a small
 // stack that it then grows by copying: the copies were 6 % of the node's
 // CPU under single durable enqueues (docs/BENCHMARKS.md). A worker keeps
