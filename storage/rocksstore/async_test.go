@@ -3,6 +3,7 @@ package rocksstore
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -209,4 +210,70 @@ func TestRocksStore_AsyncClosed(t *testing.T) {
 	s.PollAsync(context.Background(), storage.PollParams{Queue: "q", Max: 1, Now: at(0)},
 		func(_ storage.PollResult, err error) { got = err })
 	require.ErrorIs(t, got, storage.ErrClosed)
+}
+
+// TestRocksStore_AsyncAndSyncMixed: synchronous and asynchronous callers
+// share the pipeline (an asynchronous op can be next in line when a
+// synchronous leader has built maxLeadBatches batches, and the other way
+// round); every item is enqueued once, claimed once and acked once, and
+// the store's invariants hold (the cleanup's check).
+func TestRocksStore_AsyncAndSyncMixed(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []SyncMode{SyncNone, SyncAlways} {
+		t.Run("sync="+mode.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, func(o *Options) { o.Sync = mode })
+			const workers, perWorker = 8, 200
+			var wg sync.WaitGroup
+			for w := range workers {
+				wg.Go(func() {
+					s := storage.Store(b.s)
+					if w%2 == 1 {
+						s = asyncStore{b.s, t}
+					}
+					for i := range perWorker {
+						_, err := s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: []byte{byte(w), byte(i)}}}, Now: at(0)})
+						if err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			var acked atomic.Int64
+			for w := range workers {
+				wg.Go(func() {
+					s := storage.Store(b.s)
+					if w%2 == 0 {
+						s = asyncStore{b.s, t}
+					}
+					for {
+						res, err := s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 3, Lease: time.Minute, Now: at(time.Second)})
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if len(res.Items) == 0 {
+							return
+						}
+						codes, err := s.Ack(b.ctx, storage.AckParams{Queue: "q", Lease: res.Lease, IDs: itemIDs(res.Items), Now: at(2 * time.Second)})
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						for _, c := range codes {
+							if c == storage.CodeOK {
+								acked.Add(1)
+							}
+						}
+					}
+				})
+			}
+			wg.Wait()
+			require.Equal(t, int64(workers*perWorker), acked.Load())
+			st := b.stats("q", at(3*time.Second))
+			require.Zero(t, st.Ready+st.Inflight)
+		})
+	}
 }

@@ -360,7 +360,7 @@ func (s *Store) leadAsync() { s.leadBatches(true) }
 
 // leadBatches is lead; async: the leader leaves every fsync to the
 // syncers. An asynchronous op has no goroutine to take the lead: when the
-// next pending op is one, a new goroutine leads on.
+// next pending op past maxLeadBatches is one, a new goroutine leads on.
 func (s *Store) leadBatches(async bool) {
 	p := &s.pipe
 	for n := 0; ; n++ {
@@ -378,14 +378,13 @@ func (s *Store) leadBatches(async bool) {
 				p.mu.Unlock()
 				return
 			}
-			if async {
-				// The next op has no goroutine to take the lead, and this
-				// one (a connection's reader) must not lead for ever: a
-				// goroutine of the store's own goes on.
-				p.mu.Unlock()
-				go s.leadAsync()
-				return
-			}
+			// The next op is asynchronous: it has no goroutine to take
+			// the lead, and this one (a caller, or a connection's
+			// reader) must not lead for ever. A goroutine of the
+			// store's own leads on.
+			p.mu.Unlock()
+			go s.leadAsync()
+			return
 		}
 		k, items := 0, 0
 		for k < len(p.pending) && (k == 0 || items+p.pending[k].items <= maxBatchItems) {
