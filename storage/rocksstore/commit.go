@@ -61,7 +61,7 @@ import (
 // op is one caller's operation in the pipeline.
 type op struct {
 	apply func(o *opTx) error // runs on the leader
-	items int                 // size hint: items the op touches
+	items int                 // items the op touches: a size hint until it runs (a claim then sets what it took)
 	err   error
 	next  time.Time // earliest new deadline (OnDeadline)
 	// wake receives true when the op is complete, false when its caller

@@ -74,6 +74,7 @@ func (s *Store) pollOp(ctx context.Context, p storage.PollParams) (res *storage.
 		o.b.polls++
 		var err error
 		*res, err = s.claim(o, q, now, p.Max, int64(lease))
+		o.op.items = len(res.Items) // what it touched, no longer what it may
 		return err
 	}, nil
 }
@@ -117,6 +118,7 @@ func (s *Store) enqueueClaimOps(ctx context.Context, p storage.EnqueueParams, po
 		now, max, lease := nanos(pp.Now), pp.Max, int64(pp.Lease)
 		ops = append(ops, newOp(max, func(o *opTx) error {
 			q := s.queue(p.Queue)
+			o.op.items = 0 // what it touched, no longer what it may
 			if enq.err != nil || q == nil {
 				return nil // the enqueue failed: claim nothing
 			}
@@ -129,6 +131,7 @@ func (s *Store) enqueueClaimOps(ctx context.Context, p storage.EnqueueParams, po
 				return err // the claim is undone: prs[i] stays empty
 			}
 			prs[i] = r
+			o.op.items = len(r.Items)
 			return nil
 		}))
 	}
