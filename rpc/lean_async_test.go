@@ -53,10 +53,20 @@ func TestServer_UnreadAnswersDoNotStallDurableCalls(t *testing.T) {
 		// writes it.
 		time.Sleep(10 * time.Millisecond)
 	}
-	// The polls claim everything (their answers pile up unread).
+	// The polls are answered until the client's socket is full; then the
+	// connection stops (its reader may be the one waiting to write, which
+	// holds up only this connection). Wait until no more are claimed.
+	last := int64(-1)
 	rpctest.Eventually(t, 30*time.Second, func() bool {
 		st, err := c.Stats(ctx, "big")
-		return err == nil && len(st) == 1 && st[0].Ready == 0
+		if err != nil || len(st) != 1 {
+			return false
+		}
+		n := st[0].Inflight
+		stable := n > 0 && n == last
+		last = n
+		time.Sleep(200 * time.Millisecond) // observation interval, not synchronisation
+		return stable
 	})
 	// Another client's durable calls are answered meanwhile.
 	other := b.dial()
