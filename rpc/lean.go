@@ -153,7 +153,7 @@ type leanAnswer struct {
 	cancel            context.CancelFunc // ends the call (nil: it runs on the reader)
 	// shared: the Return is sent by a goroutine that serves other
 	// connections too (the store's syncer, say), which must never wait
-	// for this connection's socket (see sendShared).
+	// for this connection's socket (see sendFrom).
 	shared  bool
 	err     error       // the exception returned
 	content capnp.Ptr   // the results, for pipelined calls

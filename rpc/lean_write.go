@@ -53,14 +53,24 @@ func (c *leanConn) sendFrom(m *capnp.Message, keep, shared bool) {
 	c.w.writing = true
 	c.w.Unlock()
 	if shared && c.raw == nil {
-		c.calls.Add(1)
-		c.s.workers.run(func() {
-			defer c.calls.Done()
-			c.writeQueue(false)
-		})
+		c.writeElsewhere()
 		return
 	}
 	c.writeQueue(shared)
+}
+
+// writeElsewhere leaves the writing (what spill holds, then the queue) to
+// a goroutine of the connection, which may wait for the socket.
+// REQUIRES: the writer of the moment (c.w.writing set for the caller).
+func (c *leanConn) writeElsewhere() {
+	c.calls.Add(1)
+	c.s.workers.run(func() {
+		defer c.calls.Done()
+		if len(c.spill) > 0 {
+			c.writeSpill()
+		}
+		c.writeQueue(false)
+	})
 }
 
 // idle: the reader is about to block, so it writes what is queued, and
@@ -113,12 +123,7 @@ func (c *leanConn) writeQueue(shared bool) {
 			c.w.Lock()
 			c.w.spare = done[:0]
 			c.w.Unlock()
-			c.calls.Add(1)
-			c.s.workers.run(func() {
-				defer c.calls.Done()
-				c.writeSpill()
-				c.writeQueue(false)
-			})
+			c.writeElsewhere()
 			return
 		}
 	}

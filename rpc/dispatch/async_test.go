@@ -26,7 +26,8 @@ func TestDispatcher_AsyncStore(t *testing.T) {
 	s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, s.Close()) }()
-	d, err := New(Config{Store: s, Clock: clock.New()})
+	clk := clock.NewMock()
+	d, err := New(Config{Store: s, Clock: clk})
 	require.NoError(t, err)
 	defer d.Close()
 	require.NotNil(t, d.async, "the store's calls wait for an fsync: the dispatcher uses its asynchronous calls")
@@ -39,7 +40,7 @@ func TestDispatcher_AsyncStore(t *testing.T) {
 	enq := func(n int) []storage.EnqueueResult {
 		t.Helper()
 		ch := make(chan enqueueOut, 1)
-		d.EnqueueAsync(context.Background(), s, storage.EnqueueParams{Queue: "q", Items: make([]storage.EnqueueItem, n), Now: time.Now()},
+		d.EnqueueAsync(context.Background(), s, storage.EnqueueParams{Queue: "q", Items: make([]storage.EnqueueItem, n), Now: clk.Now()},
 			func(res []storage.EnqueueResult, err error) { ch <- enqueueOut{res, err} })
 		r := <-ch
 		require.NoError(t, r.err)

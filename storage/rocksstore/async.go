@@ -42,21 +42,14 @@ func (s *Store) submitAsync(queue string, ops []*op, done func()) {
 			}
 		}
 	}
-	p := &s.pipe
-	p.mu.Lock()
-	if p.failed != nil {
-		err := p.failed
-		p.mu.Unlock()
+	lead, err := s.pend(ops)
+	if err != nil {
 		for _, o := range ops {
 			o.err = err
 		}
 		done()
 		return
 	}
-	p.pending = append(p.pending, ops...)
-	lead := !p.leading
-	p.leading = true
-	p.mu.Unlock()
 	if lead {
 		s.leadAsync()
 	}
@@ -121,16 +114,14 @@ func (s *Store) PollAsync(ctx context.Context, p storage.PollParams, done func(s
 	}
 	o := &op{apply: fn, items: p.Max}
 	s.submitAsync(p.Queue, []*op{o}, func() {
+		if o.err == nil {
+			s.polled(*res)
+		}
+		s.exit()
 		if o.err != nil {
-			s.exit()
 			fail(o.err)
 			return
 		}
-		s.m.claimed.Add(uint64(len(res.Items)))
-		if !res.Lease.IsZero() && s.onDeadline != nil {
-			s.onDeadline(res.ExpiresAt)
-		}
-		s.exit()
 		done(*res, nil)
 	})
 }
@@ -141,24 +132,13 @@ func (s *Store) AckAsync(ctx context.Context, p storage.AckParams, done func([]s
 		done(nil, err)
 		return
 	}
+	_, codes, fn, err := s.ackOp(ctx, p)
+	if err != nil || fn == nil {
+		s.exit()
+		done(codes, err)
+		return
+	}
 	fail := func(err error) { done(nil, fmt.Errorf("rocksstore: ack %q: %w", p.Queue, err)) }
-	if err := p.Validate(s.limits); err != nil {
-		s.exit()
-		fail(err)
-		return
-	}
-	if err := checkCtx(ctx, "ack"); err != nil {
-		s.exit()
-		done(nil, err)
-		return
-	}
-	q := s.queue(p.Queue)
-	codes, fn := s.settleOp(q, p.Lease, nanos(p.Now), p.IDs, s.ackItem(q))
-	if fn == nil {
-		s.exit()
-		done(codes, nil)
-		return
-	}
 	o := &op{apply: fn, items: len(p.IDs)}
 	s.submitAsync(p.Queue, []*op{o}, s.doneOne(o, fail, func() { done(codes, nil) }))
 }

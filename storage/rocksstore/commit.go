@@ -284,17 +284,10 @@ func (s *Store) submit(queue string, items int, fn func(o *opTx) error) (time.Ti
 // op's err says how it went. The caller that finds nobody leading leads.
 // REQUIRES: s.life held shared (enter).
 func (s *Store) submitGroup(queue string, ops []*op) error {
-	p := &s.pipe
-	p.mu.Lock()
-	if p.failed != nil {
-		err := p.failed
-		p.mu.Unlock()
+	lead, err := s.pend(ops)
+	if err != nil {
 		return err
 	}
-	p.pending = append(p.pending, ops...)
-	lead := !p.leading
-	p.leading = true
-	p.mu.Unlock()
 	if lead {
 		s.lead()
 	}
@@ -310,6 +303,21 @@ func (s *Store) submitGroup(queue string, ops []*op) error {
 		}
 	}
 	return nil
+}
+
+// pend appends ops to the pipeline's pending ops, unless the store has
+// failed (err); lead: nobody was leading, and the caller now leads.
+func (s *Store) pend(ops []*op) (lead bool, err error) {
+	p := &s.pipe
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.failed != nil {
+		return false, p.failed
+	}
+	p.pending = append(p.pending, ops...)
+	lead = !p.leading
+	p.leading = true
+	return lead, nil
 }
 
 // noteCorrupt records undecodable data met by a call on queue ("": not

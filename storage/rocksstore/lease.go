@@ -104,18 +104,28 @@ func (s *Store) Ack(ctx context.Context, p storage.AckParams) ([]storage.Code, e
 		return nil, err
 	}
 	defer s.exit()
-	if err := p.Validate(s.limits); err != nil {
-		return nil, fmt.Errorf("rocksstore: ack %q: %w", p.Queue, err)
+	q, codes, fn, err := s.ackOp(ctx, p)
+	if err != nil || fn == nil {
+		return codes, err
 	}
-	if err := checkCtx(ctx, "ack"); err != nil {
-		return nil, err
-	}
-	q := s.queue(p.Queue)
-	codes, err := s.settle(q, p.Lease, nanos(p.Now), p.IDs, s.ackItem(q))
-	if err != nil {
+	if err := s.settled(q, len(p.IDs), fn); err != nil {
 		return nil, fmt.Errorf("rocksstore: ack %q: %w", p.Queue, err)
 	}
 	return codes, nil
+}
+
+// ackOp checks an ack and returns its codes (filled in when fn runs) and
+// op; fn is nil when the queue does not exist (every id is not found).
+func (s *Store) ackOp(ctx context.Context, p storage.AckParams) (*queueState, []storage.Code, func(o *opTx) error, error) {
+	if err := p.Validate(s.limits); err != nil {
+		return nil, nil, nil, fmt.Errorf("rocksstore: ack %q: %w", p.Queue, err)
+	}
+	if err := checkCtx(ctx, "ack"); err != nil {
+		return nil, nil, nil, err
+	}
+	q := s.queue(p.Queue)
+	codes, fn := s.settleOp(q, p.Lease, nanos(p.Now), p.IDs, s.ackItem(q))
+	return q, codes, fn, nil
 }
 
 // ackItem returns what an ack does to each item of q it settles.
@@ -193,14 +203,20 @@ func (s *Store) settle(q *queueState, token storage.LeaseID, now int64, ids []st
 	if fn == nil {
 		return codes, nil
 	}
-	next, err := s.submit(q.name, len(ids), fn)
-	if err != nil {
+	if err := s.settled(q, len(ids), fn); err != nil {
 		return nil, err
 	}
-	if !next.IsZero() && s.onDeadline != nil {
+	return codes, nil
+}
+
+// settled runs a settle op of n ids on q and announces its earliest new
+// deadline.
+func (s *Store) settled(q *queueState, n int, fn func(o *opTx) error) error {
+	next, err := s.submit(q.name, n, fn)
+	if err == nil && !next.IsZero() && s.onDeadline != nil {
 		s.onDeadline(next)
 	}
-	return codes, nil
+	return err
 }
 
 // settleOp returns settle's codes (filled in when fn runs) and its op;

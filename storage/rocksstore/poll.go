@@ -19,26 +19,26 @@ func (s *Store) Poll(ctx context.Context, p storage.PollParams) (storage.PollRes
 		return storage.PollResult{}, err
 	}
 	defer s.exit()
-	res, err := s.poll(ctx, p)
+	res, fn, err := s.pollOp(ctx, p)
+	if err == nil && fn != nil {
+		_, err = s.submit(p.Queue, p.Max, fn)
+	}
 	if err != nil {
 		return storage.PollResult{}, fmt.Errorf("rocksstore: poll %q: %w", p.Queue, err)
 	}
+	if fn == nil {
+		return storage.PollResult{}, nil
+	}
+	s.polled(*res)
+	return *res, nil
+}
+
+// polled counts what a poll's claim took and announces its lease's expiry.
+func (s *Store) polled(res storage.PollResult) {
+	s.m.claimed.Add(uint64(len(res.Items)))
 	if !res.Lease.IsZero() && s.onDeadline != nil {
 		s.onDeadline(res.ExpiresAt)
 	}
-	return res, nil
-}
-
-func (s *Store) poll(ctx context.Context, p storage.PollParams) (storage.PollResult, error) {
-	res, fn, err := s.pollOp(ctx, p)
-	if err != nil || fn == nil {
-		return storage.PollResult{}, err
-	}
-	if _, err := s.submit(p.Queue, p.Max, fn); err != nil {
-		return storage.PollResult{}, err
-	}
-	s.m.claimed.Add(uint64(len(res.Items)))
-	return *res, nil
 }
 
 // pollOp checks a poll and returns the op that claims for it, which fills
