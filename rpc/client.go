@@ -13,6 +13,7 @@ import (
 	"capnproto.org/go/capnp/v3"
 	capnprpc "capnproto.org/go/capnp/v3/rpc"
 	"capnproto.org/go/capnp/v3/rpc/transport"
+	"github.com/benbjohnson/clock"
 
 	"github.com/leaseq/leaseq/schema"
 	"github.com/leaseq/leaseq/storage"
@@ -34,6 +35,9 @@ type ClientOptions struct {
 	// open a go-capnp connection of their own the first time they are
 	// used. NewClient always uses go-capnp.
 	Engine string
+	// Clock times the lean engine's idle watch (leanclient.go); nil: the
+	// real clock.
+	Clock clock.Clock
 }
 
 // Client engines (ClientOptions.Engine).
@@ -91,7 +95,11 @@ func Dial(ctx context.Context, addr string, opts ClientOptions) (*Client, error)
 		return c, nil
 	}
 	limit := flowLimit(opts)
-	l, err := newLeanClient(ctx, conn, limit)
+	clk := opts.Clock
+	if clk == nil {
+		clk = clock.New()
+	}
+	l, err := newLeanClient(ctx, conn, limit, clk)
 	if err != nil {
 		_ = conn.Close()
 		return nil, fmt.Errorf("rpc: dial %s: %w", addr, err)
@@ -235,7 +243,10 @@ func (c *Client) Close() error {
 	return err
 }
 
-// Done is closed when the connection has ended (Close or a failure).
+// Done is closed when the connection has ended (Close or a failure). The
+// lean engine on a plain TCP or unix socket reads only while a call is
+// open or once the connection has been idle for 100 ms, so Done may close
+// up to that long after an idle connection ended.
 func (c *Client) Done() <-chan struct{} {
 	if c.lean != nil {
 		return c.lean.done

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"time"
 
 	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/exc"
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
+	"github.com/benbjohnson/clock"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/leaseq/leaseq/schema"
@@ -20,16 +22,32 @@ import (
 
 // leanClient is the Go client's own connection loop for the Queue
 // methods that return plain results (every method but subscribe): the
-// caller writes its Call itself, one reader goroutine reads the Returns
-// and hands each to its caller, and the caller writes the Finish once it
-// has read the results. go-capnp's rpc.Conn crosses a sender and a reader
+// caller writes its Call itself, reads the Returns until its own comes
+// (handing any other to its caller), and writes the Finish once it has
+// read the results. go-capnp's rpc.Conn crosses a sender and a reader
 // goroutine for each call and each Finish, which cost the client two to
 // three times the server's CPU per call (docs/BENCHMARKS.md). It hosts no
 // capabilities and pipelines nothing: Subscribe, which needs both, uses a
 // go-capnp connection of its own (Client.capnpConn).
+//
+// Who reads. One goroutine at a time holds the socket's read side
+// (reading). A caller that finds it free after writing its Call takes it
+// and reads until its own Return comes: one goroutine wakes per call, as
+// with a client that has a connection per caller. A caller that finds it
+// taken waits for its Return to be handed over. When the holder has its
+// Return and other questions are still open, it hands the read side to the
+// connection's reader goroutine, which reads until none is. With no
+// question open, nobody reads until the connection has been idle for
+// idleWatch: then the reader goroutine reads, to see the connection end
+// (Done) and to hand the read side back at the next Return. This needs a
+// read that can be interrupted without losing half a message (a caller's
+// context may end while it reads): plain sockets have it (frameReader, and
+// a read deadline as the interrupt); on TLS and other connections the
+// reader goroutine reads everything, as it always did.
 type leanClient struct {
 	conn net.Conn
-	dec  *capnp.Decoder // the reader goroutine's
+	dec  *capnp.Decoder // the read side's holder's
+	fr   *frameReader   // under dec on plain sockets; nil: callers never read
 
 	wmu      sync.Mutex // serializes writes
 	bw       *bufio.Writer
@@ -39,14 +57,26 @@ type leanClient struct {
 	flow  *semaphore.Weighted // bytes of calls in flight (FlowLimitBytes)
 	limit int64
 
-	mu     sync.Mutex
-	qs     map[uint32]*leanQuestion
-	free   []uint32
-	next   uint32
-	err    error         // why the connection ended; set once
-	done   chan struct{} // closed when the reader goroutine ends
-	target uint32        // the bootstrap capability's import id
+	mu      sync.Mutex
+	qs      map[uint32]*leanQuestion
+	free    []uint32
+	next    uint32
+	reading bool          // a goroutine holds the read side
+	pending int           // questions whose Return has not been read
+	err     error         // why the connection ended; set once
+	quit    chan struct{} // closed when err is set
+	wake    chan struct{} // hands the read side to the reader goroutine
+	done    chan struct{} // closed when the reader goroutine ends
+	target  uint32        // the bootstrap capability's import id
+
+	intr readInterrupt // how a reading caller's context ends its read
+	idle *clock.Timer  // starts watchIdle; plain sockets only
 }
+
+// idleWatch is how long a connection with no question open goes unread:
+// the longest it takes the client to see an idle connection end. A call
+// that comes while the reader goroutine watches costs one hand-off more.
+const idleWatch = 100 * time.Millisecond
 
 // leanQuestion is a call waiting for its Return.
 type leanQuestion struct {
@@ -65,23 +95,33 @@ type leanReply struct {
 }
 
 // newLeanClient runs the bootstrap over conn and starts the reader.
-func newLeanClient(ctx context.Context, conn net.Conn, limit int64) (*leanClient, error) {
+func newLeanClient(ctx context.Context, conn net.Conn, limit int64, clk clock.Clock) (*leanClient, error) {
 	// Plain sockets are read and written with raw system calls, as the
 	// server's (rawio.go): Go's system-call bookkeeping woke the sysmon
 	// thread at every read and write (12 % of a producer's CPU).
 	var rw io.ReadWriter = conn
-	if raw := newRawIO(conn); raw != nil {
+	raw := newRawIO(conn)
+	if raw != nil {
 		rw = raw
 	}
 	l := &leanClient{
 		conn:  conn,
-		dec:   capnp.NewDecoder(bufio.NewReaderSize(rw, 64<<10)),
 		bw:    bufio.NewWriterSize(rw, 16<<10),
 		flow:  semaphore.NewWeighted(limit),
 		limit: limit,
 		qs:    make(map[uint32]*leanQuestion),
+		quit:  make(chan struct{}),
+		wake:  make(chan struct{}, 1),
 		done:  make(chan struct{}),
 	}
+	if raw != nil {
+		l.fr = newFrameReader(raw, 64<<10, uint64(DefaultMaxMessageBytes))
+		l.dec = capnp.NewDecoder(l.fr)
+	} else {
+		l.dec = capnp.NewDecoder(bufio.NewReaderSize(rw, 64<<10))
+		l.reading = true // the reader goroutine's, always
+	}
+	l.intr.conn = conn
 	l.dec.MaxMessageSize = uint64(DefaultMaxMessageBytes)
 	l.enc = capnp.NewEncoder(l.bw)
 	if d, ok := ctx.Deadline(); ok {
@@ -93,6 +133,9 @@ func newLeanClient(ctx context.Context, conn net.Conn, limit int64) (*leanClient
 		return nil, err
 	}
 	l.target = target
+	if l.fr != nil {
+		l.idle = clk.AfterFunc(idleWatch, l.watchIdle)
+	}
 	go l.readLoop()
 	return l, nil
 }
@@ -112,7 +155,7 @@ func (l *leanClient) bootstrap() (uint32, error) {
 		return 0, err
 	}
 	for {
-		msg, err := l.dec.Decode()
+		msg, err := l.decode()
 		if err != nil {
 			return 0, fmt.Errorf("rpc: bootstrap: %w", err)
 		}
@@ -256,11 +299,19 @@ func (l *leanClient) call(ctx context.Context, method uint16, build func(*capnp.
 		// The reader fails every question, this one included.
 	}
 	var r leanReply
-	select {
-	case r = <-q.reply:
-	case <-ctx.Done():
-		l.giveUp(qid, q)
-		return capnp.Struct{}, nil, ctx.Err()
+	if l.takeRead() {
+		if err := l.readOwn(ctx, q); err != nil {
+			l.giveUp(qid, q)
+			return capnp.Struct{}, nil, err
+		}
+		r = <-q.reply
+	} else {
+		select {
+		case r = <-q.reply:
+		case <-ctx.Done():
+			l.giveUp(qid, q)
+			return capnp.Struct{}, nil, ctx.Err()
+		}
 	}
 	if r.err != nil {
 		return capnp.Struct{}, nil, r.err
@@ -314,7 +365,127 @@ func (l *leanClient) ask(q *leanQuestion) (uint32, error) {
 		id = l.next
 	}
 	l.qs[id] = q
+	l.pending++
 	return id, nil
+}
+
+// takeRead takes the read side if it is free.
+func (l *leanClient) takeRead() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.reading || l.err != nil {
+		return false
+	}
+	l.reading = true
+	return true
+}
+
+// passRead gives up the read side: to the reader goroutine while a
+// question is still open, else to whoever asks next.
+func (l *leanClient) passRead() {
+	l.mu.Lock()
+	hand := l.pending > 0 && l.err == nil
+	l.reading = hand
+	l.mu.Unlock()
+	if hand {
+		l.wake <- struct{}{} // never blocks: one hand-off at a time
+	} else {
+		l.idle.Reset(idleWatch)
+	}
+}
+
+// watchIdle hands the read side of a connection idle for idleWatch to
+// the reader goroutine.
+func (l *leanClient) watchIdle() {
+	l.mu.Lock()
+	start := !l.reading && l.pending == 0 && l.err == nil
+	l.reading = l.reading || start
+	l.mu.Unlock()
+	if start {
+		l.wake <- struct{}{}
+	}
+}
+
+// readOwn reads messages, handing each to its question, until q has its
+// reply (then in q.reply), and passes the read side on. It returns ctx's
+// error, leaving q unanswered, if ctx ends first.
+func (l *leanClient) readOwn(ctx context.Context, q *leanQuestion) error {
+	var stop func() bool
+	var gen uint64
+	if ctx.Done() != nil {
+		gen = l.intr.arm()
+		stop = context.AfterFunc(ctx, func() { l.intr.interrupt(gen) })
+	}
+	var err error
+	for !l.answered(q) {
+		if err = l.readOne(); err != nil {
+			break
+		}
+	}
+	if stop != nil {
+		stop()
+		l.intr.disarm()
+	}
+	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+			l.passRead()
+			if !l.answered(q) {
+				return ctx.Err()
+			}
+			return nil
+		}
+		l.lost(err) // answers q
+	}
+	l.passRead()
+	return nil
+}
+
+// answered reports whether q's reply was handed over.
+func (l *leanClient) answered(q *leanQuestion) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return q.answered
+}
+
+// readInterrupt ends the read of a caller whose context ended, with a read
+// deadline in the past. Each read by a caller arms it anew (gen), so a
+// context that ends late cannot interrupt the next holder's read.
+type readInterrupt struct {
+	conn  net.Conn
+	mu    sync.Mutex
+	gen   uint64
+	armed bool
+	fired bool // a deadline is set and must be cleared
+}
+
+// aLongTimeAgo is a read deadline that has passed.
+var aLongTimeAgo = time.Unix(1, 0)
+
+func (i *readInterrupt) arm() uint64 {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.gen++
+	i.armed = true
+	return i.gen
+}
+
+func (i *readInterrupt) interrupt(gen uint64) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.armed && i.gen == gen {
+		i.fired = true
+		_ = i.conn.SetReadDeadline(aLongTimeAgo)
+	}
+}
+
+func (i *readInterrupt) disarm() {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.armed = false
+	if i.fired {
+		i.fired = false
+		_ = i.conn.SetReadDeadline(time.Time{})
+	}
 }
 
 // lazyFinishMax and maxLazyFinishes bound what lazy Finishes leave on the
@@ -387,22 +558,62 @@ func (l *leanClient) writeFinish(qid uint32, releaseCaps, flush bool) error {
 	return nil
 }
 
-// readLoop reads Returns and hands each to its question until the
-// connection ends.
+// readLoop is the connection's reader goroutine. On a plain socket it
+// reads while it holds the read side (passRead), until no question is
+// open; on others it reads everything. It ends with the connection.
 func (l *leanClient) readLoop() {
 	defer close(l.done)
-	for {
-		msg, err := l.dec.Decode()
-		if err != nil {
-			l.lost(err)
-			return
-		}
-		msg.ResetReadLimit(4 * uint64(DefaultMaxMessageBytes))
-		if err := l.handle(msg); err != nil {
-			l.lost(err)
-			return
+	if l.fr == nil {
+		for {
+			if err := l.readOne(); err != nil {
+				l.lost(err)
+				return
+			}
 		}
 	}
+	for {
+		select {
+		case <-l.wake:
+		case <-l.quit:
+			return
+		}
+		for {
+			if err := l.readOne(); err != nil {
+				l.lost(err)
+				return
+			}
+			l.mu.Lock()
+			idle := l.pending == 0
+			if idle {
+				l.reading = false
+			}
+			l.mu.Unlock()
+			if idle {
+				l.idle.Reset(idleWatch)
+				break
+			}
+		}
+	}
+}
+
+// decode reads the next message; only the read side's holder calls it.
+func (l *leanClient) decode() (*capnp.Message, error) {
+	if l.fr != nil {
+		if err := l.fr.fill(); err != nil {
+			return nil, err
+		}
+	}
+	return l.dec.Decode()
+}
+
+// readOne reads one message and hands it on.
+func (l *leanClient) readOne() error {
+	msg, err := l.decode()
+	if err != nil {
+		return err
+	}
+	msg.ResetReadLimit(4 * uint64(DefaultMaxMessageBytes))
+	return l.handle(msg)
 }
 
 // handle dispatches one incoming message; it owns msg.
@@ -429,6 +640,7 @@ func (l *leanClient) handle(msg *capnp.Message) error {
 		}
 		l.flow.Release(q.held)
 		q.held = 0
+		l.pending--
 		if q.gone {
 			delete(l.qs, qid)
 			l.free = append(l.free, qid)
@@ -462,6 +674,10 @@ func (l *leanClient) lost(cause error) {
 			cause = exc.New(exc.Disconnected, "", "connection lost: "+cause.Error())
 		}
 		l.err = cause
+		close(l.quit)
+		if l.idle != nil {
+			l.idle.Stop()
+		}
 	}
 	err := l.err
 	for qid, q := range l.qs {
@@ -475,6 +691,7 @@ func (l *leanClient) lost(cause error) {
 		}
 		delete(l.qs, qid)
 	}
+	l.pending = 0
 	l.mu.Unlock()
 	_ = l.conn.Close()
 }

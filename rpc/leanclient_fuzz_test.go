@@ -8,6 +8,7 @@ import (
 
 	"capnproto.org/go/capnp/v3"
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/require"
 )
 
@@ -47,33 +48,59 @@ func FuzzLeanClientReplies(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 0, 0xff, 0xff, 0xff, 0x7f}) // a huge segment
 
 	f.Fuzz(func(t *testing.T, reply []byte) {
-		cc, sc := net.Pipe()
-		defer cc.Close()
-		served := make(chan struct{})
-		go func() {
-			defer close(served)
-			defer sc.Close()
-			fakeBootstrap(t, sc)
-			_, _ = sc.Write(reply)
-		}()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		l, err := newLeanClient(ctx, cc, DefaultMaxMessageBytes)
-		require.NoError(t, err)
-		c := &Client{lean: l, log: discardLogger(), limit: DefaultMaxMessageBytes, closed: make(chan struct{})}
-		defer c.Close()
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_, _ = c.NodeInfo(ctx) // an answer or an error: either is fine
-		}()
-		<-served
-		select {
-		case <-done:
-		case <-ctx.Done():
-			t.Fatal("a call still waits after the connection closed")
+		// Over a pipe the reader goroutine reads; over TCP the caller
+		// reads its own Return (frameReader).
+		for _, transport := range []string{"pipe", "tcp"} {
+			cc, sc := connPair(t, transport)
+			served := make(chan struct{})
+			go func() {
+				defer close(served)
+				defer sc.Close()
+				fakeBootstrap(t, sc)
+				_, _ = sc.Write(reply)
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			l, err := newLeanClient(ctx, cc, DefaultMaxMessageBytes, clock.New())
+			require.NoError(t, err)
+			require.Equal(t, transport == "tcp", l.fr != nil)
+			c := &Client{lean: l, log: discardLogger(), limit: DefaultMaxMessageBytes, closed: make(chan struct{})}
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_, _ = c.NodeInfo(ctx) // an answer or an error: either is fine
+			}()
+			<-served
+			select {
+			case <-done:
+			case <-ctx.Done():
+				t.Fatalf("%s: a call still waits after the connection closed", transport)
+			}
+			_ = c.Close()
+			_ = cc.Close()
+			cancel()
 		}
 	})
+}
+
+// connPair returns the two ends of a connection: a net.Pipe or a TCP
+// connection over loopback.
+func connPair(t *testing.T, transport string) (client, server net.Conn) {
+	if transport == "pipe" {
+		return net.Pipe()
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	client, err = net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	server = <-accepted
+	require.NotNil(t, server)
+	return client, server
 }
 
 // fakeBootstrap plays a node's side of the bootstrap on conn: it reads the

@@ -3,9 +3,14 @@ package rpc
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/rpc/rpctest"
@@ -121,4 +126,165 @@ func TestDial_Engines(t *testing.T) {
 	_, err = b.dialErr(ClientOptions{Engine: "fast"})
 	require.ErrorIs(t, err, storage.ErrInvalidArgument)
 	require.False(t, errors.Is(err, ErrTooManyConns))
+}
+
+// TestLeanClient_CallersShareTheReadSide: on one plain socket, producers,
+// long-polling consumers and callers whose context ends while they read
+// share the connection. Every item is delivered once and intact, each
+// caller gets its own answer, a caller whose read is interrupted leaves the
+// stream whole for the next reader, and at the end no question is open
+// and nobody holds the read side.
+func TestLeanClient_CallersShareTheReadSide(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	c := b.dial()
+	require.NotNil(t, c.lean.fr, "a TCP connection is read by its callers")
+	const producers, perProducer = 4, 50
+	want := make(map[string]bool)
+	var mu sync.Mutex
+	got := make(map[string]int)
+	errc := make(chan error, 16)
+	var wg sync.WaitGroup
+	for p := range producers {
+		for i := range perProducer {
+			want[fmt.Sprintf("p%d-%d", p, i)] = true
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perProducer {
+				res, err := c.Enqueue(ctxT(t), "q", []storage.EnqueueItem{{Payload: []byte(fmt.Sprintf("p%d-%d", p, i))}})
+				if err == nil && res[0].Code != storage.CodeOK {
+					err = fmt.Errorf("enqueue: %v", res[0].Code)
+				}
+				if err != nil {
+					errc <- err
+					return
+				}
+			}
+		}()
+	}
+	var cancels atomic.Int64
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				n := len(got)
+				mu.Unlock()
+				if n == len(want) {
+					return
+				}
+				// A short context: some polls end while their caller reads.
+				ctx, cancel := context.WithTimeout(ctxT(t), 20*time.Millisecond)
+				res, err := c.Poll(ctx, "q", 3, time.Minute, 30*time.Second)
+				cancel()
+				if errors.Is(err, context.DeadlineExceeded) {
+					cancels.Add(1)
+					continue
+				}
+				if err != nil {
+					errc <- err
+					return
+				}
+				ids := make([]storage.ItemID, len(res.Items))
+				mu.Lock()
+				for i, it := range res.Items {
+					got[string(it.Payload)]++
+					ids[i] = it.ID
+				}
+				mu.Unlock()
+				if len(ids) == 0 {
+					continue
+				}
+				codes, err := c.Ack(ctxT(t), "q", res.Lease, ids)
+				if err != nil {
+					errc <- err
+					return
+				}
+				for _, code := range codes {
+					if code != storage.CodeOK {
+						errc <- fmt.Errorf("ack: %v", code)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		require.NoError(t, err)
+	}
+	for k := range want {
+		require.Equal(t, 1, got[k], "item %s", k)
+	}
+	require.Len(t, got, len(want))
+	// Polls of an empty queue that all give up while one of them reads.
+	var wg2 sync.WaitGroup
+	for range 4 {
+		wg2.Add(1)
+		go func() {
+			defer wg2.Done()
+			ctx, cancel := context.WithTimeout(ctxT(t), 50*time.Millisecond)
+			defer cancel()
+			_, err := c.Poll(ctx, "q", 1, time.Minute, 30*time.Second)
+			assert.ErrorIs(t, err, context.DeadlineExceeded)
+		}()
+	}
+	wg2.Wait()
+	res, err := c.Enqueue(ctxT(t), "q", payloads(1, 8))
+	require.NoError(t, err)
+	require.Equal(t, storage.CodeOK, res[0].Code)
+	rpctest.Eventually(t, 30*time.Second, func() bool {
+		c.lean.mu.Lock()
+		defer c.lean.mu.Unlock()
+		return len(c.lean.qs) == 0 && c.lean.pending == 0 && !c.lean.reading
+	}, "questions left open or the read side held")
+	t.Logf("polls given up: %d", cancels.Load())
+}
+
+// TestLeanClient_IdleWatch: a connection with no call open goes unread
+// until it has been idle for idleWatch (on the client's clock); then the
+// reader goroutine reads, hands the read side back at the next Return, and
+// sees the connection end.
+func TestLeanClient_IdleWatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	mock := clock.NewMock()
+	c, err := b.dialErr(ClientOptions{Clock: mock})
+	require.NoError(t, err)
+	readers := func() bool {
+		c.lean.mu.Lock()
+		defer c.lean.mu.Unlock()
+		return c.lean.reading
+	}
+	_, err = c.Queues(ctxT(t))
+	require.NoError(t, err)
+	require.False(t, readers(), "nobody reads an idle connection")
+	mock.Add(idleWatch)
+	require.True(t, readers(), "the reader goroutine watches an idle connection")
+	// A call while it watches: answered through the reader goroutine,
+	// which gives the read side back after.
+	_, err = c.Queues(ctxT(t))
+	require.NoError(t, err)
+	rpctest.Eventually(t, 30*time.Second, func() bool { return !readers() }, "the read side was not given back")
+	b.srv.Stop()
+	select {
+	case <-c.Done():
+		t.Fatal("Done closed while nobody read")
+	default:
+	}
+	mock.Add(idleWatch)
+	rpctest.Eventually(t, 30*time.Second, func() bool {
+		select {
+		case <-c.Done():
+			return true
+		default:
+			return false
+		}
+	}, "Done not closed after the idle connection ended")
+	_, err = c.Queues(ctxT(t))
+	require.True(t, IsDisconnected(err), "%v", err)
 }

@@ -1,0 +1,112 @@
+package rpc
+
+import (
+	"encoding/binary"
+	"io"
+)
+
+// frameReader buffers a Cap'n Proto stream so that a whole message is in
+// memory before anything decodes it. A read that stops early (an
+// interrupted read, see leanClient.readOwn) then leaves the stream where it
+// was: the bytes read so far stay in the buffer for the next fill, where a
+// capnp.Decoder reading the socket itself would have consumed half a
+// message. The Decoder reads from the frameReader, which only ever hands
+// out bytes it already holds.
+type frameReader struct {
+	src   io.Reader
+	buf   []byte
+	r, w  int    // unread bytes: buf[r:w]
+	limit uint64 // largest message fill waits for; a larger one is left to the Decoder to refuse
+	size  int    // the buffer's usual size, returned to once a large message is read
+}
+
+// Mirrors of go-capnp's stream format limits (codec.go): the segment
+// count is stored minus one in the first four bytes.
+const maxFrameSegments = 512
+
+func newFrameReader(src io.Reader, size int, limit uint64) *frameReader {
+	return &frameReader{src: src, buf: make([]byte, size), limit: limit, size: size}
+}
+
+// frameLen returns how many bytes the message at the head of the buffer
+// needs in all (its header included), or how many it needs before that
+// can be known. known is false when the header is not complete yet. A
+// header the Decoder will refuse (too many segments, too large) counts as
+// complete once the bytes it needs to say so are buffered.
+func (f *frameReader) frameLen() (n uint64, known bool) {
+	b := f.buf[f.r:f.w]
+	if len(b) < 8 {
+		return 8, false
+	}
+	maxSeg := uint64(binary.LittleEndian.Uint32(b))
+	if maxSeg >= maxFrameSegments {
+		return 8, true // the Decoder refuses it after the first word
+	}
+	hdr := ((maxSeg+2)*4 + 7) &^ 7
+	if uint64(len(b)) < hdr {
+		return hdr, false
+	}
+	total := hdr
+	for i := uint64(0); i <= maxSeg; i++ {
+		total += 8 * uint64(binary.LittleEndian.Uint32(b[4+4*i:]))
+	}
+	if total > f.limit {
+		return hdr, true // the Decoder refuses it after the header
+	}
+	return total, true
+}
+
+// fill reads until a whole message is buffered. An error from the source
+// (a deadline, the connection's end) keeps what was read.
+func (f *frameReader) fill() error {
+	for {
+		n, known := f.frameLen()
+		if known && uint64(f.w-f.r) >= n {
+			return nil
+		}
+		f.room(int(n))
+		m, err := f.src.Read(f.buf[f.w:])
+		f.w += m
+		if err != nil {
+			if m > 0 && err == io.EOF {
+				continue // the bytes first; EOF again on the next read
+			}
+			return err
+		}
+	}
+}
+
+// room makes space for a message of n bytes from f.r, growing the buffer
+// only for a message larger than it.
+func (f *frameReader) room(n int) {
+	if f.r == f.w {
+		f.r, f.w = 0, 0
+		if len(f.buf) > f.size && n <= f.size {
+			f.buf = make([]byte, f.size)
+		}
+	}
+	if len(f.buf)-f.r >= n {
+		return
+	}
+	if n <= len(f.buf) {
+		f.w = copy(f.buf, f.buf[f.r:f.w])
+		f.r = 0
+		return
+	}
+	nb := make([]byte, max(n, 2*len(f.buf)))
+	f.w = copy(nb, f.buf[f.r:f.w])
+	f.r = 0
+	f.buf = nb
+}
+
+// Read hands out buffered bytes only; it never reads the source, so a
+// Decoder after fill never blocks. With nothing buffered it reports
+// io.ErrUnexpectedEOF: fill was not called, or the message was refused.
+func (f *frameReader) Read(p []byte) (int, error) {
+	if f.r == f.w {
+		return 0, io.ErrUnexpectedEOF
+	}
+	n := copy(p, f.buf[f.r:f.w])
+	f.r += n
+	return n, nil
+}
