@@ -83,8 +83,9 @@ func FuzzLeanClientReplies(f *testing.F) {
 }
 
 // connPair returns the two ends of a connection: a net.Pipe or a TCP
-// connection over loopback.
+// connection over loopback. The caller closes both.
 func connPair(t *testing.T, transport string) (client, server net.Conn) {
+	t.Helper()
 	if transport == "pipe" {
 		return net.Pipe()
 	}
@@ -93,7 +94,10 @@ func connPair(t *testing.T, transport string) (client, server net.Conn) {
 	defer ln.Close()
 	accepted := make(chan net.Conn, 1)
 	go func() {
-		c, _ := ln.Accept()
+		c, err := ln.Accept()
+		if err != nil {
+			t.Error(err)
+		}
 		accepted <- c
 	}()
 	client, err = net.Dial("tcp", ln.Addr().String())

@@ -76,14 +76,7 @@ func TestLeanClient_ConnectionLost(t *testing.T) {
 	} else {
 		require.Empty(t, p.res.Items)
 	}
-	rpctest.Eventually(t, 30*time.Second, func() bool {
-		select {
-		case <-c.Done():
-			return true
-		default:
-			return false
-		}
-	}, "Done not closed after the connection was lost")
+	rpctest.Eventually(t, 30*time.Second, func() bool { return isClosed(c.Done()) }, "Done not closed after the connection was lost")
 	_, err := c.Queues(ctxT(t))
 	require.Error(t, err)
 	require.True(t, IsDisconnected(err), "%v", err)
@@ -284,20 +277,19 @@ func TestLeanClient_IdleWatch(t *testing.T) {
 	require.NoError(t, err)
 	rpctest.Eventually(t, 30*time.Second, func() bool { return !readers() }, "the read side was not given back")
 	b.srv.Stop()
-	select {
-	case <-c.Done():
-		t.Fatal("Done closed while nobody read")
-	default:
-	}
+	require.False(t, isClosed(c.Done()), "Done closed while nobody read")
 	mock.Add(idleWatch)
-	rpctest.Eventually(t, 30*time.Second, func() bool {
-		select {
-		case <-c.Done():
-			return true
-		default:
-			return false
-		}
-	}, "Done not closed after the idle connection ended")
+	rpctest.Eventually(t, 30*time.Second, func() bool { return isClosed(c.Done()) }, "Done not closed after the idle connection ended")
 	_, err = c.Queues(ctxT(t))
 	require.True(t, IsDisconnected(err), "%v", err)
+}
+
+// isClosed reports whether ch is closed (or has a value ready).
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

@@ -2,7 +2,6 @@ package rpc
 
 import (
 	"io"
-	"net"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -11,21 +10,8 @@ import (
 // rawIO moves bytes both ways on a TCP socket, reports the peer's close
 // as io.EOF, and allocates nothing per read or write (rawIO.readFn).
 func TestRawIO_ReadWriteWithoutAllocations(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			t.Error(err)
-		}
-		accepted <- c
-	}()
-	a, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(t, err)
+	a, b := connPair(t, "tcp")
 	defer a.Close()
-	b := <-accepted
 	defer b.Close()
 	ra, rb := newRawIO(a), newRawIO(b)
 	require.NotNil(t, ra)
