@@ -380,18 +380,28 @@ func (l *leanClient) takeRead() bool {
 	return true
 }
 
-// passRead gives up the read side: to the reader goroutine while a
+// passRead gives up a caller's read side: to the reader goroutine while a
 // question is still open, else to whoever asks next.
 func (l *leanClient) passRead() {
-	l.mu.Lock()
-	hand := l.pending > 0 && l.err == nil
-	l.reading = hand
-	l.mu.Unlock()
-	if hand {
+	if !l.dropRead() {
 		l.wake <- struct{}{} // never blocks: one hand-off at a time
-	} else {
+	}
+}
+
+// dropRead gives up the read side if no question is open (or the
+// connection has ended), and starts the idle watch; it reports whether it
+// did.
+func (l *leanClient) dropRead() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pending > 0 && l.err == nil {
+		return false
+	}
+	l.reading = false
+	if l.err == nil {
 		l.idle.Reset(idleWatch)
 	}
+	return true
 }
 
 // watchIdle hands the read side of a connection idle for idleWatch to
@@ -399,7 +409,9 @@ func (l *leanClient) passRead() {
 func (l *leanClient) watchIdle() {
 	l.mu.Lock()
 	start := !l.reading && l.pending == 0 && l.err == nil
-	l.reading = l.reading || start
+	if start {
+		l.reading = true
+	}
 	l.mu.Unlock()
 	if start {
 		l.wake <- struct{}{}
@@ -426,17 +438,15 @@ func (l *leanClient) readOwn(ctx context.Context, q *leanQuestion) error {
 		stop()
 		l.intr.disarm()
 	}
-	if err != nil {
-		if ctx.Err() != nil && errors.Is(err, os.ErrDeadlineExceeded) {
-			l.passRead()
-			if !l.answered(q) {
-				return ctx.Err()
-			}
-			return nil
-		}
+	// A failed read answers nothing, so q is unanswered when err is set.
+	interrupted := err != nil && ctx.Err() != nil && errors.Is(err, os.ErrDeadlineExceeded)
+	if err != nil && !interrupted {
 		l.lost(err) // answers q
 	}
 	l.passRead()
+	if interrupted {
+		return ctx.Err()
+	}
 	return nil
 }
 
@@ -458,7 +468,9 @@ type readInterrupt struct {
 	fired bool // a deadline is set and must be cleared
 }
 
-// aLongTimeAgo is a read deadline that has passed.
+// aLongTimeAgo is a read deadline that has passed. It is a fixed instant,
+// not a reading of any clock: a deadline must be in the kernel's past,
+// which the injected clock (a mock one in tests) cannot promise.
 var aLongTimeAgo = time.Unix(1, 0)
 
 func (i *readInterrupt) arm() uint64 {
@@ -563,33 +575,20 @@ func (l *leanClient) writeFinish(qid uint32, releaseCaps, flush bool) error {
 // open; on others it reads everything. It ends with the connection.
 func (l *leanClient) readLoop() {
 	defer close(l.done)
-	if l.fr == nil {
-		for {
-			if err := l.readOne(); err != nil {
-				l.lost(err)
-				return
-			}
-		}
-	}
 	for {
-		select {
-		case <-l.wake:
-		case <-l.quit:
-			return
+		if l.fr != nil {
+			select {
+			case <-l.wake:
+			case <-l.quit:
+				return
+			}
 		}
 		for {
 			if err := l.readOne(); err != nil {
 				l.lost(err)
 				return
 			}
-			l.mu.Lock()
-			idle := l.pending == 0
-			if idle {
-				l.reading = false
-			}
-			l.mu.Unlock()
-			if idle {
-				l.idle.Reset(idleWatch)
+			if l.fr != nil && l.dropRead() {
 				break
 			}
 		}
