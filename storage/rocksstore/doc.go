@@ -110,11 +110,11 @@
 // With SyncAlways, new WAL files are zero-filled spares made ahead of time
 // (zerowal.h), so that the fdatasync of a commit overwrites blocks the
 // file already has and does not also commit a new file size: produce-b1
-// in process did 60 % more items/s. A spare is written one page per
-// write(2), so the page cache holds it in single-page folios: in 1 MiB
-// folios (ext4 since Linux 6.16) every small append and every writeback
-// walked the folio's 256 block buffers, about a tenth of a durable
-// single-item call's CPU (docs/BENCHMARKS.md). Zeros double the bytes written, so a
+// in process did 60 % more items/s. A spare is written 64 KiB per
+// write(2), so the page cache holds it in folios of at most 64 KiB: in
+// 1 MiB folios (ext4 since Linux 6.16) every small append and every
+// writeback walked the folio's 256 block buffers, about a tenth of a
+// durable single-item call's CPU (docs/BENCHMARKS.md). Zeros double the bytes written, so a
 // log is made over zeros only while RocksDB syncs at least every 16 KiB of
 // it; a crash then leaves zeros after the last record, and Open replays up
 // to a torn last record followed by zeros (walTornTail) as it would to one

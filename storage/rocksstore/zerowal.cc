@@ -169,17 +169,19 @@ bool ZeroedWALs::make() {
   int fd = open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return false;
   bool ok = true;
-  // One page per write: the kernel may cache a file in folios as large as
+  // 64 KiB per write: the kernel may cache a file in folios as large as
   // the write that filled them (ext4 does since Linux 6.16), and the log's
-  // appends, a few hundred bytes each, then land in 1 MiB folios, so that
-  // every append and every writeback walks the folio's 256 block buffers:
-  // made with 1 MiB writes, spares cost a single-item durable call about
-  // 15 % more CPU (docs/BENCHMARKS.md, "WAL spares made a page at a
-  // time"). A megabyte is flushed before the next: one large flush would
-  // hold up the journal commit that a WAL fsync may be waiting for.
-  const size_t page = size_t(std::max(4096L, sysconf(_SC_PAGESIZE)));
+  // appends, a few hundred bytes each, then walk the block buffers of the
+  // folio they land in, as does every writeback. Made with 1 MiB writes,
+  // the spare's folios had 256 buffers each, and that walk cost a
+  // single-item durable call about a tenth of its CPU; at 64 KiB it is 16
+  // buffers. One page per write would make the spare three times as
+  // costly to write (docs/BENCHMARKS.md, "WAL spares made in smaller
+  // writes"). A megabyte is flushed before the next: one large flush
+  // would hold up the journal commit that a WAL fsync may be waiting for.
+  const size_t chunk = 64 << 10;
   for (uint64_t off = 0; ok && off < size_;) {
-    ssize_t n = write(fd, zeros, size_t(std::min<uint64_t>(page, size_ - off)));
+    ssize_t n = write(fd, zeros, size_t(std::min<uint64_t>(chunk, size_ - off)));
     if (n > 0) {
       off += uint64_t(n);
       if (off % sizeof zeros == 0 || off >= size_) ok = fdatasync(fd) == 0;
