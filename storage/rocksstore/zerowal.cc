@@ -184,7 +184,7 @@ bool ZeroedWALs::make() {
     ssize_t n = write(fd, zeros, size_t(std::min<uint64_t>(chunk, size_ - off)));
     if (n > 0) {
       off += uint64_t(n);
-      if (off % sizeof zeros == 0 || off >= size_) ok = fdatasync(fd) == 0;
+      if (off % sizeof zeros == 0 && off < size_) ok = fdatasync(fd) == 0;  // the last by fsync below
     } else if (n == 0 || errno != EINTR) {
       ok = false;
     }
