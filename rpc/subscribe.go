@@ -294,7 +294,7 @@ func (sub *subscription) loop() error {
 		now := s.cfg.Clock.Now()
 		avail, next := s.tracker.credit(sub, now)
 		if avail <= 0 {
-			if err := sub.waitCredit(next.Sub(now)); err != nil {
+			if err := sub.waitCredit(next); err != nil {
 				return sub.endReason()
 			}
 			continue
@@ -344,13 +344,21 @@ func (sub *subscription) endReason() error {
 }
 
 // waitCredit waits for credit to come back, for the earliest lease to
-// expire (d from now), or for the end.
-func (sub *subscription) waitCredit(d time.Duration) error {
+// expire (at next; zero: no lease), or for the end. The timer's duration
+// is taken from the clock when the timer is made, and the clock is read
+// once more after: a clock that passed next meanwhile (a mock clock
+// moved by another goroutine) would otherwise leave a timer that fires
+// late, or, on a mock clock, never.
+func (sub *subscription) waitCredit(next time.Time) error {
+	clk := sub.s.cfg.Clock
 	var timerC <-chan time.Time
-	if d > 0 {
-		t := sub.s.cfg.Clock.Timer(d)
+	if !next.IsZero() {
+		t := clk.Timer(next.Sub(clk.Now()))
 		defer t.Stop()
 		timerC = t.C
+		if !clk.Now().Before(next) {
+			return nil
+		}
 	}
 	select {
 	case <-sub.credit:
