@@ -96,14 +96,18 @@ func reportMetrics(b *testing.B, m Metrics) {
 
 // BenchmarkEnqueue: batches of 100 x 256 B.
 func BenchmarkEnqueue(b *testing.B) {
-	for _, c := range []benchConfig{
-		{sync: SyncAlways},
-		{sync: SyncNone},
+	for _, c := range []struct {
+		benchConfig
+		batch int
+	}{
+		{benchConfig{sync: SyncAlways}, 100},
+		{benchConfig{sync: SyncNone}, 100},
+		{benchConfig{sync: SyncNone}, 1},
 	} {
-		b.Run(fmt.Sprintf("sync=%s,batch=100", c.sync), func(b *testing.B) {
-			s := openBench(b, b.TempDir(), c)
+		b.Run(fmt.Sprintf("sync=%s,batch=%d", c.sync, c.batch), func(b *testing.B) {
+			s := openBench(b, b.TempDir(), c.benchConfig)
 			defer s.Close()
-			items := benchPayloadItems(100, 256)
+			items := benchPayloadItems(c.batch, 256)
 			var clk benchNow
 			ctx := context.Background()
 			before := s.Metrics()
@@ -115,8 +119,8 @@ func BenchmarkEnqueue(b *testing.B) {
 				}
 			}
 			b.StopTimer()
-			reportCPU(b, cpu, b.N*100)
-			reportItems(b, b.N*100, b.Elapsed())
+			reportCPU(b, cpu, b.N*c.batch)
+			reportItems(b, b.N*c.batch, b.Elapsed())
 			reportMetrics(b, s.Metrics().Sub(before))
 		})
 	}

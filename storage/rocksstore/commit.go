@@ -132,6 +132,8 @@ type txnSlot struct {
 	ot opTx
 	// cs is the claims' scratch, reset when the next batch starts.
 	cs claimScratch
+	// b is the batch being built, its lists reused from batch to batch.
+	b batch
 }
 
 // claimScratch holds the lists the batch's claims use, so a poll
@@ -669,6 +671,28 @@ type batch struct {
 	polls     int
 }
 
+// maxReusedBatchList is the longest list of a batch (rewritten keys,
+// counter deltas, notes) whose room the next batch reuses.
+const maxReusedBatchList = 1024
+
+// release clears the batch's lists, so that they hold nothing alive, and
+// keeps their room for the next batch unless it grew too large.
+func (b *batch) release() {
+	clear(b.rewritten)
+	clear(b.deltas)
+	clear(b.notes)
+	if cap(b.rewritten) > maxReusedBatchList {
+		b.rewritten = nil
+	}
+	if cap(b.deltas) > maxReusedBatchList {
+		b.deltas = nil
+	}
+	if cap(b.notes) > maxReusedBatchList {
+		b.notes = nil
+	}
+	b.s, b.slot = nil, nil
+}
+
 type queueDelta struct {
 	q *queueState
 	d dbkeys.Counters
@@ -690,11 +714,13 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	slot.vals.reset()
 	slot.cs.reset()
 	slot.t = s.db.begin(slot.t)
-	b := &batch{s: s, slot: slot}
+	b := &slot.b
+	*b = batch{s: s, slot: slot, rewritten: b.rewritten[:0], deltas: b.deltas[:0], notes: b.notes[:0]}
 	defer func() {
 		for _, n := range b.notes {
 			n.c.done(n.key)
 		}
+		b.release()
 	}()
 	for _, o := range ops {
 		ot := &slot.ot
@@ -744,7 +770,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	}
 	for _, d := range b.deltas {
 		if !d.d.IsZero() {
-			w.merge(dbkeys.CountersKey(d.q.name), dbkeys.EncodeCounters(d.d))
+			w.merge(d.q.countersKey, dbkeys.EncodeCounters(d.d))
 		}
 	}
 	slot.t.write(w)

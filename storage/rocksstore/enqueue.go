@@ -68,14 +68,14 @@ func (s *Store) enqueueOp(ctx context.Context, p storage.EnqueueParams) (res []s
 			return err
 		}
 		cfg := q.config()
-		ids := s.allocIDs(o, valid, now)
+		first := s.allocIDs(o, valid)
 		d := o.delta(q)
 		n := 0
 		for i, in := range p.Items {
 			if res[i].Code == storage.CodeInvalid {
 				continue
 			}
-			id := ids[n]
+			id := dbkeys.NewID(first+uint64(n), now)
 			n++
 			var oldDedup *dbkeys.DedupRecord
 			if in.DedupKey != "" {

@@ -261,7 +261,7 @@ func (h minHeap[T]) fix(i int) {
 // readyIndex is a queue's serve order: one heap per priority in use.
 type readyIndex struct {
 	heaps [256]*readyHeap
-	used  [4]uint64 // bit p: heaps[p] is non-empty
+	used  [4]uint64 // bit p: heaps[p] is non-empty (an empty heap may stay, see emptied)
 	n     int
 }
 
@@ -290,8 +290,7 @@ func (x *readyIndex) popReady(prio uint8, now int64) (readyEntry, bool) {
 	h.pop()
 	x.n--
 	if h.empty() {
-		x.used[prio/64] &^= 1 << (prio % 64)
-		x.heaps[prio] = nil
+		x.emptied(prio)
 	}
 	return e, true
 }
@@ -307,8 +306,7 @@ func (x *readyIndex) popAny() (uint8, readyEntry, bool) {
 		e := h.pop()
 		x.n--
 		if h.empty() {
-			x.used[prio/64] &^= 1 << (prio % 64)
-			x.heaps[prio] = nil
+			x.emptied(prio)
 		}
 		return prio, e, true
 	}
@@ -376,7 +374,23 @@ func (x *readyIndex) remove(prio uint8, e readyEntry) {
 	}
 	x.n--
 	if h.empty() {
-		x.used[prio/64] &^= 1 << (prio % 64)
+		x.emptied(prio)
+	}
+}
+
+// keepHeapEntries is the most entries an emptied heap may have room for
+// and still be kept for the next push (6 KiB).
+const keepHeapEntries = 256
+
+// emptied marks priority prio's heap empty. A heap with little room stays
+// for the next push: a queue that its consumers keep empty would
+// otherwise build its heap anew, array growth and all, at every refill
+// (seven allocations per cycle of BenchmarkCycle). A larger one goes, so
+// that an idle queue does not hold a backlog's arrays.
+func (x *readyIndex) emptied(prio uint8) {
+	x.used[prio/64] &^= 1 << (prio % 64)
+	h := x.heaps[prio]
+	if cap(h.run) > keepHeapEntries || cap(h.rest) > keepHeapEntries || h.spare != nil {
 		x.heaps[prio] = nil
 	}
 }

@@ -105,11 +105,15 @@ func (o *opTx) set(k string, v []byte) {
 }
 
 // undoStep reverts one in-memory change of a failed op: fn, or for the
-// changes every item makes (no closure to allocate) a ready entry added
-// (q set), an inflight id released (l set) or a ready-record cache entry
-// changed (cache set: old and had are what it was).
+// changes every item or call makes (no closure to allocate) a ready entry
+// added (q set), an inflight id released (l set), a ready-record cache
+// entry changed (cache set: old and had are what it was) or ids reserved
+// (ids set: idNext and idLimit are the id block as it was).
 type undoStep struct {
 	fn      func()
+	ids     bool
+	idNext  uint64
+	idLimit uint64
 	q       *queueState
 	l       *leaseState
 	cache   *queueState
@@ -125,6 +129,8 @@ func (u *undoStep) run(s *Store) {
 	switch {
 	case u.fn != nil:
 		u.fn()
+	case u.ids:
+		s.ids.next, s.ids.limit = u.idNext, u.idLimit
 	case u.q != nil:
 		u.q.mu.Lock()
 		u.q.ready.remove(u.prio, readyEntry{vis: u.vis, id: u.id})

@@ -10,6 +10,7 @@ import "C"
 import (
 	"encoding/binary"
 	"errors"
+	"slices"
 	"unsafe"
 )
 
@@ -338,6 +339,13 @@ func (it *rdbIter) close() { C.lq_iter_destroy(it.p) }
 // rdbTxn is a transaction of a txnDB, reused from batch to batch.
 type rdbTxn struct {
 	p *C.lq_txn
+	// msg receives a failed call's message. A field rather than a local:
+	// a local whose address goes to C is moved to the heap, one
+	// allocation per commit.
+	msg *C.char
+	// kb and koff hold lockMany's packed keys, reused from call to call.
+	kb   []byte
+	koff []uint32
 }
 
 // begin starts a transaction, reusing old (nil: a new one).
@@ -361,13 +369,13 @@ func (t *rdbTxn) write(w *writeBuf) {
 }
 
 func (t *rdbTxn) commit() error {
-	var msg *C.char
-	return cStatus(C.lq_txn_commit(t.p, &msg), &msg)
+	t.msg = nil
+	return cStatus(C.lq_txn_commit(t.p, &t.msg), &t.msg)
 }
 
 func (t *rdbTxn) rollback() error {
-	var msg *C.char
-	return cStatus(C.lq_txn_rollback(t.p, &msg), &msg)
+	t.msg = nil
+	return cStatus(C.lq_txn_rollback(t.p, &t.msg), &t.msg)
 }
 
 // get reads key in the transaction without locking it; a copy.
@@ -383,27 +391,30 @@ func (t *rdbTxn) lockMany(keys [][]byte) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	kb, koff := packKeys(keys)
-	var msg *C.char
-	if C.lq_txn_lock(t.p, (*C.char)(unsafe.Pointer(&kb[0])), (*C.uint32_t)(unsafe.Pointer(&koff[0])), C.int64_t(len(keys)), &msg) != 0 {
-		return cErr(msg)
+	kb, koff := packKeys(t.kb[:0], t.koff[:0], keys)
+	if cap(kb) <= maxReusedWriteBuf {
+		t.kb, t.koff = kb, koff
+	}
+	t.msg = nil
+	if C.lq_txn_lock(t.p, (*C.char)(unsafe.Pointer(&kb[0])), (*C.uint32_t)(unsafe.Pointer(&koff[0])), C.int64_t(len(keys)), &t.msg) != 0 {
+		return cErr(t.msg)
 	}
 	return nil
 }
 
-// packKeys lays keys end to end for C: key i is kb[koff[i]:koff[i+1]].
-// kb ends in a zero byte, so it is a valid pointer even when every key is
-// empty.
-func packKeys(keys [][]byte) (kb []byte, koff []uint32) {
+// packKeys lays keys end to end for C, appending to kb and koff (empty,
+// reused room or nil): key i is kb[koff[i]:koff[i+1]]. kb ends in a zero
+// byte, so it is a valid pointer even when every key is empty.
+func packKeys(kb []byte, koff []uint32, keys [][]byte) ([]byte, []uint32) {
 	total := 0
 	for _, k := range keys {
 		total += len(k)
 	}
-	kb = make([]byte, 0, total+1)
-	koff = make([]uint32, len(keys)+1)
-	for i, k := range keys {
+	kb = slices.Grow(kb, total+1)
+	koff = append(slices.Grow(koff, len(keys)+1), 0)
+	for _, k := range keys {
 		kb = append(kb, k...)
-		koff[i+1] = uint32(len(kb))
+		koff = append(koff, uint32(len(kb)))
 	}
 	return append(kb, 0), koff
 }
@@ -416,18 +427,18 @@ func (t *rdbTxn) getManyForUpdate(keys [][]byte) ([][]byte, error) {
 	if n == 0 {
 		return nil, nil
 	}
-	kb, koff := packKeys(keys)
+	kb, koff := packKeys(nil, nil, keys)
 	vlen := make([]int64, n)
 	out := make([]byte, 320*n)
 	var used C.size_t
 	start := 0
 	for start < n {
-		var msg *C.char
+		t.msg = nil
 		next := int(C.lq_txn_get_for_update(t.p, (*C.char)(unsafe.Pointer(&kb[0])), (*C.uint32_t)(unsafe.Pointer(&koff[0])),
 			C.int64_t(start), C.int64_t(n), (*C.char)(unsafe.Pointer(&out[0])), C.size_t(len(out)), &used,
-			(*C.int64_t)(unsafe.Pointer(&vlen[0])), &msg))
+			(*C.int64_t)(unsafe.Pointer(&vlen[0])), &t.msg))
 		if next < 0 {
-			return nil, cErr(msg)
+			return nil, cErr(t.msg)
 		}
 		if next < n {
 			// Value next did not fit: grow and go on from it.

@@ -544,7 +544,10 @@ func (s *Store) scanViewAt(snap *rdbSnap, once bool, lower, upper, seek []byte, 
 // Store.mu -> queueState.mu.
 type queueState struct {
 	name string
-	mu   sync.Mutex
+	// countersKey is dbkeys.CountersKey(name), made once: every batch
+	// that changes the queue merges into it.
+	countersKey []byte
+	mu          sync.Mutex
 	// cfg and counters: written by the committer, read by anyone.
 	// REQUIRES: mu held.
 	cfg      storage.QueueConfig
@@ -564,7 +567,7 @@ type queueState struct {
 }
 
 func newQueueState(name string, cfg storage.QueueConfig) *queueState {
-	return &queueState{name: name, cfg: cfg, delayed: make(map[storage.ItemID]int64), leases: make(map[storage.LeaseID]*leaseState)}
+	return &queueState{name: name, countersKey: dbkeys.CountersKey(name), cfg: cfg, delayed: make(map[storage.ItemID]int64), leases: make(map[storage.LeaseID]*leaseState)}
 }
 
 func (q *queueState) config() storage.QueueConfig {
@@ -633,22 +636,19 @@ func (s *Store) queueNames() []string {
 	return names
 }
 
-// allocIDs assigns n increasing ids, writing a new high-water mark into
-// the batch when the reserved block is used up. REQUIRES: on the
-// committer.
-func (s *Store) allocIDs(o *opTx, n int, now int64) []storage.ItemID {
-	next, limit := s.ids.next, s.ids.limit
-	if s.ids.next+uint64(n) > s.ids.limit {
-		s.ids.limit = s.ids.next + uint64(n) + idBlock
+// allocIDs reserves n increasing ids for the op, writing a new
+// high-water mark into the batch when the reserved block is used up, and
+// returns the first one's sequence number: the op's k-th id is
+// dbkeys.NewID(first+k, now). REQUIRES: on the committer.
+func (s *Store) allocIDs(o *opTx, n int) (first uint64) {
+	first, limit := s.ids.next, s.ids.limit
+	if first+uint64(n) > s.ids.limit {
+		s.ids.limit = first + uint64(n) + idBlock
 		o.put(dbkeys.MetaIDSeqKey(), dbkeys.EncodeUint64(s.ids.limit))
 	}
-	out := make([]storage.ItemID, n)
-	for i := range out {
-		out[i] = dbkeys.NewID(s.ids.next, now)
-		s.ids.next++
-	}
-	o.onUndo(func() { s.ids.next, s.ids.limit = next, limit })
-	return out
+	s.ids.next = first + uint64(n)
+	o.undoFn = append(o.undoFn, undoStep{ids: true, idNext: first, idLimit: limit})
+	return first
 }
 
 func configFromRecord(r dbkeys.QueueConfigRecord) storage.QueueConfig {
