@@ -34,7 +34,8 @@ type replyGate struct {
 	pending  int64
 	building int // listing answers being built (acquire/release)
 	sizes    map[*capnp.Message]int64
-	changed  chan struct{} // closed (and replaced) when pending or building falls
+	changed  chan struct{} // closed (and replaced) when pending or building falls and someone waits
+	waiting  int           // goroutines in await
 }
 
 func newReplyGate(ctx context.Context, kill func(), limit int64, stall time.Duration, clk clock.Clock, total *atomic.Int64) *replyGate {
@@ -68,11 +69,9 @@ func (g *replyGate) done(m *capnp.Message) {
 		delete(g.sizes, m)
 		g.pending -= n
 		g.total.Add(-n)
+		g.signalLocked()
 	}
 	g.mu.Unlock()
-	if ok {
-		g.signal()
-	}
 }
 
 // Pending is the bytes of answers built and not yet written.
@@ -125,16 +124,19 @@ func (g *replyGate) release() {
 	}
 	g.mu.Lock()
 	g.building--
+	g.signalLocked()
 	g.mu.Unlock()
-	g.signal()
 }
 
-// signal wakes every waiter to look again.
-func (g *replyGate) signal() {
-	g.mu.Lock()
+// signalLocked wakes every waiter to look again. With nobody waiting
+// (nearly always) it does nothing: a fresh channel per written answer was
+// an allocation per call. REQUIRES: g.mu held.
+func (g *replyGate) signalLocked() {
+	if g.waiting == 0 {
+		return
+	}
 	close(g.changed)
 	g.changed = make(chan struct{})
-	g.mu.Unlock()
 }
 
 // await waits until ok (called with g.mu held) holds. It fails when the
@@ -148,6 +150,9 @@ func (g *replyGate) await(ok func() bool) error {
 	for {
 		g.mu.Lock()
 		fine, pending, changed := ok(), g.pending, g.changed
+		if !fine {
+			g.waiting++ // from here signalLocked closes changed
+		}
 		g.mu.Unlock()
 		if fine {
 			return nil
@@ -164,11 +169,21 @@ func (g *replyGate) await(ok func() bool) error {
 			defer t.Stop()
 			stalled = ch
 		}
+		var closed, stall bool
 		select {
 		case <-changed:
 		case <-g.ctx.Done():
-			return fmt.Errorf("%w: connection closed", ErrUnavailable)
+			closed = true
 		case <-stalled:
+			stall = true
+		}
+		g.mu.Lock()
+		g.waiting--
+		g.mu.Unlock()
+		switch {
+		case closed:
+			return fmt.Errorf("%w: connection closed", ErrUnavailable)
+		case stall:
 			g.kill()
 			return fmt.Errorf("%w: the client read none of %d bytes of answers for %v; connection closed", ErrUnavailable, pending, g.stall)
 		}
