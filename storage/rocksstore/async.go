@@ -29,15 +29,14 @@ var _ storage.Async = (*Store)(nil)
 // the fsync to the syncer goroutines, so that it can go back to its own
 // work. REQUIRES: s.life held shared (enter); done releases it.
 func (s *Store) submitAsync(queue string, ops []*op, done func()) {
-	left := new(atomic.Int32)
-	left.Store(int32(len(ops)))
+	left := opsLeft(len(ops))
 	for _, o := range ops {
 		o.wake = nil
 		o.done = func() {
 			if o.err != nil && errors.Is(o.err, storage.ErrCorrupt) {
 				s.noteCorrupt(queue, o.err)
 			}
-			if left.Add(-1) == 0 {
+			if left == nil || left.Add(-1) == 0 {
 				done()
 			}
 		}
@@ -55,13 +54,26 @@ func (s *Store) submitAsync(queue string, ops []*op, done func()) {
 	}
 }
 
+// opsLeft returns the count of a group's ops still to complete, nil for
+// one op (most calls), which has nothing to count. (One assignment, so
+// that submitAsync's closures capture the pointer by value.)
+func opsLeft(n int) *atomic.Int32 {
+	if n == 1 {
+		return nil
+	}
+	left := new(atomic.Int32)
+	left.Store(int32(n))
+	return left
+}
+
 // EnqueueAsync implements storage.Async.
 func (s *Store) EnqueueAsync(ctx context.Context, p storage.EnqueueParams, done func([]storage.EnqueueResult, error)) {
 	if err := s.enter("enqueue"); err != nil {
 		done(nil, err)
 		return
 	}
-	fail := func(err error) { done(nil, fmt.Errorf("rocksstore: enqueue %q: %w", p.Queue, err)) }
+	queue := p.Queue // captured instead of p, which would move to the heap
+	fail := func(err error) { done(nil, fmt.Errorf("rocksstore: enqueue %q: %w", queue, err)) }
 	res, valid, fn, err := s.enqueueOp(ctx, p)
 	if err != nil || fn == nil {
 		s.exit()
@@ -101,7 +113,8 @@ func (s *Store) PollAsync(ctx context.Context, p storage.PollParams, done func(s
 		done(storage.PollResult{}, err)
 		return
 	}
-	fail := func(err error) { done(storage.PollResult{}, fmt.Errorf("rocksstore: poll %q: %w", p.Queue, err)) }
+	queue := p.Queue // captured instead of p, which would move to the heap
+	fail := func(err error) { done(storage.PollResult{}, fmt.Errorf("rocksstore: poll %q: %w", queue, err)) }
 	res, fn, err := s.pollOp(ctx, p)
 	if err != nil || fn == nil {
 		s.exit()
@@ -138,7 +151,8 @@ func (s *Store) AckAsync(ctx context.Context, p storage.AckParams, done func([]s
 		done(codes, err)
 		return
 	}
-	fail := func(err error) { done(nil, fmt.Errorf("rocksstore: ack %q: %w", p.Queue, err)) }
+	queue := p.Queue // captured instead of p, which would move to the heap
+	fail := func(err error) { done(nil, fmt.Errorf("rocksstore: ack %q: %w", queue, err)) }
 	o := &op{apply: fn, items: len(p.IDs)}
 	s.submitAsync(p.Queue, []*op{o}, s.doneOne(o, fail, func() { done(codes, nil) }))
 }

@@ -94,7 +94,7 @@ func reportMetrics(b *testing.B, m Metrics) {
 	}
 }
 
-// BenchmarkEnqueue: batches of 100 x 256 B.
+// BenchmarkEnqueue: batches of 100 x 256 B, and single items (sync=none).
 func BenchmarkEnqueue(b *testing.B) {
 	for _, c := range []struct {
 		benchConfig

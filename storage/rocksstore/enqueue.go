@@ -62,17 +62,20 @@ func (s *Store) enqueueOp(ctx context.Context, p storage.EnqueueParams) (res []s
 	if valid == 0 && s.queue(p.Queue) != nil {
 		return res, 0, nil, nil // nothing to write (the op below also creates a new queue)
 	}
+	// The op captures copies of what it needs: a captured p, or a
+	// captured named result, moves to the heap (an allocation per call).
+	queue, items, out, count := p.Queue, p.Items, res, valid
 	return res, valid, func(o *opTx) error {
-		q, err := s.ensureQueue(o, p.Queue, nil)
+		q, err := s.ensureQueue(o, queue, nil)
 		if err != nil {
 			return err
 		}
 		cfg := q.config()
-		first := s.allocIDs(o, valid)
+		first := s.allocIDs(o, count)
 		d := o.delta(q)
 		n := 0
-		for i, in := range p.Items {
-			if res[i].Code == storage.CodeInvalid {
+		for i, in := range items {
+			if out[i].Code == storage.CodeInvalid {
 				continue
 			}
 			id := dbkeys.NewID(first+uint64(n), now)
@@ -89,7 +92,7 @@ func (s *Store) enqueueOp(ctx context.Context, p storage.EnqueueParams) (res []s
 						return corrupt("enqueue", dbkeys.DedupKey(q.name, in.DedupKey), err)
 					}
 					if now < rec.ExpiresAt {
-						res[i] = storage.EnqueueResult{Code: storage.CodeOK, ID: rec.ID, Duplicate: true}
+						out[i] = storage.EnqueueResult{Code: storage.CodeOK, ID: rec.ID, Duplicate: true}
 						d.Duplicates++
 						continue
 					}
@@ -118,7 +121,7 @@ func (s *Store) enqueueOp(ctx context.Context, p storage.EnqueueParams) (res []s
 				o.put(ek, dbkeys.Marker())
 				o.deadline(exp)
 			}
-			res[i] = storage.EnqueueResult{Code: storage.CodeOK, ID: id}
+			out[i] = storage.EnqueueResult{Code: storage.CodeOK, ID: id}
 		}
 		return nil
 	}, nil

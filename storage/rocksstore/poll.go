@@ -69,12 +69,14 @@ func (s *Store) pollOp(ctx context.Context, p storage.PollParams) (res *storage.
 		// on every wake-up.
 		return nil, nil, nil
 	}
-	res = new(storage.PollResult)
-	return res, func(o *opTx) error {
+	// The op captures r and limit, not the named result res or p: either
+	// would move to the heap (an allocation per call).
+	r, limit := new(storage.PollResult), p.Max
+	return r, func(o *opTx) error {
 		o.b.polls++
 		var err error
-		*res, err = s.claim(o, q, now, p.Max, int64(lease))
-		o.op.items = len(res.Items) // what it touched, no longer what it may
+		*r, err = s.claim(o, q, now, limit, int64(lease))
+		o.op.items = len(r.Items) // what it touched, no longer what it may
 		return err
 	}, nil
 }
