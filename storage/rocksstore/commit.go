@@ -109,6 +109,41 @@ type pipeline struct {
 	failed   error // set by a failed write or fsync; REQUIRES: mu held
 	slot     *txnSlot
 	buf      []*op // the leader's scratch list; REQUIRES: leading
+	// spare and freeOps are the room of completed groups, for the next
+	// unsynced list and the next batches' op lists (a batch hands its
+	// list to the fsync); REQUIRES: mu held.
+	spare   []written
+	freeOps [][]*op
+}
+
+// maxFreeOps is how many completed op lists the pipeline keeps.
+const maxFreeOps = 4
+
+// recycleLocked keeps the room of a completed group for later groups and
+// batches. REQUIRES: mu held; nobody uses group or its op lists any more.
+func (p *pipeline) recycleLocked(group []written) {
+	for _, w := range group {
+		if len(p.freeOps) < maxFreeOps && cap(w.ops) <= maxReusedSorted {
+			clear(w.ops)
+			p.freeOps = append(p.freeOps, w.ops[:0])
+		}
+	}
+	if p.spare == nil && cap(group) <= maxReusedSorted {
+		clear(group)
+		p.spare = group[:0]
+	}
+}
+
+// opsLocked returns an empty op list, recycled if there is one.
+// REQUIRES: mu held.
+func (p *pipeline) opsLocked() []*op {
+	if n := len(p.freeOps); n > 0 {
+		l := p.freeOps[n-1]
+		p.freeOps[n-1] = nil
+		p.freeOps = p.freeOps[:n-1]
+		return l
+	}
+	return nil
 }
 
 // txnSlot is a reusable RocksDB transaction object and its write batch.
@@ -435,8 +470,11 @@ func (s *Store) leadBatches(async bool) {
 			// fsync costs far more than a batch); the syncer takes over
 			// when the leader hands the lead on. An fsync already
 			// running: the batch waits for the next one.
-			p.buf = nil
 			p.mu.Lock()
+			p.buf = p.opsLocked()
+			if p.unsynced == nil {
+				p.unsynced, p.spare = p.spare, nil
+			}
 			p.unsynced = append(p.unsynced, written{ops: ops, wrote: wrote})
 			inline := false
 			if !p.syncing && len(p.pending) == 0 && !async {
@@ -488,6 +526,7 @@ func (s *Store) syncInline() {
 	// Completed first: the batches written meanwhile then share the
 	// syncer's next fsync (measured: produce-b100 in process).
 	p.mu.Lock()
+	p.recycleLocked(group)
 	if len(p.unsynced) > 0 {
 		p.kick <- struct{}{} // the syncing passes to the syncer
 	} else {
@@ -511,8 +550,13 @@ func (s *Store) syncLoop() {
 	p := &s.pipe
 	defer p.wg.Done()
 	for range p.kick {
+		var completed []written // recycled at the next lock
 		for {
 			p.mu.Lock()
+			if completed != nil {
+				p.recycleLocked(completed)
+				completed = nil
+			}
 			if len(p.unsynced) == 0 {
 				p.endSyncingLocked()
 				p.mu.Unlock()
@@ -533,8 +577,12 @@ func (s *Store) syncLoop() {
 			}
 			complete(group, err)
 			if handed {
+				p.mu.Lock()
+				p.recycleLocked(group)
+				p.mu.Unlock()
 				break
 			}
+			completed = group
 		}
 	}
 }
