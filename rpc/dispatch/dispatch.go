@@ -214,20 +214,27 @@ func (a *asyncPoll) run(woken bool) {
 		// The store completes the attempt, maybe on another goroutine
 		// (the one that fsyncs its claim): that one goes on with the
 		// poll; one completed before PollAsync returned goes on here.
-		var state atomic.Int32 // 0: in PollAsync, 1: returned, 2: completed inside
-		var again bool
+		// state: 0 while in PollAsync, 1 once it returned, 2 or 3 when
+		// the attempt completed first (3: go on with another attempt).
+		// The outcome travels in state itself: a separate flag written
+		// after the swap could still be unwritten when this goroutine
+		// read it, had the attempt completed on another goroutine.
+		var state atomic.Int32
 		w := woken
 		d.async.PollAsync(a.ctx, a.p, func(res storage.PollResult, err error) {
 			ag := a.attempted(w, gen, res, err)
-			if state.CompareAndSwap(0, 2) {
-				again = ag
+			done := int32(2)
+			if ag {
+				done = 3
+			}
+			if state.CompareAndSwap(0, done) {
 				return
 			}
 			if ag {
 				a.run(false)
 			}
 		})
-		if state.CompareAndSwap(0, 1) || !again {
+		if state.CompareAndSwap(0, 1) || state.Load() != 3 {
 			return
 		}
 		woken = false
