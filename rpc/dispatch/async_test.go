@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/storage"
+	"github.com/leaseq/leaseq/storage/memstore"
 	"github.com/leaseq/leaseq/storage/rocksstore"
 )
 
@@ -70,4 +72,71 @@ func TestDispatcher_AsyncStore(t *testing.T) {
 	got = recv(t, polled)
 	require.NoError(t, got.err)
 	require.Empty(t, got.res.Items)
+}
+
+// lateAsync is a memory store whose first asynchronous poll finds nothing
+// while an item arrives, and completes on another goroutine while
+// PollAsync has not returned yet; later polls complete at once.
+type lateAsync struct {
+	*memstore.Store
+	d     *Dispatcher
+	first atomic.Bool
+}
+
+func (s *lateAsync) Nonblocking() bool { return false } // so the dispatcher uses PollAsync
+
+func (s *lateAsync) PollAsync(ctx context.Context, p storage.PollParams, done func(storage.PollResult, error)) {
+	if !s.first.CompareAndSwap(false, true) {
+		r, err := s.Poll(ctx, p)
+		done(r, err)
+		return
+	}
+	go func() {
+		_, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: p.Queue, Items: make([]storage.EnqueueItem, 1), Now: p.Now})
+		if err != nil {
+			done(storage.PollResult{}, err)
+			return
+		}
+		s.d.Notify(p.Queue)
+		done(storage.PollResult{}, nil)
+	}()
+	// Return after the attempt completed, without waiting for it in a way
+	// that would order its last writes before this return: the race
+	// detector then sees an outcome passed outside the atomic swap.
+	time.Sleep(20 * time.Millisecond)
+}
+
+func (s *lateAsync) EnqueueAsync(ctx context.Context, p storage.EnqueueParams, done func([]storage.EnqueueResult, error)) {
+	done(s.Enqueue(ctx, p))
+}
+
+func (s *lateAsync) EnqueueClaimAsync(ctx context.Context, p storage.EnqueueParams, polls []storage.PollParams, done func([]storage.EnqueueResult, []storage.PollResult, error)) {
+	res, err := s.Enqueue(ctx, p) // claims nothing for the polls (this test parks none)
+	done(res, make([]storage.PollResult, len(polls)), err)
+}
+
+func (s *lateAsync) AckAsync(ctx context.Context, p storage.AckParams, done func([]storage.Code, error)) {
+	done(s.Ack(ctx, p))
+}
+
+// An attempt that found nothing while an item arrived, completed on the
+// store's goroutine before PollAsync returned: the poll goes on with
+// another attempt and gets the item (it used to pass "go on" in a flag
+// written after the swap, which this goroutine could read unwritten).
+func TestDispatcher_PollAsyncCompletedElsewhere(t *testing.T) {
+	t.Parallel()
+	s := &lateAsync{Store: memstore.New(memstore.Options{})}
+	d, err := New(Config{Store: s, Clock: clock.NewMock()})
+	require.NoError(t, err)
+	defer d.Close()
+	s.d = d
+	require.NotNil(t, d.async)
+
+	got := make(chan out, 1)
+	d.PollAsync(context.Background(), storage.PollParams{Queue: "q", Max: 4, Lease: time.Minute}, time.Minute,
+		func(res storage.PollResult, err error) { got <- out{res, err} })
+	r := recv(t, got)
+	require.NoError(t, r.err)
+	require.Len(t, r.res.Items, 1, "the item that arrived during the first attempt")
+	require.Zero(t, d.Waiters())
 }
