@@ -75,8 +75,12 @@ type op struct {
 
 // newOp returns an op that runs apply and touches about items items.
 func newOp(items int, apply func(o *opTx) error) *op {
-	return &op{apply: apply, items: items, wake: make(chan bool, 1)}
+	return &op{apply: apply, items: items, wake: wakePool.Get().(chan bool)}
 }
+
+// wakePool holds empty wake channels of completed ops (submitGroup puts
+// them back): a channel per call was one of its allocations.
+var wakePool = sync.Pool{New: func() any { return make(chan bool, 1) }}
 
 // maxBatchItems caps the items one batch applies, so a crowd of large
 // calls does not build one huge transaction; the rest go into the next
@@ -335,6 +339,8 @@ func (s *Store) submitGroup(queue string, ops []*op) error {
 		for !<-o.wake {
 			s.lead()
 		}
+		// Complete: nobody sends on wake again, and it is empty.
+		wakePool.Put(o.wake)
 		if o.err != nil && errors.Is(o.err, storage.ErrCorrupt) {
 			s.noteCorrupt(queue, o.err)
 		}
