@@ -521,7 +521,6 @@ func (p *pipeline) kickLocked() bool {
 	return false
 }
 
-
 // written is a batch written and waiting for its fsync.
 type written struct {
 	ops   []*op
