@@ -169,25 +169,25 @@ func (g *replyGate) await(ok func() bool) error {
 			defer t.Stop()
 			stalled = ch
 		}
-		var closed, stall bool
 		select {
 		case <-changed:
+			g.unwait()
 		case <-g.ctx.Done():
-			closed = true
-		case <-stalled:
-			stall = true
-		}
-		g.mu.Lock()
-		g.waiting--
-		g.mu.Unlock()
-		switch {
-		case closed:
+			g.unwait()
 			return fmt.Errorf("%w: connection closed", ErrUnavailable)
-		case stall:
+		case <-stalled:
+			g.unwait()
 			g.kill()
 			return fmt.Errorf("%w: the client read none of %d bytes of answers for %v; connection closed", ErrUnavailable, pending, g.stall)
 		}
 	}
+}
+
+// unwait ends a wait that await counted in waiting.
+func (g *replyGate) unwait() {
+	g.mu.Lock()
+	g.waiting--
+	g.mu.Unlock()
 }
 
 // gatedTransport is a connection's transport with its replyGate: it tells

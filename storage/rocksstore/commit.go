@@ -747,19 +747,21 @@ const maxReusedBatchList = 1024
 // release clears the batch's lists, so that they hold nothing alive, and
 // keeps their room for the next batch unless it grew too large.
 func (b *batch) release() {
-	clear(b.rewritten)
-	clear(b.deltas)
-	clear(b.notes)
-	if cap(b.rewritten) > maxReusedBatchList {
-		b.rewritten = nil
+	*b = batch{
+		rewritten: reuseEmpty(b.rewritten, maxReusedBatchList),
+		deltas:    reuseEmpty(b.deltas, maxReusedBatchList),
+		notes:     reuseEmpty(b.notes, maxReusedBatchList),
 	}
-	if cap(b.deltas) > maxReusedBatchList {
-		b.deltas = nil
+}
+
+// reuseEmpty returns l cleared and empty, keeping its room unless that is room for
+// more than max entries.
+func reuseEmpty[T any](l []T, max int) []T {
+	if cap(l) > max {
+		return nil
 	}
-	if cap(b.notes) > maxReusedBatchList {
-		b.notes = nil
-	}
-	b.s, b.slot = nil, nil
+	clear(l)
+	return l[:0]
 }
 
 type queueDelta struct {
@@ -784,7 +786,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	slot.cs.reset()
 	slot.t = s.db.begin(slot.t)
 	b := &slot.b
-	*b = batch{s: s, slot: slot, rewritten: b.rewritten[:0], deltas: b.deltas[:0], notes: b.notes[:0]}
+	b.s, b.slot = s, slot // its lists are empty (release)
 	defer func() {
 		for _, n := range b.notes {
 			n.c.done(n.key)
