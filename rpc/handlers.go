@@ -237,10 +237,15 @@ func writeEnqueue(res schema.Queue_enqueue_Results, results []storage.EnqueueRes
 	if err != nil {
 		return err
 	}
+	// A new list is zeroed: code ok and duplicate false need no write.
 	for i := range results {
 		w := l.At(i)
-		w.SetCode(wireCode(results[i].Code))
-		w.SetDuplicate(results[i].Duplicate)
+		if results[i].Code != storage.CodeOK {
+			w.SetCode(wireCode(results[i].Code))
+		}
+		if results[i].Duplicate {
+			w.SetDuplicate(true)
+		}
 		if results[i].Code == storage.CodeOK {
 			if err := w.SetId(results[i].ID[:]); err != nil {
 				return err
@@ -262,9 +267,11 @@ func (q *queueServer) enqueueItem(w schema.EnqueueItem) (storage.EnqueueItem, st
 	if err != nil {
 		return storage.EnqueueItem{}, fmt.Sprintf("payload: %v", err)
 	}
-	key, err := w.DedupKey()
-	if err != nil {
-		return storage.EnqueueItem{}, fmt.Sprintf("dedup key: %v", err)
+	var key string
+	if w.HasDedupKey() { // most items have none: skip the pointer's decoding
+		if key, err = w.DedupKey(); err != nil {
+			return storage.EnqueueItem{}, fmt.Sprintf("dedup key: %v", err)
+		}
 	}
 	it := storage.EnqueueItem{
 		Payload:     p,
