@@ -815,6 +815,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	// of searching from the top for every key.
 	keys := slot.ov.sorted(slot.sorted[:0])
 	if invariants {
+		checkUniqueKeys(keys)
 		s.checkWriteOnce(b, keys)
 		s.checkReadyWrites(keys)
 	}

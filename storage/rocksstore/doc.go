@@ -77,7 +77,12 @@
 // decision rests on: the available record a poll takes, a dedup record);
 // writes go to the overlay, and every overlay write and in-memory index
 // change has an undo, so an op that fails (a corrupt record, say) leaves
-// the rest of its batch intact. At commit the overlay's keys are sorted
+// the rest of its batch intact. The keys of a newly enqueued item cannot
+// be in the batch yet, so they are appended without the overlay's map,
+// which takes them in only if a later op of the batch reads or writes
+// the overlay: a batch of enqueues alone builds no map (produce-b100 in
+// process, seven interleaved pairs: 468k against 425k items/s with
+// sync=always, 614k against 594k with sync=none). At commit the overlay's keys are sorted
 // and put into the transaction's batch untracked: sorted, the memtable
 // inserts them along one skiplist path; untracked, the lock manager is
 // skipped (one batch is applied at a time, and the records it changes were

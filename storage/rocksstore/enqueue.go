@@ -134,26 +134,30 @@ func (s *Store) enqueueOp(ctx context.Context, p storage.EnqueueParams) (res []s
 // otherwise rec already says where the payload is (and carries it when
 // inline). REQUIRES: on the committer.
 func (s *Store) putAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, payload []byte, fresh bool) {
+	// A fresh item's keys are new to the batch (its id was reserved by
+	// this op): put skips the overlay's index for them.
+	put := o.put
 	if fresh {
+		put = o.putNew
 		if s.inlineMax >= 0 && len(payload) <= s.inlineMax {
 			rec.Payload = payload
 		} else {
 			rec.PayloadExternal = true
-			o.put(dbkeys.PayloadKey(q.name, id), dbkeys.EncodePayload(payload))
+			put(dbkeys.PayloadKey(q.name, id), dbkeys.EncodePayload(payload))
 		}
 	}
 	rec.HasLease, rec.Lease = false, [16]byte{}
 	rec.Dead, rec.DeadAt, rec.Reason = false, 0, ""
 	v := o.itemValue(rec)
-	o.put(o.availableKey(q.name, id), v)
+	put(o.availableKey(q.name, id), v)
 	s.cacheReady(o, q, id, v, fresh)
-	o.put(o.visibilityKey(q.name, rec.Priority, rec.VisibleAt, id), dbkeys.Marker())
+	put(o.visibilityKey(q.name, rec.Priority, rec.VisibleAt, id), dbkeys.Marker())
 	q.mu.Lock()
 	q.ready.push(rec.Priority, readyEntry{vis: rec.VisibleAt, id: id})
 	q.mu.Unlock()
 	d := o.delta(q)
 	if rec.Delayed {
-		o.put(dbkeys.DelayedKey(rec.VisibleAt, q.name, id), dbkeys.Marker())
+		put(dbkeys.DelayedKey(rec.VisibleAt, q.name, id), dbkeys.Marker())
 		q.delayed[id] = rec.VisibleAt
 		s.delayed.push(timed{at: rec.VisibleAt, token: id, q: q})
 		d.Delayed++

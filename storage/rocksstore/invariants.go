@@ -37,6 +37,17 @@ func checkIndexes(queues []*queueState) {
 	}
 }
 
+// checkUniqueKeys verifies that a batch writes each key once: overlay.add
+// appends without a lookup, trusting that its key is new to the batch.
+// keys are sorted. A duplicate is a bug in the engine, so it panics.
+func checkUniqueKeys(keys []overlayEnt) {
+	for i := 1; i < len(keys); i++ {
+		if keys[i].key == keys[i-1].key {
+			panic(fmt.Sprintf("rocksstore invariant: key %x is written twice in one batch", keys[i].key))
+		}
+	}
+}
+
 // checkWriteOnce verifies the rule that lets the batch single-delete
 // (dbkeys.SingleDeletable): a write of such a key that the batch did not
 // delete first must find no value in the database, or a later single

@@ -44,6 +44,16 @@ func (o *opTx) put(key, value []byte) {
 	o.set(keyString(key), value)
 }
 
+// putNew buffers the write of a key the batch has not written: one of an
+// item whose id this op reserved. It skips the overlay's index (add).
+func (o *opTx) putNew(key, value []byte) {
+	if value == nil {
+		value = []byte{}
+	}
+	i := o.b.slot.ov.add(keyString(key), value)
+	o.undo = append(o.undo, undoWrite{i: i})
+}
+
 // del buffers a delete; key is the batch's from here on.
 func (o *opTx) del(key []byte) { o.set(keyString(key), nil) }
 

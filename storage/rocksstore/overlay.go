@@ -15,11 +15,17 @@ import (
 // enqueued it, see opTx.set, or an op rolled back) stays as a dead entry,
 // so each write costs one map lookup, plus one insert for a key new to the
 // batch, and the commit needs none.
+//
+// The keys of a new item (its id was reserved by this batch) cannot be in
+// the batch yet, so add appends them without a lookup, and the index takes
+// them in only when a later lookup or write needs it: a batch of enqueues
+// alone, such as produce-b100's, never builds the index.
 type overlay struct {
-	idx  map[string]int32 // key -> its entry in ents
-	ents []overlayEnt
-	live int          // entries that are writes
-	tmp  []overlayEnt // sortRuns' merge buffer
+	idx     map[string]int32 // key -> its entry in ents, for ents[:indexed]
+	ents    []overlayEnt
+	indexed int32        // ents from here on were added by add and are not in idx yet
+	live    int          // entries that are writes
+	tmp     []overlayEnt // sortRuns' merge buffer
 }
 
 type overlayEnt struct {
@@ -47,11 +53,31 @@ func (ov *overlay) reset() {
 	if cap(ov.tmp) > maxReusedSorted {
 		ov.tmp = nil
 	}
-	ov.live = 0
+	ov.live, ov.indexed = 0, 0
+}
+
+// index puts the entries add appended into idx. Entries are indexed in
+// order, so a key written again after a rolled-back add maps to its latest
+// entry.
+func (ov *overlay) index() {
+	for i := ov.indexed; i < int32(len(ov.ents)); i++ {
+		ov.idx[ov.ents[i].key] = i
+	}
+	ov.indexed = int32(len(ov.ents))
+}
+
+// add appends a write of v to k, a key the batch has no live entry for
+// (a new item's), and returns its entry.
+func (ov *overlay) add(k string, v []byte) int32 {
+	i := int32(len(ov.ents))
+	ov.ents = append(ov.ents, overlayEnt{key: k, val: v, live: true})
+	ov.live++
+	return i
 }
 
 // lookup returns the batch's write of k: found with v nil is a delete.
 func (ov *overlay) lookup(k []byte) (v []byte, found bool) {
+	ov.index()
 	if i, ok := ov.idx[string(k)]; ok && ov.ents[i].live {
 		return ov.ents[i].val, true
 	}
@@ -60,11 +86,13 @@ func (ov *overlay) lookup(k []byte) (v []byte, found bool) {
 
 // entry returns k's entry, adding a dead one if the batch has none.
 func (ov *overlay) entry(k string) int32 {
+	ov.index()
 	i, ok := ov.idx[k]
 	if !ok {
 		i = int32(len(ov.ents))
 		ov.ents = append(ov.ents, overlayEnt{key: k})
 		ov.idx[k] = i
+		ov.indexed++
 	}
 	return i
 }
