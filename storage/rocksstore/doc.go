@@ -82,8 +82,9 @@
 // which takes them in only if a later op of the batch reads or writes
 // the overlay: a batch of enqueues alone builds no map (produce-b100 in
 // process, seven interleaved pairs: 468k against 425k items/s with
-// sync=always, 614k against 594k with sync=none). At commit the overlay's keys are sorted
-// and put into the transaction's batch untracked: sorted, the memtable
+// sync=always, 614k against 594k with sync=none). At commit the
+// overlay's keys are sorted and put into the transaction's batch
+// untracked: sorted, the memtable
 // inserts them along one skiplist path; untracked, the lock manager is
 // skipped (one batch is applied at a time, and the records it changes were
 // read with GetForUpdate).
