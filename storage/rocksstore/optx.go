@@ -37,21 +37,22 @@ type undoWrite struct {
 
 // put buffers a write. key and value are the batch's from here on: the
 // caller must not change them.
-func (o *opTx) put(key, value []byte) {
-	if value == nil {
-		value = []byte{}
-	}
-	o.set(keyString(key), value)
-}
+func (o *opTx) put(key, value []byte) { o.set(keyString(key), putValue(value)) }
 
 // putNew buffers the write of a key the batch has not written: one of an
 // item whose id this op reserved. It skips the overlay's index (add).
 func (o *opTx) putNew(key, value []byte) {
-	if value == nil {
-		value = []byte{}
-	}
-	i := o.b.slot.ov.add(keyString(key), value)
+	i := o.b.slot.ov.add(keyString(key), putValue(value))
 	o.undo = append(o.undo, undoWrite{i: i})
+}
+
+// putValue is value as the overlay holds a put: never nil, which means a
+// delete there.
+func putValue(value []byte) []byte {
+	if value == nil {
+		return []byte{}
+	}
+	return value
 }
 
 // del buffers a delete; key is the batch's from here on.
