@@ -200,6 +200,9 @@
 // lease and in_progress namespaces once (never an available record), so
 // after any crash the in-memory state is what the database says. Only the
 // leader changes the indexes; Stats reads a queue's under queueState.mu.
+// A batch's changes to the counters show in Stats as the batch is built,
+// a moment before its writes can be read (Peek, DeadList): an op later in
+// the same batch must see them (removing a queue checks it is empty).
 // The dedup_expiry index stays on disk (it can be large and is only
 // swept), with a cursor below which only deleted entries remain.
 //
