@@ -195,7 +195,10 @@
 // up to 4096 per queue and Options.ReadyCacheBytes (32 MiB) in all, so a
 // claim of a recently enqueued, nacked or expired item locks its record
 // with a GetForUpdate that reads nothing (Metrics.ClaimReads counts the
-// records claims still read). The database stays the source of
+// records claims still read). New items' records, which come in id
+// order and are mostly claimed in it, are kept in an ordered slice rather
+// than a map, so caching and claiming them hashes nothing (e2e in
+// process: +4-10 % items/s). The database stays the source of
 // truth: Open rebuilds every index by reading the visibility, delayed,
 // lease and in_progress namespaces once (never an available record), so
 // after any crash the in-memory state is what the database says. Only the

@@ -102,7 +102,7 @@ func (s *Store) checkReadyWrites(keys []overlayEnt) {
 		if q == nil {
 			continue
 		}
-		c, cached := q.recs[storage.ItemID(id)]
+		c, cached := q.recs.get(storage.ItemID(id))
 		if cached && !bytes.Equal(c, e.val) {
 			panic(fmt.Sprintf("rocksstore invariant: ready record %x written %x, cached %x", kb, e.val, c))
 		}

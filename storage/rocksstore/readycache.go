@@ -2,6 +2,7 @@ package rocksstore
 
 import (
 	"bytes"
+	"slices"
 
 	"github.com/leaseq/leaseq/storage"
 )
@@ -41,7 +42,7 @@ const readyCacheQueueItems = 4096
 const readyEntryCost = 64
 
 // readyCache is the store-wide budget of the per-queue caches
-// (queueState.recs). Committer only.
+// (queueState.recs, readyRecs). Committer only.
 type readyCache struct {
 	max   int64 // <= 0: off
 	bytes int64
@@ -57,54 +58,174 @@ func (s *Store) cacheReady(o *opTx, q *queueState, id storage.ItemID, v []byte, 
 	var old []byte
 	had := false
 	if !fresh {
-		old, had = q.recs[id]
+		old, had = q.recs.take(id)
+		if had {
+			s.rcache.bytes -= readyCost(old)
+		}
 	}
-	if had {
-		s.uncache(q, id, old)
-	}
-	if v != nil && len(q.recs) < readyCacheQueueItems && s.rcache.bytes+readyCost(v) <= s.rcache.max {
-		s.cache(q, id, bytes.Clone(v))
+	if v != nil && q.recs.len() < readyCacheQueueItems && s.rcache.bytes+readyCost(v) <= s.rcache.max {
+		q.recs.add(id, bytes.Clone(v), fresh)
+		s.rcache.bytes += readyCost(v)
 	} else if !had {
 		return // nothing changed
 	}
 	o.undoFn = append(o.undoFn, undoStep{cache: q, id: id, old: old, had: had})
 }
 
-// cache adds id's record c to q's cache.
-func (s *Store) cache(q *queueState, id storage.ItemID, c []byte) {
-	if q.recs == nil {
-		q.recs = make(map[storage.ItemID][]byte)
-	}
-	q.recs[id] = c
-	q.recsPeak = max(q.recsPeak, len(q.recs))
-	s.rcache.bytes += readyCost(c)
-}
-
-// uncache removes id's record old from q's cache. A Go map keeps the room
-// of its largest size: once a map that held many records is empty again it
-// is dropped, so queues that each had a burst once do not keep that room
-// between them (RSS stays bounded by the budget, not by the queue count).
-func (s *Store) uncache(q *queueState, id storage.ItemID, old []byte) {
-	s.rcache.bytes -= readyCost(old)
-	delete(q.recs, id)
-	if len(q.recs) == 0 && q.recsPeak > readyMapKeep {
-		q.recs, q.recsPeak = nil, 0
-	}
-}
-
-// readyMapKeep is the largest size a queue's empty cache map is kept at.
-const readyMapKeep = 512
-
 // undoCache puts id's cache entry in q back to old (had: it existed).
 func (s *Store) undoCache(q *queueState, id storage.ItemID, old []byte, had bool) {
-	if cur, ok := q.recs[id]; ok {
-		s.uncache(q, id, cur)
+	if cur, ok := q.recs.take(id); ok {
+		s.rcache.bytes -= readyCost(cur)
 	}
 	if had {
-		s.cache(q, id, old)
+		q.recs.add(id, old, false)
+		s.rcache.bytes += readyCost(old)
 	}
 }
 
 // cachedReady returns id's cached available record in q, or nil. The
 // caller must not change it. REQUIRES: on the committer.
-func (q *queueState) cachedReady(id storage.ItemID) []byte { return q.recs[id] }
+func (q *queueState) cachedReady(id storage.ItemID) []byte {
+	v, _ := q.recs.get(id)
+	return v
+}
+
+// readyRecs is one queue's cached records. Most records are those of new
+// items, written in id order and claimed in about that order: they go to
+// run, a slice in id order whose head is taken first, so caching and
+// taking such a record costs no hashing (a map cost 8 % of the serial
+// batch path of e2e in process, docs/BENCHMARKS.md). The rest (nacked or
+// returned items, and records that arrive out of id order) go to m.
+type readyRecs struct {
+	m    map[storage.ItemID][]byte
+	peak int // the most records m held since it was made
+
+	run     []runRec // run[head:] is in ascending id order; a nil rec was taken
+	head    int
+	runLive int
+}
+
+type runRec struct {
+	id  storage.ItemID
+	rec []byte
+}
+
+func (r *readyRecs) len() int { return len(r.m) + r.runLive }
+
+// get returns id's record.
+func (r *readyRecs) get(id storage.ItemID) ([]byte, bool) {
+	if i := r.find(id); i >= 0 {
+		return r.run[i].rec, true
+	}
+	v, ok := r.m[id]
+	return v, ok
+}
+
+// find returns id's index in run, or -1.
+func (r *readyRecs) find(id storage.ItemID) int {
+	if r.runLive == 0 {
+		return -1
+	}
+	if r.run[r.head].id == id { // the usual claim: the oldest new item
+		return r.head
+	}
+	rest := r.run[r.head:]
+	i, ok := slices.BinarySearchFunc(rest, id, func(e runRec, id storage.ItemID) int { return bytes.Compare(e.id[:], id[:]) })
+	if !ok || rest[i].rec == nil {
+		return -1
+	}
+	return r.head + i
+}
+
+// add caches c as id's record; id has none. fresh: id is a new item's,
+// which goes to run if it sorts after every id there.
+func (r *readyRecs) add(id storage.ItemID, c []byte, fresh bool) {
+	if fresh {
+		if n := len(r.run); n == r.head || bytes.Compare(r.run[n-1].id[:], id[:]) < 0 {
+			r.compact()
+			r.run = append(r.run, runRec{id: id, rec: c})
+			r.runLive++
+			return
+		}
+	}
+	if r.m == nil {
+		r.m = make(map[storage.ItemID][]byte)
+	}
+	r.m[id] = c
+	r.peak = max(r.peak, len(r.m))
+}
+
+// take removes id's record and returns it.
+func (r *readyRecs) take(id storage.ItemID) ([]byte, bool) {
+	if i := r.find(id); i >= 0 {
+		v := r.run[i].rec
+		r.run[i].rec = nil
+		r.runLive--
+		for r.head < len(r.run) && r.run[r.head].rec == nil {
+			r.head++
+		}
+		if r.runLive == 0 {
+			r.clearRun()
+		}
+		return v, true
+	}
+	v, ok := r.m[id]
+	if !ok {
+		return nil, false
+	}
+	delete(r.m, id)
+	// A Go map keeps the room of its largest size: once a map that held
+	// many records is empty again it is dropped, so queues that each had
+	// a burst once do not keep that room between them (RSS stays bounded
+	// by the budget, not by the queue count).
+	if len(r.m) == 0 && r.peak > readyMapKeep {
+		r.m, r.peak = nil, 0
+	}
+	return v, true
+}
+
+// compact makes room before an append: it moves run's live records down
+// once the taken ones before or among them outnumber them, so run stays
+// within twice the records it holds (plus readyMapKeep).
+func (r *readyRecs) compact() {
+	if len(r.run) < cap(r.run) || len(r.run)-r.runLive <= r.runLive+readyMapKeep {
+		return
+	}
+	n := 0
+	for _, e := range r.run[r.head:] {
+		if e.rec != nil {
+			r.run[n] = e
+			n++
+		}
+	}
+	clear(r.run[n:])
+	r.run, r.head = r.run[:n], 0
+}
+
+// clearRun empties run, keeping its room unless it grew past
+// readyMapKeep records.
+func (r *readyRecs) clearRun() {
+	if cap(r.run) > readyMapKeep {
+		r.run = nil
+	} else {
+		clear(r.run)
+		r.run = r.run[:0]
+	}
+	r.head = 0
+}
+
+// each calls fn for every cached record.
+func (r *readyRecs) each(fn func(id storage.ItemID, v []byte)) {
+	for _, e := range r.run[r.head:] {
+		if e.rec != nil {
+			fn(e.id, e.rec)
+		}
+	}
+	for id, v := range r.m {
+		fn(id, v)
+	}
+}
+
+// readyMapKeep is the largest size a queue's empty cache map, or run, is
+// kept at.
+const readyMapKeep = 512

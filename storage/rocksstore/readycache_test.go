@@ -20,10 +20,10 @@ func (b *testBundle) cacheState() int {
 	defer s.mu.Unlock()
 	n, bytes := 0, int64(0)
 	for _, q := range s.mu.queues {
-		for _, v := range q.recs {
+		q.recs.each(func(_ storage.ItemID, v []byte) {
 			n++
 			bytes += readyCost(v)
-		}
+		})
 	}
 	require.Equal(b.t, bytes, s.rcache.bytes, "the budget counts what the cache holds")
 	return n
@@ -116,18 +116,95 @@ func TestReadyCache_QueueBound(t *testing.T) {
 	require.Equal(t, uint64(100), b.claimReads())
 }
 
-// A queue's cache map that held many records is dropped once it is empty
-// (a Go map keeps the room of its largest size); a small one is kept.
-func TestReadyCache_EmptyMapDropped(t *testing.T) {
+// A queue's cache that held many records gives its room back once it is
+// empty (a Go map, and a slice, keep the room of their largest size); a
+// small one is kept. New items' records go to the run, nacked ones to the
+// map.
+func TestReadyCache_EmptyRoomDropped(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.enqueueN("small", at(0), readyMapKeep)
-	b.enqueueN("big", at(0), readyMapKeep+1)
-	require.Len(t, b.poll("small", readyMapKeep, time.Minute, at(time.Second)).Items, readyMapKeep)
-	require.Len(t, b.poll("big", readyMapKeep+1, time.Minute, at(time.Second)).Items, readyMapKeep+1)
+	small, big := readyMapKeep/4, readyMapKeep+1
+	b.enqueueN("small", at(0), small)
+	b.enqueueN("big", at(0), big)
+	require.Len(t, b.s.queue("big").recs.m, 0, "new items' records are in the run")
+	resSmall := b.poll("small", small, time.Minute, at(time.Second))
+	resBig := b.poll("big", big, time.Minute, at(time.Second))
+	require.Len(t, resSmall.Items, small)
+	require.Len(t, resBig.Items, big)
 	require.Zero(t, b.cacheState())
-	require.NotNil(t, b.s.queue("small").recs, "kept")
-	require.Nil(t, b.s.queue("big").recs, "dropped")
-	b.enqueueN("big", at(2*time.Second), 2)
+	require.NotNil(t, b.s.queue("small").recs.run, "run kept")
+	require.Nil(t, b.s.queue("big").recs.run, "run dropped")
+
+	zero := time.Duration(0)
+	nackAll := func(q string, res storage.PollResult, now time.Time) {
+		ids := make([]storage.ItemID, len(res.Items))
+		for i, it := range res.Items {
+			ids[i] = it.ID
+		}
+		b.nack(q, res.Lease, &zero, now, ids...)
+	}
+	nackAll("small", resSmall, at(2*time.Second))
+	nackAll("big", resBig, at(2*time.Second))
+	require.Len(t, b.s.queue("big").recs.m, big, "nacked items' records are in the map")
+	require.Len(t, b.poll("small", small, time.Minute, at(3*time.Second)).Items, small)
+	require.Len(t, b.poll("big", big, time.Minute, at(3*time.Second)).Items, big)
+	require.Zero(t, b.cacheState())
+	require.Zero(t, b.claimReads(), "every claim was served from the cache")
+	require.NotNil(t, b.s.queue("small").recs.m, "map kept")
+	require.Nil(t, b.s.queue("big").recs.m, "map dropped")
+	b.enqueueN("big", at(4*time.Second), 2)
 	require.Equal(t, 2, b.cacheState(), "and made again")
+}
+
+// The run serves claims out of id order too (a higher priority first,
+// then the rest), and keeps within twice what it holds as its head is
+// taken.
+func TestReadyCache_RunOutOfOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var lowIDs []storage.ItemID
+	for i := range 3 * readyMapKeep {
+		prio := uint8(9)
+		if i%3 == 0 {
+			prio = 0 // served first
+		}
+		res, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: []byte{byte(i)}, Priority: prio}}, Now: at(0)})
+		require.NoError(t, err)
+		if prio == 9 {
+			lowIDs = append(lowIDs, res[0].ID)
+		}
+	}
+	q := b.s.queue("q")
+	require.Equal(t, 3*readyMapKeep, q.recs.runLive)
+	require.Nil(t, q.recs.m)
+	// The first-served third is claimed first, from all over the run.
+	high := b.poll("q", readyMapKeep, time.Minute, at(time.Second))
+	require.Len(t, high.Items, readyMapKeep)
+	for _, it := range high.Items {
+		require.Equal(t, uint8(0), it.Priority)
+		require.Equal(t, []byte{byte(it.Payload[0])}, it.Payload)
+	}
+	require.Equal(t, 2*readyMapKeep, b.cacheState())
+	// New items (served first) keep coming and going behind the older
+	// ones, which stay at the run's head: the run does not grow with what
+	// was taken.
+	for range 4 * readyMapKeep {
+		id := b.enqueueN("q", at(2*time.Second), 1)[0]
+		res := b.poll("q", 1, time.Minute, at(3*time.Second))
+		require.Len(t, res.Items, 1)
+		require.Equal(t, id, res.Items[0].ID)
+		require.LessOrEqual(t, len(q.recs.run), 2*(q.recs.runLive+readyMapKeep)+1)
+	}
+	require.Equal(t, 2*readyMapKeep, b.cacheState())
+	var got []storage.ItemID
+	for len(got) < len(lowIDs) {
+		res := b.poll("q", 500, time.Minute, at(4*time.Second))
+		require.NotEmpty(t, res.Items)
+		for _, it := range res.Items {
+			got = append(got, it.ID)
+		}
+	}
+	require.Equal(t, lowIDs, got, "serve order")
+	require.Zero(t, b.claimReads(), "every claim was served from the cache")
+	require.Zero(t, b.cacheState())
 }

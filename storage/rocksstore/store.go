@@ -562,8 +562,7 @@ type queueState struct {
 	leases  map[storage.LeaseID]*leaseState
 	// recs caches available records the committer wrote (readycache.go).
 	// Committer only.
-	recs     map[storage.ItemID][]byte
-	recsPeak int // the most records recs held since it was made
+	recs readyRecs
 }
 
 func newQueueState(name string, cfg storage.QueueConfig) *queueState {
