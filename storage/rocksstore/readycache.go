@@ -103,6 +103,7 @@ type readyRecs struct {
 	run     []runRec // run[head:] is in ascending id order; a nil rec was taken
 	head    int
 	runLive int
+	last    int // the index find returned last
 }
 
 type runRec struct {
@@ -126,15 +127,25 @@ func (r *readyRecs) find(id storage.ItemID) int {
 	if r.runLive == 0 {
 		return -1
 	}
-	if r.run[r.head].id == id { // the usual claim: the oldest new item
-		return r.head
+	// The usual lookups: the oldest new item, the item found last (a claim
+	// looks its record up, then takes it) or the one after it (a claim
+	// takes items in serve order, which is id order within an enqueue).
+	for _, i := range [...]int{r.head, r.last, r.last + 1} {
+		if i >= r.head && i < len(r.run) && r.run[i].id == id {
+			if r.run[i].rec == nil {
+				return -1
+			}
+			r.last = i
+			return i
+		}
 	}
 	rest := r.run[r.head:]
 	i, ok := slices.BinarySearchFunc(rest, id, func(e runRec, id storage.ItemID) int { return bytes.Compare(e.id[:], id[:]) })
 	if !ok || rest[i].rec == nil {
 		return -1
 	}
-	return r.head + i
+	r.last = r.head + i
+	return r.last
 }
 
 // add caches c as id's record; id has none. fresh: id is a new item's,
@@ -199,7 +210,7 @@ func (r *readyRecs) compact() {
 		}
 	}
 	clear(r.run[n:])
-	r.run, r.head = r.run[:n], 0
+	r.run, r.head, r.last = r.run[:n], 0, 0
 }
 
 // clearRun empties run, keeping its room unless it grew past
@@ -211,7 +222,7 @@ func (r *readyRecs) clearRun() {
 		clear(r.run)
 		r.run = r.run[:0]
 	}
-	r.head = 0
+	r.head, r.last = 0, 0
 }
 
 // each calls fn for every cached record.
