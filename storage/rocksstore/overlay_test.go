@@ -91,3 +91,36 @@ func TestOverlay(t *testing.T) {
 		}
 	}
 }
+
+// A batch that outgrows the key arena's chunk leaves a chunk it fits in,
+// so batches of the same size allocate none; buffers never overlap, and
+// a batch larger than keyArenaMax does not make the arena that large.
+func TestKeyArena_GrowsToTheBatch(t *testing.T) {
+	var a keyArena
+	// batch takes n buffers of size bytes and reports whether they were
+	// all empty with room for size bytes and did not overlap.
+	batch := func(n, size int) bool {
+		ok := true
+		var prev []byte
+		for i := range n {
+			b := a.take(size)
+			ok = ok && len(b) == 0 && cap(b) == size
+			b = b[:size]
+			b[0], b[size-1] = byte(i), byte(i)
+			ok = ok && (prev == nil || prev[0] == byte(i-1) && prev[size-1] == byte(i-1))
+			prev = b
+		}
+		a.reset()
+		return ok
+	}
+	n := 3 * keyArenaChunk / 300 // three chunks' worth of 300-byte records
+	require.True(t, batch(n, 300))
+	require.GreaterOrEqual(t, cap(a.buf), n*300)
+	ok := true
+	allocs := testing.AllocsPerRun(20, func() { ok = batch(n, 300) && ok })
+	require.True(t, ok)
+	require.Zero(t, allocs, "a batch of the same size again")
+
+	require.True(t, batch(2*keyArenaMax/4096, 4096))
+	require.LessOrEqual(t, cap(a.buf), keyArenaMax, "a batch past keyArenaMax does not size the arena")
+}
