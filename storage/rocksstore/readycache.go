@@ -38,7 +38,7 @@ const DefaultReadyCacheBytes = 32 << 20
 const readyCacheQueueItems = 4096
 
 // readyEntryCost is what one cached record costs besides its bytes: the
-// map entry (id, slice header) and the allocation's rounding.
+// entry (id, slice header) in the run or map and the allocation's rounding.
 const readyEntryCost = 64
 
 // readyCache is the store-wide budget of the per-queue caches
