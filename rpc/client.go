@@ -3,7 +3,6 @@ package rpc
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -763,6 +762,3 @@ func (c *Client) SetQueueConfig(ctx context.Context, queue string, cfg storage.Q
 	_, err := answer("set config", f.Struct)
 	return err
 }
-
-// errClientClosed is returned by calls on a closed Client's subscriptions.
-var errClientClosed = errors.New("rpc: client closed")

@@ -65,10 +65,6 @@ const leanReadBuffer = 64 << 10
 // one write when they fit.
 const leanWriteBuffer = 64 << 10
 
-// leanFlushBytes is how many reply bytes the reader may hold back while
-// it still has buffered input: past it, it writes them out first.
-const leanFlushBytes = 64 << 10
-
 // leanConn is one connection of the lean engine.
 type leanConn struct {
 	s      *Server

@@ -105,7 +105,7 @@ func (in *redisInstance) options(pool int) *redis.Options {
 		// default 3 s read timeout would cut longer waits.
 		ReadTimeout:           -1,
 		ContextTimeoutEnabled: true,
-		DisableIndentity:      true,
+		DisableIdentity:       true,
 	}
 }
 

@@ -45,10 +45,6 @@ type queueServer struct {
 	limits storage.Limits // srv.Limits(): defaults filled in
 }
 
-// idLen is the length of a leaseq item id and lease token on the wire;
-// Queueber's are 16-byte UUIDs, so its clients carry them unchanged.
-const idLen = len(storage.ItemID{})
-
 // call runs body through the connection's accounting (metrics, shutdown
 // draining, reply budget) and turns its error into a Cap'n Proto
 // exception: "overloaded" for errors that mean "retry later" (the node is

@@ -25,7 +25,6 @@ type benchConfig struct {
 	sync       SyncMode
 	inlineMax  int
 	noDelComp  bool
-	payload    int
 	memtable   int
 	readyCache int64
 }
