@@ -155,7 +155,11 @@ func (p *pipeline) opsLocked() []*op {
 
 // txnSlot is a reusable RocksDB transaction object and its write batch.
 type txnSlot struct {
-	t *rdbTxn
+	// t is the batch's transaction, begun by the batch's first read
+	// (txn): a batch that reads nothing through it, enqueues and acks
+	// alone, is written outside any transaction.
+	t     *rdbTxn
+	began bool
 	// ov is the overlay of the batch being built, reused across batches.
 	ov overlay
 	// keys and vals hold the batch's hot-path keys and item records (see
@@ -176,6 +180,16 @@ type txnSlot struct {
 	cs claimScratch
 	// b is the batch being built, its lists reused from batch to batch.
 	b batch
+}
+
+// txn returns the batch's transaction, begun by its first use in the
+// batch.
+func (b *batch) txn() *rdbTxn {
+	if !b.slot.began {
+		b.slot.t = b.s.db.begin(b.slot.t)
+		b.slot.began = true
+	}
+	return b.slot.t
 }
 
 // claimScratch holds the lists the batch's claims use, so a poll
@@ -800,7 +814,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	slot.keys.reset()
 	slot.vals.reset()
 	slot.cs.reset()
-	slot.t = s.db.begin(slot.t)
+	slot.began = false
 	b := &slot.b
 	b.s, b.slot = s, slot // its lists are empty (release)
 	defer func() {
@@ -822,8 +836,10 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 		slot.keepUndo(ot)
 	}
 	if slot.ov.live == 0 && len(b.deltas) == 0 {
-		if err := slot.t.rollback(); err != nil {
-			return false, translate("rollback", err)
+		if slot.began {
+			if err := slot.t.rollback(); err != nil {
+				return false, translate("rollback", err)
+			}
 		}
 		return false, nil
 	}
@@ -861,7 +877,19 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 			w.merge(d.q.countersKey, dbkeys.EncodeCounters(d.d))
 		}
 	}
-	slot.t.write(w)
+	// The writes go into the transaction's batch unlocked and unindexed
+	// (rdb.go): batches are applied one at a time, and the records a batch
+	// changes were read with GetForUpdate. A batch that read nothing
+	// (enqueues without dedup keys, acks) has no transaction: its writes
+	// go to the database as one write batch, which spares beginning and
+	// committing a transaction.
+	if slot.began {
+		slot.t.write(w)
+		err = slot.t.commit()
+	} else {
+		err = s.db.write(w, false)
+		s.m.plainCommits.Add(1)
+	}
 	clear(keys)
 	if cap(keys) <= maxReusedSorted {
 		slot.sorted = keys[:0]
@@ -869,10 +897,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	if cap(w.b) > maxReusedWriteBuf {
 		w.b = nil
 	}
-	// The writes went into the transaction's batch unlocked and unindexed
-	// (rdb.go): batches are applied one at a time, and the records a batch
-	// changes were read with GetForUpdate.
-	if err := slot.t.commit(); err != nil {
+	if err != nil {
 		return false, translate("commit", err)
 	}
 	if invariants {

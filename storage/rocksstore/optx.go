@@ -177,7 +177,7 @@ func (o *opTx) getForUpdate(key []byte) ([]byte, bool, error) {
 	if v, ok := o.overlay(key); ok {
 		return v, v != nil, nil
 	}
-	vals, err := o.b.slot.t.getManyForUpdate([][]byte{key})
+	vals, err := o.b.txn().getManyForUpdate([][]byte{key})
 	if err != nil {
 		return nil, false, translate("get for update", err)
 	}
@@ -214,10 +214,14 @@ func (o *opTx) getManyForUpdate(keys, known [][]byte) (vals [][]byte, reads int,
 		miss = append(miss, k)
 		at = append(at, i)
 	}
-	if err := o.b.slot.t.lockMany(lock); err != nil {
+	if len(lock) == 0 && len(miss) == 0 {
+		return vals, 0, nil // all in the batch: nothing to lock
+	}
+	t := o.b.txn()
+	if err := t.lockMany(lock); err != nil {
 		return nil, 0, translate("get for update", err)
 	}
-	got, err := o.b.slot.t.getManyForUpdate(miss)
+	got, err := t.getManyForUpdate(miss)
 	if err != nil {
 		return nil, 0, translate("get for update", err)
 	}
@@ -232,7 +236,7 @@ func (o *opTx) get(key []byte) ([]byte, bool, error) {
 	if v, ok := o.overlay(key); ok {
 		return v, v != nil, nil
 	}
-	v, ok, err := o.b.slot.t.get(key)
+	v, ok, err := o.b.txn().get(key)
 	return v, ok, translate("get", err)
 }
 

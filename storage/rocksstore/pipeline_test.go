@@ -466,3 +466,44 @@ func (s *Store) unsyncedBatches() int {
 	defer s.pipe.mu.Unlock()
 	return len(s.pipe.unsynced)
 }
+
+// A batch that reads nothing through its transaction (enqueues without
+// dedup keys, acks) is written without one; a claim's GetForUpdate and a
+// dedup key's lookup begin one. Either way the writes are what a reopen
+// finds.
+func TestPipeline_BatchesThatReadNothingCommitWithoutTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	plain := func() uint64 { return b.s.m.plainCommits.Load() }
+	commits := func() uint64 { return b.s.m.commits.Load() }
+	p, c := plain(), commits()
+	step := func(what string, wantPlain bool) {
+		t.Helper()
+		require.Equal(t, c+1, commits(), "%s: one commit", what)
+		want := p
+		if wantPlain {
+			want++
+		}
+		require.Equal(t, want, plain(), "%s: without a transaction %v", what, wantPlain)
+		p, c = plain(), commits()
+	}
+
+	b.enqueueN("q", at(0), 3)
+	step("enqueue", true)
+	res := b.poll("q", 2, time.Minute, at(time.Second))
+	require.Len(t, res.Items, 2)
+	step("poll", false)
+	require.Equal(t, []storage.Code{storage.CodeOK, storage.CodeOK}, b.ack("q", res.Lease, at(2*time.Second), res.Items[0].ID, res.Items[1].ID))
+	step("ack", true)
+	first := b.enqueue("q", at(3*time.Second), storage.EnqueueItem{Payload: []byte("d"), DedupKey: "k"})
+	step("dedup enqueue", false)
+	again := b.enqueue("q", at(4*time.Second), storage.EnqueueItem{Payload: []byte("d"), DedupKey: "k"})
+	require.Equal(t, first, again, "the dedup record was written")
+
+	b.reopen()
+	st := b.stats("q", at(5*time.Second))
+	require.Equal(t, int64(2), st.Ready)
+	require.Equal(t, int64(0), st.Inflight)
+	require.Equal(t, uint64(2), st.Acked)
+	require.Len(t, b.poll("q", 10, time.Minute, at(6*time.Second)).Items, 2)
+}

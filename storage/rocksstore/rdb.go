@@ -207,8 +207,10 @@ func (d *rdb) getIn(snap *rdbSnap, fam int, key []byte) ([]byte, bool, error) {
 
 // write writes w's writes as one batch outside any transaction (sync:
 // fsync the WAL first). In the store's TransactionDB the batch goes to the
-// base DB: only for keys no transaction holds (the store writes its
-// metadata this way, outside the pipeline).
+// base DB: only for keys no transaction holds. The store writes its
+// metadata this way outside the pipeline, and the pipeline a batch that
+// began no transaction (runBatch): batches are applied one at a time, and
+// the pipeline's is the only transaction.
 func (d *rdb) write(w *writeBuf, sync bool) error {
 	if len(w.b) == 0 {
 		return nil

@@ -83,6 +83,7 @@ type Store struct {
 
 	m struct {
 		commits, ops, items, walSyncs, inlineSyncs, syncedBatches atomic.Uint64
+		plainCommits                                              atomic.Uint64 // commits without a transaction (runBatch)
 		syncNanos                                                 atomic.Uint64
 		claimPasses, polls, claimed, claimReads                   atomic.Uint64
 		corrupt                                                   atomic.Uint64
