@@ -125,7 +125,7 @@ func newNodeCollector() *nodeCollector {
 		queues:        d("queues", "Queues on the node (per-queue series cover the --metrics-max-queues busiest; the rest are summed under queue=\"(other)\")."),
 		pushed:        d("rpc_items_pushed_total", "Items delivered to subscriptions."),
 		replyBytes:    d("rpc_reply_bytes_queued", "Bytes of answers built and not yet written to their connections (each connection's share is bounded)."),
-		commits:       d("store_commits_total", "Batches the commit pipeline wrote, one transaction each (RocksDB)."),
+		commits:       d("store_commits_total", "Batches the commit pipeline wrote, one WAL write each (RocksDB)."),
 		syncCommits:   d("store_sync_commits_total", "Batches that waited for a WAL fsync (RocksDB)."),
 		inlineSyncs:   d("store_wal_inline_fsyncs_total", "WAL fsyncs run by the goroutine of a lone caller instead of the syncer goroutine (RocksDB)."),
 		commitLatency: d("store_commit_seconds", "Time RocksDB spent writing batches, fsync excluded (count: batches)."),
