@@ -58,14 +58,10 @@ func (s *Store) cacheReady(o *opTx, q *queueState, id storage.ItemID, v []byte, 
 	var old []byte
 	had := false
 	if !fresh {
-		old, had = q.recs.take(id)
-		if had {
-			s.rcache.bytes -= readyCost(old)
-		}
+		old, had = s.uncache(q, id)
 	}
 	if v != nil && q.recs.len() < readyCacheQueueItems && s.rcache.bytes+readyCost(v) <= s.rcache.max {
-		q.recs.add(id, bytes.Clone(v), fresh)
-		s.rcache.bytes += readyCost(v)
+		s.cache(q, id, bytes.Clone(v), fresh)
 	} else if !had {
 		return // nothing changed
 	}
@@ -74,13 +70,26 @@ func (s *Store) cacheReady(o *opTx, q *queueState, id storage.ItemID, v []byte, 
 
 // undoCache puts id's cache entry in q back to old (had: it existed).
 func (s *Store) undoCache(q *queueState, id storage.ItemID, old []byte, had bool) {
-	if cur, ok := q.recs.take(id); ok {
-		s.rcache.bytes -= readyCost(cur)
-	}
+	s.uncache(q, id)
 	if had {
-		q.recs.add(id, old, false)
-		s.rcache.bytes += readyCost(old)
+		s.cache(q, id, old, false)
 	}
+}
+
+// cache adds c as id's record in q (which has none) and counts it in the
+// budget.
+func (s *Store) cache(q *queueState, id storage.ItemID, c []byte, fresh bool) {
+	q.recs.add(id, c, fresh)
+	s.rcache.bytes += readyCost(c)
+}
+
+// uncache removes id's record from q and the budget, and returns it.
+func (s *Store) uncache(q *queueState, id storage.ItemID) ([]byte, bool) {
+	v, ok := q.recs.take(id)
+	if ok {
+		s.rcache.bytes -= readyCost(v)
+	}
+	return v, ok
 }
 
 // cachedReady returns id's cached available record in q, or nil. The
@@ -223,18 +232,6 @@ func (r *readyRecs) clearRun() {
 		r.run = r.run[:0]
 	}
 	r.head, r.last = 0, 0
-}
-
-// each calls fn for every cached record.
-func (r *readyRecs) each(fn func(id storage.ItemID, v []byte)) {
-	for _, e := range r.run[r.head:] {
-		if e.rec != nil {
-			fn(e.id, e.rec)
-		}
-	}
-	for id, v := range r.m {
-		fn(id, v)
-	}
 }
 
 // readyMapKeep is the largest size a queue's empty cache map, or run, is

@@ -208,3 +208,15 @@ func TestReadyCache_RunOutOfOrder(t *testing.T) {
 	require.Zero(t, b.claimReads(), "every claim was served from the cache")
 	require.Zero(t, b.cacheState())
 }
+
+// each calls fn for every cached record.
+func (r *readyRecs) each(fn func(id storage.ItemID, v []byte)) {
+	for _, e := range r.run[r.head:] {
+		if e.rec != nil {
+			fn(e.id, e.rec)
+		}
+	}
+	for id, v := range r.m {
+		fn(id, v)
+	}
+}
