@@ -115,7 +115,8 @@ type pipeline struct {
 	wg       sync.WaitGroup
 	failed   error // set by a failed write or fsync; REQUIRES: mu held
 	slot     *txnSlot
-	buf      []*op // the leader's scratch list; REQUIRES: leading
+	buf      []*op  // the leader's scratch list; REQUIRES: leading
+	batches  uint64 // batches begun (batch.seq); REQUIRES: leading
 	// spare and freeOps are the room of completed groups, for the next
 	// unsynced list and the next batches' op lists (a batch hands its
 	// list to the fsync); REQUIRES: mu held.
@@ -768,6 +769,33 @@ type batch struct {
 	deltas    []queueDelta
 	notes     []noteRef
 	polls     int
+	// seq numbers the store's batches from 1 (leaseState.wrote);
+	// freshFrom is the first id sequence number the batch can reserve, so
+	// an item with a lower one was enqueued before it; touched is set by
+	// the first write of a key of such an item, or of a lease, through
+	// the overlay's index (opTx.untouched).
+	seq       uint64
+	freshFrom uint64
+	touched   bool
+}
+
+// touches reports whether writing k through the overlay's index ends the
+// batch's untouched state: k is a lease key or a key of an item enqueued
+// before the batch (every item key ends with the item's id).
+func (b *batch) touches(k string) bool {
+	switch k[0] {
+	case dbkeys.NsLeases, dbkeys.NsLeaseExpiry:
+		return true
+	case dbkeys.NsAvailable, dbkeys.NsVisibility, dbkeys.NsInProgress, dbkeys.NsDelayed, dbkeys.NsPayload, dbkeys.NsDLQ:
+		return b.oldKey(keyBytes(k))
+	}
+	return false
+}
+
+// oldKey reports whether item key k (it ends with the item's id) is of an
+// item enqueued before the batch.
+func (b *batch) oldKey(k []byte) bool {
+	return len(k) < dbkeys.IDLen || dbkeys.IDSeq([16]byte(k[len(k)-dbkeys.IDLen:])) < b.freshFrom
 }
 
 // maxReusedBatchList is the longest list of a batch (rewritten keys,
@@ -817,6 +845,8 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	slot.began = false
 	b := &slot.b
 	b.s, b.slot = s, slot // its lists are empty (release)
+	s.pipe.batches++
+	b.seq, b.freshFrom = s.pipe.batches, s.ids.next
 	defer func() {
 		for _, n := range b.notes {
 			n.c.done(n.key)

@@ -173,13 +173,19 @@ func (s *Store) putAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbke
 // order entry was already popped by the caller. REQUIRES: on the
 // committer.
 func (s *Store) takeAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord) {
-	o.del(o.availableKey(q.name, id))
+	// An available item's keys are in the overlay only if the batch
+	// enqueued it or made it available again (opTx.untouched).
+	del := o.del
+	if o.untouched() && o.oldItem(id) {
+		del = o.delNew
+	}
+	del(o.availableKey(q.name, id))
 	s.cacheReady(o, q, id, nil, false)
-	o.del(o.visibilityKey(q.name, rec.Priority, rec.VisibleAt, id))
+	del(o.visibilityKey(q.name, rec.Priority, rec.VisibleAt, id))
 	d := o.delta(q)
 	// The item counts as delayed until the sweeper promotes it.
 	if vis, ok := q.delayed[id]; ok {
-		o.del(dbkeys.DelayedKey(vis, q.name, id))
+		del(dbkeys.DelayedKey(vis, q.name, id))
 		delete(q.delayed, id)
 		o.onUndo(func() { q.delayed[id] = vis })
 		d.Delayed--

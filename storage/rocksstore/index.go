@@ -364,6 +364,7 @@ type leaseState struct {
 	ids      []storage.ItemID // items held at the start of the current op, in claim order
 	released int              // ids released by the current op (see held)
 	ext      map[storage.ItemID]bool
+	wrote    uint64 // the last batch (batch.seq) that wrote its keys or its items' in_progress keys without the overlay's index
 }
 
 // remove deletes entry e of priority prio (undo of a push; linear).

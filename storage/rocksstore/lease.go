@@ -69,7 +69,11 @@ func (s *Store) finishLease(o *opTx, l *leaseState) {
 	l.ids, l.released = kept, 0
 	o.onUndo(func() { l.ids, l.released = oldIDs, oldReleased })
 	if len(kept) > 0 {
-		o.put(dbkeys.LeaseKey(l.token), dbkeys.EncodeLease(leaseRecord(l)))
+		put := o.put
+		if o.settleNew {
+			put = o.putNew
+		}
+		put(dbkeys.LeaseKey(l.token), dbkeys.EncodeLease(leaseRecord(l)))
 		return
 	}
 	s.dropLease(o, l)
@@ -78,8 +82,12 @@ func (s *Store) finishLease(o *opTx, l *leaseState) {
 // dropLease deletes lease l's record and expiry entry and forgets it.
 // REQUIRES: on the committer.
 func (s *Store) dropLease(o *opTx, l *leaseState) {
-	o.del(dbkeys.LeaseKey(l.token))
-	o.del(dbkeys.LeaseExpiryKey(l.exp, l.token))
+	del := o.del
+	if o.settleNew {
+		del = o.delNew
+	}
+	del(dbkeys.LeaseKey(l.token))
+	del(dbkeys.LeaseExpiryKey(l.exp, l.token))
 	o.delta(l.q).Leases--
 	delete(s.leases, l.token)
 	delete(l.q.leases, l.token)
@@ -131,7 +139,11 @@ func (s *Store) ackOp(ctx context.Context, p storage.AckParams) (*queueState, []
 // ackItem returns what an ack does to each item of q it settles.
 func (s *Store) ackItem(q *queueState) func(o *opTx, l *leaseState, id storage.ItemID) error {
 	return func(o *opTx, l *leaseState, id storage.ItemID) error {
-		o.del(o.inProgressKey(q.name, id))
+		if o.settleNew {
+			o.delNew(o.inProgressKey(q.name, id))
+		} else {
+			o.del(o.inProgressKey(q.name, id))
+		}
 		if l.ext[id] {
 			o.del(dbkeys.PayloadKey(q.name, id))
 		}
@@ -146,16 +158,29 @@ func (s *Store) Nack(ctx context.Context, p storage.NackParams) ([]storage.Code,
 		return nil, err
 	}
 	defer s.exit()
-	if err := p.Validate(s.limits); err != nil {
+	q, codes, fn, err := s.nackOp(ctx, p)
+	if err != nil || fn == nil {
+		return codes, err
+	}
+	if err := s.settled(q, len(p.IDs), fn); err != nil {
 		return nil, fmt.Errorf("rocksstore: nack %q: %w", p.Queue, err)
 	}
+	return codes, nil
+}
+
+// nackOp checks a nack and returns its codes (filled in when fn runs) and
+// op; fn is nil when the queue does not exist (every id is not found).
+func (s *Store) nackOp(ctx context.Context, p storage.NackParams) (*queueState, []storage.Code, func(o *opTx) error, error) {
+	if err := p.Validate(s.limits); err != nil {
+		return nil, nil, nil, fmt.Errorf("rocksstore: nack %q: %w", p.Queue, err)
+	}
 	if err := checkCtx(ctx, "nack"); err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
 	q := s.queue(p.Queue)
 	now := nanos(p.Now)
 	reason := s.limits.TruncateReason(p.Reason)
-	codes, err := s.settle(q, p.Lease, now, p.IDs, func(o *opTx, l *leaseState, id storage.ItemID) error {
+	codes, fn := s.settleOp(q, p.Lease, now, p.IDs, func(o *opTx, l *leaseState, id storage.ItemID) error {
 		ik := dbkeys.InProgressKey(q.name, id)
 		v, ok, err := o.getForUpdate(ik)
 		if err != nil {
@@ -186,27 +211,7 @@ func (s *Store) Nack(ctx context.Context, p storage.NackParams) ([]storage.Code,
 		s.putAvailable(o, q, id, rec, nil, false)
 		return nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("rocksstore: nack %q: %w", p.Queue, err)
-	}
-	return codes, nil
-}
-
-// settle is the shared body of Ack and Nack: on the committer it applies
-// the lease-token rules to every id and, for each CodeOK id, releases it
-// from the lease, counts it out of inflight and hands it to done (which
-// deletes or moves its in_progress record). A missing queue makes every
-// code CodeNotFound without a commit.
-func (s *Store) settle(q *queueState, token storage.LeaseID, now int64, ids []storage.ItemID,
-	done func(o *opTx, l *leaseState, id storage.ItemID) error) ([]storage.Code, error) {
-	codes, fn := s.settleOp(q, token, now, ids, done)
-	if fn == nil {
-		return codes, nil
-	}
-	if err := s.settled(q, len(ids), fn); err != nil {
-		return nil, err
-	}
-	return codes, nil
+	return q, codes, fn, nil
 }
 
 // settled runs a settle op of n ids on q and announces its earliest new
@@ -219,8 +224,12 @@ func (s *Store) settled(q *queueState, n int, fn func(o *opTx) error) error {
 	return err
 }
 
-// settleOp returns settle's codes (filled in when fn runs) and its op;
-// fn is nil when q does not exist (every id is not found).
+// settleOp is the shared op of Ack and Nack: on the committer it applies
+// the lease-token rules to every id and, for each CodeOK id, releases it
+// from the lease, counts it out of inflight and hands it to done (which
+// deletes or moves its in_progress record). It returns the codes (filled
+// in when fn runs) and the op; fn is nil when q does not exist (every
+// code is CodeNotFound, without a commit).
 func (s *Store) settleOp(q *queueState, token storage.LeaseID, now int64, ids []storage.ItemID,
 	done func(o *opTx, l *leaseState, id storage.ItemID) error) ([]storage.Code, func(o *opTx) error) {
 	codes := make([]storage.Code, len(ids))
@@ -232,6 +241,14 @@ func (s *Store) settleOp(q *queueState, token storage.LeaseID, now int64, ids []
 	}
 	return codes, func(o *opTx) error {
 		l := s.leases[token]
+		// No key of a lease that no earlier op of the batch wrote, nor
+		// its items' in_progress keys, is in the overlay while the
+		// batch is untouched (opTx.untouched): this op writes them
+		// without the overlay's index, each once.
+		if l != nil && o.untouched() && l.wrote != o.b.seq {
+			o.settleNew = true
+			l.wrote = o.b.seq
+		}
 		for i, id := range ids {
 			c, err := s.checkItem(o, q, token, l, id, now)
 			if err != nil {

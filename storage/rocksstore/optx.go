@@ -21,6 +21,9 @@ type opTx struct {
 	b            *batch
 	op           *op
 	rewrittenLen int // len(b.rewritten) when the op began
+	// settleNew is set by an ack or nack whose lease's keys, and its
+	// items' in_progress keys, are not in the overlay (settleOp).
+	settleNew bool
 	undo         []undoWrite
 	undoFn       []undoStep
 	deltas       []queueDelta
@@ -45,6 +48,31 @@ func (o *opTx) putNew(key, value []byte) {
 	i := o.b.slot.ov.add(keyString(key), putValue(value))
 	o.undo = append(o.undo, undoWrite{i: i})
 }
+
+// delNew buffers the delete of a key the batch has not written (see
+// untouched), skipping the overlay's index as putNew does.
+func (o *opTx) delNew(key []byte) {
+	i := o.b.slot.ov.add(keyString(key), nil)
+	o.undo = append(o.undo, undoWrite{i: i})
+}
+
+// untouched reports whether no op of the batch so far wrote, through the
+// overlay's index (set), a key of an item enqueued before the batch or a
+// lease key. Until one does, the only such keys in the overlay are the
+// ones claims and acks wrote with putNew and delNew, and each of those
+// moves its item one step (available to inflight, inflight to gone) that
+// no later claim or ack of the batch can repeat without a set in between:
+// an item taken by a claim is available again only through a nack, an
+// expiry or a redrive (all set), and a lease made by the batch cannot be
+// acked in it (its token reaches the caller only after the commit; acks
+// still check leaseState.wrote). So while untouched, a claim of an item
+// the batch did not enqueue and an ack under a lease the batch did not
+// write find none of their keys in the overlay, and write them without
+// the index: a batch of enqueues, polls and acks then builds no map at all.
+func (o *opTx) untouched() bool { return !o.b.touched }
+
+// oldItem reports whether id was enqueued before the batch.
+func (o *opTx) oldItem(id [16]byte) bool { return dbkeys.IDSeq(id) < o.b.freshFrom }
 
 // putValue is value as the overlay holds a put: never nil, which means a
 // delete there.
@@ -96,6 +124,9 @@ func keyString(k []byte) string { return unsafe.String(unsafe.SliceData(k), len(
 func keyBytes(k string) []byte { return unsafe.Slice(unsafe.StringData(k), len(k)) }
 
 func (o *opTx) set(k string, v []byte) {
+	if !o.b.touched && o.b.touches(k) {
+		o.b.touched = true
+	}
 	ov := &o.b.slot.ov
 	i := ov.entry(k)
 	old, had := ov.ents[i].val, ov.ents[i].live
@@ -188,8 +219,10 @@ func (o *opTx) getForUpdate(key []byte) ([]byte, bool, error) {
 // value, nil if it is missing. The values read from the database share
 // one buffer. known, if not nil, holds values the caller knows the
 // database has (the ready-record cache): such a key is locked without
-// being read, and known[i] is its value. reads counts the keys read.
-func (o *opTx) getManyForUpdate(keys, known [][]byte) (vals [][]byte, reads int, err error) {
+// being read, and known[i] is its value. With old set, keys of items
+// enqueued before the batch are not looked up in the overlay: the caller
+// knows they are not there (opTx.untouched). reads counts the keys read.
+func (o *opTx) getManyForUpdate(keys, known [][]byte, old bool) (vals [][]byte, reads int, err error) {
 	cs := &o.b.slot.cs
 	vals = scratch(&cs.vals, len(keys))
 	miss, lock, at := cs.miss[:0], cs.hit[:0], cs.at[:0]
@@ -199,9 +232,11 @@ func (o *opTx) getManyForUpdate(keys, known [][]byte) (vals [][]byte, reads int,
 		cs.miss, cs.hit, cs.at = miss[:0], lock[:0], at[:0]
 	}()
 	for i, k := range keys {
-		if v, ok := o.overlay(k); ok {
-			vals[i] = v
-			continue
+		if !old || !o.b.oldKey(k) {
+			if v, ok := o.overlay(k); ok {
+				vals[i] = v
+				continue
+			}
 		}
 		if known != nil && known[i] != nil {
 			if invariants {

@@ -507,3 +507,147 @@ func TestPipeline_BatchesThatReadNothingCommitWithoutTransaction(t *testing.T) {
 	require.Equal(t, uint64(2), st.Acked)
 	require.Len(t, b.poll("q", 10, time.Minute, at(6*time.Second)).Items, 2)
 }
+
+// oneBatch runs fns as ops of one batch, in this order, and requires each
+// to succeed.
+func (b *testBundle) oneBatch(fns ...func(o *opTx) error) {
+	b.t.Helper()
+	require.NoError(b.t, b.s.enter("test"))
+	defer b.s.exit()
+	ops := make([]*op, len(fns))
+	for i, fn := range fns {
+		require.NotNil(b.t, fn)
+		ops[i] = newOp(1, fn)
+	}
+	commits := b.s.m.commits.Load()
+	require.NoError(b.t, b.s.submitGroup("", ops))
+	for i, o := range ops {
+		require.NoError(b.t, o.err, "op %d", i)
+	}
+	require.Equal(b.t, commits+1, b.s.m.commits.Load(), "one batch")
+}
+
+// claimOp is a poll's claim as an op, whatever is ready when it is
+// built (pollOp builds none when nothing is).
+func (b *testBundle) claimOp(queue string, max int, lease time.Duration, now time.Time) (*storage.PollResult, func(o *opTx) error) {
+	r := new(storage.PollResult)
+	return r, func(o *opTx) error {
+		var err error
+		*r, err = b.s.claim(o, b.s.queue(queue), nanos(now), max, int64(lease))
+		return err
+	}
+}
+
+func (b *testBundle) enqueueOp(queue string, now time.Time, payload string) ([]storage.EnqueueResult, func(o *opTx) error) {
+	res, _, fn, err := b.s.enqueueOp(b.ctx, storage.EnqueueParams{Queue: queue, Items: []storage.EnqueueItem{{Payload: []byte(payload)}}, Now: now})
+	require.NoError(b.t, err)
+	return res, fn
+}
+
+func (b *testBundle) ackOp(queue string, l storage.LeaseID, now time.Time, ids ...storage.ItemID) ([]storage.Code, func(o *opTx) error) {
+	_, codes, fn, err := b.s.ackOp(b.ctx, storage.AckParams{Queue: queue, Lease: l, IDs: ids, Now: now})
+	require.NoError(b.t, err)
+	return codes, fn
+}
+
+func (b *testBundle) nackOp(queue string, l storage.LeaseID, now time.Time, ids ...storage.ItemID) ([]storage.Code, func(o *opTx) error) {
+	zero := time.Duration(0)
+	_, codes, fn, err := b.s.nackOp(b.ctx, storage.NackParams{Queue: queue, Lease: l, IDs: ids, Delay: &zero, Now: now})
+	require.NoError(b.t, err)
+	return codes, fn
+}
+
+// indexedKeys is how many keys the last batch put into its overlay's
+// index (the overlay is reset when the next batch starts).
+func (b *testBundle) indexedKeys() int { return len(b.s.pipe.slot.ov.idx) }
+
+// Claims of items that an earlier batch enqueued, and acks under leases an
+// earlier batch made, write their keys without the overlay's index
+// (opTx.untouched); a nack, which makes an item available again, uses it.
+func TestPipeline_UntouchedBatchesBuildNoOverlayIndex(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.enqueueN("q", at(0), 4)
+	pr := b.poll("q", 4, time.Minute, at(time.Second))
+	require.Len(t, pr.Items, 4)
+	require.Zero(t, b.indexedKeys(), "poll")
+	ok := []storage.Code{storage.CodeOK, storage.CodeOK}
+	require.Equal(t, ok, b.ack("q", pr.Lease, at(2*time.Second), pr.Items[0].ID, pr.Items[1].ID))
+	require.Zero(t, b.indexedKeys(), "ack of part of a lease")
+	zero := time.Duration(0)
+	codes, err := b.s.Nack(b.ctx, storage.NackParams{Queue: "q", Lease: pr.Lease, IDs: []storage.ItemID{pr.Items[2].ID}, Delay: &zero, Now: at(3 * time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, ok[:1], codes)
+	require.NotZero(t, b.indexedKeys(), "nack")
+	require.Equal(t, ok[:1], b.ack("q", pr.Lease, at(4*time.Second), pr.Items[3].ID))
+	require.Zero(t, b.indexedKeys(), "ack of the rest of a lease")
+
+	st := b.stats("q", at(5*time.Second))
+	require.Equal(t, int64(1), st.Ready)
+	require.Zero(t, st.Inflight)
+	require.Zero(t, st.Leases)
+}
+
+// Within one batch, a claim or ack that follows a write of the same keys
+// finds that write: an item nacked and claimed again, two acks under one
+// lease, an ack and a nack under one lease, a claim of an old and a new
+// item. The bundle's cleanup checks the database's invariants, and the
+// invariants build checks that no key is written twice in a batch.
+func TestPipeline_TouchedBatchesFindTheirKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ok := []storage.Code{storage.CodeOK}
+
+	// Nacked, then claimed again in the same batch.
+	b.enqueueN("a", at(0), 1)
+	first := b.poll("a", 1, time.Minute, at(time.Second))
+	require.Len(t, first.Items, 1)
+	nacked, nack := b.nackOp("a", first.Lease, at(2*time.Second), first.Items[0].ID)
+	again, claim := b.claimOp("a", 1, time.Minute, at(2*time.Second))
+	b.oneBatch(nack, claim)
+	require.Equal(t, ok, nacked)
+	require.Len(t, again.Items, 1)
+	require.Equal(t, first.Items[0].ID, again.Items[0].ID)
+	require.Equal(t, 2, int(again.Items[0].Attempts))
+
+	// Two acks under one lease, then an ack and a nack under another.
+	b.enqueueN("b", at(0), 4)
+	pr := b.poll("b", 2, time.Minute, at(time.Second))
+	require.Len(t, pr.Items, 2)
+	a1, ack1 := b.ackOp("b", pr.Lease, at(2*time.Second), pr.Items[0].ID)
+	a2, ack2 := b.ackOp("b", pr.Lease, at(2*time.Second), pr.Items[1].ID)
+	b.oneBatch(ack1, ack2)
+	require.Equal(t, ok, a1)
+	require.Equal(t, ok, a2)
+	pr = b.poll("b", 2, time.Minute, at(3*time.Second))
+	require.Len(t, pr.Items, 2)
+	a3, ack3 := b.ackOp("b", pr.Lease, at(4*time.Second), pr.Items[0].ID)
+	n4, nack4 := b.nackOp("b", pr.Lease, at(4*time.Second), pr.Items[1].ID)
+	last, claim4 := b.claimOp("b", 2, time.Minute, at(4*time.Second))
+	b.oneBatch(ack3, nack4, claim4)
+	require.Equal(t, ok, a3)
+	require.Equal(t, ok, n4)
+	require.Len(t, last.Items, 1)
+	require.Equal(t, pr.Items[1].ID, last.Items[0].ID)
+
+	// A claim of an item an earlier batch enqueued and one this batch did.
+	old := b.enqueueN("c", at(0), 1)
+	added, enq := b.enqueueOp("c", at(time.Second), "new")
+	both, claim5 := b.claimOp("c", 2, time.Minute, at(2*time.Second))
+	b.oneBatch(enq, claim5)
+	require.Len(t, both.Items, 2)
+	require.Equal(t, old[0], both.Items[0].ID)
+	require.Equal(t, added[0].ID, both.Items[1].ID)
+
+	b.reopen()
+	for q, want := range map[string]storage.QueueStats{
+		"a": {Inflight: 1, Leases: 1},
+		"b": {Inflight: 1, Leases: 1},
+		"c": {Inflight: 2, Leases: 1},
+	} {
+		st := b.stats(q, at(5*time.Second))
+		require.Equal(t, want.Inflight, st.Inflight, q)
+		require.Equal(t, want.Leases, st.Leases, q)
+		require.Zero(t, st.Ready, q)
+	}
+}

@@ -201,7 +201,7 @@ func (s *Store) claim(o *opTx, q *queueState, now int64, max int, lease int64) (
 		keys[i] = o.availableKey(q.name, c.e.id)
 		known[i] = q.cachedReady(c.e.id)
 	}
-	vals, reads, err := o.getManyForUpdate(keys, known)
+	vals, reads, err := o.getManyForUpdate(keys, known, o.untouched())
 	if err != nil {
 		return storage.PollResult{}, err
 	}
@@ -239,6 +239,14 @@ func (s *Store) grant(o *opTx, q *queueState, now, lease int64, items []claimedI
 	l := &leaseState{token: token, q: q, exp: exp, ids: make([]storage.ItemID, len(items))}
 	out := make([]storage.Item, len(items))
 	d := o.delta(q)
+	// While the batch is untouched, a claimed item's in_progress key is
+	// not in the overlay: only a claim writes it there, and the item is
+	// available again only after a set (opTx.untouched). Nor are the new
+	// lease's keys (a fresh random token).
+	put := o.put
+	if o.untouched() {
+		put = o.putNew
+	}
 	for i, c := range items {
 		id := storage.ItemID(c.e.id)
 		s.takeAvailable(o, q, id, c.rec)
@@ -246,7 +254,7 @@ func (s *Store) grant(o *opTx, q *queueState, now, lease int64, items []claimedI
 		rec.Attempts++
 		rec.Delayed = false
 		rec.HasLease, rec.Lease = true, token
-		o.put(o.inProgressKey(q.name, id), o.itemValue(rec))
+		put(o.inProgressKey(q.name, id), o.itemValue(rec))
 		payload, err := s.payloadOf(o.get, q.name, id, &rec)
 		if err != nil {
 			return storage.PollResult{}, err
@@ -261,8 +269,9 @@ func (s *Store) grant(o *opTx, q *queueState, now, lease int64, items []claimedI
 		l.ids[i] = id
 		out[i] = itemOut(q.name, id, &rec, payload, storage.StateInflight)
 	}
-	o.put(dbkeys.LeaseKey(token), dbkeys.EncodeLease(lr))
-	o.put(dbkeys.LeaseExpiryKey(exp, token), dbkeys.Marker())
+	o.putNew(dbkeys.LeaseKey(token), dbkeys.EncodeLease(lr))
+	o.putNew(dbkeys.LeaseExpiryKey(exp, token), dbkeys.Marker())
+	l.wrote = o.b.seq
 	s.addLease(o, l)
 	d.Inflight += int64(len(items))
 	d.Delivered += int64(len(items))
