@@ -24,10 +24,10 @@ type opTx struct {
 	// settleNew is set by an ack or nack whose lease's keys, and its
 	// items' in_progress keys, are not in the overlay (settleOp).
 	settleNew bool
-	undo         []undoWrite
-	undoFn       []undoStep
-	deltas       []queueDelta
-	notes        []noteRef
+	undo      []undoWrite
+	undoFn    []undoStep
+	deltas    []queueDelta
+	notes     []noteRef
 }
 
 // undoWrite puts overlay entry i back to what it was (had: a write of
