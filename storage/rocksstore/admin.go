@@ -426,7 +426,7 @@ func (s *Store) Redrive(ctx context.Context, p storage.RedriveParams) (storage.R
 		rec.Attempts = 0
 		rec.VisibleAt = now
 		rec.Delayed = false
-		s.putAvailable(o, q, id, rec, nil, false)
+		s.putAvailable(o, q, id, rec, nil, false, nil)
 		d := o.delta(q)
 		d.Dead--
 		d.Redriven++

@@ -59,8 +59,23 @@ func (s *Store) enqueueOp(ctx context.Context, p storage.EnqueueParams) (res []s
 		}
 		valid++
 	}
-	if valid == 0 && s.queue(p.Queue) != nil {
+	eq := s.queue(p.Queue)
+	if valid == 0 && eq != nil {
 		return res, 0, nil, nil // nothing to write (the op below also creates a new queue)
+	}
+	// Records the ready-record cache will likely keep are encoded here, on
+	// the caller's goroutine, into memory the cache then keeps: the
+	// committer's serial path neither encodes nor copies them.
+	var enc [][]byte
+	if eq == nil || !eq.cacheFull() {
+		enc = make([][]byte, len(p.Items))
+		for i, in := range p.Items {
+			if res[i].Code != storage.CodeInvalid && s.inlined(in.Payload) {
+				rec := newRecord(in, now)
+				rec.Payload = in.Payload
+				enc[i] = dbkeys.AppendItem(make([]byte, 0, dbkeys.ItemLen(rec)), rec)
+			}
+		}
 	}
 	// The op captures copies of what it needs: a captured p, or a
 	// captured named result, moves to the heap (an allocation per call).
@@ -99,16 +114,12 @@ func (s *Store) enqueueOp(ctx context.Context, p storage.EnqueueParams) (res []s
 					oldDedup = &rec
 				}
 			}
-			vis := now + int64(in.Delay)
-			rec := dbkeys.ItemRecord{
-				Priority:    in.Priority,
-				MaxAttempts: in.MaxAttempts,
-				EnqueuedAt:  now,
-				VisibleAt:   vis,
-				DedupKey:    in.DedupKey,
-				Delayed:     vis > now,
+			rec := newRecord(in, now)
+			var e []byte
+			if enc != nil {
+				e = enc[i]
 			}
-			s.putAvailable(o, q, id, rec, in.Payload, true)
+			s.putAvailable(o, q, id, rec, in.Payload, true, e)
 			d.Enqueued++
 			if in.DedupKey != "" && cfg.DedupWindow > 0 {
 				if oldDedup != nil {
@@ -127,30 +138,53 @@ func (s *Store) enqueueOp(ctx context.Context, p storage.EnqueueParams) (res []s
 	}, nil
 }
 
+// newRecord is the available record of a new item enqueued at now,
+// without its payload.
+func newRecord(in storage.EnqueueItem, now int64) dbkeys.ItemRecord {
+	vis := now + int64(in.Delay)
+	return dbkeys.ItemRecord{
+		Priority:    in.Priority,
+		MaxAttempts: in.MaxAttempts,
+		EnqueuedAt:  now,
+		VisibleAt:   vis,
+		DedupKey:    in.DedupKey,
+		Delayed:     vis > now,
+	}
+}
+
+// inlined reports whether a payload lives in its item's record.
+func (s *Store) inlined(payload []byte) bool {
+	return s.inlineMax >= 0 && len(payload) <= s.inlineMax
+}
+
 // putAvailable writes an item into available with its visibility entry,
 // and its delayed entry when rec.Delayed; it adds the item to the queue's
 // serve order (and delayed set) and counts it ready or delayed. With fresh
-// set, payload is the item's payload and is written inline or externally;
+// set, payload is the item's payload and is written inline or externally,
+// and enc, if not nil, is its record already encoded (enqueueOp);
 // otherwise rec already says where the payload is (and carries it when
 // inline). REQUIRES: on the committer.
-func (s *Store) putAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, payload []byte, fresh bool) {
+func (s *Store) putAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, payload []byte, fresh bool, enc []byte) {
 	// A fresh item's keys are new to the batch (its id was reserved by
 	// this op): put skips the overlay's index for them.
 	put := o.put
 	if fresh {
 		put = o.putNew
-		if s.inlineMax >= 0 && len(payload) <= s.inlineMax {
+		if s.inlined(payload) {
 			rec.Payload = payload
 		} else {
 			rec.PayloadExternal = true
 			put(dbkeys.PayloadKey(q.name, id), dbkeys.EncodePayload(payload))
 		}
 	}
-	rec.HasLease, rec.Lease = false, [16]byte{}
-	rec.Dead, rec.DeadAt, rec.Reason = false, 0, ""
-	v := o.itemValue(rec)
+	v := enc
+	if v == nil {
+		rec.HasLease, rec.Lease = false, [16]byte{}
+		rec.Dead, rec.DeadAt, rec.Reason = false, 0, ""
+		v = o.itemValue(rec)
+	}
 	put(o.availableKey(q.name, id), v)
-	s.cacheReady(o, q, id, v, fresh)
+	s.cacheReady(o, q, id, v, fresh, enc != nil)
 	put(o.visibilityKey(q.name, rec.Priority, rec.VisibleAt, id), dbkeys.Marker())
 	q.mu.Lock()
 	q.ready.push(rec.Priority, readyEntry{vis: rec.VisibleAt, id: id})
@@ -180,7 +214,7 @@ func (s *Store) takeAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbk
 		del = o.delNew
 	}
 	del(o.availableKey(q.name, id))
-	s.cacheReady(o, q, id, nil, false)
+	s.cacheReady(o, q, id, nil, false, false)
 	del(o.visibilityKey(q.name, rec.Priority, rec.VisibleAt, id))
 	d := o.delta(q)
 	// The item counts as delayed until the sweeper promotes it.

@@ -208,7 +208,7 @@ func (s *Store) nackOp(ctx context.Context, p storage.NackParams) (*queueState, 
 		}
 		rec.VisibleAt = now + int64(delay)
 		rec.Delayed = rec.VisibleAt > now
-		s.putAvailable(o, q, id, rec, nil, false)
+		s.putAvailable(o, q, id, rec, nil, false, nil)
 		return nil
 	})
 	return q, codes, fn, nil

@@ -52,20 +52,44 @@ func readyCost(v []byte) int64 { return int64(len(v)) + readyEntryCost }
 
 // cacheReady records that the batch wrote v as id's available record in
 // q (v nil: deleted it). v may live in the batch's arena: the cache keeps
-// a copy. fresh says id was allocated by this enqueue, so the cache cannot
-// hold it yet and is not searched. REQUIRES: on the committer.
-func (s *Store) cacheReady(o *opTx, q *queueState, id storage.ItemID, v []byte, fresh bool) {
+// a copy, unless owned says v is the cache's to keep (a record its
+// enqueuer encoded, which nobody changes). fresh says id was allocated by
+// this enqueue, so the cache cannot hold it yet and is not searched.
+// REQUIRES: on the committer.
+func (s *Store) cacheReady(o *opTx, q *queueState, id storage.ItemID, v []byte, fresh, owned bool) {
 	var old []byte
 	had := false
 	if !fresh {
 		old, had = s.uncache(q, id)
 	}
-	if v != nil && q.recs.len() < readyCacheQueueItems && s.rcache.bytes+readyCost(v) <= s.rcache.max {
-		s.cache(q, id, bytes.Clone(v), fresh)
+	if v != nil && s.roomFor(q, v) {
+		if !owned {
+			v = bytes.Clone(v)
+		}
+		s.cache(q, id, v, fresh)
 	} else if !had {
 		return // nothing changed
 	}
 	o.undoFn = append(o.undoFn, undoStep{cache: q, id: id, old: old, had: had})
+}
+
+// roomFor reports whether q's cache takes v.
+func (s *Store) roomFor(q *queueState, v []byte) bool {
+	return q.recs.len() < readyCacheQueueItems && s.rcache.bytes+readyCost(v) <= s.rcache.max
+}
+
+// cacheFull reports, to an enqueuer on any goroutine, whether q's cache
+// was full after the last record the committer cached or dropped: it
+// encodes its items' records itself only when they are likely to be
+// cached (enqueueOp).
+func (q *queueState) cacheFull() bool { return q.recsFull.Load() }
+
+// noteRoom updates q's cacheFull after a change of the cache.
+func (s *Store) noteRoom(q *queueState) {
+	full := q.recs.len() >= readyCacheQueueItems || s.rcache.bytes+readyCost(nil)+defaultInlineMax > s.rcache.max
+	if full != q.recsFull.Load() {
+		q.recsFull.Store(full)
+	}
 }
 
 // undoCache puts id's cache entry in q back to old (had: it existed).
@@ -81,6 +105,7 @@ func (s *Store) undoCache(q *queueState, id storage.ItemID, old []byte, had bool
 func (s *Store) cache(q *queueState, id storage.ItemID, c []byte, fresh bool) {
 	q.recs.add(id, c, fresh)
 	s.rcache.bytes += readyCost(c)
+	s.noteRoom(q)
 }
 
 // uncache removes id's record from q and the budget, and returns it.
@@ -88,6 +113,7 @@ func (s *Store) uncache(q *queueState, id storage.ItemID) ([]byte, bool) {
 	v, ok := q.recs.take(id)
 	if ok {
 		s.rcache.bytes -= readyCost(v)
+		s.noteRoom(q)
 	}
 	return v, ok
 }

@@ -220,3 +220,46 @@ func (r *readyRecs) each(fn func(id storage.ItemID, v []byte)) {
 		fn(id, v)
 	}
 }
+
+// Enqueuers encode their items' records themselves while their queue's
+// cache has room (queueState.cacheFull), and the cache keeps those
+// records as they are; once it is full they leave the encoding to the
+// committer, until claims make room again. Either way a claim hands out
+// the payloads enqueued.
+func TestReadyCache_EnqueuersEncodeWhileThereIsRoom(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	full := func() bool { return b.s.queue("q").cacheFull() }
+	for n := readyCacheQueueItems - 1; n > 0; n -= 1000 {
+		b.enqueueN("q", at(0), min(n, 1000))
+	}
+	require.False(t, full())
+	b.enqueueN("q", at(0), 2)
+	require.True(t, full(), "the queue's cache holds readyCacheQueueItems records")
+	require.Equal(t, readyCacheQueueItems, b.cacheState())
+	got := b.poll("q", 10, time.Minute, at(time.Second))
+	require.Len(t, got.Items, 10)
+	require.False(t, full(), "claims made room")
+	b.enqueue("q", at(2*time.Second), storage.EnqueueItem{Payload: []byte("late")})
+	require.Equal(t, readyCacheQueueItems-9, b.cacheState())
+
+	n := 0
+	for {
+		pr := b.poll("q", 1000, time.Minute, at(3*time.Second))
+		if len(pr.Items) == 0 {
+			break
+		}
+		for _, it := range pr.Items {
+			n++
+			if n == readyCacheQueueItems-10+2 {
+				require.Equal(t, "late", string(it.Payload))
+			}
+		}
+	}
+	require.Equal(t, readyCacheQueueItems-10+2, n)
+	require.Equal(t, uint64(1), b.claimReads(), "the one record the full cache did not take")
+
+	tiny := setup(t, func(o *Options) { o.ReadyCacheBytes = readyCost(make([]byte, defaultInlineMax)) })
+	tiny.enqueueN("q", at(0), 1)
+	require.True(t, tiny.s.queue("q").cacheFull(), "the store's budget has no room for another large record")
+}

@@ -564,6 +564,9 @@ type queueState struct {
 	// recs caches available records the committer wrote (readycache.go).
 	// Committer only.
 	recs readyRecs
+	// recsFull: recs had no room left when last changed (cacheFull).
+	// Written by the committer, read by anyone.
+	recsFull atomic.Bool
 }
 
 func newQueueState(name string, cfg storage.QueueConfig) *queueState {

@@ -208,7 +208,7 @@ func (s *Store) expireLease(o *opTx, l *leaseState, now int64, res *storage.Swee
 		}
 		rec.VisibleAt = l.exp
 		rec.Delayed = l.exp > now
-		s.putAvailable(o, q, id, rec, nil, false)
+		s.putAvailable(o, q, id, rec, nil, false, nil)
 		res.Requeued++
 		gained[q.name] = true
 	}
