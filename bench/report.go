@@ -246,6 +246,11 @@ func clientCPU(r Result, format string, v float64) string {
 	return fmt.Sprintf(format, v)
 }
 
+// stealNoted is the stolen share of the machine's CPU time (Result.Steal)
+// from which a row's notes show it: the row then ran on a machine whose
+// CPU was partly someone else's, and its figures may move with that.
+const stealNoted = 0.02
+
 func note(r Result) string {
 	var n []string
 	if r.Err != "" {
@@ -273,6 +278,9 @@ func note(r Result) string {
 	}
 	if r.InProcess {
 		n = append(n, "cpu/rss include harness")
+	}
+	if r.Steal >= stealNoted {
+		n = append(n, fmt.Sprintf("steal %.0f%%", 100*r.Steal))
 	}
 	return strings.Join(n, "; ")
 }

@@ -181,3 +181,19 @@ func TestReport_ClientCPUColumn(t *testing.T) {
 	require.Contains(t, lines[0], "\t0.025 client-cpu-s\t", "benchstat sees the client's CPU")
 	require.NotContains(t, lines[1], "client-cpu-s")
 }
+
+// A row that ran while the hypervisor took a noticeable share of the
+// machine's CPU says so in its notes; the share is a median over rounds
+// like the row's other figures.
+func TestReport_StealNoted(t *testing.T) {
+	t.Parallel()
+	r := row("e2e", "leaseq-rpc-none", "leaseq", "relaxed", 90000, 0)
+	r.Steal = 0.25
+	require.Contains(t, note(r), "steal 25%")
+	r.Steal = 0.01
+	require.NotContains(t, note(r), "steal")
+
+	rounds := []Result{r, r, r}
+	rounds[0].Steal, rounds[1].Steal, rounds[2].Steal = 0.30, 0.02, 0.10
+	require.InDelta(t, 0.10, medianRow(rounds).Steal, 1e-12)
+}

@@ -70,6 +70,7 @@ func medianRow(rounds []Result) Result {
 	m.ClientCPUSeconds = medianBy(done, func(r Result) float64 { return r.ClientCPUSeconds })
 	m.ClientCPUPerItem = medianBy(done, func(r Result) float64 { return r.ClientCPUPerItem })
 	m.PeakRSS = int64(medianBy(done, func(r Result) float64 { return float64(r.PeakRSS) }))
+	m.Steal = medianBy(done, func(r Result) float64 { return r.Steal })
 	m.E2E = medianLatency(done, func(r Result) *Latency { return r.E2E })
 	m.Enqueue = medianLatency(done, func(r Result) *Latency { return r.Enqueue })
 	m.Intervals = medianIntervals(done)

@@ -44,6 +44,10 @@ type Result struct {
 	ClientCPUPerItem float64 `json:"client_cpu_us_per_item,omitempty"` // ClientCPUSeconds per completed item, in µs
 	PeakRSS          int64   `json:"peak_rss_bytes"`
 	InProcess        bool    `json:"in_process"` // CPU and RSS include the harness
+	// Steal is the share of the machine's CPU time that the hypervisor
+	// gave to someone else during the row (/proc/stat): on a shared
+	// virtual machine, how much of the row ran on CPUs it did not have.
+	Steal float64 `json:"steal_share,omitempty"`
 	// Intervals are items/s per equal interval (churn).
 	Intervals   []float64          `json:"intervals,omitempty"`
 	Extra       map[string]float64 `json:"extra,omitempty"`
@@ -499,7 +503,11 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 	}
 	e := &env{clk: c.Clock, base: c.Clock.Now(), progress: c.Progress, label: s.Name() + " " + v.row,
 		drain: drain, seed: c.Seed, payload: c.PayloadSize}
+	t0, terr := procx.ReadCPUTimes()
 	runErr := v.run(ctx, e, in, &r)
+	if t1, err := procx.ReadCPUTimes(); terr == nil && err == nil {
+		r.Steal = procx.StealShare(t0, t1)
+	}
 	u1, uerr1 := procx.ReadUsage(pid)
 	if err := errors.Join(uerr, uerr1); err == nil {
 		r.CPUSeconds = (u1.CPU - u0.CPU).Seconds()

@@ -224,6 +224,56 @@ func ReadUsage(pid int) (Usage, error) {
 	return u, nil
 }
 
+// CPUTimes is the machine's CPU time so far, from the "cpu" line of
+// /proc/stat, in USER_HZ ticks: Total counts every state but the guest
+// ones (already counted in user), Steal the time the hypervisor ran
+// something else while our virtual CPUs wanted to run.
+type CPUTimes struct {
+	Total, Steal int64
+}
+
+// StealShare is the share of the machine's CPU time between t0 and t1
+// that was stolen (0 when nothing was counted).
+func StealShare(t0, t1 CPUTimes) float64 {
+	d := t1.Total - t0.Total
+	if d <= 0 {
+		return 0
+	}
+	return float64(t1.Steal-t0.Steal) / float64(d)
+}
+
+// ReadCPUTimes reads /proc/stat.
+func ReadCPUTimes() (CPUTimes, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return CPUTimes{}, fmt.Errorf("procx: cpu times: %w", err)
+	}
+	return parseCPUTimes(b)
+}
+
+// parseCPUTimes reads the first line of /proc/stat: "cpu" and then user,
+// nice, system, idle, iowait, irq, softirq, steal, guest, guest_nice (the
+// kernel has had the steal field since 2.6.11; guest ones may be missing).
+func parseCPUTimes(stat []byte) (CPUTimes, error) {
+	line, _, _ := bytes.Cut(stat, []byte("\n"))
+	f := strings.Fields(string(line))
+	if len(f) < 9 || f[0] != "cpu" {
+		return CPUTimes{}, fmt.Errorf("procx: cpu times: unexpected /proc/stat line %q", line)
+	}
+	var t CPUTimes
+	for i, v := range f[1:min(len(f), 9)] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return CPUTimes{}, fmt.Errorf("procx: cpu times: %w", err)
+		}
+		t.Total += n
+		if i == 7 {
+			t.Steal = n
+		}
+	}
+	return t, nil
+}
+
 // ResetPeak resets a process's VmHWM to its current RSS (Linux clear_refs
 // value 5), so the peak reported for a workload is that workload's. It
 // needs ptrace-level permission; failure is reported and harmless (the

@@ -132,3 +132,20 @@ func TestStop_KillsAServerThatIgnoresSIGTERM(t *testing.T) {
 	_, err = net.Dial("tcp", addr)
 	require.Error(t, err, "the server was killed")
 }
+
+func TestCPUTimes(t *testing.T) {
+	t0, err := parseCPUTimes([]byte("cpu  100 5 50 800 10 1 2 30 7 0\ncpu0 50 2 25 400 5 0 1 15 3 0\n"))
+	require.NoError(t, err)
+	require.Equal(t, CPUTimes{Total: 998, Steal: 30}, t0, "guest time is not counted again")
+	t1, err := parseCPUTimes([]byte("cpu  150 5 70 900 10 1 2 55 7 0\n"))
+	require.NoError(t, err)
+	require.InDelta(t, 25.0/195, StealShare(t0, t1), 1e-12)
+	require.Zero(t, StealShare(t1, t1))
+	_, err = parseCPUTimes([]byte("intr 1 2 3\n"))
+	require.Error(t, err)
+
+	now, err := ReadCPUTimes()
+	require.NoError(t, err)
+	require.Positive(t, now.Total)
+	require.GreaterOrEqual(t, now.Steal, int64(0))
+}
