@@ -418,9 +418,7 @@ func TestRocksStore_PayloadsOutliveBatches(t *testing.T) {
 func TestRocksStore_FailedNackLeavesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.enqueueN("q", at(0), 3)
-	pr := b.poll("q", 3, time.Minute, at(time.Second))
-	require.Len(t, pr.Items, 3)
+	pr := b.leased("q", 3)
 	ids := []storage.ItemID{pr.Items[0].ID, pr.Items[1].ID, pr.Items[2].ID}
 
 	k := dbkeys.InProgressKey("q", ids[2])
@@ -557,6 +555,16 @@ func (b *testBundle) nackOp(queue string, l storage.LeaseID, now time.Time, ids 
 	return codes, fn
 }
 
+// leased enqueues n items into q at 0 and claims them all at 1 s under
+// a lease of a minute.
+func (b *testBundle) leased(q string, n int) storage.PollResult {
+	b.t.Helper()
+	b.enqueueN(q, at(0), n)
+	pr := b.poll(q, n, time.Minute, at(time.Second))
+	require.Len(b.t, pr.Items, n)
+	return pr
+}
+
 // indexedKeys is how many keys the last batch put into its overlay's
 // index (the overlay is reset when the next batch starts).
 func (b *testBundle) indexedKeys() int { return len(b.s.pipe.slot.ov.idx) }
@@ -567,9 +575,7 @@ func (b *testBundle) indexedKeys() int { return len(b.s.pipe.slot.ov.idx) }
 func TestPipeline_UntouchedBatchesBuildNoOverlayIndex(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.enqueueN("q", at(0), 4)
-	pr := b.poll("q", 4, time.Minute, at(time.Second))
-	require.Len(t, pr.Items, 4)
+	pr := b.leased("q", 4)
 	require.Zero(t, b.indexedKeys(), "poll")
 	ok := []storage.Code{storage.CodeOK, storage.CodeOK}
 	require.Equal(t, ok, b.ack("q", pr.Lease, at(2*time.Second), pr.Items[0].ID, pr.Items[1].ID))
@@ -599,9 +605,7 @@ func TestPipeline_TouchedBatchesFindTheirKeys(t *testing.T) {
 	ok := []storage.Code{storage.CodeOK}
 
 	// Nacked, then claimed again in the same batch.
-	b.enqueueN("a", at(0), 1)
-	first := b.poll("a", 1, time.Minute, at(time.Second))
-	require.Len(t, first.Items, 1)
+	first := b.leased("a", 1)
 	nacked, nack := b.nackOp("a", first.Lease, at(2*time.Second), first.Items[0].ID)
 	again, claim := b.claimOp("a", 1, time.Minute, at(2*time.Second))
 	b.oneBatch(nack, claim)
