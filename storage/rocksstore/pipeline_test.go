@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime/trace"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -517,12 +519,12 @@ func (b *testBundle) oneBatch(fns ...func(o *opTx) error) {
 		require.NotNil(b.t, fn)
 		ops[i] = newOp(1, fn)
 	}
-	commits := b.s.m.commits.Load()
+	batches := b.s.pipe.batches
 	require.NoError(b.t, b.s.submitGroup("", ops))
 	for i, o := range ops {
 		require.NoError(b.t, o.err, "op %d", i)
 	}
-	require.Equal(b.t, commits+1, b.s.m.commits.Load(), "one batch")
+	require.Equal(b.t, batches+1, b.s.pipe.batches, "one batch")
 }
 
 // claimOp is a poll's claim as an op, whatever is ready when it is
@@ -654,4 +656,116 @@ func TestPipeline_TouchedBatchesFindTheirKeys(t *testing.T) {
 		require.Equal(t, want.Leases, st.Leases, q)
 		require.Zero(t, st.Ready, q)
 	}
+}
+
+// Random groups of enqueues, claims, acks and nacks, each group applied
+// as one batch, so that the overlay's fast paths (opTx.untouched) and its
+// index meet in every order: an item nacked and claimed again, two acks
+// or an ack and a nack under one lease, claims of items the same batch
+// enqueued. After every batch the queue's counts must be what the ops'
+// own results say; the invariants build checks each batch's keys and
+// indexes, and the bundle's cleanup checks the database.
+func TestPipeline_RandomBatches(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rng := rand.New(rand.NewPCG(1, 2))
+	type lease struct {
+		id   storage.LeaseID
+		held []storage.ItemID
+	}
+	var leases []*lease
+	attempts := map[storage.ItemID]uint32{}
+	var ready, inflight, dead int64
+	now := time.Duration(0)
+	// pick returns a few ids of a random lease (some already settled, so
+	// their codes say so), or nil.
+	pick := func() (*lease, []storage.ItemID) {
+		if len(leases) == 0 {
+			return nil, nil
+		}
+		l := leases[rng.IntN(len(leases))]
+		var ids []storage.ItemID
+		for _, id := range l.held {
+			if rng.IntN(3) > 0 {
+				ids = append(ids, id)
+			}
+		}
+		return l, ids
+	}
+	for range 300 {
+		now += time.Second
+		var fns []func(o *opTx) error
+		var after []func()
+		for range 1 + rng.IntN(6) {
+			switch rng.IntN(4) {
+			case 0:
+				res, fn := b.enqueueOp("q", at(now), "p")
+				fns = append(fns, fn)
+				after = append(after, func() {
+					require.Equal(t, storage.CodeOK, res[0].Code)
+					ready++
+				})
+			case 1:
+				pr, fn := b.claimOp("q", 1+rng.IntN(4), time.Hour, at(now))
+				fns = append(fns, fn)
+				after = append(after, func() {
+					if len(pr.Items) == 0 {
+						return
+					}
+					l := &lease{id: pr.Lease}
+					for _, it := range pr.Items {
+						l.held = append(l.held, it.ID)
+						attempts[it.ID] = it.Attempts
+					}
+					leases = append(leases, l)
+					ready -= int64(len(pr.Items))
+					inflight += int64(len(pr.Items))
+				})
+			case 2, 3:
+				l, ids := pick()
+				if len(ids) == 0 {
+					continue
+				}
+				nack := rng.IntN(2) == 0
+				var codes []storage.Code
+				var fn func(o *opTx) error
+				if nack {
+					codes, fn = b.nackOp("q", l.id, at(now), ids...)
+				} else {
+					codes, fn = b.ackOp("q", l.id, at(now), ids...)
+				}
+				fns = append(fns, fn)
+				after = append(after, func() {
+					for i, c := range codes {
+						if c != storage.CodeOK {
+							continue
+						}
+						l.held = slices.DeleteFunc(l.held, func(id storage.ItemID) bool { return id == ids[i] })
+						inflight--
+						switch {
+						case !nack:
+						case attempts[ids[i]] >= storage.DefaultMaxAttempts:
+							dead++
+						default:
+							ready++
+						}
+					}
+				})
+			}
+		}
+		if len(fns) == 0 {
+			continue
+		}
+		b.oneBatch(fns...)
+		for _, f := range after {
+			f()
+		}
+		leases = slices.DeleteFunc(leases, func(l *lease) bool { return len(l.held) == 0 })
+		st := b.stats("q", at(now))
+		require.Equal(t, [4]int64{ready, inflight, dead, int64(len(leases))}, [4]int64{st.Ready, st.Inflight, st.Dead, st.Leases})
+	}
+	require.Positive(t, dead, "some items were nacked to the dead letters")
+	b.reopen()
+	st := b.stats("q", at(now))
+	require.Equal(t, [4]int64{ready, inflight, dead, int64(len(leases))}, [4]int64{st.Ready, st.Inflight, st.Dead, st.Leases})
 }
