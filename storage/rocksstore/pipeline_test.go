@@ -532,8 +532,12 @@ func (b *testBundle) oneBatch(fns ...func(o *opTx) error) {
 func (b *testBundle) claimOp(queue string, max int, lease time.Duration, now time.Time) (*storage.PollResult, func(o *opTx) error) {
 	r := new(storage.PollResult)
 	return r, func(o *opTx) error {
+		q := b.s.queue(queue)
+		if q == nil {
+			return nil // no queue yet: nothing to claim
+		}
 		var err error
-		*r, err = b.s.claim(o, b.s.queue(queue), nanos(now), max, int64(lease))
+		*r, err = b.s.claim(o, q, nanos(now), max, int64(lease))
 		return err
 	}
 }
@@ -658,8 +662,8 @@ func TestPipeline_TouchedBatchesFindTheirKeys(t *testing.T) {
 	}
 }
 
-// Random groups of enqueues, claims, acks and nacks, each group applied
-// as one batch, so that the overlay's fast paths (opTx.untouched) and its
+// Random groups of enqueues, claims, acks, nacks and lease expiries, each
+// group applied as one batch, so that the overlay's fast paths (opTx.untouched) and its
 // index meet in every order: an item nacked and claimed again, two acks
 // or an ack and a nack under one lease, claims of items the same batch
 // enqueued. After every batch the queue's counts must be what the ops'
@@ -671,11 +675,13 @@ func TestPipeline_RandomBatches(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	type lease struct {
 		id   storage.LeaseID
+		exp  time.Duration
 		held []storage.ItemID
 	}
 	var leases []*lease
 	attempts := map[storage.ItemID]uint32{}
-	var ready, inflight, dead int64
+	b.enqueueN("q", at(0), 1) // the queue exists from here on
+	var ready, inflight, dead, expired int64 = 1, 0, 0, 0
 	now := time.Duration(0)
 	// pick returns a few ids of a random lease (some already settled, so
 	// their codes say so), or nil.
@@ -697,7 +703,7 @@ func TestPipeline_RandomBatches(t *testing.T) {
 		var fns []func(o *opTx) error
 		var after []func()
 		for range 1 + rng.IntN(6) {
-			switch rng.IntN(4) {
+			switch rng.IntN(5) {
 			case 0:
 				res, fn := b.enqueueOp("q", at(now), "p")
 				fns = append(fns, fn)
@@ -706,13 +712,18 @@ func TestPipeline_RandomBatches(t *testing.T) {
 					ready++
 				})
 			case 1:
-				pr, fn := b.claimOp("q", 1+rng.IntN(4), time.Hour, at(now))
+				d := time.Hour
+				if rng.IntN(4) == 0 {
+					d = 2 * time.Second // expires two groups later
+				}
+				pr, fn := b.claimOp("q", 1+rng.IntN(4), d, at(now))
 				fns = append(fns, fn)
+				exp := now + d
 				after = append(after, func() {
 					if len(pr.Items) == 0 {
 						return
 					}
-					l := &lease{id: pr.Lease}
+					l := &lease{id: pr.Lease, exp: exp}
 					for _, it := range pr.Items {
 						l.held = append(l.held, it.ID)
 						attempts[it.ID] = it.Attempts
@@ -721,7 +732,29 @@ func TestPipeline_RandomBatches(t *testing.T) {
 					ready -= int64(len(pr.Items))
 					inflight += int64(len(pr.Items))
 				})
-			case 2, 3:
+			case 2:
+				// The sweeper's expiry, in the same batch as the rest.
+				var res storage.SweepResult
+				when := now
+				fns = append(fns, func(o *opTx) error {
+					b.s.expireDue(o, nanos(at(when)), 1000, &res, map[string]bool{})
+					return nil
+				})
+				after = append(after, func() {
+					n := int64(0)
+					for _, l := range leases {
+						if l.exp <= when {
+							n += int64(len(l.held))
+							l.held = nil
+						}
+					}
+					require.Equal(t, n, int64(res.Requeued+res.DeadLettered))
+					inflight -= n
+					expired += n
+					ready += int64(res.Requeued)
+					dead += int64(res.DeadLettered)
+				})
+			case 3, 4:
 				l, ids := pick()
 				if len(ids) == 0 {
 					continue
@@ -764,7 +797,8 @@ func TestPipeline_RandomBatches(t *testing.T) {
 		st := b.stats("q", at(now))
 		require.Equal(t, [4]int64{ready, inflight, dead, int64(len(leases))}, [4]int64{st.Ready, st.Inflight, st.Dead, st.Leases})
 	}
-	require.Positive(t, dead, "some items were nacked to the dead letters")
+	require.Positive(t, dead, "some items went to the dead letters")
+	require.Positive(t, expired, "some leases expired")
 	b.reopen()
 	st := b.stats("q", at(now))
 	require.Equal(t, [4]int64{ready, inflight, dead, int64(len(leases))}, [4]int64{st.Ready, st.Inflight, st.Dead, st.Leases})
