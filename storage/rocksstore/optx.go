@@ -21,6 +21,10 @@ type opTx struct {
 	b            *batch
 	op           *op
 	rewrittenLen int // len(b.rewritten) when the op began
+	// entsAt is how many entries the overlay had when the op began: the
+	// entries from there on are the op's own, and a rollback ends them
+	// all, so only changes to older entries need an undo record (undo).
+	entsAt int32
 	// settleNew is set by an ack or nack whose lease's keys, and its
 	// items' in_progress keys, are not in the overlay (settleOp).
 	settleNew bool
@@ -30,8 +34,8 @@ type opTx struct {
 	notes     []noteRef
 }
 
-// undoWrite puts overlay entry i back to what it was (had: a write of
-// old).
+// undoWrite puts overlay entry i, older than the op, back to what it was
+// (had: a write of old).
 type undoWrite struct {
 	i   int32
 	old []byte
@@ -45,15 +49,13 @@ func (o *opTx) put(key, value []byte) { o.set(keyString(key), putValue(value)) }
 // putNew buffers the write of a key the batch has not written: one of an
 // item whose id this op reserved. It skips the overlay's index (add).
 func (o *opTx) putNew(key, value []byte) {
-	i := o.b.slot.ov.add(keyString(key), putValue(value))
-	o.undo = append(o.undo, undoWrite{i: i})
+	o.b.slot.ov.add(keyString(key), putValue(value))
 }
 
 // delNew buffers the delete of a key the batch has not written (see
 // untouched), skipping the overlay's index as putNew does.
 func (o *opTx) delNew(key []byte) {
-	i := o.b.slot.ov.add(keyString(key), nil)
-	o.undo = append(o.undo, undoWrite{i: i})
+	o.b.slot.ov.add(keyString(key), nil)
 }
 
 // untouched reports whether no op of the batch so far wrote, through the
@@ -130,7 +132,9 @@ func (o *opTx) set(k string, v []byte) {
 	ov := &o.b.slot.ov
 	i := ov.entry(k)
 	old, had := ov.ents[i].val, ov.ents[i].live
-	o.undo = append(o.undo, undoWrite{i: i, old: old, had: had})
+	if i < o.entsAt {
+		o.undo = append(o.undo, undoWrite{i: i, old: old, had: had})
+	}
 	if v == nil && had && old != nil && dbkeys.SingleDeletable(keyBytes(k)) && !slices.Contains(o.b.rewritten, k) {
 		// Written by this batch for the first time since its last delete
 		// (such a key is written once between deletes), and deleted
@@ -306,9 +310,13 @@ func (o *opTx) note(c *cursor, k []byte) {
 }
 
 func (o *opTx) rollback() {
+	ov := &o.b.slot.ov
 	for i := len(o.undo) - 1; i >= 0; i-- {
 		u := o.undo[i]
-		o.b.slot.ov.setEnt(u.i, u.old, u.had)
+		ov.setEnt(u.i, u.old, u.had)
+	}
+	for i := o.entsAt; i < int32(len(ov.ents)); i++ {
+		ov.setEnt(i, nil, false) // the op's own entries
 	}
 	clear(o.b.rewritten[o.rewrittenLen:])
 	o.b.rewritten = o.b.rewritten[:o.rewrittenLen]

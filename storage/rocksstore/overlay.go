@@ -67,12 +67,10 @@ func (ov *overlay) index() {
 }
 
 // add appends a write of v to k, a key the batch has no live entry for
-// (a new item's), and returns its entry.
-func (ov *overlay) add(k string, v []byte) int32 {
-	i := int32(len(ov.ents))
+// (a new item's, or see opTx.untouched).
+func (ov *overlay) add(k string, v []byte) {
 	ov.ents = append(ov.ents, overlayEnt{key: k, val: v, live: true})
 	ov.live++
-	return i
 }
 
 // lookup returns the batch's write of k: found with v nil is a delete.

@@ -803,3 +803,41 @@ func TestPipeline_RandomBatches(t *testing.T) {
 	st := b.stats("q", at(now))
 	require.Equal(t, [4]int64{ready, inflight, dead, int64(len(leases))}, [4]int64{st.Ready, st.Inflight, st.Dead, st.Leases})
 }
+
+// An op that fails after changing entries an earlier op of its batch
+// wrote gets them back as they were, and its own entries end: here a
+// claim of the item the batch enqueued fails after taking it, and the
+// next op of the batch claims the same item.
+func TestPipeline_FailedOpKeepsEarlierWrites(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.enqueueN("q", at(0), 1) // the queue exists
+	b.poll("q", 1, time.Minute, at(0))
+	added, enq := b.enqueueOp("q", at(time.Second), "x")
+	fail := errors.New("fails after its claim")
+	failed, claim := b.claimOp("q", 1, time.Minute, at(time.Second))
+	failing := func(o *opTx) error {
+		if err := claim(o); err != nil {
+			return err
+		}
+		require.Len(t, failed.Items, 1)
+		return fail
+	}
+	got, claim2 := b.claimOp("q", 1, time.Minute, at(time.Second))
+	require.NoError(t, b.s.enter("test"))
+	ops := []*op{newOp(1, enq), newOp(1, failing), newOp(1, claim2)}
+	require.NoError(t, b.s.submitGroup("", ops))
+	b.s.exit()
+	require.NoError(t, ops[0].err)
+	require.ErrorIs(t, ops[1].err, fail)
+	require.NoError(t, ops[2].err)
+	require.Len(t, got.Items, 1)
+	require.Equal(t, added[0].ID, got.Items[0].ID)
+	require.Equal(t, "x", string(got.Items[0].Payload))
+
+	b.reopen()
+	st := b.stats("q", at(2*time.Second))
+	require.Equal(t, int64(2), st.Inflight)
+	require.Equal(t, int64(2), st.Leases)
+	require.Zero(t, st.Ready)
+}
