@@ -166,15 +166,13 @@ func (s *Store) inlined(payload []byte) bool {
 // inline). REQUIRES: on the committer.
 func (s *Store) putAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, payload []byte, fresh bool, enc []byte) {
 	// A fresh item's keys are new to the batch (its id was reserved by
-	// this op): put skips the overlay's index for them.
-	put := o.put
+	// this op): they skip the overlay's index (putAs).
 	if fresh {
-		put = o.putNew
 		if s.inlined(payload) {
 			rec.Payload = payload
 		} else {
 			rec.PayloadExternal = true
-			put(dbkeys.PayloadKey(q.name, id), dbkeys.EncodePayload(payload))
+			o.putNew(dbkeys.PayloadKey(q.name, id), dbkeys.EncodePayload(payload))
 		}
 	}
 	v := enc
@@ -183,15 +181,15 @@ func (s *Store) putAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbke
 		rec.Dead, rec.DeadAt, rec.Reason = false, 0, ""
 		v = o.itemValue(rec)
 	}
-	put(o.availableKey(q.name, id), v)
+	o.putAs(fresh, o.availableKey(q.name, id), v)
 	s.cacheReady(o, q, id, v, fresh, enc != nil)
-	put(o.visibilityKey(q.name, rec.Priority, rec.VisibleAt, id), dbkeys.Marker())
+	o.putAs(fresh, o.visibilityKey(q.name, rec.Priority, rec.VisibleAt, id), dbkeys.Marker())
 	q.mu.Lock()
 	q.ready.push(rec.Priority, readyEntry{vis: rec.VisibleAt, id: id})
 	q.mu.Unlock()
 	d := o.delta(q)
 	if rec.Delayed {
-		put(dbkeys.DelayedKey(rec.VisibleAt, q.name, id), dbkeys.Marker())
+		o.putAs(fresh, dbkeys.DelayedKey(rec.VisibleAt, q.name, id), dbkeys.Marker())
 		q.delayed[id] = rec.VisibleAt
 		s.delayed.push(timed{at: rec.VisibleAt, token: id, q: q})
 		d.Delayed++
@@ -209,17 +207,14 @@ func (s *Store) putAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbke
 func (s *Store) takeAvailable(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord) {
 	// An available item's keys are in the overlay only if the batch
 	// enqueued it or made it available again (opTx.untouched).
-	del := o.del
-	if o.untouched() && o.oldItem(id) {
-		del = o.delNew
-	}
-	del(o.availableKey(q.name, id))
+	notInBatch := o.untouched() && o.oldItem(id)
+	o.delAs(notInBatch, o.availableKey(q.name, id))
 	s.cacheReady(o, q, id, nil, false, false)
-	del(o.visibilityKey(q.name, rec.Priority, rec.VisibleAt, id))
+	o.delAs(notInBatch, o.visibilityKey(q.name, rec.Priority, rec.VisibleAt, id))
 	d := o.delta(q)
 	// The item counts as delayed until the sweeper promotes it.
 	if vis, ok := q.delayed[id]; ok {
-		del(dbkeys.DelayedKey(vis, q.name, id))
+		o.delAs(notInBatch, dbkeys.DelayedKey(vis, q.name, id))
 		delete(q.delayed, id)
 		o.onUndo(func() { q.delayed[id] = vis })
 		d.Delayed--

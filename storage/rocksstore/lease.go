@@ -69,11 +69,7 @@ func (s *Store) finishLease(o *opTx, l *leaseState) {
 	l.ids, l.released = kept, 0
 	o.onUndo(func() { l.ids, l.released = oldIDs, oldReleased })
 	if len(kept) > 0 {
-		put := o.put
-		if o.settleNew {
-			put = o.putNew
-		}
-		put(dbkeys.LeaseKey(l.token), dbkeys.EncodeLease(leaseRecord(l)))
+		o.putAs(o.settleNew, dbkeys.LeaseKey(l.token), dbkeys.EncodeLease(leaseRecord(l)))
 		return
 	}
 	s.dropLease(o, l)
@@ -82,12 +78,8 @@ func (s *Store) finishLease(o *opTx, l *leaseState) {
 // dropLease deletes lease l's record and expiry entry and forgets it.
 // REQUIRES: on the committer.
 func (s *Store) dropLease(o *opTx, l *leaseState) {
-	del := o.del
-	if o.settleNew {
-		del = o.delNew
-	}
-	del(dbkeys.LeaseKey(l.token))
-	del(dbkeys.LeaseExpiryKey(l.exp, l.token))
+	o.delAs(o.settleNew, dbkeys.LeaseKey(l.token))
+	o.delAs(o.settleNew, dbkeys.LeaseExpiryKey(l.exp, l.token))
 	o.delta(l.q).Leases--
 	delete(s.leases, l.token)
 	delete(l.q.leases, l.token)
@@ -139,11 +131,7 @@ func (s *Store) ackOp(ctx context.Context, p storage.AckParams) (*queueState, []
 // ackItem returns what an ack does to each item of q it settles.
 func (s *Store) ackItem(q *queueState) func(o *opTx, l *leaseState, id storage.ItemID) error {
 	return func(o *opTx, l *leaseState, id storage.ItemID) error {
-		if o.settleNew {
-			o.delNew(o.inProgressKey(q.name, id))
-		} else {
-			o.del(o.inProgressKey(q.name, id))
-		}
+		o.delAs(o.settleNew, o.inProgressKey(q.name, id))
 		if l.ext[id] {
 			o.del(dbkeys.PayloadKey(q.name, id))
 		}

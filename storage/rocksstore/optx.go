@@ -58,6 +58,24 @@ func (o *opTx) delNew(key []byte) {
 	o.b.slot.ov.add(keyString(key), nil)
 }
 
+// putAs is putNew when fresh (the batch has no entry for key), else put.
+func (o *opTx) putAs(fresh bool, key, value []byte) {
+	if fresh {
+		o.putNew(key, value)
+		return
+	}
+	o.put(key, value)
+}
+
+// delAs is delNew when fresh (the batch has no entry for key), else del.
+func (o *opTx) delAs(fresh bool, key []byte) {
+	if fresh {
+		o.delNew(key)
+		return
+	}
+	o.del(key)
+}
+
 // untouched reports whether no op of the batch so far wrote, through the
 // overlay's index (set), a key of an item enqueued before the batch or a
 // lease key. Until one does, the only such keys in the overlay are the

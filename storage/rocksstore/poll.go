@@ -243,10 +243,7 @@ func (s *Store) grant(o *opTx, q *queueState, now, lease int64, items []claimedI
 	// not in the overlay: only a claim writes it there, and the item is
 	// available again only after a set (opTx.untouched). Nor are the new
 	// lease's keys (a fresh random token).
-	put := o.put
-	if o.untouched() {
-		put = o.putNew
-	}
+	notInBatch := o.untouched()
 	for i, c := range items {
 		id := storage.ItemID(c.e.id)
 		s.takeAvailable(o, q, id, c.rec)
@@ -254,7 +251,7 @@ func (s *Store) grant(o *opTx, q *queueState, now, lease int64, items []claimedI
 		rec.Attempts++
 		rec.Delayed = false
 		rec.HasLease, rec.Lease = true, token
-		put(o.inProgressKey(q.name, id), o.itemValue(rec))
+		o.putAs(notInBatch, o.inProgressKey(q.name, id), o.itemValue(rec))
 		payload, err := s.payloadOf(o.get, q.name, id, &rec)
 		if err != nil {
 			return storage.PollResult{}, err

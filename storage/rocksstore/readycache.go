@@ -74,8 +74,11 @@ func (s *Store) cacheReady(o *opTx, q *queueState, id storage.ItemID, v []byte, 
 }
 
 // roomFor reports whether q's cache takes v.
-func (s *Store) roomFor(q *queueState, v []byte) bool {
-	return q.recs.len() < readyCacheQueueItems && s.rcache.bytes+readyCost(v) <= s.rcache.max
+func (s *Store) roomFor(q *queueState, v []byte) bool { return s.roomForCost(q, readyCost(v)) }
+
+// roomForCost reports whether q's cache takes a record that costs cost.
+func (s *Store) roomForCost(q *queueState, cost int64) bool {
+	return q.recs.len() < readyCacheQueueItems && s.rcache.bytes+cost <= s.rcache.max
 }
 
 // cacheFull reports, to an enqueuer on any goroutine, whether q's cache
@@ -84,9 +87,10 @@ func (s *Store) roomFor(q *queueState, v []byte) bool {
 // cached (enqueueOp).
 func (q *queueState) cacheFull() bool { return q.recsFull.Load() }
 
-// noteRoom updates q's cacheFull after a change of the cache.
+// noteRoom updates q's cacheFull after a change of the cache: full when
+// it has no room for one more record with a payload of defaultInlineMax.
 func (s *Store) noteRoom(q *queueState) {
-	full := q.recs.len() >= readyCacheQueueItems || s.rcache.bytes+readyCost(nil)+defaultInlineMax > s.rcache.max
+	full := !s.roomForCost(q, readyCost(nil)+defaultInlineMax)
 	if full != q.recsFull.Load() {
 		q.recsFull.Store(full)
 	}
