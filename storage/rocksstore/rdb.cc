@@ -7,6 +7,7 @@
 #include <rocksdb/db.h>
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/merge_operator.h>
+#include <rocksdb/perf_level.h>
 #include <rocksdb/slice_transform.h>
 #include <rocksdb/statistics.h>
 #include <rocksdb/table.h>
@@ -16,6 +17,7 @@
 #include <rocksdb/utilities/write_batch_with_index.h>
 
 #include <cstdlib>
+#include <deque>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -30,34 +32,96 @@ namespace {
 // countersMerge adds leaseq's queue counters (dbkeys.Counters: a format
 // byte, then 14 big-endian int64 fields). Its name is recorded in the
 // OPTIONS file: part of the on-disk format.
-class CountersMerge : public AssociativeMergeOperator {
+class CountersMerge : public MergeOperator {
  public:
-  static constexpr size_t kLen = 1 + 14 * 8;
+  static constexpr int kFields = 14;
+  static constexpr size_t kLen = 1 + kFields * 8;
   static constexpr char kFormat = 1;
 
   const char* Name() const override { return "leaseq.counters.v1"; }
 
-  bool Merge(const Slice&, const Slice* existing, const Slice& value, std::string* out,
-             Logger*) const override {
-    if (value.size() != kLen || value[0] != kFormat) return false;
-    if (existing != nullptr && (existing->size() != kLen || (*existing)[0] != kFormat)) return false;
-    out->assign(kLen, 0);
-    (*out)[0] = kFormat;
-    for (size_t i = 0; i < 14; i++) {
-      uint64_t sum = get(value.data() + 1 + 8 * i);
-      if (existing != nullptr) sum += get(existing->data() + 1 + 8 * i);
-      for (int b = 0; b < 8; b++) (*out)[1 + 8 * i + b] = char(sum >> (56 - 8 * b));
+  // A flush merges every operand a memtable holds for a queue's counters
+  // key, one per batch that changed them: sum them in one pass, with
+  // one allocation for the result, instead of pairwise.
+  bool FullMergeV2(const MergeOperationInput& in, MergeOperationOutput* out) const override {
+    uint64_t sum[kFields] = {};
+    if (in.existing_value != nullptr && !add(sum, *in.existing_value)) return false;
+    for (const Slice& op : in.operand_list) {
+      if (!add(sum, op)) return false;
     }
+    encode(sum, &out->new_value);
+    return true;
+  }
+
+  bool PartialMergeMulti(const Slice&, const std::deque<Slice>& ops, std::string* out,
+                         Logger*) const override {
+    uint64_t sum[kFields] = {};
+    for (const Slice& op : ops) {
+      if (!add(sum, op)) return false;
+    }
+    encode(sum, out);
+    return true;
+  }
+
+  bool PartialMerge(const Slice&, const Slice& left, const Slice& right, std::string* out,
+                    Logger*) const override {
+    uint64_t sum[kFields] = {};
+    if (!add(sum, left) || !add(sum, right)) return false;
+    encode(sum, out);
     return true;
   }
 
  private:
+  // add adds v's fields to sum (two's complement: negative deltas wrap
+  // back); false if v is not a counters value.
+  static bool add(uint64_t* sum, const Slice& v) {
+    if (v.size() != kLen || v[0] != kFormat) return false;
+    const char* p = v.data() + 1;
+    for (int i = 0; i < kFields; i++) sum[i] += get(p + 8 * i);
+    return true;
+  }
+
+  static void encode(const uint64_t* sum, std::string* out) {
+    out->resize(kLen);
+    char* p = &(*out)[0];
+    p[0] = kFormat;
+    for (int i = 0; i < kFields; i++) put(p + 1 + 8 * i, sum[i]);
+  }
+
   static uint64_t get(const char* p) {
-    uint64_t v = 0;
-    for (int b = 0; b < 8; b++) v = (v << 8) | uint8_t(p[b]);
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    return bigEndian(v);
+  }
+
+  static void put(char* p, uint64_t v) {
+    v = bigEndian(v);
+    std::memcpy(p, &v, 8);
+  }
+
+  // bigEndian converts between host order and big-endian (its own
+  // inverse).
+  static uint64_t bigEndian(uint64_t v) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return __builtin_bswap64(v);
+#else
     return v;
+#endif
   }
 };
+
+// quiet turns RocksDB's per-thread perf context off on the calling thread
+// (once per thread). It counts, by default, every key comparison and
+// memtable seek into a thread-local struct that nothing here reads; a
+// cgo call may run on any of Go's threads, so each entry point below that
+// does real work calls this first.
+void quiet() {
+  static thread_local bool done = false;
+  if (!done) {
+    SetPerfLevel(PerfLevel::kDisable);
+    done = true;
+  }
+}
 
 char* dup(const std::string& s) {
   char* p = static_cast<char*>(std::malloc(s.size() + 1));
@@ -252,6 +316,7 @@ void lq_free(void* p) { std::free(p); }
 
 int64_t lq_get(lq_db* d, const lq_snap* snap, int family, const char* k, size_t kl, char* out, size_t cap,
                char** err) {
+  quiet();
   ReadOptions ro;
   ro.snapshot = snapOf(snap);
   PinnableSlice v;
@@ -265,6 +330,7 @@ const lq_snap* lq_snapshot(lq_db* d) { return reinterpret_cast<const lq_snap*>(d
 void lq_release_snapshot(lq_db* d, const lq_snap* snap) { d->db->ReleaseSnapshot(snapOf(snap)); }
 
 int lq_write(lq_db* d, const char* buf, size_t n, int sync, char** err) {
+  quiet();
   WriteBatch wb;
   apply(&wb, d, buf, n);
   // In LQ_TXN_DB the batch goes to the base DB: the caller writes nothing a
@@ -342,6 +408,7 @@ static int entry(lq_iter* it, const char** ko, size_t* klo, const char** vo, siz
 
 int lq_iter_seek(lq_iter* it, const char* k, size_t kl, const char** ko, size_t* klo, const char** vo, size_t* vlo,
                  char** err) {
+  quiet();
   if (k == nullptr) {
     it->it->SeekToFirst();
   } else {
@@ -351,6 +418,7 @@ int lq_iter_seek(lq_iter* it, const char* k, size_t kl, const char** ko, size_t*
 }
 
 int lq_iter_next(lq_iter* it, const char** ko, size_t* klo, const char** vo, size_t* vlo, char** err) {
+  quiet();
   it->it->Next();
   return entry(it, ko, klo, vo, vlo, err);
 }
@@ -361,6 +429,7 @@ void lq_iter_destroy(lq_iter* it) {
 }
 
 lq_txn* lq_txn_begin(lq_db* d, lq_txn* old) {
+  quiet();
   if (old == nullptr) {
     old = new lq_txn{d, nullptr, nullptr};
   }
@@ -381,6 +450,7 @@ void lq_txn_write(lq_txn* t, const char* buf, size_t n) { apply(t->wb, t->db, bu
 
 int64_t lq_txn_get_for_update(lq_txn* t, const char* keys, const uint32_t* koff, int64_t start, int64_t n,
                               char* out, size_t cap, size_t* used, int64_t* vlen, char** err) {
+  quiet();
   lq_db* d = t->db;
   PinnableSlice v;
   for (int64_t i = start; i < n; i++) {
@@ -401,6 +471,7 @@ int64_t lq_txn_get_for_update(lq_txn* t, const char* keys, const uint32_t* koff,
 }
 
 int lq_txn_lock(lq_txn* t, const char* keys, const uint32_t* koff, int64_t n, char** err) {
+  quiet();
   lq_db* d = t->db;
   for (int64_t i = 0; i < n; i++) {
     Slice k(keys + koff[i], koff[i + 1] - koff[i]);
@@ -411,12 +482,14 @@ int lq_txn_lock(lq_txn* t, const char* keys, const uint32_t* koff, int64_t n, ch
 }
 
 int64_t lq_txn_get(lq_txn* t, const char* k, size_t kl, char* out, size_t cap, char** err) {
+  quiet();
   PinnableSlice v;
   Status s = t->t->Get(t->db->ro, t->db->route[uint8_t(k[0])], Slice(k, kl), &v);
   return copyOut(s, v, out, cap, err);
 }
 
 int lq_txn_commit(lq_txn* t, char** err) {
+  quiet();
   Status s = t->t->Commit();
   return s.ok() ? 0 : fail(s, err);
 }

@@ -102,6 +102,10 @@ func TestRDB_CountersMerge(t *testing.T) {
 	var w writeBuf
 	w.merge(key, dbkeys.EncodeCounters(dbkeys.Counters{Ready: 3, Enqueued: 3}))
 	w.merge(key, dbkeys.EncodeCounters(dbkeys.Counters{Ready: -1, Inflight: 1, Purged: 1 << 40}))
+	for range 50 { // one flush merges many operands at once
+		w.merge(key, dbkeys.EncodeCounters(dbkeys.Counters{Acked: 2, Inflight: -1}))
+		w.merge(key, dbkeys.EncodeCounters(dbkeys.Counters{Inflight: 1}))
+	}
 	require.NoError(t, db.write(&w, false))
 	require.NoError(t, db.flush()) // merged again by the flush
 	w.reset()
@@ -112,7 +116,7 @@ func TestRDB_CountersMerge(t *testing.T) {
 	require.True(t, ok)
 	c, err := dbkeys.DecodeCounters(v)
 	require.NoError(t, err)
-	require.Equal(t, dbkeys.Counters{Ready: 0, Inflight: 1, Enqueued: 3, Purged: 1 << 40}, c)
+	require.Equal(t, dbkeys.Counters{Ready: 0, Inflight: 1, Enqueued: 3, Acked: 100, Purged: 1 << 40}, c)
 
 	w.reset()
 	w.merge(key, []byte{1, 2, 3})
