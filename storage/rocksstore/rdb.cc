@@ -331,7 +331,9 @@ void lq_release_snapshot(lq_db* d, const lq_snap* snap) { d->db->ReleaseSnapshot
 
 int lq_write(lq_db* d, const char* buf, size_t n, int sync, char** err) {
   quiet();
-  WriteBatch wb;
+  // Room for the whole batch up front: our encoding is about as long as
+  // RocksDB's, so the rep does not regrow (and recopy) as it fills.
+  WriteBatch wb(n + 64);
   apply(&wb, d, buf, n);
   // In LQ_TXN_DB the batch goes to the base DB: the caller writes nothing a
   // transaction holds (see rdb.go).
