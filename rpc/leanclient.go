@@ -524,23 +524,30 @@ func (l *leanClient) finish(qid uint32, now bool) {
 
 // giveUp cancels a question whose caller stopped waiting: the Finish tells
 // the node to cancel the call; the id stays taken until the Return comes.
+// The Finish goes out first: once the question is marked gone, the reader
+// frees its id when the Return comes, and a call that reused the id ahead
+// of the Finish would be a protocol error (the node still holds the
+// answer) and have the late Finish cancel it.
 func (l *leanClient) giveUp(qid uint32, q *leanQuestion) {
+	if err := l.writeFinish(qid, true, true); err != nil {
+		l.lost(fmt.Errorf("write: %w", err))
+	}
 	l.mu.Lock()
 	select {
-	case r := <-q.reply: // answered meanwhile
+	case r := <-q.reply: // answered meanwhile; the Finish above ends it
+		if r.err == nil {
+			delete(l.qs, qid)
+			l.free = append(l.free, qid)
+		}
 		l.mu.Unlock()
 		if r.msg != nil {
 			r.msg.Release()
-		}
-		if r.err == nil {
-			l.finish(qid, true)
 		}
 		return
 	default:
 	}
 	q.gone = true
 	l.mu.Unlock()
-	_ = l.writeFinish(qid, true, true)
 }
 
 // writeFinish writes the Finish of question qid. Unless flush is set it

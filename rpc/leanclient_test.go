@@ -17,6 +17,56 @@ import (
 	"github.com/leaseq/leaseq/storage"
 )
 
+// TestLeanClient_GivenUpCallsFinishBeforeTheirIDIsReused: many callers
+// whose contexts end around the time their Return comes. A caller that
+// gives up must have its Finish on the wire before the question id can be
+// freed: the reader frees it when the Return comes, and a Call that reuses
+// it ahead of the Finish is a protocol error on the node ("question id in
+// use", which aborts the connection), and the late Finish would cancel the
+// new call. Every call either answers or ends with its context's error,
+// and the connection stays up.
+func TestLeanClient_GivenUpCallsFinishBeforeTheirIDIsReused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	c := b.dial()
+	require.NotNil(t, c.lean)
+	const callers, calls = 8, 400
+	var gaveUp, answered atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, callers)
+	for g := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range calls {
+				// Deadlines from 0 to 1 ms, around a round trip here.
+				d := time.Duration((g*calls+i)%21) * 50 * time.Microsecond
+				ctx, cancel := context.WithTimeout(ctxT(t), d)
+				_, err := c.NodeInfo(ctx)
+				cancel()
+				switch {
+				case err == nil:
+					answered.Add(1)
+				case errors.Is(err, context.DeadlineExceeded):
+					gaveUp.Add(1)
+				default:
+					errc <- fmt.Errorf("call %d: %w", i, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		require.NoError(t, err)
+	}
+	t.Logf("%d answered, %d given up", answered.Load(), gaveUp.Load())
+	require.Positive(t, gaveUp.Load(), "some calls must give up for the test to mean anything")
+	_, err := c.NodeInfo(ctxT(t))
+	require.NoError(t, err, "the connection is still up")
+}
+
 // TestLeanClient_GiveUpThenReuse: a call whose context ends returns the
 // context's error at once (its Finish cancels it on the node); question
 // ids are reused and later calls, more than the lazy Finishes allowed,
