@@ -17,8 +17,8 @@
 #include <rocksdb/utilities/write_batch_with_index.h>
 
 #include <cstdlib>
-#include <deque>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,14 +59,6 @@ class CountersMerge : public MergeOperator {
     for (const Slice& op : ops) {
       if (!add(sum, op)) return false;
     }
-    encode(sum, out);
-    return true;
-  }
-
-  bool PartialMerge(const Slice&, const Slice& left, const Slice& right, std::string* out,
-                    Logger*) const override {
-    uint64_t sum[kFields] = {};
-    if (!add(sum, left) || !add(sum, right)) return false;
     encode(sum, out);
     return true;
   }
