@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -242,6 +243,40 @@ func TestBadInput_Wire(t *testing.T) {
 		_, err := conn.Write(append(boot, call...))
 		require.NoError(t, err)
 		requireClosedByServer(t, conn)
+		requireServing(t, b)
+	})
+
+	// Calls pipelined on a subscribe's answer before it returns: on a
+	// refused subscribe (a bad queue name: a status, and no subscription
+	// of its own), on its subscription and on its status struct, and a
+	// call chained on that pipelined call's answer. go-capnp
+	// v3.1.0-alpha.2 queues such calls and, when the answer comes and a
+	// call's target is no capability, dereferences a nil pipeline caller
+	// in its server goroutine (FuzzServerConn found it taking the node
+	// down). The node must keep serving; a connection that pipelines on
+	// something other than a capability may be ended.
+	t.Run("CallsPipelinedOnARefusedSubscribe", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, bundleOpts{})
+		for range 20 {
+			conn := rawConn(t, b)
+			subscribe := pipelinedCall(t, 1, 0, 14 /* subscribe */, func(p rpccp.Payload) error {
+				args, err := schema.NewQueue_subscribe_Params(p.Segment())
+				if err != nil {
+					return err
+				}
+				if err := args.SetQueue("##"); err != nil {
+					return err
+				}
+				return p.SetContent(args.ToPtr())
+			})
+			msgs := slices.Concat(bootstrapMsg(t), subscribe,
+				pipelinedOnField(t, 2, 1, schema.Subscription_TypeID, 0 /* cancel */, 1 /* subscription */),
+				pipelinedOnField(t, 3, 1, schema.Queue_TypeID, 15 /* nodeInfo */, 0 /* status */),
+				pipelinedOnField(t, 4, 3, schema.Queue_TypeID, 15, 0))
+			_, _ = conn.Write(msgs)
+			readUntilReturnOrClose(t, conn, 4)
+		}
 		requireServing(t, b)
 	})
 
@@ -593,4 +628,57 @@ func TestWindowLimiter_OversizedMessageDoesNotPanic(t *testing.T) {
 	big, err := l.StartMessage(context.Background(), 1<<20)
 	require.NoError(t, err)
 	big()
+}
+
+// pipelinedOnField is the framed Call of method of interface iface, as
+// question qid, on pointer field field of question on's answer.
+func pipelinedOnField(t testing.TB, qid, on uint32, iface uint64, method, field uint16) []byte {
+	return rpcMessageBytes(t, func(m rpccp.Message) error {
+		c, err := m.NewCall()
+		if err != nil {
+			return err
+		}
+		c.SetQuestionId(qid)
+		c.SetInterfaceId(iface)
+		c.SetMethodId(method)
+		tgt, err := c.NewTarget()
+		if err != nil {
+			return err
+		}
+		pa, err := tgt.NewPromisedAnswer()
+		if err != nil {
+			return err
+		}
+		pa.SetQuestionId(on)
+		ops, err := pa.NewTransform(1)
+		if err != nil {
+			return err
+		}
+		ops.At(0).SetGetPointerField(field)
+		_, err = c.NewParams()
+		return err
+	})
+}
+
+// readUntilReturnOrClose reads conn until the Return of question qid
+// comes or the server closes the connection.
+func readUntilReturnOrClose(t *testing.T, conn net.Conn, qid uint32) {
+	t.Helper()
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	dec := capnp.NewDecoder(conn)
+	for {
+		msg, err := dec.Decode()
+		if err != nil {
+			var ne net.Error
+			require.False(t, errorsAs(err, &ne) && ne.Timeout(), "neither a Return for %d nor a close", qid)
+			return
+		}
+		m, err := rpccp.ReadRootMessage(msg)
+		require.NoError(t, err)
+		if m.Which() == rpccp.Message_Which_return {
+			if ret, err := m.Return(); err == nil && ret.AnswerId() == qid {
+				return
+			}
+		}
+	}
 }

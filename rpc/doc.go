@@ -165,6 +165,18 @@
 //     handleCall registers the answer, then looks up the target and
 //     dereferences the new answer's still-nil pipeline caller
 //     (TestBadInput_Wire/CallOnItsOwnAnswer).
+//   - A Call pipelined on an answer that has not returned yet, whose
+//     target turns out to be no capability (a null subscription of a
+//     refused subscribe, a struct field, a field past the end): go-capnp
+//     queues it, and AnswerQueue.Fulfill dereferences the nil pipeline
+//     caller it gets for it (fixed upstream in go-capnp PR 617, in no
+//     release the module proxy serves). The transport lets calls be
+//     pipelined only on a Bootstrap's capability and on a subscribe's
+//     subscription, the only capability in any Queue result, and ends a
+//     connection that pipelines on anything else; a refused subscribe
+//     returns a subscription that does nothing instead of a null one
+//     (TestBadInput_Wire/CallsPipelinedOnARefusedSubscribe). The lean
+//     engine resolves pipelined calls itself and needs neither.
 //
 // FuzzServerConn (fuzz_test.go; `make fuzz`) feeds arbitrary message
 // sequences (raw bytes, framed segments, and structurally valid rpc.capnp

@@ -14,6 +14,8 @@ import (
 	"capnproto.org/go/capnp/v3/rpc/transport"
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 	"golang.org/x/sync/semaphore"
+
+	"github.com/leaseq/leaseq/schema"
 )
 
 // limitedCodec frames capnp messages on a stream and bounds what one
@@ -188,53 +190,138 @@ func (m *flowMsg) Release() {
 }
 
 // guardTransport ends a connection whose peer sends a message that
-// go-capnp v3.1.0-alpha.2 cannot survive (a panic in its receive
-// goroutine takes the whole process down): RecvMessage returns an error
-// instead of the message, and the connection ends as for an undecodable
-// one. See "go-capnp workarounds" in doc.go; each case has a regression
-// test in TestBadInput_Wire and a reproducer in testdata/fuzz.
+// go-capnp v3.1.0-alpha.2 cannot survive (a panic in one of its goroutines
+// takes the whole process down): RecvMessage returns an error instead of
+// the message, and the connection ends as for an undecodable one. See
+// "go-capnp workarounds" in doc.go; each case has a regression test in
+// TestBadInput_Wire and a reproducer in testdata/fuzz. RecvMessage is
+// called by one goroutine at a time (go-capnp's reader).
 type guardTransport struct {
 	transport.Transport
+	// pipelinable are the peer's questions not finished yet whose answers
+	// a call may be pipelined on: its Bootstraps (the capability itself)
+	// and its subscribe calls (the subscription in the results).
+	pipelinable map[uint32]pipelineKind
+}
+
+type pipelineKind uint8
+
+const (
+	onBootstrap pipelineKind = iota + 1
+	onSubscribe
+)
+
+func newGuardTransport(t transport.Transport) *guardTransport {
+	return &guardTransport{Transport: t, pipelinable: make(map[uint32]pipelineKind)}
 }
 
 // errCallOnOwnAnswer is why a connection whose peer pipelined a call on
 // its own question ends.
 var errCallOnOwnAnswer = errors.New("rpc: call targets its own promised answer")
 
-func (t guardTransport) RecvMessage() (transport.IncomingMessage, error) {
+// errPipelineTarget is why a connection whose peer pipelined a call on
+// anything but a bootstrap capability or a subscribe's subscription ends.
+var errPipelineTarget = errors.New("rpc: call pipelined on something other than a bootstrap capability or a subscribe's subscription")
+
+func (t *guardTransport) RecvMessage() (transport.IncomingMessage, error) {
 	in, err := t.Transport.RecvMessage()
 	if err != nil {
 		return nil, err
 	}
-	if err := checkIncoming(in.Message()); err != nil {
+	if err := t.check(in.Message()); err != nil {
 		in.Release()
 		return nil, err
 	}
 	return in, nil
 }
 
-// checkIncoming refuses the messages guardTransport guards against: a
-// Call whose target is the promised answer of the call's own question
-// (go-capnp looks up that answer while creating it and dereferences its
-// nil pipeline caller). Anything it cannot read is left to go-capnp, which
-// reports it in its own words.
-func checkIncoming(m rpccp.Message) error {
-	if m.Which() != rpccp.Message_Which_call {
+// check refuses the messages guardTransport guards against:
+//   - a Call whose target is the promised answer of the call's own
+//     question (go-capnp looks up that answer while creating it and
+//     dereferences its nil pipeline caller);
+//   - a Call pipelined on anything but a Bootstrap's capability or the
+//     subscription a subscribe returns, the only capability in any result
+//     of the Queue interface (Queueber's results hold none). go-capnp
+//     queues a call pipelined on an answer not returned yet, and when the
+//     answer comes and the call's target is no capability (a null one, a
+//     struct, a field past the end), AnswerQueue.Fulfill dereferences a
+//     nil pipeline caller.
+//
+// Anything it cannot read is left to go-capnp, which reports it in its
+// own words.
+func (t *guardTransport) check(m rpccp.Message) error {
+	switch m.Which() {
+	case rpccp.Message_Which_bootstrap:
+		if b, err := m.Bootstrap(); err == nil {
+			t.pipelinable[b.QuestionId()] = onBootstrap
+		}
+		return nil
+	case rpccp.Message_Which_finish:
+		if f, err := m.Finish(); err == nil {
+			delete(t.pipelinable, f.QuestionId())
+		}
+		return nil
+	case rpccp.Message_Which_call:
+	default:
 		return nil
 	}
 	call, err := m.Call()
 	if err != nil {
 		return nil
 	}
-	tgt, err := call.Target()
-	if err != nil || tgt.Which() != rpccp.MessageTarget_Which_promisedAnswer {
-		return nil
+	qid := call.QuestionId()
+	if tgt, err := call.Target(); err == nil && tgt.Which() == rpccp.MessageTarget_Which_promisedAnswer {
+		pa, err := tgt.PromisedAnswer()
+		if err != nil {
+			return nil
+		}
+		if pa.QuestionId() == qid {
+			return errCallOnOwnAnswer
+		}
+		if !pipelineTargetOK(t.pipelinable[pa.QuestionId()], pa) {
+			return errPipelineTarget
+		}
 	}
-	pa, err := tgt.PromisedAnswer()
-	if err == nil && pa.QuestionId() == call.QuestionId() {
-		return errCallOnOwnAnswer
+	if call.InterfaceId() == schema.Queue_TypeID && call.MethodId() == subscribeMethod {
+		t.pipelinable[qid] = onSubscribe
+	} else {
+		delete(t.pipelinable, qid)
 	}
 	return nil
+}
+
+// subscribeMethod is Queue.subscribe's method id (schema/queue.capnp).
+const subscribeMethod = 14
+
+// subscriptionField is the pointer field of Queue.subscribe's results
+// that holds the subscription.
+const subscriptionField = 1
+
+// pipelineTargetOK reports whether pa's transform leads to the capability
+// an answer of kind holds: a Bootstrap's answer is the capability (no
+// field), a subscribe's is in its subscription field. Noops aside.
+func pipelineTargetOK(kind pipelineKind, pa rpccp.PromisedAnswer) bool {
+	ops, err := pa.Transform()
+	if err != nil {
+		return false
+	}
+	var fields []uint16
+	for i := 0; i < ops.Len(); i++ {
+		switch op := ops.At(i); op.Which() {
+		case rpccp.PromisedAnswer_Op_Which_noop:
+		case rpccp.PromisedAnswer_Op_Which_getPointerField:
+			fields = append(fields, op.GetPointerField())
+		default:
+			return false
+		}
+	}
+	switch kind {
+	case onBootstrap:
+		return len(fields) == 0
+	case onSubscribe:
+		return len(fields) == 1 && fields[0] == subscriptionField
+	}
+	return false
 }
 
 // newServerTransport builds the transport of one accepted connection.
@@ -249,7 +336,7 @@ func newNodeTransport(ctx context.Context, conn net.Conn, maxMsg uint64, flowLim
 	codec := newLimitedCodec(conn, maxMsg)
 	codec.first = first
 	// The guard sits below the flow budget: a refused message takes none.
-	var t transport.Transport = guardTransport{transport.New(codec)}
+	var t transport.Transport = newGuardTransport(transport.New(codec))
 	if flowLimit <= 0 {
 		flowLimit = 1 << 62 // per connection unbounded; the node budget may still apply
 	}
