@@ -39,6 +39,8 @@ import (
 //	               Unimplemented and the level-3 messages, with small ids
 //	               so they refer to each other.
 //
+// It runs on the engine under test (TestMain runs it on each).
+//
 // Properties: the server does not panic; in the framed and structured
 // modes it either answers a well-formed probe sent after the input or ends
 // the connection, within fuzzBound (never hangs); once the connection is
@@ -90,7 +92,7 @@ func fuzzServerConn(t *testing.T, mode uint8, data []byte) {
 	})
 	store := memstore.New(memstore.Options{})
 	defer func() { _ = store.Close() }()
-	srv, err := NewServer(ServerConfig{Store: store, Clock: fuzzClock(),
+	srv, err := NewServer(ServerConfig{Store: store, Clock: fuzzClock(), Engine: testEngine,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	require.NoError(t, err)
 	defer srv.Stop() // after a failed require; Stop is idempotent
@@ -107,7 +109,7 @@ func fuzzServerConn(t *testing.T, mode uint8, data []byte) {
 
 	cs, ss := net.Pipe()
 	peer := startFuzzPeer(cs, fuzzProbeQuestion+1)
-	srv.admit(ss, srv.queueBootstrap)
+	srv.admit(ss, nil) // the Queue interface on the engine under test
 	require.NoError(t, cs.SetWriteDeadline(time.Now().Add(fuzzBound)))
 	var writeErr error
 	for _, fr := range frames {
