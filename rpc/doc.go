@@ -181,8 +181,8 @@
 // FuzzServerConn (fuzz_test.go; `make fuzz`) feeds arbitrary message
 // sequences (raw bytes, framed segments, and structurally valid rpc.capnp
 // Messages: Bootstrap, Call, Return, Finish, Release, Resolve, Disembargo,
-// Abort, ...) to one connection of a real Server, on each engine (the
-// lean one since 2026-11-28; before, it fuzzed go-capnp's only), and checks that the
+// Abort, ...) to one connection of a real Server, on each engine, and
+// checks that the
 // server does not panic, answers a well-formed probe or ends the
 // connection within a bound, releases the connection and its goroutines
 // when it closes, and then serves a fresh client.
