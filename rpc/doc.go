@@ -182,10 +182,9 @@
 // sequences (raw bytes, framed segments, and structurally valid rpc.capnp
 // Messages: Bootstrap, Call, Return, Finish, Release, Resolve, Disembargo,
 // Abort, ...) to one connection of a real Server, on each engine, and
-// checks that the
-// server does not panic, answers a well-formed probe or ends the
-// connection within a bound, releases the connection and its goroutines
-// when it closes, and then serves a fresh client.
+// checks that the server does not panic, answers a well-formed probe or
+// ends the connection within a bound, releases the connection and its
+// goroutines when it closes, and then serves a fresh client.
 //
 // Concurrency: Server, Client and Subscription are safe for concurrent use.
 // Lock order: Server.mu and leaseTracker.mu are leaves (never held while
