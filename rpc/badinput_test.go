@@ -67,13 +67,20 @@ func bootstrapMsg(t testing.TB) []byte {
 // pipelinedCall is the framed Call of Queue method as question qid on the
 // promised answer of question on; params fills its params (nil: empty).
 func pipelinedCall(t testing.TB, qid, on uint32, method uint16, params func(rpccp.Payload) error) []byte {
+	return pipelinedCallOn(t, qid, on, nil, schema.Queue_TypeID, method, params)
+}
+
+// pipelinedCallOn is pipelinedCall on the capability at the pointer fields
+// fields of question on's answer (a transform of getPointerField ops), of
+// method of interface iface.
+func pipelinedCallOn(t testing.TB, qid, on uint32, fields []uint16, iface uint64, method uint16, params func(rpccp.Payload) error) []byte {
 	return rpcMessageBytes(t, func(m rpccp.Message) error {
 		c, err := m.NewCall()
 		if err != nil {
 			return err
 		}
 		c.SetQuestionId(qid)
-		c.SetInterfaceId(schema.Queue_TypeID)
+		c.SetInterfaceId(iface)
 		c.SetMethodId(method)
 		tgt, err := c.NewTarget()
 		if err != nil {
@@ -84,6 +91,15 @@ func pipelinedCall(t testing.TB, qid, on uint32, method uint16, params func(rpcc
 			return err
 		}
 		pa.SetQuestionId(on)
+		if len(fields) > 0 {
+			ops, err := pa.NewTransform(int32(len(fields)))
+			if err != nil {
+				return err
+			}
+			for i, f := range fields {
+				ops.At(i).SetGetPointerField(f)
+			}
+		}
 		p, err := c.NewParams()
 		if err != nil || params == nil {
 			return err
@@ -271,9 +287,9 @@ func TestBadInput_Wire(t *testing.T) {
 				return p.SetContent(args.ToPtr())
 			})
 			msgs := slices.Concat(bootstrapMsg(t), subscribe,
-				pipelinedOnField(t, 2, 1, schema.Subscription_TypeID, 0 /* cancel */, 1 /* subscription */),
-				pipelinedOnField(t, 3, 1, schema.Queue_TypeID, 15 /* nodeInfo */, 0 /* status */),
-				pipelinedOnField(t, 4, 3, schema.Queue_TypeID, 15, 0))
+				pipelinedCallOn(t, 2, 1, []uint16{1 /* subscription */}, schema.Subscription_TypeID, 0 /* cancel */, nil),
+				pipelinedCallOn(t, 3, 1, []uint16{0 /* status */}, schema.Queue_TypeID, 15 /* nodeInfo */, nil),
+				pipelinedCallOn(t, 4, 3, []uint16{0}, schema.Queue_TypeID, 15, nil))
 			_, _ = conn.Write(msgs)
 			readUntilReturnOrClose(t, conn, 4)
 		}
@@ -628,36 +644,6 @@ func TestWindowLimiter_OversizedMessageDoesNotPanic(t *testing.T) {
 	big, err := l.StartMessage(context.Background(), 1<<20)
 	require.NoError(t, err)
 	big()
-}
-
-// pipelinedOnField is the framed Call of method of interface iface, as
-// question qid, on pointer field field of question on's answer.
-func pipelinedOnField(t testing.TB, qid, on uint32, iface uint64, method, field uint16) []byte {
-	return rpcMessageBytes(t, func(m rpccp.Message) error {
-		c, err := m.NewCall()
-		if err != nil {
-			return err
-		}
-		c.SetQuestionId(qid)
-		c.SetInterfaceId(iface)
-		c.SetMethodId(method)
-		tgt, err := c.NewTarget()
-		if err != nil {
-			return err
-		}
-		pa, err := tgt.NewPromisedAnswer()
-		if err != nil {
-			return err
-		}
-		pa.SetQuestionId(on)
-		ops, err := pa.NewTransform(1)
-		if err != nil {
-			return err
-		}
-		ops.At(0).SetGetPointerField(field)
-		_, err = c.NewParams()
-		return err
-	})
 }
 
 // readUntilReturnOrClose reads conn until the Return of question qid
