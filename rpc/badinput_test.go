@@ -108,6 +108,27 @@ func pipelinedCallOn(t testing.TB, qid, on uint32, fields []uint16, iface uint64
 	})
 }
 
+// subscribeCall is the framed Call of subscribe(queue) as question 1 on
+// the bootstrap capability of question 0; fill, if not nil, sets the
+// rest of its params.
+func subscribeCall(t testing.TB, queue string, fill func(schema.Queue_subscribe_Params, rpccp.Payload) error) []byte {
+	return pipelinedCall(t, 1, 0, 14 /* subscribe */, func(p rpccp.Payload) error {
+		args, err := schema.NewQueue_subscribe_Params(p.Segment())
+		if err != nil {
+			return err
+		}
+		if err := args.SetQueue(queue); err != nil {
+			return err
+		}
+		if fill != nil {
+			if err := fill(args, p); err != nil {
+				return err
+			}
+		}
+		return p.SetContent(args.ToPtr())
+	})
+}
+
 // rawSubscribe bootstraps on conn and sends subscribe("q", prefetch 1)
 // whose consumer is an interface pointer to entry 0 of a cap table of caps
 // entries, each a null capability (CapDescriptor none). It returns the
@@ -115,19 +136,9 @@ func pipelinedCallOn(t testing.TB, qid, on uint32, fields []uint16, iface uint64
 func rawSubscribe(t *testing.T, conn net.Conn, caps int32) schema.ErrorCode {
 	t.Helper()
 	boot := bootstrapMsg(t)
-	call := pipelinedCall(t, 1, 0, 14 /* subscribe */, func(p rpccp.Payload) error {
-		args, err := schema.NewQueue_subscribe_Params(p.Segment())
-		if err != nil {
-			return err
-		}
-		if err := args.SetQueue("q"); err != nil {
-			return err
-		}
+	call := subscribeCall(t, "q", func(args schema.Queue_subscribe_Params, p rpccp.Payload) error {
 		args.SetPrefetch(1)
 		if err := capnp.Struct(args).SetPtr(1, capnp.NewInterface(p.Segment(), 0).ToPtr()); err != nil {
-			return err
-		}
-		if err := p.SetContent(args.ToPtr()); err != nil {
 			return err
 		}
 		if caps > 0 {
@@ -276,16 +287,7 @@ func TestBadInput_Wire(t *testing.T) {
 		b := setup(t, bundleOpts{})
 		for range 20 {
 			conn := rawConn(t, b)
-			subscribe := pipelinedCall(t, 1, 0, 14 /* subscribe */, func(p rpccp.Payload) error {
-				args, err := schema.NewQueue_subscribe_Params(p.Segment())
-				if err != nil {
-					return err
-				}
-				if err := args.SetQueue("##"); err != nil {
-					return err
-				}
-				return p.SetContent(args.ToPtr())
-			})
+			subscribe := subscribeCall(t, "##", nil)
 			msgs := slices.Concat(bootstrapMsg(t), subscribe,
 				pipelinedCallOn(t, 2, 1, []uint16{1 /* subscription */}, schema.Subscription_TypeID, 0 /* cancel */, nil),
 				pipelinedCallOn(t, 3, 1, []uint16{0 /* status */}, schema.Queue_TypeID, 15 /* nodeInfo */, nil),

@@ -305,21 +305,21 @@ func pipelineTargetOK(kind pipelineKind, pa rpccp.PromisedAnswer) bool {
 	if err != nil {
 		return false
 	}
-	var fields []uint16
+	fields, field := 0, uint16(0)
 	for i := 0; i < ops.Len(); i++ {
 		switch op := ops.At(i); op.Which() {
 		case rpccp.PromisedAnswer_Op_Which_noop:
 		case rpccp.PromisedAnswer_Op_Which_getPointerField:
-			fields = append(fields, op.GetPointerField())
+			fields, field = fields+1, op.GetPointerField()
 		default:
 			return false
 		}
 	}
 	switch kind {
 	case onBootstrap:
-		return len(fields) == 0
+		return fields == 0
 	case onSubscribe:
-		return len(fields) == 1 && fields[0] == subscriptionField
+		return fields == 1 && field == subscriptionField
 	}
 	return false
 }
