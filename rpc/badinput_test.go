@@ -670,3 +670,25 @@ func readUntilReturnOrClose(t *testing.T, conn net.Conn, qid uint32) {
 		}
 	}
 }
+
+// TestBadInput_CallPipelinedOnAReturnedAnswerWithoutCapabilities: a call
+// pipelined on an answer that has returned (and is not finished yet) but
+// holds no capability, with a transform into its results. The server must
+// answer it with an exception and keep serving.
+func TestBadInput_CallPipelinedOnAReturnedAnswerWithoutCapabilities(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	for range 20 {
+		conn := rawConn(t, b)
+		_, err := conn.Write(slices.Concat(bootstrapMsg(t), pipelinedCall(t, 1, 0, 15 /* nodeInfo */, nil)))
+		require.NoError(t, err)
+		readUntilReturnOrClose(t, conn, 1)
+		// Other calls' replies reuse the buffers of finished messages.
+		_, err = b.dial().Queues(ctxT(t))
+		require.NoError(t, err)
+		_, err = conn.Write(pipelinedCallOn(t, 2, 1, []uint16{0}, schema.Queue_TypeID, 15, nil))
+		require.NoError(t, err)
+		readUntilReturnOrClose(t, conn, 2)
+	}
+	requireServing(t, b)
+}

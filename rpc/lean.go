@@ -152,7 +152,7 @@ type leanAnswer struct {
 	// for this connection's socket (see sendFrom).
 	shared  bool
 	err     error       // the exception returned
-	content capnp.Ptr   // the results, for pipelined calls
+	content capnp.Ptr   // the results, for pipelined calls (null when they hold no capability)
 	caps    []uint32    // export ids of the results' capabilities
 	pending []*leanCall // pipelined calls waiting for the return
 }

@@ -403,6 +403,12 @@ func (c *leanConn) releaseCall(lc *leanCall) {
 // starts the calls pipelined on a.
 func (c *leanConn) settle(qid uint32, a *leanAnswer, err error, content capnp.Ptr, caps []uint32, msg *capnp.Message) {
 	var release []capnp.Client
+	if len(caps) == 0 {
+		// The message goes back to its pool once written (see below), so
+		// its results cannot be read later; with no capability in them,
+		// every call pipelined on them is on a null capability anyway.
+		content = capnp.Ptr{}
+	}
 	c.mu.Lock()
 	a.returned, a.err, a.content, a.caps = true, err, content, caps
 	pending := a.pending
