@@ -866,11 +866,16 @@ func fuzzSeeds(tb testing.TB) []fuzzSeed {
 		ptrName, 1, ptrCap, 0, ptrNull, ptrNull,
 		1, 1, 0) // cap table: one senderHosted(0)
 	finish := []byte{opFinish, 1, 0}
+	// nodeInfo as question 2, pipelined on field 0 of question 1's
+	// results (stats: no capability in them), once they have returned:
+	// the lean engine read that Return after its buffer was reused.
+	pipelinedOnStats := []byte{opCall, 2, 1 | 1<<1 /* promisedAnswer(1) */, 1 /* one op */, 1 /* getPointerField(0) */, ifaceQueue, 15, 0, ptrNull, 0}
 	var seeds []fuzzSeed
 	for _, prog := range [][]byte{
 		slices.Concat(boot, stats),
 		slices.Concat(boot, enqueue),
 		slices.Concat(boot, enqueue, finish, stats),
+		slices.Concat(boot, stats, pipelinedOnStats),
 		slices.Concat(boot, subscribe, call(2, 0, enqueue[6:]...)),
 		slices.Concat(boot, []byte{opRelease, 0, 1}, stats),
 		slices.Concat(boot, []byte{opAbort, 0, 4, 'b', 'y', 'e', '!'}),
