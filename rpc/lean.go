@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -65,6 +66,14 @@ const leanReadBuffer = 64 << 10
 // one write when they fit.
 const leanWriteBuffer = 64 << 10
 
+// leanMaxOpenQuestions bounds the questions (calls and bootstraps) of one
+// connection that have no Finish yet, returned or not: the server keeps
+// an answer for each until its Finish, so a client that never sends one
+// would grow the node's memory without end. A conforming client finishes
+// every question; a parked long poll is one open question, and the node
+// parks at most DefaultMaxWaitersPerQueue polls per queue.
+const leanMaxOpenQuestions = 1 << 16
+
 // leanConn is one connection of the lean engine.
 type leanConn struct {
 	s      *Server
@@ -85,8 +94,10 @@ type leanConn struct {
 	br     *bufio.Reader
 	dec    *capnp.Decoder
 	maxMsg uint64
-	flow   flowBudget
-	first  func() // runs once, after the first message (nil: done)
+	// maxQuestions bounds the open questions (leanMaxOpenQuestions).
+	maxQuestions int
+	flow         flowBudget
+	first        func() // runs once, after the first message (nil: done)
 
 	calls sync.WaitGroup // calls running on goroutines of their own
 
@@ -196,9 +207,10 @@ func protoErrf(format string, args ...any) error {
 func (s *Server) serveLean(ctx context.Context, cancel context.CancelFunc, conn net.Conn, remote string, gate *replyGate, first func()) {
 	c := &leanConn{
 		s: s, conn: conn, remote: remote, gate: gate, ctx: ctx, cancel: cancel,
-		q:      &queueServer{s: s, remote: remote, gate: gate},
-		maxMsg: uint64(s.cfg.MaxMessageBytes),
-		first:  first,
+		q:            &queueServer{s: s, remote: remote, gate: gate},
+		maxMsg:       uint64(s.cfg.MaxMessageBytes),
+		first:        first,
+		maxQuestions: cmp.Or(s.cfg.maxOpenQuestions, leanMaxOpenQuestions),
 	}
 	var rw io.ReadWriter = conn
 	if raw := newRawIO(conn); raw != nil {
@@ -361,6 +373,10 @@ func (c *leanConn) handleBootstrap(m rpccp.Message) error {
 		c.mu.Unlock()
 		return protoErrf("bootstrap: question id %d is in use", qid)
 	}
+	if err := c.questionRoomLocked(); err != nil {
+		c.mu.Unlock()
+		return err
+	}
 	if !c.mu.hasBoot {
 		c.mu.bootID = c.newExportLocked(&leanExport{queue: true})
 		c.mu.hasBoot = true
@@ -372,6 +388,16 @@ func (c *leanConn) handleBootstrap(m rpccp.Message) error {
 	c.mu.Unlock()
 	ct.At(0).SetSenderHosted(id)
 	c.send(msg, true)
+	return nil
+}
+
+// questionRoomLocked fails when the connection has as many open
+// questions as it may: the client must finish some first.
+// REQUIRES: c.mu held.
+func (c *leanConn) questionRoomLocked() error {
+	if len(c.mu.answers) >= c.maxQuestions {
+		return protoErrf("more than %d questions without a Finish", c.maxQuestions)
+	}
 	return nil
 }
 

@@ -27,6 +27,11 @@ func (c *leanConn) handleCall(in *capnp.Message, m rpccp.Message, held flowHeld)
 		c.releaseCall(lc)
 		return protoErrf("call: question id %d is in use", lc.qid)
 	}
+	if err := c.questionRoomLocked(); err != nil {
+		c.mu.Unlock()
+		c.releaseCall(lc)
+		return err
+	}
 	c.mu.answers[lc.qid] = lc.ans
 	c.mu.Unlock()
 

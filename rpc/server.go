@@ -115,6 +115,10 @@ type ServerConfig struct {
 	// EngineLean ("" too: lean.go) or EngineGoCapnp (go-capnp's rpc.Conn).
 	// Listeners of StartBootstrap always use go-capnp.
 	Engine string
+
+	// maxOpenQuestions bounds a lean connection's questions without a
+	// Finish (0: leanMaxOpenQuestions); tests lower it.
+	maxOpenQuestions int
 }
 
 // NodeInfo describes a node to its clients (Client.NodeInfo).
