@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"runtime"
 	"runtime/pprof"
 	"slices"
@@ -24,6 +25,7 @@ import (
 	"github.com/leaseq/leaseq/schema"
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/memstore"
+	"github.com/leaseq/leaseq/storage/rocksstore"
 )
 
 // FuzzServerConn feeds arbitrary rpc.capnp message sequences to one
@@ -40,11 +42,13 @@ import (
 //	               Unimplemented and the level-3 messages, with small ids
 //	               so they refer to each other.
 //
-// It runs on the engine under test (TestMain runs it on each). The mode's
-// next bit (mode / fuzzModes) hides the memstore's Nonblocking, so that the
-// server treats it as a store whose calls wait, as RocksDB's with
-// --sync=always: store calls then run on the server's worker goroutines and
-// long polls start on them, instead of on the connection's reader.
+// It runs on the engine under test (TestMain runs it on each). The rest of
+// mode (mode / fuzzModes, modulo fuzzStores) picks the store, and with it
+// the paths the lean engine takes: a memstore, whose calls never wait and
+// run on the connection's reader; the same without its Nonblocking, so
+// that store calls and long polls run on the server's worker goroutines;
+// or RocksDB with --sync=always (storage.Async: enqueues, polls and acks
+// are answered by the goroutine that fsyncs them).
 //
 // Properties: the server does not panic; in the framed and structured
 // modes it either answers a well-formed probe sent after the input or ends
@@ -61,7 +65,7 @@ func FuzzServerConn(f *testing.F) {
 		f.Add(s.mode, s.data)
 	}
 	f.Fuzz(func(t *testing.T, mode uint8, data []byte) {
-		fuzzServerConn(t, mode%fuzzModes, mode/fuzzModes%2 == 1, data)
+		fuzzServerConn(t, mode%fuzzModes, mode/fuzzModes%fuzzStores, data)
 	})
 }
 
@@ -71,6 +75,14 @@ const (
 	fuzzFramed
 	fuzzStructured
 	fuzzModes
+)
+
+// Fuzz stores (mode / fuzzModes, modulo fuzzStores).
+const (
+	fuzzMemstore uint8 = iota
+	fuzzWaitingStore
+	fuzzRocksStore
+	fuzzStores
 )
 
 // fuzzBound bounds every wait of the fuzz target: the server answering or
@@ -87,7 +99,20 @@ const fuzzPoll = 20 * time.Microsecond
 // mode uses ids below 16 only.
 const fuzzProbeQuestion = 1 << 20
 
-func fuzzServerConn(t *testing.T, mode uint8, waits bool, data []byte) {
+func fuzzServerConn(t *testing.T, mode, storeKind uint8, data []byte) {
+	var store storage.Store
+	if storeKind == fuzzRocksStore {
+		rs, err := openFuzzRocks()
+		require.NoError(t, err)
+		store = rs
+	} else {
+		ms := memstore.New(memstore.Options{})
+		defer func() { _ = ms.Close() }()
+		store = ms
+		if storeKind == fuzzWaitingStore {
+			store = waitingStore{ms}
+		}
+	}
 	before := runtime.NumGoroutine()
 	logs := &fuzzLogBuffer{}
 	t.Cleanup(func() {
@@ -95,11 +120,6 @@ func fuzzServerConn(t *testing.T, mode uint8, waits bool, data []byte) {
 			t.Logf("server log:\n%s", logs.String())
 		}
 	})
-	var store storage.Store = memstore.New(memstore.Options{})
-	defer func() { _ = store.Close() }()
-	if waits {
-		store = waitingStore{store}
-	}
 	srv, err := NewServer(ServerConfig{Store: store, Clock: fuzzClock(), Engine: testEngine,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	require.NoError(t, err)
@@ -154,7 +174,7 @@ func fuzzServerConn(t *testing.T, mode uint8, waits bool, data []byte) {
 	})
 	// Idle workers wait for the next call until the server stops; the
 	// check after Stop below counts them out.
-	requireGoroutinesAtMost(t, before+int(srv.workers.idle.Load()))
+	requireGoroutinesAtMost(t, func() int { return before + int(srv.workers.idle.Load()) })
 
 	// A fresh, well-behaved client gets full service.
 	ctx, cancel := context.WithTimeout(context.Background(), fuzzBound)
@@ -171,13 +191,44 @@ func fuzzServerConn(t *testing.T, mode uint8, waits bool, data []byte) {
 	require.Contains(t, queues, "fresh")
 	require.NoError(t, c.Close())
 	srv.Stop()
-	requireGoroutinesAtMost(t, before)
+	requireGoroutinesAtMost(t, func() int { return before })
 }
 
 // waitingStore is a store without the Nonblocking (and Async) of the one
 // it wraps: the server runs its calls as it would a store's that wait for
 // I/O.
 type waitingStore struct{ storage.Store }
+
+// fuzzRocks is the RocksDB store of the fuzz runs on RocksDB, opened once
+// per process (opening one per run would take most of each run's time)
+// and closed by TestMain (closeFuzzRocks). Runs share it, with whatever
+// earlier runs left in it: the properties checked do not depend on what a
+// queue holds.
+var fuzzRocks struct {
+	once sync.Once
+	dir  string
+	s    *rocksstore.Store
+	err  error
+}
+
+func openFuzzRocks() (*rocksstore.Store, error) {
+	fuzzRocks.once.Do(func() {
+		if fuzzRocks.dir, fuzzRocks.err = os.MkdirTemp("", "leaseq-fuzz-rocks-"); fuzzRocks.err == nil {
+			fuzzRocks.s, fuzzRocks.err = rocksstore.Open(fuzzRocks.dir, rocksstore.Options{Sync: rocksstore.SyncAlways})
+		}
+	})
+	return fuzzRocks.s, fuzzRocks.err
+}
+
+// closeFuzzRocks closes and removes fuzzRocks, if a run opened it.
+func closeFuzzRocks() {
+	if fuzzRocks.s != nil {
+		_ = fuzzRocks.s.Close()
+	}
+	if fuzzRocks.dir != "" {
+		_ = os.RemoveAll(fuzzRocks.dir)
+	}
+}
 
 // fuzzClock is the mock clock of every fuzz run, made once: setting a mock
 // clock costs a millisecond of real time, a third of a run. Nothing
@@ -200,16 +251,17 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// requireGoroutinesAtMost waits until at most n goroutines run, and dumps
-// them when that does not happen within fuzzBound.
-func requireGoroutinesAtMost(t *testing.T, n int) {
+// requireGoroutinesAtMost waits until at most limit() goroutines run (it is
+// asked again each time: idle workers come and go), and dumps them when
+// that does not happen within fuzzBound.
+func requireGoroutinesAtMost(t *testing.T, limit func() int) {
 	t.Helper()
 	deadline := time.Now().Add(fuzzBound)
-	for runtime.NumGoroutine() > n {
+	for runtime.NumGoroutine() > limit() {
 		if time.Now().After(deadline) {
 			var b strings.Builder
 			_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
-			t.Fatalf("goroutine leak: %d running, want at most %d:\n%s", runtime.NumGoroutine(), n, b.String())
+			t.Fatalf("goroutine leak: %d running, want at most %d:\n%s", runtime.NumGoroutine(), limit(), b.String())
 		}
 		time.Sleep(fuzzPoll) // polling interval, not synchronisation
 	}
@@ -916,10 +968,12 @@ func fuzzSeeds(tb testing.TB) []fuzzSeed {
 		fuzzSeed{fuzzFramed, []byte{0, 3, 1, 2, 3}},
 		fuzzSeed{fuzzStructured, []byte{opOddRoot, 2, 1, 7, 1}},
 	)
-	// The structured seeds again on a store whose calls wait.
+	// The structured seeds again on the other stores.
 	for _, sd := range seeds {
 		if sd.mode == fuzzStructured {
-			seeds = append(seeds, fuzzSeed{sd.mode + fuzzModes, sd.data})
+			for st := fuzzWaitingStore; st < fuzzStores; st++ {
+				seeds = append(seeds, fuzzSeed{sd.mode + st*fuzzModes, sd.data})
+			}
 		}
 	}
 	return seeds

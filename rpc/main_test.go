@@ -46,6 +46,7 @@ func TestMain(m *testing.M) {
 			break
 		}
 	}
+	closeFuzzRocks()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
