@@ -181,10 +181,19 @@
 // FuzzServerConn (fuzz_test.go; `make fuzz`) feeds arbitrary message
 // sequences (raw bytes, framed segments, and structurally valid rpc.capnp
 // Messages: Bootstrap, Call, Return, Finish, Release, Resolve, Disembargo,
-// Abort, ...) to one connection of a real Server, on each engine, and
+// Abort, ...) to one connection of a real Server, on each engine and on
+// three stores (one whose calls never wait, one whose calls wait, and
+// RocksDB with --sync=always, whose calls complete asynchronously), and
 // checks that the server does not panic, answers a well-formed probe or
 // ends the connection within a bound, releases the connection and its
-// goroutines when it closes, and then serves a fresh client.
+// goroutines when it closes, and then serves a fresh client. One of its
+// seeds is a crash found by reading the lean engine: a call pipelined
+// into a returned answer without capabilities read that Return after its
+// buffer was reused, and panicked (settle keeps no results pointer for
+// such an answer; test
+// TestBadInput_CallPipelinedOnAReturnedAnswerWithoutCapabilities). The
+// lean engine also bounds a connection's questions without a Finish
+// (leanMaxOpenQuestions), since it keeps an answer for each.
 //
 // Concurrency: Server, Client and Subscription are safe for concurrent use.
 // Lock order: Server.mu and leaseTracker.mu are leaves (never held while
