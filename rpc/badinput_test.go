@@ -692,3 +692,42 @@ func TestBadInput_CallPipelinedOnAReturnedAnswerWithoutCapabilities(t *testing.T
 	}
 	requireServing(t, b)
 }
+
+// TestBadInput_DisembargoOnAnAnswer: a sender-loopback Disembargo whose
+// target is the promise of a returned answer (Subscription.cancel's,
+// whose results are empty). No result of the Queue interface holds a
+// capability of the client's, so a conforming client never sends one;
+// go-capnp v3.1.0-alpha.2 dereferences the empty results' nil message
+// (FuzzServerConn found it taking the node down). The node must keep
+// serving; the connection may be ended.
+func TestBadInput_DisembargoOnAnAnswer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	disembargo := rpcMessageBytes(t, func(m rpccp.Message) error {
+		d, err := m.NewDisembargo()
+		if err != nil {
+			return err
+		}
+		tgt, err := d.NewTarget()
+		if err != nil {
+			return err
+		}
+		pa, err := tgt.NewPromisedAnswer()
+		if err != nil {
+			return err
+		}
+		pa.SetQuestionId(2) // the cancel below
+		d.Context().SetSenderLoopback(7)
+		return nil
+	})
+	for range 10 {
+		conn := rawConn(t, b)
+		_, err := conn.Write(slices.Concat(bootstrapMsg(t), subscribeCall(t, "##", nil),
+			pipelinedCallOn(t, 2, 1, []uint16{1 /* subscription */}, schema.Subscription_TypeID, 0 /* cancel */, nil)))
+		require.NoError(t, err)
+		readUntilReturnOrClose(t, conn, 2)
+		_, _ = conn.Write(slices.Concat(disembargo, pipelinedCall(t, 3, 0, 15 /* nodeInfo */, nil)))
+		readUntilReturnOrClose(t, conn, 3)
+	}
+	requireServing(t, b)
+}

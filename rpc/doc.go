@@ -175,8 +175,16 @@
 //     subscription, the only capability in any Queue result, and ends a
 //     connection that pipelines on anything else; a refused subscribe
 //     returns a subscription that does nothing instead of a null one
-//     (TestBadInput_Wire/CallsPipelinedOnARefusedSubscribe). The lean
-//     engine resolves pipelined calls itself and needs neither.
+//     (TestBadInput_Wire/CallsPipelinedOnARefusedSubscribe).
+//   - A sender-loopback Disembargo whose target is a promised answer:
+//     go-capnp reads the answer's results through their message, which is
+//     nil when the results are empty (Subscription.cancel's). A client
+//     sends one only when a result resolves to a capability it hosts
+//     itself, and no Queue or Queueber result holds one, so the transport
+//     ends such a connection (TestBadInput_DisembargoOnAnAnswer).
+//
+// The lean engine resolves pipelined calls and reflects disembargoes
+// itself and needs none of these.
 //
 // FuzzServerConn (fuzz_test.go; `make fuzz`) feeds arbitrary message
 // sequences (raw bytes, framed segments, and structurally valid rpc.capnp

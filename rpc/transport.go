@@ -219,6 +219,10 @@ func newGuardTransport(t transport.Transport) *guardTransport {
 // its own question ends.
 var errCallOnOwnAnswer = errors.New("rpc: call targets its own promised answer")
 
+// errDisembargoOnAnswer is why a connection whose peer sent a
+// sender-loopback Disembargo on a promised answer ends.
+var errDisembargoOnAnswer = errors.New("rpc: sender-loopback disembargo on a promised answer (no Queue result holds a capability of the client's)")
+
 // errPipelineTarget is why a connection whose peer pipelined a call on
 // anything but a bootstrap capability or a subscribe's subscription ends.
 var errPipelineTarget = errors.New("rpc: call pipelined on something other than a bootstrap capability or a subscribe's subscription")
@@ -245,7 +249,12 @@ func (t *guardTransport) RecvMessage() (transport.IncomingMessage, error) {
 //     queues a call pipelined on an answer not returned yet, and when the
 //     answer comes and the call's target is no capability (a null one, a
 //     struct, a field past the end), AnswerQueue.Fulfill dereferences a
-//     nil pipeline caller.
+//     nil pipeline caller;
+//   - a sender-loopback Disembargo whose target is a promised answer.
+//     A client sends one when a call's result resolves to a capability
+//     the client itself hosts, and no result of the Queue interface (or
+//     of Queueber's) holds one; go-capnp dereferences the nil message of
+//     an answer whose results are empty (Subscription.cancel's).
 //
 // Anything it cannot read is left to go-capnp, which reports it in its
 // own words.
@@ -259,6 +268,15 @@ func (t *guardTransport) check(m rpccp.Message) error {
 	case rpccp.Message_Which_finish:
 		if f, err := m.Finish(); err == nil {
 			delete(t.pipelinable, f.QuestionId())
+		}
+		return nil
+	case rpccp.Message_Which_disembargo:
+		d, err := m.Disembargo()
+		if err != nil || d.Context().Which() != rpccp.Disembargo_context_Which_senderLoopback {
+			return nil
+		}
+		if tgt, err := d.Target(); err == nil && tgt.Which() == rpccp.MessageTarget_Which_promisedAnswer {
+			return errDisembargoOnAnswer
 		}
 		return nil
 	case rpccp.Message_Which_call:
