@@ -731,3 +731,43 @@ func TestBadInput_DisembargoOnAnAnswer(t *testing.T) {
 	}
 	requireServing(t, b)
 }
+
+// TestBadInput_PromiseResolvedToAPromise: a capability passed twice as a
+// promise (senderPromise), then resolved to itself, twice. go-capnp
+// v3.1.0-alpha.2 can follow the resolution chain for ever in its receive
+// goroutine (FuzzServerConn found the connection spinning and the node's
+// Stop waiting for it; about one run in a few hundred without the
+// guard). The node must keep serving, and stop (the bundle's cleanup).
+func TestBadInput_PromiseResolvedToAPromise(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	withPromise := pipelinedCall(t, 1, 0, 10 /* redrive */, func(p rpccp.Payload) error {
+		ct, err := p.NewCapTable(2)
+		if err != nil {
+			return err
+		}
+		ct.At(0).SetSenderPromise(2)
+		ct.At(1).SetSenderPromise(2)
+		return nil
+	})
+	resolve := rpcMessageBytes(t, func(m rpccp.Message) error {
+		r, err := m.NewResolve()
+		if err != nil {
+			return err
+		}
+		r.SetPromiseId(2)
+		d, err := r.NewCap()
+		if err != nil {
+			return err
+		}
+		d.SetSenderPromise(2)
+		return nil
+	})
+	for range 5 {
+		conn := rawConn(t, b)
+		_, err := conn.Write(slices.Concat(bootstrapMsg(t), withPromise, resolve, resolve, pipelinedCall(t, 3, 0, 15 /* nodeInfo */, nil)))
+		require.NoError(t, err)
+		readUntilReturnOrClose(t, conn, 3)
+	}
+	requireServing(t, b)
+}

@@ -182,9 +182,15 @@
 //     sends one only when a result resolves to a capability it hosts
 //     itself, and no Queue or Queueber result holds one, so the transport
 //     ends such a connection (TestBadInput_DisembargoOnAnAnswer).
+//   - A Resolve of a promise the client passed in to another of its
+//     promises: go-capnp can follow the chain for ever (a promise
+//     resolved to itself), its receive goroutine spinning and the node's
+//     Stop waiting for it. The transport ends such a connection; a client
+//     resolves a promise to the capability it stands for
+//     (TestBadInput_PromiseResolvedToAPromise).
 //
-// The lean engine resolves pipelined calls and reflects disembargoes
-// itself and needs none of these.
+// The lean engine resolves pipelined calls, reflects disembargoes and
+// takes resolutions itself and needs none of these.
 //
 // FuzzServerConn (fuzz_test.go; `make fuzz`) feeds arbitrary message
 // sequences (raw bytes, framed segments, and structurally valid rpc.capnp

@@ -223,6 +223,10 @@ var errCallOnOwnAnswer = errors.New("rpc: call targets its own promised answer")
 // sender-loopback Disembargo on a promised answer ends.
 var errDisembargoOnAnswer = errors.New("rpc: sender-loopback disembargo on a promised answer (no Queue result holds a capability of the client's)")
 
+// errResolveToPromise is why a connection whose peer resolved a promise
+// to another promise ends.
+var errResolveToPromise = errors.New("rpc: promise resolved to another promise (resolve it to the capability itself)")
+
 // errPipelineTarget is why a connection whose peer pipelined a call on
 // anything but a bootstrap capability or a subscribe's subscription ends.
 var errPipelineTarget = errors.New("rpc: call pipelined on something other than a bootstrap capability or a subscribe's subscription")
@@ -254,7 +258,12 @@ func (t *guardTransport) RecvMessage() (transport.IncomingMessage, error) {
 //     A client sends one when a call's result resolves to a capability
 //     the client itself hosts, and no result of the Queue interface (or
 //     of Queueber's) holds one; go-capnp dereferences the nil message of
-//     an answer whose results are empty (Subscription.cancel's).
+//     an answer whose results are empty (Subscription.cancel's);
+//   - a Resolve of a promise the peer passed in to another promise of
+//     the peer's (senderPromise): go-capnp can follow such a chain for
+//     ever in its receive goroutine (a promise resolved to itself), and
+//     the connection then spins and never closes. A client resolves its
+//     promise to the capability it stands for.
 //
 // Anything it cannot read is left to go-capnp, which reports it in its
 // own words.
@@ -277,6 +286,15 @@ func (t *guardTransport) check(m rpccp.Message) error {
 		}
 		if tgt, err := d.Target(); err == nil && tgt.Which() == rpccp.MessageTarget_Which_promisedAnswer {
 			return errDisembargoOnAnswer
+		}
+		return nil
+	case rpccp.Message_Which_resolve:
+		r, err := m.Resolve()
+		if err != nil || r.Which() != rpccp.Resolve_Which_cap {
+			return nil
+		}
+		if d, err := r.Cap(); err == nil && d.Which() == rpccp.CapDescriptor_Which_senderPromise {
+			return errResolveToPromise
 		}
 		return nil
 	case rpccp.Message_Which_call:
