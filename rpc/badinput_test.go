@@ -86,19 +86,8 @@ func pipelinedCallOn(t testing.TB, qid, on uint32, fields []uint16, iface uint64
 		if err != nil {
 			return err
 		}
-		pa, err := tgt.NewPromisedAnswer()
-		if err != nil {
+		if err := promisedAnswerTarget(tgt, on, fields); err != nil {
 			return err
-		}
-		pa.SetQuestionId(on)
-		if len(fields) > 0 {
-			ops, err := pa.NewTransform(int32(len(fields)))
-			if err != nil {
-				return err
-			}
-			for i, f := range fields {
-				ops.At(i).SetGetPointerField(f)
-			}
 		}
 		p, err := c.NewParams()
 		if err != nil || params == nil {
@@ -106,6 +95,27 @@ func pipelinedCallOn(t testing.TB, qid, on uint32, fields []uint16, iface uint64
 		}
 		return params(p)
 	})
+}
+
+// promisedAnswerTarget makes tgt the promised answer of question on, at
+// the pointer fields fields of its results.
+func promisedAnswerTarget(tgt rpccp.MessageTarget, on uint32, fields []uint16) error {
+	pa, err := tgt.NewPromisedAnswer()
+	if err != nil {
+		return err
+	}
+	pa.SetQuestionId(on)
+	if len(fields) == 0 {
+		return nil
+	}
+	ops, err := pa.NewTransform(int32(len(fields)))
+	if err != nil {
+		return err
+	}
+	for i, f := range fields {
+		ops.At(i).SetGetPointerField(f)
+	}
+	return nil
 }
 
 // subscribeCall is the framed Call of subscribe(queue) as question 1 on
@@ -712,13 +722,8 @@ func TestBadInput_DisembargoOnAnAnswer(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		pa, err := tgt.NewPromisedAnswer()
-		if err != nil {
-			return err
-		}
-		pa.SetQuestionId(2) // the cancel below
 		d.Context().SetSenderLoopback(7)
-		return nil
+		return promisedAnswerTarget(tgt, 2 /* the cancel below */, nil)
 	})
 	for range 10 {
 		conn := rawConn(t, b)

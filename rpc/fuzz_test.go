@@ -367,11 +367,9 @@ func fuzzProbe(t *testing.T) []byte {
 		if err != nil {
 			return err
 		}
-		pa, err := tgt.NewPromisedAnswer()
-		if err != nil {
+		if err := promisedAnswerTarget(tgt, fuzzProbeQuestion, nil); err != nil {
 			return err
 		}
-		pa.SetQuestionId(fuzzProbeQuestion)
 		p, err := c.NewParams()
 		if err != nil {
 			return err
