@@ -5,15 +5,19 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -211,13 +215,35 @@ var fuzzRocks struct {
 	err  error
 }
 
+// The fuzz engine kills its worker processes without running TestMain's
+// cleanup, so each directory is named after its process and opening one
+// removes those whose process is gone.
+const fuzzRocksPrefix = "leaseq-fuzz-rocks-"
+
 func openFuzzRocks() (*rocksstore.Store, error) {
 	fuzzRocks.once.Do(func() {
-		if fuzzRocks.dir, fuzzRocks.err = os.MkdirTemp("", "leaseq-fuzz-rocks-"); fuzzRocks.err == nil {
+		removeOrphanedFuzzRocks()
+		if fuzzRocks.dir, fuzzRocks.err = os.MkdirTemp("", fmt.Sprintf("%s%d-", fuzzRocksPrefix, os.Getpid())); fuzzRocks.err == nil {
 			fuzzRocks.s, fuzzRocks.err = rocksstore.Open(fuzzRocks.dir, rocksstore.Options{Sync: rocksstore.SyncAlways})
 		}
 	})
 	return fuzzRocks.s, fuzzRocks.err
+}
+
+// removeOrphanedFuzzRocks removes the fuzz stores of processes that no
+// longer run.
+func removeOrphanedFuzzRocks() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), fuzzRocksPrefix+"*"))
+	for _, d := range dirs {
+		pid, _, ok := strings.Cut(strings.TrimPrefix(filepath.Base(d), fuzzRocksPrefix), "-")
+		n, err := strconv.Atoi(pid)
+		if !ok || err != nil || n <= 0 {
+			continue
+		}
+		if syscall.Kill(n, 0) == syscall.ESRCH {
+			_ = os.RemoveAll(d)
+		}
+	}
 }
 
 // closeFuzzRocks closes and removes fuzzRocks, if a run opened it.
