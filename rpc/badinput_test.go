@@ -662,6 +662,13 @@ func TestWindowLimiter_OversizedMessageDoesNotPanic(t *testing.T) {
 // comes or the server closes the connection.
 func readUntilReturnOrClose(t *testing.T, conn net.Conn, qid uint32) {
 	t.Helper()
+	readReturn(t, conn, qid)
+}
+
+// readReturn reads conn until the Return of question qid comes, and
+// returns it; false if the server closed the connection first.
+func readReturn(t *testing.T, conn net.Conn, qid uint32) (rpccp.Return, bool) {
+	t.Helper()
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
 	dec := capnp.NewDecoder(conn)
 	for {
@@ -669,16 +676,60 @@ func readUntilReturnOrClose(t *testing.T, conn net.Conn, qid uint32) {
 		if err != nil {
 			var ne net.Error
 			require.False(t, errorsAs(err, &ne) && ne.Timeout(), "neither a Return for %d nor a close", qid)
-			return
+			return rpccp.Return{}, false
 		}
 		m, err := rpccp.ReadRootMessage(msg)
 		require.NoError(t, err)
 		if m.Which() == rpccp.Message_Which_return {
 			if ret, err := m.Return(); err == nil && ret.AnswerId() == qid {
-				return
+				return ret, true
 			}
 		}
 	}
+}
+
+// TestBadInput_UnknownMethodPipelinedOnASubscription: a call of a method
+// the Subscription interface does not have, pipelined on the subscription
+// of a subscribe sent just before it (refused or accepted). go-capnp
+// v3.1.0-alpha.2 queued the call until the subscribe returned and then
+// dereferenced the nil pipeline caller of its Unimplemented rejection
+// (FuzzServerConn found it taking the node down, nearly every time). The
+// call must be answered with an exception: Unimplemented on an accepted
+// subscription.
+func TestBadInput_UnknownMethodPipelinedOnASubscription(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	withConsumer := func(args schema.Queue_subscribe_Params, p rpccp.Payload) error {
+		args.SetPrefetch(1)
+		if err := capnp.Struct(args).SetPtr(1, capnp.NewInterface(p.Segment(), 0).ToPtr()); err != nil {
+			return err
+		}
+		ct, err := p.NewCapTable(1)
+		if err != nil {
+			return err
+		}
+		ct.At(0).SetSenderHosted(0)
+		return nil
+	}
+	for _, queue := range []string{"##" /* refused */, "q"} {
+		for range 20 {
+			conn := rawConn(t, b)
+			_, err := conn.Write(slices.Concat(bootstrapMsg(t), subscribeCall(t, queue, withConsumer),
+				pipelinedCallOn(t, 2, 1, []uint16{1 /* subscription */}, schema.Queue_TypeID, 3, nil)))
+			require.NoError(t, err)
+			ret, ok := readReturn(t, conn, 2)
+			require.True(t, ok, "the server closed the connection")
+			require.Equal(t, rpccp.Return_Which_exception, ret.Which(), queue)
+			ex, err := ret.Exception()
+			require.NoError(t, err)
+			if queue == "q" { // a refused subscribe's may be a null capability
+				reason, _ := ex.Reason()
+				require.Equal(t, rpccp.Exception_Type_unimplemented, ex.Type(), reason)
+			}
+			_ = conn.Close()
+		}
+	}
+	requireServing(t, b)
 }
 
 // TestBadInput_CallPipelinedOnAReturnedAnswerWithoutCapabilities: a call

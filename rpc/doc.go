@@ -175,7 +175,11 @@
 //     subscription, the only capability in any Queue result, and ends a
 //     connection that pipelines on anything else; a refused subscribe
 //     returns a subscription that does nothing instead of a null one
-//     (TestBadInput_Wire/CallsPipelinedOnARefusedSubscribe).
+//     (TestBadInput_Wire/CallsPipelinedOnARefusedSubscribe). A method the
+//     subscription does not have takes the same nil-caller path (go-capnp's
+//     server rejects an unknown method without a pipeline caller), so a
+//     subscription answers unknown methods with an Unimplemented exception
+//     through a method of its own (TestBadInput_UnknownMethodPipelinedOnASubscription).
 //   - A sender-loopback Disembargo whose target is a promised answer:
 //     go-capnp reads the answer's results through their message, which is
 //     nil when the results are empty (Subscription.cancel's). A client

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"capnproto.org/go/capnp/v3"
+	"capnproto.org/go/capnp/v3/server"
 
 	"github.com/leaseq/leaseq/rpc/dispatch"
 	"github.com/leaseq/leaseq/schema"
@@ -187,7 +188,7 @@ func (q *queueServer) Subscribe(ctx context.Context, call schema.Queue_subscribe
 	// the answer's subscription, queued before it returned, finds a null
 	// one there (see "go-capnp workarounds" in doc.go).
 	if !res.HasSubscription() {
-		return res.SetSubscription(schema.Subscription_ServerToClient(refusedSubscription{}))
+		return res.SetSubscription(subscriptionClient(refusedSubscription{}))
 	}
 	return nil
 }
@@ -237,7 +238,24 @@ func (q *queueServer) subscribe(ctx context.Context, args schema.Queue_subscribe
 		sub.consumer.Release()
 		return fmt.Errorf("%w: server shutting down", ErrUnavailable)
 	}
-	return res.SetSubscription(schema.Subscription_ServerToClient(sub))
+	return res.SetSubscription(subscriptionClient(sub))
+}
+
+// subscriptionClient is the capability of a subscription on the go-capnp
+// engine. A method it does not have is answered with an Unimplemented
+// exception by a method of its own: go-capnp v3.1.0-alpha.2 rejects an
+// unknown method without a pipeline caller, and a call pipelined on the
+// subscription of a subscribe not returned yet is queued and then
+// dereferences that nil caller when the subscribe returns (see "go-capnp
+// workarounds" in doc.go).
+func subscriptionClient(impl schema.Subscription_Server) schema.Subscription {
+	srv := schema.Subscription_NewServer(impl)
+	srv.HandleUnknownMethod = func(m capnp.Method) *server.Method {
+		return &server.Method{Method: m, Impl: func(context.Context, *server.Call) error {
+			return capnp.Unimplemented(fmt.Sprintf("Subscription has no method %d of interface %#x", m.MethodID, m.InterfaceID))
+		}}
+	}
+	return schema.Subscription(capnp.NewClient(srv))
 }
 
 func (s *Server) maxWaiters() int {
