@@ -732,6 +732,73 @@ func TestBadInput_UnknownMethodPipelinedOnASubscription(t *testing.T) {
 	requireServing(t, b)
 }
 
+// TestBadInput_PromiseResolvedToItsOwnImport: a consumer passed as a
+// promise, then resolved to a capability the client "hosts" under the id
+// of a promise: its own, or that of a second promise which is then
+// resolved back to the first. go-capnp v3.1.0-alpha.2 takes the import it
+// already holds under that id, a promise, and follows the cycle for ever
+// in its receive goroutine (FuzzServerConn found the node's Stop waiting
+// for it). The node must keep serving and stop (the bundle's cleanup); a
+// promise resolved to a capability hosted under a fresh id keeps its
+// connection.
+func TestBadInput_PromiseResolvedToItsOwnImport(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	subscribeWith := func(promises ...uint32) []byte {
+		return subscribeCall(t, "q", func(args schema.Queue_subscribe_Params, p rpccp.Payload) error {
+			args.SetPrefetch(1)
+			if err := capnp.Struct(args).SetPtr(1, capnp.NewInterface(p.Segment(), 0).ToPtr()); err != nil {
+				return err
+			}
+			ct, err := p.NewCapTable(int32(len(promises)))
+			if err != nil {
+				return err
+			}
+			for i, id := range promises {
+				ct.At(i).SetSenderPromise(id)
+			}
+			return nil
+		})
+	}
+	resolve := func(promise, hosted uint32) []byte {
+		return rpcMessageBytes(t, func(m rpccp.Message) error {
+			r, err := m.NewResolve()
+			if err != nil {
+				return err
+			}
+			r.SetPromiseId(promise)
+			d, err := r.NewCap()
+			if err != nil {
+				return err
+			}
+			d.SetSenderHosted(hosted)
+			return nil
+		})
+	}
+	nodeInfo := pipelinedCall(t, 3, 0, 15 /* nodeInfo */, nil)
+	for range 20 {
+		for _, in := range [][]byte{
+			slices.Concat(subscribeWith(1), resolve(1, 1)),
+			slices.Concat(subscribeWith(1, 2), resolve(2, 1), resolve(1, 2)),
+		} {
+			conn := rawConn(t, b)
+			_, err := conn.Write(slices.Concat(bootstrapMsg(t), in, nodeInfo))
+			require.NoError(t, err)
+			readUntilReturnOrClose(t, conn, 3)
+			_ = conn.Close()
+		}
+	}
+	// Resolved to a capability hosted under a fresh id: no cycle, and the
+	// connection goes on.
+	conn := rawConn(t, b)
+	_, err := conn.Write(slices.Concat(bootstrapMsg(t), subscribeWith(1), resolve(1, 7), nodeInfo))
+	require.NoError(t, err)
+	ret, ok := readReturn(t, conn, 3)
+	require.True(t, ok, "the server closed the connection of a promise resolved to a fresh capability")
+	require.Equal(t, rpccp.Return_Which_results, ret.Which())
+	requireServing(t, b)
+}
+
 // TestBadInput_CallPipelinedOnAReturnedAnswerWithoutCapabilities: a call
 // pipelined on an answer that has returned (and is not finished yet) but
 // holds no capability, with a transform into its results. The server must

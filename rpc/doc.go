@@ -187,11 +187,16 @@
 //     itself, and no Queue or Queueber result holds one, so the transport
 //     ends such a connection (TestBadInput_DisembargoOnAnAnswer).
 //   - A Resolve of a promise the client passed in to another of its
-//     promises: go-capnp can follow the chain for ever (a promise
-//     resolved to itself), its receive goroutine spinning and the node's
-//     Stop waiting for it. The transport ends such a connection; a client
-//     resolves a promise to the capability it stands for
-//     (TestBadInput_PromiseResolvedToAPromise).
+//     promises or to itself: go-capnp can follow the chain for ever (a
+//     promise resolved to itself), its receive goroutine spinning and the
+//     node's Stop waiting for it. A senderHosted descriptor naming a
+//     promise's id does it too (go-capnp takes the import it holds under
+//     that id), so the transport mirrors go-capnp's import table, adding
+//     the references it receives and taking away the Releases it sends,
+//     and ends a connection that resolves a promise to a promise
+//     (TestBadInput_PromiseResolvedToAPromise,
+//     TestBadInput_PromiseResolvedToItsOwnImport); a client resolves a
+//     promise to the capability it stands for.
 //
 // The lean engine resolves pipelined calls, reflects disembargoes and
 // takes resolutions itself and needs none of these.

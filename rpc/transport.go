@@ -202,6 +202,20 @@ type guardTransport struct {
 	// a call may be pipelined on: its Bootstraps (the capability itself)
 	// and its subscribe calls (the subscription in the results).
 	pipelinable map[uint32]pipelineKind
+
+	// imports mirrors go-capnp's import table: the peer's capabilities
+	// this side holds, by the peer's export id, with the references
+	// received and not released yet and whether the first was a promise
+	// (go-capnp keeps an import's kind until it releases all of them).
+	// RecvMessage adds; a Release this side sends takes away, on the
+	// sending goroutine, hence the lock.
+	mu      sync.Mutex
+	imports map[uint32]importRefs
+}
+
+type importRefs struct {
+	refs    uint32
+	promise bool
 }
 
 type pipelineKind uint8
@@ -212,7 +226,7 @@ const (
 )
 
 func newGuardTransport(t transport.Transport) *guardTransport {
-	return &guardTransport{Transport: t, pipelinable: make(map[uint32]pipelineKind)}
+	return &guardTransport{Transport: t, pipelinable: make(map[uint32]pipelineKind), imports: make(map[uint32]importRefs)}
 }
 
 // errCallOnOwnAnswer is why a connection whose peer pipelined a call on
@@ -225,7 +239,7 @@ var errDisembargoOnAnswer = errors.New("rpc: sender-loopback disembargo on a pro
 
 // errResolveToPromise is why a connection whose peer resolved a promise
 // to another promise ends.
-var errResolveToPromise = errors.New("rpc: promise resolved to another promise (resolve it to the capability itself)")
+var errResolveToPromise = errors.New("rpc: promise resolved to a promise, another or itself (resolve it to the capability it stands for)")
 
 // errPipelineTarget is why a connection whose peer pipelined a call on
 // anything but a bootstrap capability or a subscribe's subscription ends.
@@ -260,9 +274,12 @@ func (t *guardTransport) RecvMessage() (transport.IncomingMessage, error) {
 //     of Queueber's) holds one; go-capnp dereferences the nil message of
 //     an answer whose results are empty (Subscription.cancel's);
 //   - a Resolve of a promise the peer passed in to another promise of
-//     the peer's (senderPromise): go-capnp can follow such a chain for
-//     ever in its receive goroutine (a promise resolved to itself), and
-//     the connection then spins and never closes. A client resolves its
+//     the peer's or to itself: a senderPromise, or a senderHosted (or a
+//     third-party vine) naming an import that is a promise (go-capnp
+//     takes the import it already has under that id, whatever the
+//     descriptor says). go-capnp can follow such a chain for ever in its
+//     receive goroutine (a promise resolved to itself), and the
+//     connection then spins and never closes. A client resolves its
 //     promise to the capability it stands for.
 //
 // Anything it cannot read is left to go-capnp, which reports it in its
@@ -293,8 +310,20 @@ func (t *guardTransport) check(m rpccp.Message) error {
 		if err != nil || r.Which() != rpccp.Resolve_Which_cap {
 			return nil
 		}
-		if d, err := r.Cap(); err == nil && d.Which() == rpccp.CapDescriptor_Which_senderPromise {
+		d, err := r.Cap()
+		if err != nil {
+			return nil
+		}
+		if id, ok, promise := importOf(d); ok && (promise || t.isPromise(id)) {
 			return errResolveToPromise
+		}
+		t.received(d)
+		return nil
+	case rpccp.Message_Which_return:
+		if ret, err := m.Return(); err == nil && ret.Which() == rpccp.Return_Which_results {
+			if p, err := ret.Results(); err == nil {
+				t.receivedCaps(p)
+			}
 		}
 		return nil
 	case rpccp.Message_Which_call:
@@ -304,6 +333,9 @@ func (t *guardTransport) check(m rpccp.Message) error {
 	call, err := m.Call()
 	if err != nil {
 		return nil
+	}
+	if p, err := call.Params(); err == nil {
+		t.receivedCaps(p)
 	}
 	qid := call.QuestionId()
 	if tgt, err := call.Target(); err == nil && tgt.Which() == rpccp.MessageTarget_Which_promisedAnswer {
@@ -324,6 +356,100 @@ func (t *guardTransport) check(m rpccp.Message) error {
 		delete(t.pipelinable, qid)
 	}
 	return nil
+}
+
+// importOf reports the import a descriptor the peer sent names, and
+// whether the descriptor says it is a promise; ok is false for one naming
+// a capability of this side's or an answer.
+func importOf(d rpccp.CapDescriptor) (id uint32, ok, promise bool) {
+	switch d.Which() {
+	case rpccp.CapDescriptor_Which_senderHosted:
+		return d.SenderHosted(), true, false
+	case rpccp.CapDescriptor_Which_senderPromise:
+		return d.SenderPromise(), true, true
+	case rpccp.CapDescriptor_Which_thirdPartyHosted:
+		// Without third-party handoff go-capnp imports the vine.
+		if tp, err := d.ThirdPartyHosted(); err == nil {
+			return tp.VineId(), true, false
+		}
+	}
+	return 0, false, false
+}
+
+// receivedCaps notes the imports of a payload's capability table.
+func (t *guardTransport) receivedCaps(p rpccp.Payload) {
+	ct, err := p.CapTable()
+	if err != nil {
+		return
+	}
+	for i := 0; i < ct.Len(); i++ {
+		t.received(ct.At(i))
+	}
+}
+
+// received notes one reference to the import d names, if it names one.
+func (t *guardTransport) received(d rpccp.CapDescriptor) {
+	id, ok, promise := importOf(d)
+	if !ok {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	imp, held := t.imports[id]
+	if !held {
+		imp.promise = promise
+	}
+	imp.refs++
+	t.imports[id] = imp
+}
+
+// isPromise reports whether the import id is held and is a promise.
+func (t *guardTransport) isPromise(id uint32) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.imports[id].promise
+}
+
+// released notes a Release this side sends: go-capnp releases all of an
+// import's references at once, and references that arrived after it
+// dropped the import belong to a new one under the same id.
+func (t *guardTransport) released(id, n uint32) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	imp, held := t.imports[id]
+	if !held {
+		return
+	}
+	if imp.refs <= n {
+		delete(t.imports, id)
+		return
+	}
+	imp.refs -= n
+	t.imports[id] = imp
+}
+
+// NewMessage returns go-capnp's outgoing messages through guardOutgoing,
+// which notes the Releases among them.
+func (t *guardTransport) NewMessage() (transport.OutgoingMessage, error) {
+	out, err := t.Transport.NewMessage()
+	if err != nil {
+		return nil, err
+	}
+	return guardOutgoing{OutgoingMessage: out, t: t}, nil
+}
+
+type guardOutgoing struct {
+	transport.OutgoingMessage
+	t *guardTransport
+}
+
+func (o guardOutgoing) Send() error {
+	if m := o.Message(); m.Which() == rpccp.Message_Which_release {
+		if r, err := m.Release(); err == nil {
+			o.t.released(r.Id(), r.ReferenceCount())
+		}
+	}
+	return o.OutgoingMessage.Send()
 }
 
 // subscribeMethod is Queue.subscribe's method id (schema/queue.capnp).
