@@ -799,6 +799,65 @@ func TestBadInput_PromiseResolvedToItsOwnImport(t *testing.T) {
 	requireServing(t, b)
 }
 
+// TestBadInput_ConsumerResolvedToItsSubscription: a consumer passed as a
+// promise and resolved, once subscribe has returned, to the subscription
+// itself (receiverHosted: the node's export in subscribe's results). The
+// subscription then holds the only reference to itself, and none to the
+// connection; on go-capnp v3.1.0-alpha.2 it kept polling after the
+// connection closed, until the node stopped (FuzzServerConn found it). It
+// must end with its connection.
+func TestBadInput_ConsumerResolvedToItsSubscription(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	call := subscribeCall(t, "q", func(args schema.Queue_subscribe_Params, p rpccp.Payload) error {
+		args.SetPrefetch(1)
+		if err := capnp.Struct(args).SetPtr(1, capnp.NewInterface(p.Segment(), 0).ToPtr()); err != nil {
+			return err
+		}
+		ct, err := p.NewCapTable(1)
+		if err != nil {
+			return err
+		}
+		ct.At(0).SetSenderPromise(1)
+		return nil
+	})
+	resolve := func(export uint32) []byte {
+		return rpcMessageBytes(t, func(m rpccp.Message) error {
+			r, err := m.NewResolve()
+			if err != nil {
+				return err
+			}
+			r.SetPromiseId(1)
+			d, err := r.NewCap()
+			if err != nil {
+				return err
+			}
+			d.SetReceiverHosted(export)
+			return nil
+		})
+	}
+	for range 5 {
+		conn := rawConn(t, b)
+		_, err := conn.Write(slices.Concat(bootstrapMsg(t), call))
+		require.NoError(t, err)
+		ret, ok := readReturn(t, conn, 1)
+		require.True(t, ok, "the server closed the connection before subscribe returned")
+		require.Equal(t, rpccp.Return_Which_results, ret.Which())
+		results, err := ret.Results()
+		require.NoError(t, err)
+		ct, err := results.CapTable()
+		require.NoError(t, err)
+		require.Equal(t, 1, ct.Len(), "subscribe's results hold the subscription")
+		require.Equal(t, rpccp.CapDescriptor_Which_senderHosted, ct.At(0).Which())
+		_, err = conn.Write(resolve(ct.At(0).SenderHosted()))
+		require.NoError(t, err)
+		require.Equal(t, 1, b.srv.Metrics().Subscriptions)
+		require.NoError(t, conn.Close())
+		rpctest.Eventually(t, 10*time.Second, func() bool { return b.srv.Metrics().Subscriptions == 0 })
+	}
+	requireServing(t, b)
+}
+
 // TestBadInput_CallPipelinedOnAReturnedAnswerWithoutCapabilities: a call
 // pipelined on an answer that has returned (and is not finished yet) but
 // holds no capability, with a transform into its results. The server must

@@ -146,6 +146,10 @@
 // pusher is a goroutine owned by the server; a shared lease tracker returns
 // its credit when its leases are acked or nacked (on any connection),
 // extended leases stay counted, and expired ones are freed by the clock.
+// It ends when the client cancels it or drops it, and in any case with
+// its connection: a consumer promise the client resolves to a capability
+// of the node's (the subscription itself) holds no reference to the
+// connection (TestBadInput_ConsumerResolvedToItsSubscription).
 //
 // Sharing. Another front end of the same node (rpc/httpapi) shares the
 // server's Dispatcher, its InflightBudget, and reports acks, nacks and

@@ -27,9 +27,10 @@ import (
 // returns; anything kept longer (the Consumer capability) is AddRef'd, and
 // payloads handed to the store are copied.
 type queueServer struct {
-	s      *Server
-	remote string
-	gate   *replyGate // nil: answers unbounded (or not over a connection)
+	s       *Server
+	remote  string
+	gate    *replyGate      // nil: answers unbounded (or not over a connection)
+	connCtx context.Context // done when the connection ends (nil: not over a connection)
 }
 
 // statusResults is what every generated *_Results has.

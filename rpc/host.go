@@ -34,7 +34,8 @@ type BootstrapFunc func(c *Conn) capnp.Client
 type Conn struct {
 	s      *Server
 	remote string
-	gate   *replyGate // nil: answers unbounded
+	gate   *replyGate      // nil: answers unbounded
+	ctx    context.Context // done when the connection ends
 }
 
 // Remote is the peer's address, for logs.
@@ -43,7 +44,7 @@ func (c *Conn) Remote() string { return c.remote }
 // queueBootstrap is the bootstrap capability of Start's and Serve's
 // listeners: the Queue interface of schema/queue.capnp.
 func (s *Server) queueBootstrap(c *Conn) capnp.Client {
-	return capnp.Client(schema.Queue_ServerToClient(&queueServer{s: s, remote: c.remote, gate: c.gate}))
+	return capnp.Client(schema.Queue_ServerToClient(&queueServer{s: s, remote: c.remote, gate: c.gate, connCtx: c.ctx}))
 }
 
 // StartBootstrap is Start for another protocol: it serves ln in the

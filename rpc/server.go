@@ -531,7 +531,7 @@ func (s *Server) serveConn(conn net.Conn, boot BootstrapFunc) {
 
 	connCtx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	c := &Conn{s: s, remote: remote}
+	c := &Conn{s: s, remote: remote, ctx: connCtx}
 	if s.cfg.ConnReplyLimitBytes > 0 {
 		c.gate = newReplyGate(connCtx, func() {
 			s.log.Warn("connection closed: the client does not read its answers", "remote", remote, "timeout", s.cfg.ReplyStallTimeout)

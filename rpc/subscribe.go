@@ -146,6 +146,7 @@ type subscription struct {
 	consumer schema.Consumer
 	ctx      context.Context
 	cancel   context.CancelFunc
+	unwatch  func() bool   // stops cancelling on the connection's end (nil: not watched)
 	credit   chan struct{} // buffered 1: credit came back
 
 	// Guarded by s.tracker.mu.
@@ -233,7 +234,16 @@ func (q *queueServer) subscribe(ctx context.Context, args schema.Queue_subscribe
 	}
 	sub.consumer.SetFlowLimiter(newWindowLimiter(q.s.deliverWindow(sub.prefetch)))
 	sub.ctx, sub.cancel = context.WithCancel(q.s.subCtx)
+	if q.connCtx != nil {
+		// A subscription ends with its connection even when the consumer
+		// is no capability of the client's: a promise the client resolved
+		// to one of the node's own holds no reference to the connection.
+		sub.unwatch = context.AfterFunc(q.connCtx, sub.cancel)
+	}
 	if !q.s.startSub(sub) {
+		if sub.unwatch != nil {
+			sub.unwatch()
+		}
 		sub.cancel()
 		sub.consumer.Release()
 		return fmt.Errorf("%w: server shutting down", ErrUnavailable)
@@ -306,6 +316,9 @@ func (sub *subscription) run() {
 		_, _ = f.Struct()
 		release()
 		cancel()
+	}
+	if sub.unwatch != nil {
+		sub.unwatch()
 	}
 	sub.cancel()
 	sub.consumer.Release()
