@@ -858,6 +858,80 @@ func TestBadInput_ConsumerResolvedToItsSubscription(t *testing.T) {
 	requireServing(t, b)
 }
 
+// TestBadInput_ReturnOfAQuestionNotAsked: Returns of the node's question
+// 0 (its first push to a consumer) sent before the node has asked it, or
+// twice. go-capnp v3.1.0-alpha.2 resolves the question's promise with
+// such a Return while the push is still queued, and rejects it again when
+// the connection ends with the push unsent: a panic that took the node
+// down (FuzzServerConn found it). The go-capnp engine ends a connection
+// that returns a question not asked; the node must keep serving.
+func TestBadInput_ReturnOfAQuestionNotAsked(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	_, err := b.store.Enqueue(ctxT(t), storage.EnqueueParams{Queue: "q", Items: payloads(64, 8), Now: b.clock.Now()})
+	require.NoError(t, err)
+	subscribe := subscribeCall(t, "q", func(args schema.Queue_subscribe_Params, p rpccp.Payload) error {
+		args.SetPrefetch(1)
+		if err := capnp.Struct(args).SetPtr(1, capnp.NewInterface(p.Segment(), 0).ToPtr()); err != nil {
+			return err
+		}
+		ct, err := p.NewCapTable(1)
+		if err != nil {
+			return err
+		}
+		ct.At(0).SetSenderHosted(0)
+		return nil
+	})
+	ret := rpcMessageBytes(t, func(m rpccp.Message) error {
+		r, err := m.NewReturn()
+		if err != nil {
+			return err
+		}
+		r.SetAnswerId(0)
+		p, err := r.NewResults()
+		if err != nil {
+			return err
+		}
+		st, err := capnp.NewStruct(p.Segment(), capnp.ObjectSize{})
+		if err != nil {
+			return err
+		}
+		return p.SetContent(st.ToPtr())
+	})
+	nodeInfo := pipelinedCall(t, 3, 0, 15 /* nodeInfo */, nil)
+
+	// Nothing asked: the connection ends.
+	conn := rawConn(t, b)
+	_, err = conn.Write(slices.Concat(bootstrapMsg(t), ret, nodeInfo))
+	require.NoError(t, err)
+	_, answered := readReturn(t, conn, 3)
+	if testEngine == EngineGoCapnp {
+		require.False(t, answered, "the connection of a Return of a question not asked goes on")
+	}
+	_ = conn.Close()
+	// A push queued or being written (nobody reads the connection: a
+	// go-capnp connection, whose sends do not hold up its reads), returned
+	// early, then the connection ends.
+	if testEngine != EngineGoCapnp {
+		requireServing(t, b)
+		return
+	}
+	for range 5 {
+		cs, ss := net.Pipe()
+		b.srv.admit(ss, nil)
+		pushed := b.srv.Metrics().ItemsPushed
+		_, err := cs.Write(slices.Concat(bootstrapMsg(t), subscribe))
+		require.NoError(t, err)
+		rpctest.Eventually(t, 10*time.Second, func() bool { return b.srv.Metrics().ItemsPushed > pushed })
+		time.Sleep(10 * time.Millisecond) // the push asks its question after counting its item: not synchronisation, the window the bug needs
+		require.NoError(t, cs.SetWriteDeadline(time.Now().Add(10*time.Second)))
+		_, _ = cs.Write(ret) // the guard may end the connection before it takes the write
+		require.NoError(t, cs.Close())
+		rpctest.Eventually(t, 10*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 0 })
+	}
+	requireServing(t, b)
+}
+
 // TestBadInput_CallPipelinedOnAReturnedAnswerWithoutCapabilities: a call
 // pipelined on an answer that has returned (and is not finished yet) but
 // holds no capability, with a transform into its results. The server must

@@ -211,6 +211,16 @@ type guardTransport struct {
 	// sending goroutine, hence the lock.
 	mu      sync.Mutex
 	imports map[uint32]importRefs
+	// asked are this side's questions (its calls to a consumer) go-capnp
+	// has started to send and that have not been returned yet.
+	asked map[uint32]*askedQuestion
+}
+
+// askedQuestion is the send of one of this side's questions: done is
+// closed when it ends, and ok tells whether it went out.
+type askedQuestion struct {
+	done chan struct{}
+	ok   bool
 }
 
 type importRefs struct {
@@ -226,7 +236,7 @@ const (
 )
 
 func newGuardTransport(t transport.Transport) *guardTransport {
-	return &guardTransport{Transport: t, pipelinable: make(map[uint32]pipelineKind), imports: make(map[uint32]importRefs)}
+	return &guardTransport{Transport: t, pipelinable: make(map[uint32]pipelineKind), imports: make(map[uint32]importRefs), asked: make(map[uint32]*askedQuestion)}
 }
 
 // errCallOnOwnAnswer is why a connection whose peer pipelined a call on
@@ -240,6 +250,10 @@ var errDisembargoOnAnswer = errors.New("rpc: sender-loopback disembargo on a pro
 // errResolveToPromise is why a connection whose peer resolved a promise
 // to another promise ends.
 var errResolveToPromise = errors.New("rpc: promise resolved to a promise, another or itself (resolve it to the capability it stands for)")
+
+// errReturnUnasked is why a connection whose peer returned a question
+// this side has not sent, or has had returned already, ends.
+var errReturnUnasked = errors.New("rpc: return of a question not asked or already returned")
 
 // errPipelineTarget is why a connection whose peer pipelined a call on
 // anything but a bootstrap capability or a subscribe's subscription ends.
@@ -273,6 +287,12 @@ func (t *guardTransport) RecvMessage() (transport.IncomingMessage, error) {
 //     the client itself hosts, and no result of the Queue interface (or
 //     of Queueber's) holds one; go-capnp dereferences the nil message of
 //     an answer whose results are empty (Subscription.cancel's);
+//   - a Return of a question this side has not sent, or whose Call did
+//     not go out, or that has been returned already. go-capnp resolves
+//     the question's promise with the Return, and rejects it again if the
+//     Call then fails to go out (still queued when the connection ends,
+//     or its write fails): a panic. The Return of a question whose Call
+//     is being written waits for the write to end;
 //   - a Resolve of a promise the peer passed in to another promise of
 //     the peer's or to itself: a senderPromise, or a senderHosted (or a
 //     third-party vine) naming an import that is a promise (go-capnp
@@ -320,7 +340,14 @@ func (t *guardTransport) check(m rpccp.Message) error {
 		t.received(d)
 		return nil
 	case rpccp.Message_Which_return:
-		if ret, err := m.Return(); err == nil && ret.Which() == rpccp.Return_Which_results {
+		ret, err := m.Return()
+		if err != nil {
+			return nil
+		}
+		if !t.returned(ret.AnswerId()) {
+			return errReturnUnasked
+		}
+		if ret.Which() == rpccp.Return_Which_results {
 			if p, err := ret.Results(); err == nil {
 				t.receivedCaps(p)
 			}
@@ -443,13 +470,50 @@ type guardOutgoing struct {
 	t *guardTransport
 }
 
+// Send notes the Calls (questions asked) and Releases among go-capnp's
+// messages as they go out: the peer cannot answer a question, or reuse a
+// released id, before it has them.
 func (o guardOutgoing) Send() error {
-	if m := o.Message(); m.Which() == rpccp.Message_Which_release {
+	switch m := o.Message(); m.Which() {
+	case rpccp.Message_Which_call:
+		if c, err := m.Call(); err == nil {
+			q := o.t.asking(c.QuestionId())
+			err := o.OutgoingMessage.Send()
+			q.ok = err == nil
+			close(q.done)
+			return err
+		}
+	case rpccp.Message_Which_release:
 		if r, err := m.Release(); err == nil {
 			o.t.released(r.Id(), r.ReferenceCount())
 		}
 	}
 	return o.OutgoingMessage.Send()
+}
+
+// asking notes a question this side starts to send.
+func (t *guardTransport) asking(id uint32) *askedQuestion {
+	q := &askedQuestion{done: make(chan struct{})}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.asked[id] = q
+	return q
+}
+
+// returned takes the question id off the questions asked, and reports
+// whether its Call went out; if the Call is being written, it waits for
+// the write to end (a peer returns a question only once it has it, so
+// only one that returns early waits).
+func (t *guardTransport) returned(id uint32) bool {
+	t.mu.Lock()
+	q, ok := t.asked[id]
+	delete(t.asked, id)
+	t.mu.Unlock()
+	if !ok {
+		return false
+	}
+	<-q.done
+	return q.ok
 }
 
 // subscribeMethod is Queue.subscribe's method id (schema/queue.capnp).
