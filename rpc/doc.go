@@ -201,6 +201,13 @@
 //     (TestBadInput_PromiseResolvedToAPromise,
 //     TestBadInput_PromiseResolvedToItsOwnImport); a client resolves a
 //     promise to the capability it stands for.
+//   - A Return of one of the node's questions (a push to a consumer)
+//     whose Call has not gone out: go-capnp resolves the question's
+//     promise with it, then rejects the promise again when the queued
+//     Call fails to go out, a panic. The transport notes the Calls it
+//     writes and ends a connection that returns a question not asked,
+//     not sent or already returned; a Return of one being written waits
+//     for the write (TestBadInput_ReturnOfAQuestionNotAsked).
 //
 // The lean engine resolves pipelined calls, reflects disembargoes and
 // takes resolutions itself and needs none of these.
