@@ -2,6 +2,7 @@ package rocksstore
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"runtime"
@@ -883,9 +884,17 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	}
 	w := &slot.wbuf
 	w.reset()
-	for _, e := range keys {
+	for i := 0; i < len(keys); i++ {
+		e := keys[i]
 		k, v := e.key, e.val
 		kb := keyBytes(k)
+		if v == nil {
+			if n := idRun(keys[i:]); n >= minRangeRun {
+				w.delThrough(kb, keyBytes(keys[i+n-1].key))
+				i += n - 1
+				continue
+			}
+		}
 		switch {
 		case !dbkeys.SingleDeletable(kb):
 			if v != nil {
@@ -946,4 +955,36 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 		s.m.items.Add(uint64(o.items))
 	}
 	return true, nil
+}
+
+// minRangeRun is the shortest run of deleted item keys a batch writes as
+// one range tombstone instead of a single delete per key.
+const minRangeRun = 4
+
+// idRun returns how many of keys, from the first, are deletes of one
+// queue's item keys in available or in_progress whose ids have
+// consecutive sequence numbers (0 when the first is no such delete). Ids
+// are unique per sequence number, so no other key of the store lies
+// between the first and the last of such a run: a range tombstone over
+// them deletes those keys and nothing else.
+func idRun(keys []overlayEnt) int {
+	first := keys[0].key
+	if keys[0].val != nil || len(first) < 1+dbkeys.IDLen || (first[0] != dbkeys.NsAvailable && first[0] != dbkeys.NsInProgress) {
+		return 0
+	}
+	prefix := first[:len(first)-dbkeys.IDLen]
+	seq := binary.BigEndian.Uint64(keyBytes(first[len(prefix):]))
+	n := 1
+	for ; n < len(keys); n++ {
+		k := keys[n].key
+		if keys[n].val != nil || len(k) != len(first) || k[:len(prefix)] != prefix {
+			break
+		}
+		next := binary.BigEndian.Uint64(keyBytes(k[len(prefix):]))
+		if next != seq+1 {
+			break
+		}
+		seq = next
+	}
+	return n
 }

@@ -174,6 +174,25 @@
 // database (checkWriteOnce). Lease records, dedup keys and counters are
 // rewritten in place and keep ordinary deletes.
 //
+// A run of deleted available or in_progress records of one queue whose
+// ids have consecutive sequence numbers (a claim of the head of a queue
+// filled in order, the ack of its lease) is one range tombstone instead of
+// a single delete per record (idRun, writeBuf.delThrough). Ids are unique
+// per sequence number, so no other record lies inside such a range,
+// whatever the batch does not know about
+// (TestRocksStore_RangeDeletesSkipItemsLeftBetween); a run breaks at any
+// gap. A run of four or more is written so. Inserting one tombstone costs
+// the memtable about what one single delete does, so a claim of 32 and
+// its ack insert 3 entries instead of 64; the tombstones outlive the flush
+// (one per run in the tables until compaction takes them to the bottom
+// level), and tombstone churn stays flat (docs/BENCHMARKS.md, "Range
+// tombstones for runs of records"). The visibility entries keep single
+// deletes: their keys sort by priority and time first, so no sequence
+// number tells that a run holds every key between its ends. Reads for
+// update of records the store's memory holds skip range tombstones
+// (rdbTxn.getManyForUpdate; rdb.cc says why); every other read honours
+// them.
+//
 // A batch crosses into C once for all its writes and a claim pass once for
 // all its reads (rdb.go), instead of once or twice per key. The writes go
 // into the transaction's batch neither locked nor indexed: RocksDB's C API
@@ -184,7 +203,10 @@
 // key's first byte, memtable_insert_with_hint_prefix_extractor): a batch
 // deletes keys that each sit right behind their own older put, and
 // without a hint RocksDB's skiplist searched from the top for each of
-// them.
+// them. A range tombstone's begin key gets no hint (HintByNamespace in
+// rdb.cc): RocksDB 7.8.3 shares one hint per prefix between a memtable's
+// point and range tombstone skiplists, and a hint from the one corrupts
+// an insert into the other.
 //
 // In a Go execution trace (leaseq serve --pprof), each batch is a
 // "rocksstore.batch" region, logged with its number of calls, and each WAL
@@ -240,10 +262,10 @@
 //
 //	                       before (one transaction per call)   now (pipeline)
 //	enqueue                2 puts                              2 puts
-//	poll                   visibility iterator (seek + next),   1 GetForUpdate, 2 single deletes,
-//	                       1 GetForUpdate, 2 deletes, 1 put     1 put
+//	poll                   visibility iterator (seek + next),   1 GetForUpdate, 1 single delete,
+//	                       1 GetForUpdate, 2 deletes, 1 put     1 put; per run of ids 1 range tombstone
 //	  per lease            2 puts                              2 puts
-//	ack                    1 GetForUpdate, 1 delete            1 single delete
+//	ack                    1 GetForUpdate, 1 delete            per run of ids 1 range tombstone
 //	  per lease            1 GetForUpdate, 2 deletes or a put  1 delete + 1 single delete, or a put
 //	counters               1 merge per call                    1 merge per queue per batch
 //	commits, WAL writes    3 per cycle (one per call)          one per batch of pending calls
@@ -260,7 +282,11 @@
 // the e2e rows, all of them. Since
 // 2026-11-24 the three deletes are single deletes, so an item whose life
 // fits in one memtable costs the flush nothing: BenchmarkCycle sync=none,
-// 4 workers, 10.0-10.8 against 10.8-12.3 cpu-µs/item (three pairs).
+// 4 workers, 10.0-10.8 against 10.8-12.3 cpu-µs/item (three pairs). Since
+// 2026-11-29 the two record deletes of a run of consecutive ids are a
+// range tombstone each per run: an item fed and consumed in order costs
+// 4 writes (2 puts at enqueue, a single delete and a put at poll) and
+// its run 2 tombstones.
 //
 // # Embedding the store
 //

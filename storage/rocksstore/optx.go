@@ -225,7 +225,9 @@ func (o *opTx) undoRelease(l *leaseState, id storage.ItemID) {
 }
 
 // getForUpdate reads key, locking it in the batch's transaction; the
-// overlay answers first. The value is a copy.
+// overlay answers first. The value is a copy. An item key of available or
+// in_progress may be read only while the store's memory holds the item
+// there (rdbTxn.getManyForUpdate skips range tombstones).
 func (o *opTx) getForUpdate(key []byte) ([]byte, bool, error) {
 	if v, ok := o.overlay(key); ok {
 		return v, v != nil, nil

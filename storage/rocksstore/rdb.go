@@ -423,7 +423,11 @@ func packKeys(kb []byte, koff []uint32, keys [][]byte) ([]byte, []uint32) {
 
 // getManyForUpdate reads keys with an exclusive GetForUpdate, in one call
 // into C for all of them. vals[i] is key i's value, nil when it is
-// missing; the values share one fresh buffer.
+// missing; the values share one fresh buffer. The reads skip range
+// tombstones (rdb.cc, lq_open): an item key of available or in_progress
+// may be read this way only while the store's memory holds the item
+// there (ready, or inflight); whether any other item key exists is for
+// opTx.get to say.
 func (t *rdbTxn) getManyForUpdate(keys [][]byte) ([][]byte, error) {
 	n := len(keys)
 	if n == 0 {
@@ -489,3 +493,18 @@ func (w *writeBuf) put(key, value []byte)   { w.add('p', key, value) }
 func (w *writeBuf) del(key []byte)          { w.add('d', key, nil) }
 func (w *writeBuf) singleDel(key []byte)    { w.add('s', key, nil) }
 func (w *writeBuf) merge(key, value []byte) { w.add('m', key, value) }
+
+// delThrough deletes the item keys of one queue and namespace from first
+// through last, both included, where no other item's id lies between
+// theirs (idRun): one range tombstone. Its begin is first without its
+// last byte (ids differ within their first eight bytes, so no other item
+// key lies between that and first; HintByNamespace in rdb.cc tells such
+// begin keys from item keys), its end last followed by a zero byte.
+func (w *writeBuf) delThrough(first, last []byte) {
+	w.b = append(w.b, 'r')
+	w.b = binary.NativeEndian.AppendUint32(w.b, uint32(len(first)-1))
+	w.b = append(w.b, first[:len(first)-1]...)
+	w.b = binary.NativeEndian.AppendUint32(w.b, uint32(len(last)+1))
+	w.b = append(w.b, last...)
+	w.b = append(w.b, 0)
+}
