@@ -139,6 +139,33 @@ func subscribeCall(t testing.TB, queue string, fill func(schema.Queue_subscribe_
 	})
 }
 
+// consumerSubscribe is subscribeCall(queue) with prefetch 1 and, as its
+// consumer, entry 0 of a cap table whose entries the descs set.
+func consumerSubscribe(t testing.TB, queue string, descs ...func(rpccp.CapDescriptor)) []byte {
+	return subscribeCall(t, queue, func(args schema.Queue_subscribe_Params, p rpccp.Payload) error {
+		args.SetPrefetch(1)
+		if err := capnp.Struct(args).SetPtr(1, capnp.NewInterface(p.Segment(), 0).ToPtr()); err != nil {
+			return err
+		}
+		ct, err := p.NewCapTable(int32(len(descs)))
+		if err != nil {
+			return err
+		}
+		for i, set := range descs {
+			set(ct.At(i))
+		}
+		return nil
+	})
+}
+
+func senderHosted(id uint32) func(rpccp.CapDescriptor) {
+	return func(d rpccp.CapDescriptor) { d.SetSenderHosted(id) }
+}
+
+func senderPromise(id uint32) func(rpccp.CapDescriptor) {
+	return func(d rpccp.CapDescriptor) { d.SetSenderPromise(id) }
+}
+
 // rawSubscribe bootstraps on conn and sends subscribe("q", prefetch 1)
 // whose consumer is an interface pointer to entry 0 of a cap table of caps
 // entries, each a null capability (CapDescriptor none). It returns the
@@ -699,22 +726,10 @@ func readReturn(t *testing.T, conn net.Conn, qid uint32) (rpccp.Return, bool) {
 func TestBadInput_UnknownMethodPipelinedOnASubscription(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bundleOpts{})
-	withConsumer := func(args schema.Queue_subscribe_Params, p rpccp.Payload) error {
-		args.SetPrefetch(1)
-		if err := capnp.Struct(args).SetPtr(1, capnp.NewInterface(p.Segment(), 0).ToPtr()); err != nil {
-			return err
-		}
-		ct, err := p.NewCapTable(1)
-		if err != nil {
-			return err
-		}
-		ct.At(0).SetSenderHosted(0)
-		return nil
-	}
 	for _, queue := range []string{"##" /* refused */, "q"} {
 		for range 20 {
 			conn := rawConn(t, b)
-			_, err := conn.Write(slices.Concat(bootstrapMsg(t), subscribeCall(t, queue, withConsumer),
+			_, err := conn.Write(slices.Concat(bootstrapMsg(t), consumerSubscribe(t, queue, senderHosted(0)),
 				pipelinedCallOn(t, 2, 1, []uint16{1 /* subscription */}, schema.Queue_TypeID, 3, nil)))
 			require.NoError(t, err)
 			ret, ok := readReturn(t, conn, 2)
@@ -745,20 +760,11 @@ func TestBadInput_PromiseResolvedToItsOwnImport(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bundleOpts{})
 	subscribeWith := func(promises ...uint32) []byte {
-		return subscribeCall(t, "q", func(args schema.Queue_subscribe_Params, p rpccp.Payload) error {
-			args.SetPrefetch(1)
-			if err := capnp.Struct(args).SetPtr(1, capnp.NewInterface(p.Segment(), 0).ToPtr()); err != nil {
-				return err
-			}
-			ct, err := p.NewCapTable(int32(len(promises)))
-			if err != nil {
-				return err
-			}
-			for i, id := range promises {
-				ct.At(i).SetSenderPromise(id)
-			}
-			return nil
-		})
+		var descs []func(rpccp.CapDescriptor)
+		for _, id := range promises {
+			descs = append(descs, senderPromise(id))
+		}
+		return consumerSubscribe(t, "q", descs...)
 	}
 	resolve := func(promise, hosted uint32) []byte {
 		return rpcMessageBytes(t, func(m rpccp.Message) error {
@@ -809,18 +815,7 @@ func TestBadInput_PromiseResolvedToItsOwnImport(t *testing.T) {
 func TestBadInput_ConsumerResolvedToItsSubscription(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bundleOpts{})
-	call := subscribeCall(t, "q", func(args schema.Queue_subscribe_Params, p rpccp.Payload) error {
-		args.SetPrefetch(1)
-		if err := capnp.Struct(args).SetPtr(1, capnp.NewInterface(p.Segment(), 0).ToPtr()); err != nil {
-			return err
-		}
-		ct, err := p.NewCapTable(1)
-		if err != nil {
-			return err
-		}
-		ct.At(0).SetSenderPromise(1)
-		return nil
-	})
+	call := consumerSubscribe(t, "q", senderPromise(1))
 	resolve := func(export uint32) []byte {
 		return rpcMessageBytes(t, func(m rpccp.Message) error {
 			r, err := m.NewResolve()
@@ -870,18 +865,7 @@ func TestBadInput_ReturnOfAQuestionNotAsked(t *testing.T) {
 	b := setup(t, bundleOpts{})
 	_, err := b.store.Enqueue(ctxT(t), storage.EnqueueParams{Queue: "q", Items: payloads(64, 8), Now: b.clock.Now()})
 	require.NoError(t, err)
-	subscribe := subscribeCall(t, "q", func(args schema.Queue_subscribe_Params, p rpccp.Payload) error {
-		args.SetPrefetch(1)
-		if err := capnp.Struct(args).SetPtr(1, capnp.NewInterface(p.Segment(), 0).ToPtr()); err != nil {
-			return err
-		}
-		ct, err := p.NewCapTable(1)
-		if err != nil {
-			return err
-		}
-		ct.At(0).SetSenderHosted(0)
-		return nil
-	})
+	subscribe := consumerSubscribe(t, "q", senderHosted(0))
 	ret := rpcMessageBytes(t, func(m rpccp.Message) error {
 		r, err := m.NewReturn()
 		if err != nil {
