@@ -158,6 +158,24 @@ func consumerSubscribe(t testing.TB, queue string, descs ...func(rpccp.CapDescri
 	})
 }
 
+// resolveMsg is a Resolve of the client's promise to the capability cap
+// describes.
+func resolveMsg(t testing.TB, promise uint32, cap func(rpccp.CapDescriptor)) []byte {
+	return rpcMessageBytes(t, func(m rpccp.Message) error {
+		r, err := m.NewResolve()
+		if err != nil {
+			return err
+		}
+		r.SetPromiseId(promise)
+		d, err := r.NewCap()
+		if err != nil {
+			return err
+		}
+		cap(d)
+		return nil
+	})
+}
+
 func senderHosted(id uint32) func(rpccp.CapDescriptor) {
 	return func(d rpccp.CapDescriptor) { d.SetSenderHosted(id) }
 }
@@ -766,21 +784,7 @@ func TestBadInput_PromiseResolvedToItsOwnImport(t *testing.T) {
 		}
 		return consumerSubscribe(t, "q", descs...)
 	}
-	resolve := func(promise, hosted uint32) []byte {
-		return rpcMessageBytes(t, func(m rpccp.Message) error {
-			r, err := m.NewResolve()
-			if err != nil {
-				return err
-			}
-			r.SetPromiseId(promise)
-			d, err := r.NewCap()
-			if err != nil {
-				return err
-			}
-			d.SetSenderHosted(hosted)
-			return nil
-		})
-	}
+	resolve := func(promise, hosted uint32) []byte { return resolveMsg(t, promise, senderHosted(hosted)) }
 	nodeInfo := pipelinedCall(t, 3, 0, 15 /* nodeInfo */, nil)
 	for range 20 {
 		for _, in := range [][]byte{
@@ -817,19 +821,7 @@ func TestBadInput_ConsumerResolvedToItsSubscription(t *testing.T) {
 	b := setup(t, bundleOpts{})
 	call := consumerSubscribe(t, "q", senderPromise(1))
 	resolve := func(export uint32) []byte {
-		return rpcMessageBytes(t, func(m rpccp.Message) error {
-			r, err := m.NewResolve()
-			if err != nil {
-				return err
-			}
-			r.SetPromiseId(1)
-			d, err := r.NewCap()
-			if err != nil {
-				return err
-			}
-			d.SetReceiverHosted(export)
-			return nil
-		})
+		return resolveMsg(t, 1, func(d rpccp.CapDescriptor) { d.SetReceiverHosted(export) })
 	}
 	for range 5 {
 		conn := rawConn(t, b)
@@ -990,19 +982,7 @@ func TestBadInput_PromiseResolvedToAPromise(t *testing.T) {
 		ct.At(1).SetSenderPromise(2)
 		return nil
 	})
-	resolve := rpcMessageBytes(t, func(m rpccp.Message) error {
-		r, err := m.NewResolve()
-		if err != nil {
-			return err
-		}
-		r.SetPromiseId(2)
-		d, err := r.NewCap()
-		if err != nil {
-			return err
-		}
-		d.SetSenderPromise(2)
-		return nil
-	})
+	resolve := resolveMsg(t, 2, senderPromise(2))
 	for range 5 {
 		conn := rawConn(t, b)
 		_, err := conn.Write(slices.Concat(bootstrapMsg(t), withPromise, resolve, resolve, pipelinedCall(t, 3, 0, 15 /* nodeInfo */, nil)))
