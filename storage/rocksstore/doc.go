@@ -132,7 +132,7 @@
 // 1 MiB folios (ext4 since Linux 6.16) every small append and every
 // writeback walked the folio's 256 block buffers, about a tenth of a
 // durable single-item call's CPU (docs/BENCHMARKS.md). Zeros double the bytes written, so a
-// log is made over zeros only while RocksDB syncs at least every 48 KiB of
+// log is made over zeros only while RocksDB syncs at least every 16 KiB of
 // it; a crash then leaves zeros after the last record, and Open replays up
 // to a torn last record followed by zeros (walTornTail) as it would to one
 // at the file's end. A batch's writes are visible

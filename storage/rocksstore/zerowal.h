@@ -61,16 +61,14 @@ class ZeroedWALs : public rocksdb::FileSystemWrapper {
     std::atomic<uint64_t> bytes{0}, syncs{0};
   };
   // Zeros pay while RocksDB syncs a log at least every kMaxBytesPerSync
-  // bytes. Zeros cost about 2 us per KiB to write and flush. An fdatasync
-  // that need not commit a new size saved 60-70 us when first measured
-  // (break-even near 30 KiB per fsync), and about 100 us in e2e in process
-  // on the AMD machine of 2026-11-29 (p50 98 against 197 us, break-even
-  // near 50 KiB). Single-item enqueues sync every 1 KiB or so and gain;
-  // e2e with batches of 32 syncs every 22-25 KiB and gained 14 % items/s
-  // at a longer tail; produce-b100 syncs every 70-110 KiB and lost 5-8 %
-  // with zeros, so it keeps plain logs (docs/BENCHMARKS.md, "Write-ahead
-  // logs over zeros" and "Zeros for e2e's logs").
-  static constexpr uint64_t kMaxBytesPerSync = 48 << 10;
+  // bytes. Measured here: an fdatasync that need not commit a new size
+  // saves 60-70 us, and zeros cost about 2 us per KiB to write and flush,
+  // so the break-even is near 30 KiB per fsync. Single-item enqueues sync
+  // every 1 KiB or so and gain; e2e with batches of 32 (22-28 KiB) gained
+  // 5-15 % in process with zeros, nothing over RPC, and a longer latency
+  // tail in both, measured twice (docs/BENCHMARKS.md, "Write-ahead logs
+  // over zeros" and "Zeros for e2e's logs, measured again").
+  static constexpr uint64_t kMaxBytesPerSync = 16 << 10;
   static constexpr uint64_t kJudgeBytes = 1 << 20;
 
   // RemoveSpare deletes a spare left in dir (a store opened without
