@@ -349,8 +349,12 @@ func WriteTable(w io.Writer, rep *Report) error {
 // docs/BENCHMARKS.md embeds).
 func WriteMarkdown(w io.Writer, rep *Report) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Run %s, seed %d, %d CPUs (%s), %s, %s, load average %.1f at start and %.1f at end.\n\n", rep.Started.Format("2006-01-02 15:04 UTC"), rep.Config.Seed,
-		rep.Machine.CPUs, rep.Machine.CPUModel, rep.Machine.Kernel, rep.Machine.GoVersion, rep.LoadAvg[0], rep.LoadAvg[1])
+	idle := ""
+	if rep.Machine.CPUIdle != "" {
+		idle = ", cpuidle " + rep.Machine.CPUIdle
+	}
+	fmt.Fprintf(&b, "Run %s, seed %d, %d CPUs (%s), %s, %s%s, load average %.1f at start and %.1f at end.\n\n", rep.Started.Format("2006-01-02 15:04 UTC"), rep.Config.Seed,
+		rep.Machine.CPUs, rep.Machine.CPUModel, rep.Machine.Kernel, rep.Machine.GoVersion, idle, rep.LoadAvg[0], rep.LoadAvg[1])
 	if rep.Config.Rounds > 1 {
 		fmt.Fprintf(&b, "Every row ran %d times, the systems taking turns round by round; each figure is its median over the rounds (notes: each round's items/s).\n\n", rep.Config.Rounds)
 	}

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"io/fs"
 	"math/rand"
 	"strings"
 	"testing"
@@ -196,4 +197,32 @@ func TestReport_StealNoted(t *testing.T) {
 	rounds := []Result{r, r, r}
 	rounds[0].Steal, rounds[1].Steal, rounds[2].Steal = 0.30, 0.02, 0.10
 	require.InDelta(t, 0.10, medianRow(rounds).Steal, 1e-12)
+}
+
+func TestCPUIdle(t *testing.T) {
+	t.Parallel()
+	files := func(m map[string]string) func(string) ([]byte, error) {
+		return func(name string) ([]byte, error) {
+			v, ok := m[name]
+			if !ok {
+				return nil, fs.ErrNotExist
+			}
+			return []byte(v), nil
+		}
+	}
+	const drv, poll = "/sys/devices/system/cpu/cpuidle/current_driver", "/sys/module/haltpoll/parameters/guest_halt_poll_ns"
+	require.Equal(t, "haltpoll, polls 0 ns before halting", cpuIdle(files(map[string]string{drv: "haltpoll\n", poll: "0\n"})))
+	require.Equal(t, "haltpoll", cpuIdle(files(map[string]string{drv: "haltpoll\n"})), "no parameter file: the driver alone")
+	require.Equal(t, "intel_idle", cpuIdle(files(map[string]string{drv: "intel_idle\n", poll: "0\n"})), "only haltpoll polls")
+	require.Equal(t, "", cpuIdle(files(map[string]string{drv: "none\n"})))
+	require.Equal(t, "", cpuIdle(files(nil)))
+
+	var md bytes.Buffer
+	rep := &Report{Machine: Machine{CPUs: 2, CPUModel: "cpu", Kernel: "k", GoVersion: "go", CPUIdle: "haltpoll, polls 0 ns before halting"}}
+	require.NoError(t, WriteMarkdown(&md, rep))
+	require.Contains(t, md.String(), "2 CPUs (cpu), k, go, cpuidle haltpoll, polls 0 ns before halting, load average")
+	md.Reset()
+	rep.Machine.CPUIdle = ""
+	require.NoError(t, WriteMarkdown(&md, rep))
+	require.Contains(t, md.String(), "2 CPUs (cpu), k, go, load average", "no cpuidle: nothing added")
 }

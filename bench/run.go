@@ -116,6 +116,12 @@ type Machine struct {
 	OS        string `json:"os"`
 	Kernel    string `json:"kernel"`
 	CPUModel  string `json:"cpu_model"`
+	// CPUIdle is the kernel's cpuidle driver, and on a KVM guest with
+	// the haltpoll driver how long an idle vCPU polls before it halts:
+	// waking an idle vCPU that halted is slow, and on the project's
+	// machine that setting moved the durable rows by 10-60 %
+	// (docs/BENCHMARKS.md, "The VM's idle polling, measured").
+	CPUIdle string `json:"cpu_idle,omitempty"`
 }
 
 // ConfigDoc is the part of Config that shapes numbers, for the record.
@@ -146,6 +152,7 @@ func machine() Machine {
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		m.Kernel = strings.TrimSpace(string(b))
 	}
+	m.CPUIdle = cpuIdle(os.ReadFile)
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
 			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
@@ -155,6 +162,25 @@ func machine() Machine {
 		}
 	}
 	return m
+}
+
+// cpuIdle describes the machine's cpuidle driver ("haltpoll, polls 0 ns
+// before halting"); empty when the kernel does not say.
+func cpuIdle(readFile func(string) ([]byte, error)) string {
+	b, err := readFile("/sys/devices/system/cpu/cpuidle/current_driver")
+	if err != nil {
+		return ""
+	}
+	d := strings.TrimSpace(string(b))
+	if d == "" || d == "none" {
+		return ""
+	}
+	if d == "haltpoll" {
+		if b, err := readFile("/sys/module/haltpoll/parameters/guest_halt_poll_ns"); err == nil {
+			return fmt.Sprintf("%s, polls %s ns before halting", d, strings.TrimSpace(string(b)))
+		}
+	}
+	return d
 }
 
 // variant is one row shape of a workload.
