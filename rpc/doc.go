@@ -208,6 +208,18 @@
 //     writes and ends a connection that returns a question not asked,
 //     not sent or already returned; a Return of one being written waits
 //     for the write (TestBadInput_ReturnOfAQuestionNotAsked).
+//   - A nil import table entry in importClient.Shutdown, when the
+//     goroutine that releases a finished call's message releases the
+//     capabilities it carries. A fuzz input reached it (two Calls passing
+//     the same two promises, the second naming one as senderHosted;
+//     testdata/fuzz/FuzzServerConn/80409e34f8c49504) in 11-22 runs of
+//     4,000 with three copies of the test competing for the two CPUs, never
+//     alone; what removes the entry first was not found, so no input is
+//     refused for it. Instead the transport's messages recover from a
+//     panic in their Release and end the connection with a reason
+//     (guardMsg, TestGuardTransport_ReleasePanicEndsTheConnectionNotTheProcess):
+//     the node lives on, and the fuzz target's checks (no leak, a fresh
+//     client served) hold after it.
 //
 // The lean engine resolves pipelined calls, reflects disembargoes and
 // takes resolutions itself and needs none of these.

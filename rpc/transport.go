@@ -3,9 +3,11 @@ package rpc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/exc"
@@ -214,6 +216,9 @@ type guardTransport struct {
 	// asked are this side's questions (its calls to a consumer) go-capnp
 	// has started to send and that have not been returned yet.
 	asked map[uint32]*askedQuestion
+	// broken is why the connection must end after go-capnp panicked
+	// releasing a received message (guardMsg); nil while it need not.
+	broken atomic.Pointer[error]
 }
 
 // askedQuestion is the send of one of this side's questions: done is
@@ -260,15 +265,59 @@ var errReturnUnasked = errors.New("rpc: return of a question not asked or alread
 var errPipelineTarget = errors.New("rpc: call pipelined on something other than a bootstrap capability or a subscribe's subscription")
 
 func (t *guardTransport) RecvMessage() (transport.IncomingMessage, error) {
+	if err := t.broken.Load(); err != nil {
+		return nil, *err
+	}
 	in, err := t.Transport.RecvMessage()
 	if err != nil {
+		if broken := t.broken.Load(); broken != nil {
+			return nil, *broken
+		}
 		return nil, err
 	}
 	if err := t.check(in.Message()); err != nil {
 		in.Release()
 		return nil, err
 	}
-	return in, nil
+	return guardMsg{IncomingMessage: in, t: t}, nil
+}
+
+// guardMsg is a received message whose Release survives a panic in
+// go-capnp's release of the capabilities the message carries. go-capnp
+// v3.1.0-alpha.2's importClient.Shutdown dereferences a missing import
+// table entry; one fuzz input (two Calls passing the same two promises,
+// the second naming one as senderHosted, testdata/fuzz) reached it in
+// 11-22 runs of 4,000 with other copies of the test competing for the
+// CPUs, on the goroutine that releases a finished call's message. What
+// removes the entry first was not found (doc.go). Release recovers, and the
+// connection ends with errReleasePanic instead of the process: the
+// reader's next RecvMessage returns it, and the underlying transport is
+// closed so a reader waiting for the peer returns at once.
+type guardMsg struct {
+	transport.IncomingMessage
+	t *guardTransport
+}
+
+// errReleasePanic is why a connection ends whose message go-capnp
+// panicked releasing (guardMsg).
+var errReleasePanic = errors.New("rpc: internal error releasing a received message's capabilities (go-capnp); connection closed")
+
+func (m guardMsg) Release() {
+	defer func() {
+		if r := recover(); r != nil {
+			m.t.breakConn(fmt.Errorf("%w: %v", errReleasePanic, r))
+		}
+	}()
+	m.IncomingMessage.Release()
+}
+
+// breakConn makes the connection end with err: the next RecvMessage
+// returns it, and the underlying transport is closed so a receive in
+// progress returns too. Only the first call does anything.
+func (t *guardTransport) breakConn(err error) {
+	if t.broken.CompareAndSwap(nil, &err) {
+		_ = t.Transport.Close()
+	}
 }
 
 // check refuses the messages guardTransport guards against:
