@@ -265,6 +265,8 @@ var errReturnUnasked = errors.New("rpc: return of a question not asked or alread
 var errPipelineTarget = errors.New("rpc: call pipelined on something other than a bootstrap capability or a subscribe's subscription")
 
 func (t *guardTransport) RecvMessage() (transport.IncomingMessage, error) {
+	// A broken connection reads nothing more, not even what the closed
+	// transport still has buffered.
 	if err := t.broken.Load(); err != nil {
 		return nil, *err
 	}
@@ -283,16 +285,10 @@ func (t *guardTransport) RecvMessage() (transport.IncomingMessage, error) {
 }
 
 // guardMsg is a received message whose Release survives a panic in
-// go-capnp's release of the capabilities the message carries. go-capnp
-// v3.1.0-alpha.2's importClient.Shutdown dereferences a missing import
-// table entry; one fuzz input (two Calls passing the same two promises,
-// the second naming one as senderHosted, testdata/fuzz) reached it in
-// 11-22 runs of 4,000 with other copies of the test competing for the
-// CPUs, on the goroutine that releases a finished call's message. What
-// removes the entry first was not found (doc.go). Release recovers, and the
-// connection ends with errReleasePanic instead of the process: the
-// reader's next RecvMessage returns it, and the underlying transport is
-// closed so a reader waiting for the peer returns at once.
+// go-capnp's release of the capabilities the message carries (a nil
+// import table entry in importClient.Shutdown; doc.go, "go-capnp
+// workarounds"). Release recovers, and the connection ends with
+// errReleasePanic instead of the process (breakConn).
 type guardMsg struct {
 	transport.IncomingMessage
 	t *guardTransport
