@@ -186,12 +186,17 @@
 // its ack insert 3 entries instead of 64; the tombstones outlive the flush
 // (one per run in the tables until compaction takes them to the bottom
 // level), and tombstone churn stays flat (docs/BENCHMARKS.md, "Range
-// tombstones for runs of records"). The visibility entries keep single
-// deletes: their keys sort by priority and time first, so no sequence
-// number tells that a run holds every key between its ends. Reads for
-// update of records the store's memory holds skip range tombstones
-// (rdbTxn.getManyForUpdate; rdb.cc says why); every other read honours
-// them.
+// tombstones for runs of records"). The visibility entries a claim or a
+// purge deletes are a run too, though their keys sort by priority and
+// time first: claims take a queue's head, and the serve order mirrors
+// the visibility entries, so every entry of that queue and priority the
+// database keeps after the batch sorts at or after the serve order's
+// head, or is a write of the batch, which ends the run (batch.headRun,
+// TestHeadRun). Such a run of four or more is one range tombstone as
+// well. Reads for update of records the store's memory holds skip range
+// tombstones (rdbTxn.getManyForUpdate; rdb.cc says why); every other
+// read honours them; nothing but Open and Check reads the visibility
+// entries.
 //
 // A batch crosses into C once for all its writes and a claim pass once for
 // all its reads (rdb.go), instead of once or twice per key. The writes go
@@ -262,8 +267,8 @@
 //
 //	                       before (one transaction per call)   now (pipeline)
 //	enqueue                2 puts                              2 puts
-//	poll                   visibility iterator (seek + next),   1 GetForUpdate, 1 single delete,
-//	                       1 GetForUpdate, 2 deletes, 1 put     1 put; per run of ids 1 range tombstone
+//	poll                   visibility iterator (seek + next),   1 GetForUpdate, 1 put; per run
+//	                       1 GetForUpdate, 2 deletes, 1 put     2 range tombstones (records, visibility)
 //	  per lease            2 puts                              2 puts
 //	ack                    1 GetForUpdate, 1 delete            per run of ids 1 range tombstone
 //	  per lease            1 GetForUpdate, 2 deletes or a put  1 delete + 1 single delete, or a put
@@ -284,9 +289,10 @@
 // fits in one memtable costs the flush nothing: BenchmarkCycle sync=none,
 // 4 workers, 10.0-10.8 against 10.8-12.3 cpu-µs/item (three pairs). Since
 // 2026-11-29 the two record deletes of a run of consecutive ids are a
-// range tombstone each per run: an item fed and consumed in order costs
-// 4 writes (2 puts at enqueue, a single delete and a put at poll) and
-// its run 2 tombstones.
+// range tombstone each per run, and so are the visibility entries a
+// claim takes from a queue's head: an item fed and consumed in order
+// costs 3 writes (2 puts at enqueue, a put at poll) and its run 3
+// tombstones.
 //
 // # Embedding the store
 //

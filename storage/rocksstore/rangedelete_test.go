@@ -108,3 +108,35 @@ func TestRocksStore_RangeDeletesSkipItemsLeftBetween(t *testing.T) {
 	st := b.stats("q", at(2*time.Hour))
 	require.Zero(t, st.Ready+st.Delayed+st.Inflight+st.Dead)
 }
+
+func TestHeadRun(t *testing.T) {
+	t.Parallel()
+	qs := newQueueState("q", storage.QueueConfig{})
+	other := newQueueState("qq", storage.QueueConfig{})
+	vis := func(q string, prio uint8, at int64, seq uint64) overlayEnt {
+		return overlayEnt{key: string(dbkeys.VisibilityKey(q, prio, at, dbkeys.NewID(seq, 1)))}
+	}
+	put := func(e overlayEnt) overlayEnt { e.val = []byte("v"); return e }
+	// The serve order of q at priority 0 still holds (20, #7): every
+	// entry before it in the database was taken by the batch.
+	qs.ready.push(0, readyEntry{vis: 20, id: dbkeys.NewID(7, 1)})
+	b := &batch{deltas: []queueDelta{{q: qs}, {q: other}}}
+	for _, tc := range []struct {
+		name string
+		keys []overlayEnt
+		want int
+	}{
+		{"deletes before the head", []overlayEnt{vis("q", 0, 10, 1), vis("q", 0, 10, 2), vis("q", 0, 15, 9), vis("q", 0, 20, 6)}, 4},
+		{"the head ends it", []overlayEnt{vis("q", 0, 10, 1), vis("q", 0, 20, 7), vis("q", 0, 20, 8)}, 1},
+		{"what sorts after the head ends it", []overlayEnt{vis("q", 0, 10, 1), vis("q", 0, 20, 8)}, 1},
+		{"a write ends it", []overlayEnt{vis("q", 0, 10, 1), put(vis("q", 0, 11, 3)), vis("q", 0, 12, 4)}, 1},
+		{"another priority ends it", []overlayEnt{vis("q", 0, 10, 1), vis("q", 1, 10, 2)}, 1},
+		{"an empty serve order bounds nothing", []overlayEnt{vis("q", 1, 10, 1), vis("q", 1, 99, 2), vis("q", 1, 999, 3)}, 3},
+		{"another queue ends it", []overlayEnt{vis("qq", 0, 10, 1), vis("qq", 0, 11, 2), vis("q", 0, 12, 3)}, 2},
+		{"a queue the batch did not change gets none", []overlayEnt{vis("r", 0, 10, 1), vis("r", 0, 11, 2)}, 0},
+		{"a write starts none", []overlayEnt{put(vis("q", 0, 10, 1)), vis("q", 0, 11, 2)}, 0},
+		{"records get none", []overlayEnt{{key: string(dbkeys.AvailableKey("q", dbkeys.NewID(1, 1)))}}, 0},
+	} {
+		require.Equal(t, tc.want, b.headRun(tc.keys), tc.name)
+	}
+}

@@ -211,6 +211,8 @@ static void apply(WriteBatch* wb, const lq_db* d, const char* p, size_t n) {
 // available and in_progress end with the queue's terminator (0x00 0x01)
 // and a 16-byte id; a range's begin key drops the id's last byte, so the
 // byte 17 from its end is the terminator's 0x00 instead of its 0x01.
+// Visibility keys (batch.headRun) have the priority and visible_at
+// (9 bytes) between the terminator and the id: byte 26 from the end.
 class HintByNamespace : public SliceTransform {
  public:
   const char* Name() const override { return "leaseq.HintByNamespace"; }
@@ -219,6 +221,7 @@ class HintByNamespace : public SliceTransform {
     if (k.size() < 1) return false;
     const char ns = k[0];
     if ((ns == 0x02 || ns == 0x04) && k.size() >= 17 && k[k.size() - 17] == 0x00) return false;
+    if (ns == 0x03 && k.size() >= 26 && k[k.size() - 26] == 0x00) return false;
     return true;
   }
 };

@@ -495,11 +495,12 @@ func (w *writeBuf) singleDel(key []byte)    { w.add('s', key, nil) }
 func (w *writeBuf) merge(key, value []byte) { w.add('m', key, value) }
 
 // delThrough deletes the item keys of one queue and namespace from first
-// through last, both included, where no other item's id lies between
-// theirs (idRun): one range tombstone. Its begin is first without its
-// last byte (ids differ within their first eight bytes, so no other item
-// key lies between that and first; HintByNamespace in rdb.cc tells such
-// begin keys from item keys), its end last followed by a zero byte.
+// through last, both included, where no key the batch leaves lies
+// between them (idRun, batch.headRun): one range tombstone. Its begin is
+// first without its last byte (ids differ within their first eight
+// bytes, and every item key ends with its id, so no other key lies
+// between that and first; HintByNamespace in rdb.cc tells such begin
+// keys from item keys), its end last followed by a zero byte.
 func (w *writeBuf) delThrough(first, last []byte) {
 	w.b = append(w.b, 'r')
 	w.b = binary.NativeEndian.AppendUint32(w.b, uint32(len(first)-1))

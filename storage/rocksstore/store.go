@@ -548,7 +548,9 @@ type queueState struct {
 	// countersKey is dbkeys.CountersKey(name), made once: every batch
 	// that changes the queue merges into it.
 	countersKey []byte
-	mu          sync.Mutex
+	// visPrefix is dbkeys.VisibilityPrefix(name) (batch.headRun).
+	visPrefix string
+	mu        sync.Mutex
 	// cfg and counters: written by the committer, read by anyone.
 	// REQUIRES: mu held.
 	cfg      storage.QueueConfig
@@ -570,7 +572,7 @@ type queueState struct {
 }
 
 func newQueueState(name string, cfg storage.QueueConfig) *queueState {
-	return &queueState{name: name, countersKey: dbkeys.CountersKey(name), cfg: cfg, delayed: make(map[storage.ItemID]int64), leases: make(map[storage.LeaseID]*leaseState)}
+	return &queueState{name: name, countersKey: dbkeys.CountersKey(name), visPrefix: string(dbkeys.VisibilityPrefix(name)), cfg: cfg, delayed: make(map[storage.ItemID]int64), leases: make(map[storage.LeaseID]*leaseState)}
 }
 
 func (q *queueState) config() storage.QueueConfig {
