@@ -74,6 +74,48 @@ func TestDispatcher_AsyncStore(t *testing.T) {
 	require.Empty(t, got.res.Items)
 }
 
+// An enqueue that claims for parked polls in its own commit is answered
+// before the polls it served: its producer's next call then tends to reach
+// the node before the consumers' acks (see EnqueueAsync).
+func TestDispatcher_EnqueueAnsweredBeforeItsClaims(t *testing.T) {
+	t.Parallel()
+	s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.Close()) }()
+	clk := clock.NewMock()
+	d, err := New(Config{Store: s, Clock: clk})
+	require.NoError(t, err)
+	defer d.Close()
+
+	var seq atomic.Int32
+	type answered struct {
+		at    int32
+		items int
+		err   error
+	}
+	polls := make(chan answered, 2)
+	for range 2 {
+		d.PollAsync(context.Background(), storage.PollParams{Queue: "q", Max: 1, Lease: time.Minute}, time.Minute,
+			func(res storage.PollResult, err error) { polls <- answered{seq.Add(1), len(res.Items), err} })
+	}
+	require.Equal(t, 2, d.Waiters())
+
+	enq := make(chan answered, 1)
+	d.EnqueueAsync(context.Background(), s, storage.EnqueueParams{Queue: "q", Items: make([]storage.EnqueueItem, 2), Now: clk.Now()},
+		func(res []storage.EnqueueResult, err error) { enq <- answered{seq.Add(1), len(res), err} })
+	e := <-enq
+	require.NoError(t, e.err)
+	require.Equal(t, 2, e.items)
+	for range 2 {
+		p := <-polls
+		require.NoError(t, p.err)
+		require.Equal(t, 1, p.items, "claimed in the enqueue's commit")
+		require.Greater(t, p.at, e.at, "the enqueue was answered first")
+	}
+	require.Equal(t, int32(1), e.at)
+	require.Zero(t, d.Waiters())
+}
+
 // lateAsync is a memory store whose first asynchronous poll finds nothing
 // while an item arrives, and completes on another goroutine while
 // PollAsync has not returned yet; later polls complete at once.
