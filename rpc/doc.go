@@ -143,9 +143,8 @@
 // the enqueue's reply (dispatch.Dispatcher.Enqueue; latency-max
 // rpc-always: e2e p50 1.04-1.25 against 1.43-1.77 ms,
 // docs/BENCHMARKS.md). Over RPC the enqueue is answered before those
-// polls, as Redis answers a writer before the readers it unblocked: the
-// producer's next call then tends to start the next fsync ahead of the
-// consumers' acks. A subscription's
+// polls: the producer's next call then tends to start the next fsync
+// ahead of the consumers' acks. A subscription's
 // pusher is a goroutine owned by the server; a shared lease tracker returns
 // its credit when its leases are acked or nacked (on any connection),
 // extended leases stay counted, and expired ones are freed by the clock.

@@ -468,8 +468,7 @@ func (d *Dispatcher) EnqueueAsync(ctx context.Context, store storage.Async, p st
 				// The enqueue's answer goes out before the polls': its
 				// producer's next call then tends to reach the node before
 				// the consumers' acks, and start the next fsync instead
-				// of waiting behind theirs (as Redis answers the writer
-				// first in its event loop pass). Measured in latency-max
+				// of waiting behind theirs. Measured in latency-max
 				// rpc-always: docs/BENCHMARKS.md.
 				done(out, nil)
 				d.completeClaims(p, ws, ready, prs)
