@@ -19,19 +19,28 @@ type enqueueOut struct {
 	err error
 }
 
+// newSyncedDispatcher returns a RocksDB store that fsyncs every commit (its
+// calls complete asynchronously) in a temporary directory, and a
+// dispatcher over it on a mock clock; both close when the test ends.
+func newSyncedDispatcher(t *testing.T) (*rocksstore.Store, *Dispatcher, *clock.Mock) {
+	t.Helper()
+	s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	clk := clock.NewMock()
+	d, err := New(Config{Store: s, Clock: clk})
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	return s, d, clk
+}
+
 // With a store whose calls complete asynchronously (a RocksDB store that
 // fsyncs), EnqueueAsync claims for a parked poll in the enqueue's own
 // commit, and PollAsync's attempts go through the store's asynchronous
 // poll: both complete without a goroutine waiting in the store.
 func TestDispatcher_AsyncStore(t *testing.T) {
 	t.Parallel()
-	s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, s.Close()) }()
-	clk := clock.NewMock()
-	d, err := New(Config{Store: s, Clock: clk})
-	require.NoError(t, err)
-	defer d.Close()
+	s, d, clk := newSyncedDispatcher(t)
 	require.NotNil(t, d.async, "the store's calls wait for an fsync: the dispatcher uses its asynchronous calls")
 
 	parked := make(chan out, 1)
@@ -79,13 +88,7 @@ func TestDispatcher_AsyncStore(t *testing.T) {
 // the node before the consumers' acks (see EnqueueAsync).
 func TestDispatcher_EnqueueAnsweredBeforeItsClaims(t *testing.T) {
 	t.Parallel()
-	s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, s.Close()) }()
-	clk := clock.NewMock()
-	d, err := New(Config{Store: s, Clock: clk})
-	require.NoError(t, err)
-	defer d.Close()
+	s, d, clk := newSyncedDispatcher(t)
 
 	var seq atomic.Int32
 	type answered struct {
