@@ -523,15 +523,10 @@ func claimer(store Enqueuer) (storage.EnqueueClaimer, bool) {
 }
 
 // enqueueClaim is Enqueue for a queue whose parked polls ws were taken
-// off their line.
+// off their line: it completes the polls the enqueue claimed for, or
+// hands them back when it claimed nothing for them, then returns.
 func (d *Dispatcher) enqueueClaim(ctx context.Context, ec storage.EnqueueClaimer, p storage.EnqueueParams, ws []Taken, ready int) ([]storage.EnqueueResult, error) {
 	out, prs, err := ec.EnqueueClaim(ctx, p, claimParams(ws, p.Now))
-	return d.claimed(p, ws, ready, out, prs, err)
-}
-
-// claimed completes the polls ws that an enqueue of p claimed for (prs,
-// one each), or hands them back when it claimed nothing for them.
-func (d *Dispatcher) claimed(p storage.EnqueueParams, ws []Taken, ready int, out []storage.EnqueueResult, prs []storage.PollResult, err error) ([]storage.EnqueueResult, error) {
 	if err = claimErr(ws, prs, err); err != nil {
 		return nil, err
 	}
