@@ -301,7 +301,11 @@ func (c Counters) IsZero() bool { return c == Counters{} }
 
 // EncodeCounters returns the encoding of c.
 func EncodeCounters(c Counters) []byte {
-	b := make([]byte, 0, countersLen)
+	return AppendCounters(make([]byte, 0, countersLen), c)
+}
+
+// AppendCounters appends the encoding of c to b.
+func AppendCounters(b []byte, c Counters) []byte {
 	b = append(b, FormatVersion)
 	for _, f := range c.fields() {
 		b = binary.BigEndian.AppendUint64(b, uint64(*f))

@@ -914,9 +914,19 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 			w.put(kb, v)
 		}
 	}
+	// A changed queue's counters are written whole: the ops applied their
+	// deltas to the in-memory counters (opTx.finish), which only the
+	// leader changes, and a failed commit fails the store, so they are
+	// what the database holds once this batch is in. One put per batch
+	// costs the commit what a merge operand did, and the flush keeps the
+	// newest instead of summing an operand per batch.
+	var cbuf [128]byte
 	for _, d := range b.deltas {
 		if !d.d.IsZero() {
-			w.merge(d.q.countersKey, dbkeys.EncodeCounters(d.d))
+			d.q.mu.Lock()
+			c := d.q.counters
+			d.q.mu.Unlock()
+			w.put(d.q.countersKey, dbkeys.AppendCounters(cbuf[:0], c))
 		}
 	}
 	// The writes go into the transaction's batch unlocked and unindexed

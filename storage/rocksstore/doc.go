@@ -56,9 +56,14 @@
 // ack or dead purge, so poll, nack and expiry do not rewrite them.
 // Ids are a big-endian sequence number (reserved in blocks of idBlock with
 // one meta write per block) followed by the enqueue instant. Lease tokens
-// are 16 bytes from crypto/rand. Per-queue counters are merge operands
-// (CountersMerge in rdb.cc) in the batch that changes them, so Stats is O(1) and Open
-// reads them instead of counting.
+// are 16 bytes from crypto/rand. Per-queue counters are one value under
+// the queue's counters key, written whole by every batch that changes
+// them (the leader's in-memory counters, which a failed commit never gets
+// ahead of: it fails the store), so Stats is O(1) and Open reads them
+// instead of counting. Until 2026-11-29 each batch wrote a merge operand
+// instead (CountersMerge in rdb.cc); a flush then summed one operand per
+// batch. The merge operator stays registered so that databases holding
+// such operands still open to their sum.
 //
 // # The commit pipeline (commit.go)
 //
@@ -272,7 +277,7 @@
 //	  per lease            2 puts                              2 puts
 //	ack                    1 GetForUpdate, 1 delete            per run of ids 1 range tombstone
 //	  per lease            1 GetForUpdate, 2 deletes or a put  1 delete + 1 single delete, or a put
-//	counters               1 merge per call                    1 merge per queue per batch
+//	counters               1 merge per call                    1 put per queue per batch
 //	commits, WAL writes    3 per cycle (one per call)          one per batch of pending calls
 //	fsyncs (sync=always)   shared by RocksDB's write groups    one per group of written batches
 //

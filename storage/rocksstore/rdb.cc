@@ -40,9 +40,10 @@ class CountersMerge : public MergeOperator {
 
   const char* Name() const override { return "leaseq.counters.v1"; }
 
-  // A flush merges every operand a memtable holds for a queue's counters
-  // key, one per batch that changed them: sum them in one pass, with
-  // one allocation for the result, instead of pairwise.
+  // Batches write counters whole since 2026-11-29; databases written
+  // before hold one operand per batch that changed them. Sum a key's
+  // operands in one pass, with one allocation for the result, instead of
+  // pairwise.
   bool FullMergeV2(const MergeOperationInput& in, MergeOperationOutput* out) const override {
     uint64_t sum[kFields] = {};
     if (in.existing_value != nullptr && !add(sum, *in.existing_value)) return false;

@@ -546,7 +546,7 @@ func (s *Store) scanViewAt(snap *rdbSnap, once bool, lower, upper, seek []byte, 
 type queueState struct {
 	name string
 	// countersKey is dbkeys.CountersKey(name), made once: every batch
-	// that changes the queue merges into it.
+	// that changes the queue writes it.
 	countersKey []byte
 	// visPrefix is dbkeys.VisibilityPrefix(name) (batch.headRun).
 	visPrefix string
