@@ -320,7 +320,9 @@ func TestRocksStore_WaitingCallersShareTheFsync(t *testing.T) {
 
 	// The leader's op waits inside its batch until a second caller waits
 	// behind it.
-	gate := make(chan struct{})
+	// (The leader yields before it takes its first batch, submitGroup:
+	// the second caller starts only once the batch holds the first op.)
+	gate, inBatch := make(chan struct{}), make(chan struct{})
 	_, valid, fn, err := s.enqueueOp(b.ctx, params("first"))
 	require.NoError(t, err)
 	led := make(chan error, 1)
@@ -331,17 +333,18 @@ func TestRocksStore_WaitingCallersShareTheFsync(t *testing.T) {
 		}
 		defer s.exit()
 		_, err := s.submit("q", valid, func(o *opTx) error {
+			close(inBatch)
 			<-gate
 			return fn(o)
 		})
 		led <- err
 	}()
 	second := make(chan error, 1)
-	require.Eventually(t, func() bool {
-		s.pipe.mu.Lock()
-		defer s.pipe.mu.Unlock()
-		return s.pipe.leading
-	}, 30*time.Second, time.Millisecond)
+	select {
+	case <-inBatch:
+	case err := <-led:
+		t.Fatalf("the first call ended before its batch began: %v", err)
+	}
 	go func() {
 		_, err := s.Enqueue(b.ctx, params("second"))
 		second <- err
