@@ -489,10 +489,9 @@ func (w *writeBuf) delIn(fam int, key []byte) {
 	w.b = append(w.b, key...)
 }
 
-func (w *writeBuf) put(key, value []byte)   { w.add('p', key, value) }
-func (w *writeBuf) del(key []byte)          { w.add('d', key, nil) }
-func (w *writeBuf) singleDel(key []byte)    { w.add('s', key, nil) }
-func (w *writeBuf) merge(key, value []byte) { w.add('m', key, value) }
+func (w *writeBuf) put(key, value []byte) { w.add('p', key, value) }
+func (w *writeBuf) del(key []byte)        { w.add('d', key, nil) }
+func (w *writeBuf) singleDel(key []byte)  { w.add('s', key, nil) }
 
 // delThrough deletes the item keys of one queue and namespace from first
 // through last, both included, where no key the batch leaves lies
