@@ -161,6 +161,7 @@ struct lq_iter {
   Slice lo, up;
   ReadOptions ro;
   Iterator* it = nullptr;
+  lq_entry cur{};
 };
 
 struct lq_snap {};  // stands for a const Snapshot*
@@ -426,37 +427,42 @@ lq_iter* lq_iter_new(lq_db* d, const lq_snap* snap, int family, const char* lowe
   return it;
 }
 
-static int entry(lq_iter* it, const char** ko, size_t* klo, const char** vo, size_t* vlo, char** err) {
+static int entry(lq_iter* it) {
+  lq_entry* e = &it->cur;
   if (!it->it->Valid()) {
+    e->k = e->v = nullptr;
+    e->kl = e->vl = 0;
     Status s = it->it->status();
-    return s.ok() ? 0 : fail(s, err);
+    return s.ok() ? 0 : fail(s, &e->err);
   }
   Slice k = it->it->key(), v = it->it->value();
-  *ko = k.data();
-  *klo = k.size();
-  *vo = v.data();
-  *vlo = v.size();
+  e->k = k.data();
+  e->kl = k.size();
+  e->v = v.data();
+  e->vl = v.size();
   return 1;
 }
 
-int lq_iter_seek(lq_iter* it, const char* k, size_t kl, const char** ko, size_t* klo, const char** vo, size_t* vlo,
-                 char** err) {
+lq_entry* lq_iter_entry(lq_iter* it) { return &it->cur; }
+
+int lq_iter_seek(lq_iter* it, const char* k, size_t kl) {
   quiet();
   if (k == nullptr) {
     it->it->SeekToFirst();
   } else {
     it->it->Seek(Slice(k, kl));
   }
-  return entry(it, ko, klo, vo, vlo, err);
+  return entry(it);
 }
 
-int lq_iter_next(lq_iter* it, const char** ko, size_t* klo, const char** vo, size_t* vlo, char** err) {
+int lq_iter_next(lq_iter* it) {
   quiet();
   it->it->Next();
-  return entry(it, ko, klo, vo, vlo, err);
+  return entry(it);
 }
 
 void lq_iter_destroy(lq_iter* it) {
+  free(it->cur.err);
   delete it->it;
   delete it;
 }

@@ -69,11 +69,24 @@ char* lq_property(lq_db* db, int family, const char* name);
 // block cache and reads ahead. The bounds are copied.
 lq_iter* lq_iter_new(lq_db* db, const lq_snap* snap, int family, const char* lower, size_t ll,
 		const char* upper, size_t ul, int once);
+// lq_entry is where an iterator leaves its current entry: k/v are valid
+// until the iterator moves; err (malloc'd) is set after a -1.
+typedef struct {
+  const char* k;
+  size_t kl;
+  const char* v;
+  size_t vl;
+  char* err;
+} lq_entry;
+// lq_iter_entry returns the iterator's entry, in C memory for the
+// iterator's life: callers read it after each move without passing
+// pointers of their own.
+lq_entry* lq_iter_entry(lq_iter* it);
 // lq_iter_seek positions at the first key >= k (k NULL: the first key);
-// lq_iter_next moves on. Both return 1 with the entry in k/v (valid until
-// the iterator moves), 0 at the end, -1 on error.
-int lq_iter_seek(lq_iter* it, const char* k, size_t kl, const char** ko, size_t* klo, const char** vo, size_t* vlo, char** err);
-int lq_iter_next(lq_iter* it, const char** ko, size_t* klo, const char** vo, size_t* vlo, char** err);
+// lq_iter_next moves on. Both return 1 with the entry in lq_iter_entry,
+// 0 at the end, -1 on error.
+int lq_iter_seek(lq_iter* it, const char* k, size_t kl);
+int lq_iter_next(lq_iter* it);
 void lq_iter_destroy(lq_iter* it);
 
 // Transactions (LQ_TXN_DB only). lq_txn_begin reuses old when not NULL.
