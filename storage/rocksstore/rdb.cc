@@ -361,7 +361,7 @@ const lq_snap* lq_snapshot(lq_db* d) { return reinterpret_cast<const lq_snap*>(d
 
 void lq_release_snapshot(lq_db* d, const lq_snap* snap) { d->db->ReleaseSnapshot(snapOf(snap)); }
 
-int lq_write(lq_db* d, const char* buf, size_t n, int sync, char** err) {
+char* lq_write(lq_db* d, const char* buf, size_t n, int sync) {
   quiet();
   // Room for the whole batch up front: our encoding is about as long as
   // RocksDB's, so the rep does not regrow (and recopy) as it fills.
@@ -371,12 +371,12 @@ int lq_write(lq_db* d, const char* buf, size_t n, int sync, char** err) {
   // transaction holds (see rdb.go).
   DB* target = d->tdb != nullptr ? d->tdb->GetBaseDB() : d->db;
   Status s = target->Write(sync ? d->swo : d->wo, &wb);
-  return s.ok() ? 0 : fail(s, err);
+  return s.ok() ? nullptr : dup(s.ToString());
 }
 
-int lq_flush_wal(lq_db* d, int sync, char** err) {
+char* lq_flush_wal(lq_db* d, int sync) {
   Status s = d->db->FlushWAL(sync != 0);
-  return s.ok() ? 0 : fail(s, err);
+  return s.ok() ? nullptr : dup(s.ToString());
 }
 
 int lq_flush(lq_db* d, char** err) {

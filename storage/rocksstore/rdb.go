@@ -215,8 +215,7 @@ func (d *rdb) write(w *writeBuf, sync bool) error {
 	if len(w.b) == 0 {
 		return nil
 	}
-	var msg *C.char
-	if C.lq_write(d.p, ptr(w.b), C.size_t(len(w.b)), cbool(sync), &msg) != 0 {
+	if msg := C.lq_write(d.p, ptr(w.b), C.size_t(len(w.b)), cbool(sync)); msg != nil {
 		return cErr(msg)
 	}
 	return nil
@@ -230,8 +229,10 @@ func (d *rdb) put(key, value []byte, sync bool) error {
 }
 
 func (d *rdb) flushWAL(sync bool) error {
-	var msg *C.char
-	return cStatus(C.lq_flush_wal(d.p, cbool(sync), &msg), &msg)
+	if msg := C.lq_flush_wal(d.p, cbool(sync)); msg != nil {
+		return cErr(msg)
+	}
+	return nil
 }
 
 // flush flushes every family's memtables and waits for them.

@@ -52,8 +52,11 @@ void lq_release_snapshot(lq_db* db, const lq_snap* snap);
 
 // Writes outside transactions. buf holds encoded writes (see
 // lq_txn_write); sync: fsync the WAL before returning.
-int lq_write(lq_db* db, const char* buf, size_t n, int sync, char** err);
-int lq_flush_wal(lq_db* db, int sync, char** err);
+// lq_write and lq_flush_wal return NULL, or the error (malloc'd): no
+// out-parameter, so a Go caller passes no pointer of its own (a Go local
+// whose address goes to C is moved to the heap: an allocation per batch).
+char* lq_write(lq_db* db, const char* buf, size_t n, int sync);
+char* lq_flush_wal(lq_db* db, int sync);
 int lq_flush(lq_db* db, char** err);
 int lq_compact_family(lq_db* db, int family, char** err);
 // lq_statistics returns RocksDB's statistics dump (malloc'd), or NULL.
