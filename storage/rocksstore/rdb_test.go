@@ -140,7 +140,7 @@ func TestRDB_IteratorReportsCorruption(t *testing.T) {
 		require.NoError(t, err)
 		return db, newFamilies(db, names)
 	}
-	db, fams := open()
+	db, _ := open()
 	rng := rand.New(rand.NewPCG(1, 2))
 	var w writeBuf
 	for i := range 400 {
@@ -168,7 +168,7 @@ func TestRDB_IteratorReportsCorruption(t *testing.T) {
 		require.NoError(t, f.Close())
 	}
 
-	db, fams = open()
+	db, fams := open()
 	defer db.close()
 	fam := fams.of([]byte{dbkeys.NsAvailable})
 	for round := 0; round < 2; round++ { // a second iterator works as the first
