@@ -73,7 +73,15 @@
 // resets readiness first, so it cannot be skipped); the rest is capnp
 // decoding and encoding, allocation and the handler. With rocksstore the
 // store's own work (~50 µs per single-item enqueue on Debian's assertion
-// build of RocksDB) is now most of a call's cost.
+// build of RocksDB) is now most of a call's cost. The Finish that follows
+// every call is read in place (lean_finish.go) when it has the layout
+// go-capnp gives it (one segment of four words): decoding it as a
+// Message was about a sixth of the server's user-space CPU per nodeInfo
+// round trip. Four interleaved pairs of 100,000 round trips: 30.7-35.1
+// against 35.2-35.8 server cpu-µs; produce-b1 over RPC with
+// --sync=none, three pairs: 47.8-49.2 against 51.9-53.7 node cpu-µs per
+// call (docs/BENCHMARKS.md, 2026-11-29). Any other layout is decoded as
+// before.
 //
 // The Go client has the same two engines (ClientOptions.Engine). Dial
 // runs the lean one by default (leanclient.go): the caller encodes and

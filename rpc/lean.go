@@ -257,6 +257,14 @@ func (c *leanConn) readLoop() error {
 		if err := c.gate.wait(); err != nil {
 			return err
 		}
+		if c.first == nil {
+			if handled, err := c.finishFast(); handled {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+		}
 		msg, err := c.dec.Decode()
 		if err != nil {
 			return err
@@ -454,7 +462,13 @@ func (c *leanConn) handleFinish(m rpccp.Message) error {
 	if err != nil {
 		return protoErrf("read finish: %v", err)
 	}
-	qid := f.QuestionId()
+	return c.finish(f.QuestionId(), f.ReleaseResultCaps())
+}
+
+// finish ends question qid at the caller's Finish (releaseResultCaps:
+// the caller drops its references to the results' capabilities).
+func (c *leanConn) finish(qid uint32, releaseResultCaps bool) error {
+	var err error
 	var release []capnp.Client
 	var cancel context.CancelFunc
 	c.mu.Lock()
@@ -470,11 +484,11 @@ func (c *leanConn) handleFinish(m rpccp.Message) error {
 	a.finished = true
 	if a.returned {
 		delete(c.mu.answers, qid)
-		if f.ReleaseResultCaps() {
+		if releaseResultCaps {
 			release, err = c.releaseCapsLocked(a.caps)
 		}
 	} else {
-		a.releaseResultCaps = f.ReleaseResultCaps()
+		a.releaseResultCaps = releaseResultCaps
 		cancel = a.cancel
 	}
 	c.mu.Unlock()
