@@ -128,6 +128,10 @@ int fail(const Status& s, char** err) {
   return -1;
 }
 
+// errOf is s's message (malloc'd), or NULL when s is ok: what the calls
+// that report an error without an out-parameter return.
+char* errOf(const Status& s) { return s.ok() ? nullptr : dup(s.ToString()); }
+
 uint32_t u32(const char* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);
@@ -370,14 +374,10 @@ char* lq_write(lq_db* d, const char* buf, size_t n, int sync) {
   // In LQ_TXN_DB the batch goes to the base DB: the caller writes nothing a
   // transaction holds (see rdb.go).
   DB* target = d->tdb != nullptr ? d->tdb->GetBaseDB() : d->db;
-  Status s = target->Write(sync ? d->swo : d->wo, &wb);
-  return s.ok() ? nullptr : dup(s.ToString());
+  return errOf(target->Write(sync ? d->swo : d->wo, &wb));
 }
 
-char* lq_flush_wal(lq_db* d, int sync) {
-  Status s = d->db->FlushWAL(sync != 0);
-  return s.ok() ? nullptr : dup(s.ToString());
-}
+char* lq_flush_wal(lq_db* d, int sync) { return errOf(d->db->FlushWAL(sync != 0)); }
 
 int lq_flush(lq_db* d, char** err) {
   FlushOptions fo;
