@@ -18,7 +18,10 @@ import (
 // It cannot skip the read that finds nothing after a reply was written
 // (waiting for readiness first): RawConn.Read resets the poller's
 // readiness before its first attempt, so data that arrived meanwhile
-// would never be seen.
+// would never be seen. (A reader looping inside one RawConn.Read, with
+// TCP_INQ to tell a FIN that came with the last read, can skip it; it
+// saved less than the machine's drift: docs/BENCHMARKS.md, "A read
+// session that skips the empty read".)
 type rawIO struct {
 	rc syscall.RawConn
 	// The read and the write in progress, and the functions RawConn runs
