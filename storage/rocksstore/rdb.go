@@ -60,6 +60,15 @@ func cErr(msg *C.char) error {
 	return err
 }
 
+// cMsg is the error of a call that returns its message (NULL: success),
+// as lq_write and lq_flush_wal do (rdb.cc's errOf).
+func cMsg(msg *C.char) error {
+	if msg == nil {
+		return nil
+	}
+	return cErr(msg)
+}
+
 // cStatus is a call's error from its return code (0: success) and the
 // message it left in *msg. (msg is a pointer so that it is read after the
 // call: Go does not order a plain variable operand against a call in the
@@ -215,10 +224,7 @@ func (d *rdb) write(w *writeBuf, sync bool) error {
 	if len(w.b) == 0 {
 		return nil
 	}
-	if msg := C.lq_write(d.p, ptr(w.b), C.size_t(len(w.b)), cbool(sync)); msg != nil {
-		return cErr(msg)
-	}
-	return nil
+	return cMsg(C.lq_write(d.p, ptr(w.b), C.size_t(len(w.b)), cbool(sync)))
 }
 
 // put writes one key outside any transaction (see write).
@@ -229,10 +235,7 @@ func (d *rdb) put(key, value []byte, sync bool) error {
 }
 
 func (d *rdb) flushWAL(sync bool) error {
-	if msg := C.lq_flush_wal(d.p, cbool(sync)); msg != nil {
-		return cErr(msg)
-	}
-	return nil
+	return cMsg(C.lq_flush_wal(d.p, cbool(sync)))
 }
 
 // flush flushes every family's memtables and waits for them.
