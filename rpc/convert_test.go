@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"testing"
 	"time"
+	"unsafe"
 
 	"capnproto.org/go/capnp/v3"
 	"github.com/stretchr/testify/require"
@@ -92,6 +93,55 @@ func TestConvert_ItemsRoundTrip(t *testing.T) {
 		require.Equal(t, byte(0xee), grown[len(grown)-1])
 		if size > 0 {
 			require.Equal(t, in[1].Payload, out[1].Payload, "growing item 0's payload left item 1's alone")
+		}
+	}
+}
+
+// TestConvert_ItemsPayloadBuffers: payloads of one size are copied into
+// one buffer, back to back; payloads of mixed sizes (smaller, larger, too
+// large to share, empty) each arrive intact, and none can grow into
+// another.
+func TestConvert_ItemsPayloadBuffers(t *testing.T) {
+	t.Parallel()
+	read := func(sizes ...int) ([]storage.Item, []storage.Item) {
+		in := make([]storage.Item, len(sizes))
+		for i, size := range sizes {
+			in[i] = storage.Item{ID: storage.ItemID{byte(i + 1)}, Queue: "q", Payload: make([]byte, size)}
+			for j := range in[i].Payload {
+				in[i].Payload[j] = byte(i*7 + j)
+			}
+		}
+		_, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+		require.NoError(t, err)
+		l, err := schema.NewItem_List(seg, int32(len(in)))
+		require.NoError(t, err)
+		require.NoError(t, writeItems(l, in))
+		out, err := readItems(l)
+		require.NoError(t, err)
+		require.Len(t, out, len(in))
+		return in, out
+	}
+
+	_, out := read(256, 256, 256, 256)
+	for i := 1; i < len(out); i++ {
+		prev := unsafe.Pointer(unsafe.SliceData(out[i-1].Payload))
+		require.Equal(t, unsafe.Add(prev, 256), unsafe.Pointer(unsafe.SliceData(out[i].Payload)),
+			"payload %d follows payload %d in one buffer", i, i-1)
+	}
+
+	in, out := read(10, 300, 5, 2000, maxSharedPayloads/2, 1, 0, 700, maxSharedPayloads+1, 3)
+	for i := range in {
+		require.Equal(t, len(in[i].Payload), len(out[i].Payload), "item %d", i)
+		if len(in[i].Payload) > 0 {
+			require.Equal(t, in[i].Payload, out[i].Payload, "item %d", i)
+		}
+	}
+	for i := range out {
+		_ = append(out[i].Payload, 0xee, 0xee, 0xee)
+	}
+	for i := range in {
+		if len(in[i].Payload) > 0 {
+			require.Equal(t, in[i].Payload, out[i].Payload, "item %d after every payload was grown", i)
 		}
 	}
 }
