@@ -210,11 +210,16 @@ func (ir *itemReader) read(r schema.Item) (storage.Item, error) {
 	it.MaxAttempts = r.MaxAttempts()
 	it.EnqueuedAt = fromMs(r.EnqueuedAt())
 	it.VisibleAt = fromMs(r.VisibleAt())
-	if it.DedupKey, err = r.DedupKey(); err != nil {
-		return it, err
+	// Most items have neither: a null pointer needs no decoding.
+	if r.HasDedupKey() {
+		if it.DedupKey, err = r.DedupKey(); err != nil {
+			return it, err
+		}
 	}
-	if it.LastError, err = r.LastError(); err != nil {
-		return it, err
+	if r.HasLastError() {
+		if it.LastError, err = r.LastError(); err != nil {
+			return it, err
+		}
 	}
 	if s := r.State(); s <= schema.ItemState_dead {
 		it.State = storage.State(s)

@@ -68,8 +68,12 @@ func TestConvert_ItemsRoundTrip(t *testing.T) {
 			if i == 3 {
 				q = "other"
 			}
-			in = append(in, storage.Item{ID: storage.ItemID{byte(i + 1)}, Queue: q, Payload: p, Priority: uint8(i), Attempts: 1,
-				EnqueuedAt: time.UnixMilli(1000), VisibleAt: time.UnixMilli(2000), DedupKey: "k", State: storage.StateInflight})
+			it := storage.Item{ID: storage.ItemID{byte(i + 1)}, Queue: q, Payload: p, Priority: uint8(i), Attempts: 1,
+				EnqueuedAt: time.UnixMilli(1000), VisibleAt: time.UnixMilli(2000), State: storage.StateInflight}
+			if i%2 == 0 { // the others have neither (null pointers)
+				it.DedupKey, it.LastError = "k", "nack: boom"
+			}
+			in = append(in, it)
 		}
 		_, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
 		require.NoError(t, err)
@@ -87,6 +91,7 @@ func TestConvert_ItemsRoundTrip(t *testing.T) {
 				require.Equal(t, in[i].Payload, out[i].Payload, "size %d item %d", size, i)
 			}
 			require.Equal(t, in[i].DedupKey, out[i].DedupKey)
+			require.Equal(t, in[i].LastError, out[i].LastError)
 			require.Equal(t, in[i].Priority, out[i].Priority)
 		}
 		grown := append(out[0].Payload, 0xee)
