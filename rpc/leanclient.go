@@ -53,6 +53,11 @@ type leanClient struct {
 	bw       *bufio.Writer
 	enc      *capnp.Encoder
 	finishes int // Finishes written to bw and not flushed; REQUIRES: wmu
+	// finMsg is the Finish message, built once and rewritten for each
+	// question (writeFinish): a fresh message per call cost the client
+	// about 3 % of its CPU in produce-b1. REQUIRES: wmu.
+	finMsg *capnp.Message
+	fin    rpccp.Finish
 
 	flow  *semaphore.Weighted // bytes of calls in flight (FlowLimitBytes)
 	limit int64
@@ -553,20 +558,23 @@ func (l *leanClient) giveUp(qid uint32, q *leanQuestion) {
 // writeFinish writes the Finish of question qid. Unless flush is set it
 // waits in the buffer for the next call's write, up to maxLazyFinishes.
 func (l *leanClient) writeFinish(qid uint32, releaseCaps, flush bool) error {
-	msg, m, err := newRPCMessage()
-	if err != nil {
-		return err
-	}
-	defer msg.Release()
-	f, err := m.NewFinish()
-	if err != nil {
-		return err
-	}
-	f.SetQuestionId(qid)
-	f.SetReleaseResultCaps(releaseCaps)
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	if err := l.enc.Encode(msg); err != nil {
+	if l.finMsg == nil {
+		msg, m, err := newRPCMessage()
+		if err != nil {
+			return err
+		}
+		f, err := m.NewFinish()
+		if err != nil {
+			msg.Release()
+			return err
+		}
+		l.finMsg, l.fin = msg, f
+	}
+	l.fin.SetQuestionId(qid)
+	l.fin.SetReleaseResultCaps(releaseCaps)
+	if err := l.enc.Encode(l.finMsg); err != nil {
 		return err
 	}
 	l.finishes++
