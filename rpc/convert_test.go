@@ -75,14 +75,7 @@ func TestConvert_ItemsRoundTrip(t *testing.T) {
 			}
 			in = append(in, it)
 		}
-		_, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
-		require.NoError(t, err)
-		l, err := schema.NewItem_List(seg, int32(len(in)))
-		require.NoError(t, err)
-		require.NoError(t, writeItems(l, in))
-		out, err := readItems(l)
-		require.NoError(t, err)
-		require.Len(t, out, len(in))
+		out := itemsThroughWire(t, in)
 		for i := range in {
 			require.Equal(t, in[i].ID, out[i].ID)
 			require.Equal(t, in[i].Queue, out[i].Queue)
@@ -102,6 +95,20 @@ func TestConvert_ItemsRoundTrip(t *testing.T) {
 	}
 }
 
+// itemsThroughWire writes in as a wire list of items and reads it back.
+func itemsThroughWire(t *testing.T, in []storage.Item) []storage.Item {
+	t.Helper()
+	_, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+	require.NoError(t, err)
+	l, err := schema.NewItem_List(seg, int32(len(in)))
+	require.NoError(t, err)
+	require.NoError(t, writeItems(l, in))
+	out, err := readItems(l)
+	require.NoError(t, err)
+	require.Len(t, out, len(in))
+	return out
+}
+
 // TestConvert_ItemsPayloadBuffers: payloads of one size are copied into
 // one buffer, back to back; payloads of mixed sizes (smaller, larger, too
 // large to share, empty) each arrive intact, and none can grow into
@@ -116,15 +123,7 @@ func TestConvert_ItemsPayloadBuffers(t *testing.T) {
 				in[i].Payload[j] = byte(i*7 + j)
 			}
 		}
-		_, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
-		require.NoError(t, err)
-		l, err := schema.NewItem_List(seg, int32(len(in)))
-		require.NoError(t, err)
-		require.NoError(t, writeItems(l, in))
-		out, err := readItems(l)
-		require.NoError(t, err)
-		require.Len(t, out, len(in))
-		return in, out
+		return in, itemsThroughWire(t, in)
 	}
 
 	_, out := read(256, 256, 256, 256)
