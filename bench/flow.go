@@ -212,7 +212,7 @@ func runFlow(ctx context.Context, e *env, in target.Instance, s flowSpec) (out f
 		go func(i int, c target.Client) {
 			defer wg.Done()
 			r := rand.New(rand.NewSource(e.seed + int64(i)*7919))
-			pm := newPayloadMaker(e.payload, e.seed)
+			pm := newPayloadMaker(e.payload, e.seed, i)
 			var interval time.Duration
 			next := start
 			if s.rate > 0 {

@@ -61,24 +61,37 @@ func summarize(h *hdrhistogram.Histogram) *Latency {
 }
 
 // payloadMaker builds stamped payloads; one per goroutine (not safe for
-// concurrent use).
+// concurrent use). After its 16-byte stamp each payload carries a window
+// of a pool of random bytes, at an offset that moves on with every payload,
+// so no two payloads of a run share their bytes within a megabyte: a
+// system that compresses (RocksDB's tables, say) gains nothing that it
+// would not gain on incompressible application data. (Until 2026-11-30
+// every payload carried the same filler.)
 type payloadMaker struct {
-	filler []byte
-	buf    []byte
+	size int
+	pool []byte // random; windows of size-payloadHeader bytes
+	off  int    // where the next payload's window starts
+	buf  []byte
 }
 
-func newPayloadMaker(size int, seed int64) *payloadMaker {
-	r := rand.New(rand.NewSource(seed))
-	f := make([]byte, size)
-	r.Read(f[payloadHeader:])
-	return &payloadMaker{filler: f}
+// payloadPool is the random bytes each payloadMaker draws windows from.
+const payloadPool = 1 << 20
+
+// newPayloadMaker makes payloads of size bytes; seed and worker choose its
+// random bytes, so each worker of a run sends its own.
+func newPayloadMaker(size int, seed int64, worker int) *payloadMaker {
+	r := rand.New(rand.NewSource(seed ^ int64(worker+1)*0x5851f42d4c957f2d))
+	body := max(size-payloadHeader, 0)
+	m := &payloadMaker{size: size, pool: make([]byte, payloadPool+body)}
+	r.Read(m.pool)
+	return m
 }
 
 // batch returns n payloads stamped with sent (ns since base) and
 // consecutive sequence numbers from seq. The slices share one buffer that
 // is reused by the next call.
 func (m *payloadMaker) batch(n int, sent int64, seq uint64) [][]byte {
-	size := len(m.filler)
+	size := m.size
 	if cap(m.buf) < n*size {
 		m.buf = make([]byte, n*size)
 	}
@@ -86,7 +99,12 @@ func (m *payloadMaker) batch(n int, sent int64, seq uint64) [][]byte {
 	out := make([][]byte, n)
 	for i := 0; i < n; i++ {
 		p := m.buf[i*size : (i+1)*size : (i+1)*size]
-		copy(p, m.filler)
+		if size > payloadHeader {
+			copy(p[payloadHeader:], m.pool[m.off:])
+			// Move on by the window's length plus an odd number, so that
+			// windows do not line up with the last pass over the pool.
+			m.off = (m.off + size - payloadHeader + 61) % payloadPool
+		}
 		binary.BigEndian.PutUint64(p[0:8], uint64(sent))
 		binary.BigEndian.PutUint64(p[8:16], seq+uint64(i))
 		out[i] = p

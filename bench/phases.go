@@ -45,7 +45,7 @@ func enqueueN(ctx context.Context, e *env, in target.Instance, producers, n int,
 		wg.Add(1)
 		go func(i int, c target.Client) {
 			defer wg.Done()
-			pm := newPayloadMaker(e.payload, e.seed)
+			pm := newPayloadMaker(e.payload, e.seed, i)
 			for ctx.Err() == nil {
 				hi := next.Add(phaseBatch)
 				lo := hi - phaseBatch

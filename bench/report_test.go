@@ -134,7 +134,7 @@ func TestZipfIndex_SkewedAndInRange(t *testing.T) {
 
 func TestPayloadStamp_RoundTrip(t *testing.T) {
 	t.Parallel()
-	pm := newPayloadMaker(64, 7)
+	pm := newPayloadMaker(64, 7, 0)
 	ps := pm.batch(3, 12345, 100)
 	require.Len(t, ps, 3)
 	for i, p := range ps {
@@ -146,6 +146,37 @@ func TestPayloadStamp_RoundTrip(t *testing.T) {
 	}
 	_, _, ok := stamp([]byte("short"))
 	require.False(t, ok)
+}
+
+// TestPayloadMaker_NoSharedFiller: after the stamp, no two payloads of a
+// worker, or of two workers, carry the same bytes (a compressing system
+// must not gain from the harness's filler), and the minimum payload (the
+// stamp alone) works.
+func TestPayloadMaker_NoSharedFiller(t *testing.T) {
+	t.Parallel()
+	seen := map[string]int{}
+	for w := range 2 {
+		pm := newPayloadMaker(256, 7, w)
+		for b := range 200 { // 6,400 payloads, 1.6 MB of filler: past the pool's end
+			for i, p := range pm.batch(32, 1, uint64(b*32)) {
+				require.Len(t, p, 256)
+				// Any 64-byte run of the filler identifies it.
+				for _, at := range []int{payloadHeader, 256 - 64} {
+					k := string(p[at : at+64])
+					prev, dup := seen[k]
+					require.False(t, dup, "worker %d batch %d item %d repeats payload %d's bytes at %d", w, b, i, prev, at)
+					seen[k] = w<<20 | b<<5 | i
+				}
+			}
+		}
+	}
+	pm := newPayloadMaker(payloadHeader, 7, 0)
+	for i, p := range pm.batch(3, 5, 9) {
+		sent, seq, ok := stamp(p)
+		require.True(t, ok)
+		require.EqualValues(t, 5, sent)
+		require.EqualValues(t, 9+i, seq)
+	}
 }
 
 func newTestRand() *rand.Rand { return rand.New(rand.NewSource(1)) }
