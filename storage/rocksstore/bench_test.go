@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"strconv"
@@ -40,13 +41,18 @@ func openBench(b *testing.B, dir string, c benchConfig) *Store {
 	return s
 }
 
+// benchPayloadItems returns n items with payloads of size random bytes,
+// each its own, so that RocksDB's table compression gains nothing it
+// would not on incompressible application data (until 2026-11-30 every
+// item carried the same run of letters; see bench/measure.go).
 func benchPayloadItems(n, size int) []storage.EnqueueItem {
-	p := make([]byte, size)
-	for i := range p {
-		p[i] = byte('a' + i%26)
-	}
+	r := rand.New(rand.NewPCG(uint64(n), uint64(size)))
 	items := make([]storage.EnqueueItem, n)
 	for i := range items {
+		p := make([]byte, size)
+		for j := range p {
+			p[j] = byte(r.Uint32())
+		}
 		items[i] = storage.EnqueueItem{Payload: p}
 	}
 	return items
@@ -502,7 +508,7 @@ func BenchmarkRawRocksDB(b *testing.B) {
 			s := openBench(b, b.TempDir(), benchConfig{sync: sync})
 			defer s.Close()
 			db := s.db
-			val := make([]byte, 256)
+			val := benchPayloadItems(1, 256)[0].Payload
 			cpu := cpuTime()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
