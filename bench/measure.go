@@ -62,11 +62,11 @@ func summarize(h *hdrhistogram.Histogram) *Latency {
 
 // payloadMaker builds stamped payloads; one per goroutine (not safe for
 // concurrent use). After its 16-byte stamp each payload carries a window
-// of a pool of random bytes, at an offset that moves on with every payload,
-// so no two payloads of a run share their bytes within a megabyte: a
-// system that compresses (RocksDB's tables, say) gains nothing that it
-// would not gain on incompressible application data. (Until 2026-11-30
-// every payload carried the same filler.)
+// of a pool of random bytes, at an offset that moves on with every payload:
+// two workers never share bytes, and one worker repeats bytes only once it
+// has sent a megabyte, so a system that compresses (RocksDB's tables, say)
+// gains nothing that it would not gain on incompressible application
+// data. (Until 2026-11-30 every payload carried the same filler.)
 type payloadMaker struct {
 	size int
 	pool []byte // random; windows of size-payloadHeader bytes
