@@ -396,6 +396,18 @@ func heapAndStacks() uint64 {
 	return m.HeapInuse + m.StackInuse
 }
 
+// benchPollItems is the poll answer of the encode and decode benchmarks:
+// 32 items of 256 B.
+func benchPollItems() []storage.Item {
+	items := make([]storage.Item, 32)
+	payload := make([]byte, 256)
+	for i := range items {
+		items[i] = storage.Item{Queue: "load", Payload: payload, Attempts: 1, MaxAttempts: 5}
+		items[i].ID[15] = byte(i)
+	}
+	return items
+}
+
 // BenchmarkEncodeReplies: the server's encoding of its two hot answers,
 // an enqueue of 100 items (ids) and a poll of 32 items of 256 B, into a
 // reused buffer; ns/item is what the wire costs per item on the node.
@@ -426,12 +438,7 @@ func BenchmarkEncodeReplies(b *testing.B) {
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(res)), "ns/item")
 	})
 	b.Run("poll=32", func(b *testing.B) {
-		items := make([]storage.Item, 32)
-		payload := make([]byte, 256)
-		for i := range items {
-			items[i] = storage.Item{Queue: "load", Payload: payload, Attempts: 1, MaxAttempts: 5}
-			items[i].ID[15] = byte(i)
-		}
+		items := benchPollItems()
 		b.ReportAllocs()
 		for i := 0; i < b.N; i++ {
 			r, err := schema.NewRootQueue_poll_Results(newSeg(b))
@@ -455,12 +462,7 @@ func BenchmarkEncodeReplies(b *testing.B) {
 // into one shared buffer); ns/item is what the wire costs per item in the
 // client.
 func BenchmarkDecodePoll(b *testing.B) {
-	items := make([]storage.Item, 32)
-	payload := make([]byte, 256)
-	for i := range items {
-		items[i] = storage.Item{Queue: "load", Payload: payload, Attempts: 1, MaxAttempts: 5}
-		items[i].ID[15] = byte(i)
-	}
+	items := benchPollItems()
 	_, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
 	require.NoError(b, err)
 	r, err := schema.NewRootQueue_poll_Results(seg)
