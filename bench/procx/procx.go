@@ -90,8 +90,11 @@ func Start(ctx context.Context, clk clock.Clock, name, dir, addr string, ready t
 	cmd.Stderr = logf
 	cmd.Dir = dir
 	// Own process group, so a terminal's SIGINT reaches the harness (which
-	// drains) and not the servers directly.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// drains) and not the servers directly. Killed when the harness dies
+	// without stopping it (SIGKILL, a closed pipe on its output), so no
+	// server outlives its run; Go's threads do not exit while the process
+	// lives, which is what Pdeathsig is bound to.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, fmt.Errorf("procx: %s: start %s: %w", name, bin, err)

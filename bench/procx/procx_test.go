@@ -1,7 +1,9 @@
 package procx
 
 import (
+	"bufio"
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -34,6 +36,21 @@ func TestMain(m *testing.M) {
 			}
 			c.Close()
 		}
+	}
+	if addr := os.Getenv("PROCX_HELPER_PARENT"); addr != "" {
+		// A harness that starts a server, says its pid and waits to be
+		// killed.
+		os.Setenv("PROCX_HELPER_LISTEN", addr)
+		exe, err := os.Executable()
+		if err != nil {
+			os.Exit(5)
+		}
+		p, err := Start(context.Background(), clock.New(), "orphan", os.Getenv("PROCX_HELPER_DIR"), addr, 20*time.Second, exe)
+		if err != nil {
+			os.Exit(6)
+		}
+		fmt.Println(p.PID())
+		select {}
 	}
 	os.Exit(m.Run())
 }
@@ -148,4 +165,39 @@ func TestCPUTimes(t *testing.T) {
 	require.NoError(t, err)
 	require.Positive(t, now.Total)
 	require.GreaterOrEqual(t, now.Steal, int64(0))
+}
+
+func TestStart_ServerDiesWithItsHarness(t *testing.T) {
+	// Not parallel: t.Setenv configures the child.
+	port, err := FreePort()
+	require.NoError(t, err)
+	addr := "127.0.0.1:" + itoa(port)
+	t.Setenv("PROCX_HELPER_PARENT", addr)
+	t.Setenv("PROCX_HELPER_DIR", t.TempDir())
+	harness := exec.Command(helperBin(t))
+	out, err := harness.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, harness.Start())
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err, "the harness started its server")
+	pid, err := strconv.Atoi(line[:len(line)-1])
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) }) // if the test fails
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err, "the server listens")
+	c.Close()
+
+	require.NoError(t, harness.Process.Kill())
+	_ = harness.Wait()
+	clk := clock.New()
+	deadline := clk.Now().Add(20 * time.Second)
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return // the server died with its harness
+		}
+		c.Close()
+		require.True(t, clk.Now().Before(deadline), "the server still listens 20 s after its harness was killed")
+		clk.Sleep(10 * time.Millisecond)
+	}
 }
