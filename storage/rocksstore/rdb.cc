@@ -264,7 +264,15 @@ lq_db* lq_open(const char* dir, const lq_options* o, const char* const* families
   }
   opts.max_write_buffer_number = 3;
   opts.max_write_buffer_size_to_maintain = 1;
-  opts.max_background_jobs = 2;
+  // Two flush threads and one compaction thread. With one flush thread
+  // (max_background_jobs 2 gives one of each), a flush that the WAL limit
+  // forces on a small family (visibility_index: 374k entries, 150-200 ms)
+  // ran while the available family's memtables filled up to
+  // max_write_buffer_number, and RocksDB stopped writes for 0.5-0.9 s
+  // every 1.7 s of produce-b100 (docs/BENCHMARKS.md, "Writes stopped
+  // behind one flush thread").
+  opts.max_background_flushes = 2;
+  opts.max_background_compactions = 1;
   opts.max_total_wal_size = 128 << 20;
   if (o->stats) opts.statistics = CreateDBStatistics();
   if (o->del_compact) {
