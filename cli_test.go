@@ -444,7 +444,7 @@ func TestCLI_MetricsEndpoints(t *testing.T) {
 	for _, name := range []string{
 		`leaseq_queue_oldest_ready_age_seconds{queue="jobs"}`,
 		`leaseq_rpc_request_duration_seconds_bucket{op="enqueue",le="0.001"}`,
-		"leaseq_store_wal_fsync_seconds_count", "leaseq_store_commit_seconds_sum",
+		"leaseq_store_wal_fsync_seconds_count", "leaseq_store_commit_seconds_sum", "leaseq_store_write_stall_seconds_total",
 		"leaseq_sweeper_lag_seconds", "leaseq_sweeper_passes_total", "leaseq_rpc_connections_open",
 	} {
 		require.NotEmpty(t, metricValue(page, name), "%s missing", name)

@@ -93,16 +93,16 @@ type nodeCollector struct {
 	// summed under the queue label otherQueues (0: defaultMetricsQueues).
 	maxQueues int
 
-	depth, leases, oldest, itemsTotal, queues                      *prometheus.Desc
-	opCount, opErrors, opLatency                                   *prometheus.Desc
-	connsOpen, connsAccepted, connsRefused, waiters, subs          *prometheus.Desc
-	pushed, replyBytes                                             *prometheus.Desc
-	commits, syncCommits, inlineSyncs, commitLatency, fsyncLatency *prometheus.Desc
-	calls, items, claimPasses, polls, claimed                      *prometheus.Desc
-	storeFailed, diskFree, corrupt                                 *prometheus.Desc
-	sweeps, sweepFails, sweepItems, sweepLag, sweepMaxLag          *prometheus.Desc
-	sweepDuration                                                  *prometheus.Desc
-	httpCount, httpErrors, httpLatency                             *prometheus.Desc
+	depth, leases, oldest, itemsTotal, queues                                  *prometheus.Desc
+	opCount, opErrors, opLatency                                               *prometheus.Desc
+	connsOpen, connsAccepted, connsRefused, waiters, subs                      *prometheus.Desc
+	pushed, replyBytes                                                         *prometheus.Desc
+	commits, syncCommits, inlineSyncs, commitLatency, fsyncLatency, writeStall *prometheus.Desc
+	calls, items, claimPasses, polls, claimed                                  *prometheus.Desc
+	storeFailed, diskFree, corrupt                                             *prometheus.Desc
+	sweeps, sweepFails, sweepItems, sweepLag, sweepMaxLag                      *prometheus.Desc
+	sweepDuration                                                              *prometheus.Desc
+	httpCount, httpErrors, httpLatency                                         *prometheus.Desc
 }
 
 func newNodeCollector() *nodeCollector {
@@ -130,6 +130,7 @@ func newNodeCollector() *nodeCollector {
 		inlineSyncs:   d("store_wal_inline_fsyncs_total", "WAL fsyncs run by the goroutine of a lone caller instead of the syncer goroutine (RocksDB)."),
 		commitLatency: d("store_commit_seconds", "Time RocksDB spent writing batches, fsync excluded (count: batches)."),
 		fsyncLatency:  d("store_wal_fsync_seconds", "WAL fsync latency (count: fsyncs; one fsync covers every batch written since the last)."),
+		writeStall:    d("store_write_stall_seconds_total", "Time commits waited on RocksDB's write stalls (writes slowed or stopped until flushes and compactions caught up); should stay near zero."),
 		calls:         d("store_calls_total", "Calls committed by the pipeline (RocksDB); calls_total/commits_total is calls per batch."),
 		items:         d("store_items_total", "Items the committed calls touched (RocksDB); items_total/wal_fsync_seconds_count is items per fsync."),
 		claimPasses:   d("store_claim_passes_total", "Batches holding at least one poll (RocksDB); polls_total/claim_passes_total > 1 shows polls sharing a commit."),
@@ -155,7 +156,7 @@ func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.depth, c.leases, c.oldest, c.itemsTotal, c.queues, c.opCount, c.opErrors, c.opLatency,
 		c.connsOpen, c.connsAccepted, c.connsRefused, c.waiters, c.subs, c.pushed, c.replyBytes,
-		c.commits, c.syncCommits, c.inlineSyncs, c.commitLatency, c.fsyncLatency, c.calls, c.items, c.claimPasses, c.polls, c.claimed, c.storeFailed, c.diskFree, c.corrupt,
+		c.commits, c.syncCommits, c.inlineSyncs, c.commitLatency, c.fsyncLatency, c.writeStall, c.calls, c.items, c.claimPasses, c.polls, c.claimed, c.storeFailed, c.diskFree, c.corrupt,
 		c.sweeps, c.sweepFails, c.sweepItems, c.sweepLag, c.sweepMaxLag, c.sweepDuration,
 		c.httpCount, c.httpErrors, c.httpLatency,
 	} {
@@ -240,6 +241,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.inlineSyncs, r.InlineSyncs)
 		ch <- prometheus.MustNewConstSummary(c.commitLatency, r.Commits, r.CommitTime.Seconds(), nil)
 		ch <- prometheus.MustNewConstSummary(c.fsyncLatency, r.WALSyncs, r.SyncTime.Seconds(), nil)
+		ch <- prometheus.MustNewConstMetric(c.writeStall, prometheus.CounterValue, r.WriteStall.Seconds())
 		counter(c.calls, r.Ops)
 		counter(c.items, r.Items)
 		failed := 0.0

@@ -529,8 +529,16 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 	}
 	e := &env{clk: c.Clock, base: c.Clock.Now(), progress: c.Progress, label: s.Name() + " " + v.row,
 		drain: drain, seed: c.Seed, payload: c.PayloadSize}
+	cs, hasCounters := in.(target.Counters)
+	var c0 map[string]float64
+	if hasCounters {
+		c0 = cs.Counters()
+	}
 	t0, terr := procx.ReadCPUTimes()
 	runErr := v.run(ctx, e, in, &r)
+	if hasCounters {
+		addCounters(&r, c0, cs.Counters())
+	}
 	if t1, err := procx.ReadCPUTimes(); terr == nil && err == nil {
 		r.Steal = procx.StealShare(t0, t1)
 	}
@@ -556,4 +564,20 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 		r.ClientCPUPerItem = r.ClientCPUSeconds * 1e6 / float64(r.Items)
 	}
 	return r
+}
+
+// addCounters puts the increase of each of an instance's counters over a
+// row into the row's Extra; counters that did not move are left out, so
+// a row's notes name only what happened.
+func addCounters(r *Result, before, after map[string]float64) {
+	for k, v := range after {
+		d := v - before[k]
+		if d <= 0 {
+			continue
+		}
+		if r.Extra == nil {
+			r.Extra = map[string]float64{}
+		}
+		r.Extra[k] = d
+	}
 }

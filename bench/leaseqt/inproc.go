@@ -147,6 +147,16 @@ func (in *inprocInstance) setOnReady(f func([]string)) { in.onReady.Store(&f) }
 
 func (in *inprocInstance) PID() int { return os.Getpid() }
 
+// Counters implements target.Counters: a RocksDB store's write stalls
+// (seconds its commits waited for flushes and compactions to catch up).
+func (in *inprocInstance) Counters() map[string]float64 {
+	s, ok := in.store.(*rocksstore.Store)
+	if !ok {
+		return nil
+	}
+	return map[string]float64{"write_stall_s": s.Metrics().WriteStall.Seconds()}
+}
+
 func (in *inprocInstance) Close() error {
 	in.closeOnce.Do(func() {
 		// A pass cut short by Stop counts as failed in the sweeper's

@@ -155,3 +155,23 @@ func TestLoopback_RPCClientOverAServerInProcess(t *testing.T) {
 	require.ElementsMatch(t, []string{"y", "z"}, got)
 	require.NoError(t, a.Ack(ctx, "q", first[1:]), "a stale lease's ack is tolerated")
 }
+
+// An in-process RocksDB store reports its write stalls for the row's
+// notes; the memory store has no such counter.
+func TestInProcess_Counters(t *testing.T) {
+	t.Parallel()
+	for _, s := range systems() {
+		t.Run(s.Name(), func(t *testing.T) {
+			in, _, _ := start(t, s, time.Minute)
+			cs, ok := in.(target.Counters)
+			require.True(t, ok)
+			c := cs.Counters()
+			if s.(InProcess).Backend == BackendMem {
+				require.Nil(t, c)
+				return
+			}
+			require.Contains(t, c, "write_stall_s")
+			require.Zero(t, c["write_stall_s"], "an idle store has not stalled")
+		})
+	}
+}

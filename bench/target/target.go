@@ -93,6 +93,14 @@ type Instance interface {
 	Close() error
 }
 
+// Counters is implemented by an Instance that keeps counters of its own
+// worth reporting: the harness reads them before and after a row and
+// shows each one's increase in the row's notes (Result.Extra). Values
+// only grow.
+type Counters interface {
+	Counters() map[string]float64
+}
+
 // Delivery is one item handed to a consumer by Poll. Handle is the
 // system's own receipt (lease and id, stream entry id, job id, NATS
 // message) and is only passed back to Ack of the same Client.

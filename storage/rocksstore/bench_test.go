@@ -97,6 +97,9 @@ func reportMetrics(b *testing.B, m Metrics) {
 	if m.Claimed > 0 {
 		b.ReportMetric(float64(m.ClaimReads)/float64(m.Claimed), "reads/claimed")
 	}
+	if m.WriteStall > 0 {
+		b.ReportMetric(float64(m.WriteStall.Microseconds())/1000, "stall-ms")
+	}
 }
 
 // BenchmarkEnqueue: batches of 100 x 256 B, and single items (sync=none).

@@ -135,6 +135,12 @@ type Metrics struct {
 	// SyncTime is the cumulative time of the WALSyncs fsyncs, timed with
 	// Options.Now (zero without it).
 	SyncTime time.Duration
+	// WriteStall is the cumulative time commits waited on RocksDB's write
+	// stalls: writes slowed down or stopped until flushes and compactions
+	// caught up (as when every memtable of a family waits for its flush).
+	// Time in it is time the store accepted nothing; it should stay near
+	// zero.
+	WriteStall time.Duration
 	// ClaimPasses counts batches that held at least one poll; Polls counts
 	// Poll calls. Polls/ClaimPasses > 1 shows polls sharing a commit.
 	ClaimPasses uint64
@@ -157,6 +163,7 @@ func (m Metrics) Sub(prev Metrics) Metrics {
 		InlineSyncs: m.InlineSyncs - prev.InlineSyncs,
 		CommitTime:  m.CommitTime - prev.CommitTime,
 		SyncTime:    m.SyncTime - prev.SyncTime,
+		WriteStall:  m.WriteStall - prev.WriteStall,
 		ClaimPasses: m.ClaimPasses - prev.ClaimPasses,
 		Polls:       m.Polls - prev.Polls,
 		Claimed:     m.Claimed - prev.Claimed,
@@ -165,7 +172,8 @@ func (m Metrics) Sub(prev Metrics) Metrics {
 }
 
 type rocksStatistics struct {
-	writeTime time.Duration
+	writeTime  time.Duration
+	writeStall time.Duration // not from the statistics: from the DB's stats property
 }
 
 // parseStatistics reads the write histogram out of RocksDB's statistics

@@ -1,6 +1,8 @@
 // rdb.cc: see rdb.h. Only RocksDB's public C++ headers are used.
 #include "rdb.h"
 
+#include <map>
+
 #include <rocksdb/env.h>
 
 #include <rocksdb/cache.h>
@@ -411,6 +413,22 @@ char* lq_property(lq_db* d, int family, const char* name) {
   std::string v;
   if (!d->db->GetProperty(d->cfs[family], name, &v)) return nullptr;
   return dup(v);
+}
+
+int64_t lq_write_stall_micros(lq_db* d) {
+  std::map<std::string, std::string> m;
+  if (!d->db->GetMapProperty(DB::Properties::kDBStats, &m)) return 0;
+  auto it = m.find("db.user_write_stall_micros");
+  if (it == m.end()) return 0;
+  return int64_t(std::strtoull(it->second.c_str(), nullptr, 10));
+}
+
+void lq_pause_background(lq_db* d, int pause) {
+  if (pause) {
+    d->db->PauseBackgroundWork();
+  } else {
+    d->db->ContinueBackgroundWork();
+  }
 }
 
 lq_iter* lq_iter_new(lq_db* d, const lq_snap* snap, int family, const char* lower, size_t ll,

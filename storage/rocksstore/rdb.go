@@ -11,6 +11,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"slices"
+	"time"
 	"unsafe"
 )
 
@@ -271,6 +272,17 @@ func (d *rdb) property(fam int, name string) (string, bool) {
 	defer C.lq_free(unsafe.Pointer(s))
 	return C.GoString(s), true
 }
+
+// writeStall is how long writes have waited on RocksDB's write stalls
+// (slowed down or stopped while flushes and compactions catch up) since
+// open.
+func (d *rdb) writeStall() time.Duration {
+	return time.Duration(C.lq_write_stall_micros(d.p)) * time.Microsecond
+}
+
+// pauseBackground pauses (true) or resumes flushes and compactions; tests
+// use it to make writes stall.
+func (d *rdb) pauseBackground(pause bool) { C.lq_pause_background(d.p, cbool(pause)) }
 
 // rdbIter iterates one family between bounds. key and value are views
 // into RocksDB's memory, valid until the iterator moves or closes.

@@ -66,6 +66,11 @@ char* lq_statistics(lq_db* db);
 void lq_wal_files(lq_db* db, int64_t* zeroed, int64_t* plain);
 // lq_property returns a property of a family (malloc'd), or NULL.
 char* lq_property(lq_db* db, int family, const char* name);
+// lq_write_stall_micros is the time writes have waited on RocksDB's
+// write stalls (slowed down or stopped) since open.
+int64_t lq_write_stall_micros(lq_db* db);
+// lq_pause_background pauses (1) or resumes (0) flushes and compactions.
+void lq_pause_background(lq_db* db, int pause);
 
 // Iterators over one family, between lower (inclusive) and upper
 // (exclusive; NULL: none). once: a single pass that does not fill the

@@ -469,6 +469,7 @@ func (s *Store) Metrics() Metrics {
 		InlineSyncs: s.m.inlineSyncs.Load(),
 		CommitTime:  st.writeTime,
 		SyncTime:    time.Duration(s.m.syncNanos.Load()),
+		WriteStall:  st.writeStall,
 		ClaimPasses: s.m.claimPasses.Load(),
 		Polls:       s.m.polls.Load(),
 		Claimed:     s.m.claimed.Load(),
@@ -484,6 +485,7 @@ func (s *Store) Metrics() Metrics {
 // held (shared or exclusive) and the database open.
 func (s *Store) saveStats() {
 	st := parseStatistics(s.db.statistics())
+	st.writeStall = s.db.writeStall()
 	s.lastStats.Lock()
 	s.lastStats.st = st
 	s.lastStats.Unlock()
