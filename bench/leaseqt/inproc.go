@@ -147,14 +147,21 @@ func (in *inprocInstance) setOnReady(f func([]string)) { in.onReady.Store(&f) }
 
 func (in *inprocInstance) PID() int { return os.Getpid() }
 
-// Counters implements target.Counters: a RocksDB store's write stalls
-// (seconds its commits waited for flushes and compactions to catch up).
+// Counters implements target.Counters for a RocksDB store: its WAL
+// fsyncs (a row's items over them is its items per fsync), the batches it
+// committed, and its write stalls (seconds its commits waited for flushes
+// and compactions to catch up).
 func (in *inprocInstance) Counters() map[string]float64 {
 	s, ok := in.store.(*rocksstore.Store)
 	if !ok {
 		return nil
 	}
-	return map[string]float64{"write_stall_s": s.Metrics().WriteStall.Seconds()}
+	m := s.Metrics()
+	return map[string]float64{
+		"wal_fsyncs":    float64(m.WALSyncs),
+		"commits":       float64(m.Commits),
+		"write_stall_s": m.WriteStall.Seconds(),
+	}
 }
 
 func (in *inprocInstance) Close() error {

@@ -172,6 +172,18 @@ func TestInProcess_Counters(t *testing.T) {
 			}
 			require.Contains(t, c, "write_stall_s")
 			require.Zero(t, c["write_stall_s"], "an idle store has not stalled")
+			before := c["commits"]
+			a, err := in.Connect(context.Background())
+			require.NoError(t, err)
+			defer a.Close()
+			require.NoError(t, a.Enqueue(context.Background(), "q", [][]byte{[]byte("x")}))
+			c = cs.Counters()
+			require.Greater(t, c["commits"], before, "the enqueue was committed")
+			if s.(InProcess).Sync == rocksstore.SyncAlways {
+				require.Positive(t, c["wal_fsyncs"], "and fsynced")
+			} else {
+				require.Zero(t, c["wal_fsyncs"])
+			}
 		})
 	}
 }
