@@ -109,11 +109,16 @@ func TestMain_RejectsRoundsOutOfRange(t *testing.T) {
 func TestAddCounters(t *testing.T) {
 	r := Result{Extra: map[string]float64{"enqueued": 10}}
 	addCounters(&r, map[string]float64{"write_stall_s": 1.5, "same": 2}, map[string]float64{"write_stall_s": 2.0, "same": 2, "new": 3})
-	require.Equal(t, map[string]float64{"enqueued": 10, "write_stall_s": 0.5, "new": 3}, r.Extra, "increases only; an unmoved counter is left out")
+	require.Equal(t, map[string]float64{"enqueued": 10, "write_stall_s": 0.5}, r.Extra,
+		"increases only; an unmoved counter, or one missing from the first reading, is left out")
 	var empty Result
-	addCounters(&empty, nil, map[string]float64{"write_stall_s": 0})
+	addCounters(&empty, map[string]float64{"write_stall_s": 0}, map[string]float64{"write_stall_s": 0})
 	require.Nil(t, empty.Extra)
 	addCounters(&empty, nil, map[string]float64{"write_stall_s": 0.25})
+	require.Nil(t, empty.Extra, "a failed first reading: no increase can be told")
+	addCounters(&empty, map[string]float64{"write_stall_s": 0.25}, nil)
+	require.Nil(t, empty.Extra, "a failed last reading")
+	addCounters(&empty, map[string]float64{"write_stall_s": 0}, map[string]float64{"write_stall_s": 0.25})
 	require.Equal(t, map[string]float64{"write_stall_s": 0.25}, empty.Extra)
 	require.Contains(t, note(empty), "write_stall_s=0.25")
 }

@@ -519,6 +519,13 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 	}
 	pid, self := in.PID(), os.Getpid()
 	r.InProcess = pid == self
+	// An instance's own counters are read outside the CPU window: reading
+	// them may cost the server CPU (a scrape of its metrics).
+	cs, hasCounters := in.(target.Counters)
+	var c0 map[string]float64
+	if hasCounters {
+		c0 = cs.Counters()
+	}
 	_ = procx.ResetPeak(pid) // best effort: without it the peak covers the process's life
 	u0, uerr := procx.ReadUsage(pid)
 	// The harness's own CPU is the client's, for a server of its own.
@@ -529,16 +536,8 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 	}
 	e := &env{clk: c.Clock, base: c.Clock.Now(), progress: c.Progress, label: s.Name() + " " + v.row,
 		drain: drain, seed: c.Seed, payload: c.PayloadSize}
-	cs, hasCounters := in.(target.Counters)
-	var c0 map[string]float64
-	if hasCounters {
-		c0 = cs.Counters()
-	}
 	t0, terr := procx.ReadCPUTimes()
 	runErr := v.run(ctx, e, in, &r)
-	if hasCounters {
-		addCounters(&r, c0, cs.Counters())
-	}
 	if t1, err := procx.ReadCPUTimes(); terr == nil && err == nil {
 		r.Steal = procx.StealShare(t0, t1)
 	}
@@ -551,6 +550,9 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 		if h1, err := procx.ReadUsage(self); err == nil {
 			r.ClientCPUSeconds = (h1.CPU - h0.CPU).Seconds()
 		}
+	}
+	if hasCounters {
+		addCounters(&r, c0, cs.Counters())
 	}
 	closeErr := in.Close()
 	if err := errors.Join(runErr, closeErr); err != nil {
@@ -568,10 +570,18 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 
 // addCounters puts the increase of each of an instance's counters over a
 // row into the row's Extra; counters that did not move are left out, so
-// a row's notes name only what happened.
+// a row's notes name only what happened, and so are all of them when
+// either reading failed (nil).
 func addCounters(r *Result, before, after map[string]float64) {
+	if before == nil || after == nil {
+		return
+	}
 	for k, v := range after {
-		d := v - before[k]
+		b, ok := before[k]
+		if !ok {
+			continue
+		}
+		d := v - b
 		if d <= 0 {
 			continue
 		}

@@ -39,6 +39,12 @@ func TestRun_LeaseqServeOverRPC(t *testing.T) {
 			require.Positive(t, r.ClientCPUSeconds, "%s/%s: the harness drove the client", r.Row, r.System)
 		}
 		require.NotNil(t, r.E2E)
+		require.Positive(t, r.Extra["commits"], "%s/%s: the node's commits, from its /metrics", r.Row, r.System)
+		if r.System == "leaseq-rpc-always" {
+			require.Positive(t, r.Extra["wal_fsyncs"], "%s: and its fsyncs", r.Row)
+		} else {
+			require.NotContains(t, r.Extra, "wal_fsyncs", "%s: --sync=none fsyncs nothing", r.Row)
+		}
 	}
 	storm := rep.Results[4]
 	require.Equal(t, "storm", storm.Row)

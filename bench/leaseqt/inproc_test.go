@@ -2,6 +2,7 @@ package leaseqt
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -186,4 +187,20 @@ func TestInProcess_Counters(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestScrapeCounters(t *testing.T) {
+	page := `# HELP leaseq_store_commits_total Batches.
+# TYPE leaseq_store_commits_total counter
+leaseq_store_commits_total 1234
+leaseq_store_wal_fsync_seconds_sum 0.5
+leaseq_store_wal_fsync_seconds_count 77
+leaseq_rpc_requests_total{op="enqueue"} 9
+leaseq_store_write_stall_seconds_total 1.5e-03
+`
+	got, err := scrapeCounters(strings.NewReader(page), nodeCounters)
+	require.NoError(t, err)
+	require.Equal(t, map[string]float64{"commits": 1234, "wal_fsyncs": 77, "write_stall_s": 0.0015}, got)
+	_, err = scrapeCounters(strings.NewReader("leaseq_store_commits_total x\n"), nodeCounters)
+	require.ErrorContains(t, err, "leaseq_store_commits_total")
 }

@@ -1,13 +1,17 @@
 package leaseqt
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -117,19 +121,79 @@ func (r RPC) Start(ctx context.Context, o target.StartOptions) (target.Instance,
 		return nil, err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	p, err := procx.Start(ctx, o.Clock, r.Name(), o.Dir, addr, serveReadyWait, bin, "serve",
-		"--data", filepath.Join(o.Dir, "data"), "--listen", addr, "--sync", r.Sync)
+	mport, err := procx.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	return &rpcInstance{proc: p, addr: addr, lease: o.Lease}, nil
+	metrics := "127.0.0.1:" + strconv.Itoa(mport)
+	p, err := procx.Start(ctx, o.Clock, r.Name(), o.Dir, addr, serveReadyWait, bin, "serve",
+		"--data", filepath.Join(o.Dir, "data"), "--listen", addr, "--sync", r.Sync, "--metrics", metrics)
+	if err != nil {
+		return nil, err
+	}
+	return &rpcInstance{proc: p, addr: addr, metrics: metrics, lease: o.Lease}, nil
 }
 
 type rpcInstance struct {
-	proc   *procx.Process
-	addr   string
-	lease  time.Duration
-	closed atomic.Bool
+	proc    *procx.Process
+	addr    string
+	metrics string // the node's --metrics address
+	lease   time.Duration
+	closed  atomic.Bool
+}
+
+// nodeCounters maps the node's Prometheus series to the names the
+// in-process rows report (inproc.go's Counters).
+var nodeCounters = map[string]string{
+	"leaseq_store_wal_fsync_seconds_count":   "wal_fsyncs",
+	"leaseq_store_commits_total":             "commits",
+	"leaseq_store_write_stall_seconds_total": "write_stall_s",
+}
+
+// metricsTimeout bounds one scrape of the node's /metrics.
+const metricsTimeout = 5 * time.Second
+
+// Counters implements target.Counters from the node's /metrics: its WAL
+// fsyncs, commits and write stalls. nil if the scrape fails (the row then
+// notes none).
+func (in *rpcInstance) Counters() map[string]float64 {
+	c := http.Client{Timeout: metricsTimeout}
+	resp, err := c.Get("http://" + in.metrics + "/metrics")
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil
+	}
+	out, err := scrapeCounters(resp.Body, nodeCounters)
+	if err != nil {
+		return nil
+	}
+	return out
+}
+
+// scrapeCounters reads the unlabelled series named in want out of a
+// Prometheus text page, under want's names for them.
+func scrapeCounters(page io.Reader, want map[string]string) (map[string]float64, error) {
+	out := make(map[string]float64, len(want))
+	sc := bufio.NewScanner(page)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 {
+			continue
+		}
+		name, ok := want[f[0]]
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[1], 64)
+		if err != nil {
+			return nil, fmt.Errorf("leaseqt: metrics: %s: %w", f[0], err)
+		}
+		out[name] = v
+	}
+	return out, sc.Err()
 }
 
 func (in *rpcInstance) PID() int { return in.proc.PID() }
