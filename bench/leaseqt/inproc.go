@@ -158,11 +158,19 @@ func (in *inprocInstance) Counters() map[string]float64 {
 	}
 	m := s.Metrics()
 	return map[string]float64{
-		"wal_fsyncs":    float64(m.WALSyncs),
-		"commits":       float64(m.Commits),
-		"write_stall_s": m.WriteStall.Seconds(),
+		counterFsyncs:  float64(m.WALSyncs),
+		counterCommits: float64(m.Commits),
+		counterStall:   m.WriteStall.Seconds(),
 	}
 }
+
+// The names of the store's counters in a row's notes, the same in process
+// and over RPC.
+const (
+	counterFsyncs  = "wal_fsyncs"
+	counterCommits = "commits"
+	counterStall   = "write_stall_s"
+)
 
 func (in *inprocInstance) Close() error {
 	in.closeOnce.Do(func() {

@@ -145,9 +145,9 @@ type rpcInstance struct {
 // nodeCounters maps the node's Prometheus series to the names the
 // in-process rows report (inproc.go's Counters).
 var nodeCounters = map[string]string{
-	"leaseq_store_wal_fsync_seconds_count":   "wal_fsyncs",
-	"leaseq_store_commits_total":             "commits",
-	"leaseq_store_write_stall_seconds_total": "write_stall_s",
+	"leaseq_store_wal_fsync_seconds_count":   counterFsyncs,
+	"leaseq_store_commits_total":             counterCommits,
+	"leaseq_store_write_stall_seconds_total": counterStall,
 }
 
 // metricsTimeout bounds one scrape of the node's /metrics.

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/storage"
@@ -35,7 +36,8 @@ func TestRocksStore_WriteStallMetric(t *testing.T) {
 		done <- nil
 	}()
 
-	deadline := time.Now().Add(30 * time.Second)
+	clk := clock.New()
+	deadline := clk.Now().Add(30 * time.Second)
 	for {
 		v, ok := b.s.db.property(b.s.fams.def, "rocksdb.is-write-stopped")
 		require.True(t, ok)
@@ -47,10 +49,10 @@ func TestRocksStore_WriteStallMetric(t *testing.T) {
 			t.Fatalf("the enqueues finished (%v) without writes being stopped", err)
 		default:
 		}
-		require.True(t, time.Now().Before(deadline), "writes never stopped with flushes paused")
-		time.Sleep(time.Millisecond)
+		require.True(t, clk.Now().Before(deadline), "writes never stopped with flushes paused")
+		clk.Sleep(time.Millisecond)
 	}
-	time.Sleep(20 * time.Millisecond) // stalled for at least this long
+	clk.Sleep(20 * time.Millisecond) // stalled for at least this long
 	b.s.db.pauseBackground(false)
 	require.NoError(t, <-done, "the enqueues complete once flushes run again")
 
