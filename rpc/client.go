@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -376,13 +377,21 @@ func (c *Client) Poll(ctx context.Context, queue string, max int, lease, wait ti
 	if max < 0 || lease < 0 || wait < 0 {
 		return storage.PollResult{}, fmt.Errorf("leaseq poll: %w: negative max, lease or wait", storage.ErrInvalidArgument)
 	}
-	f, release := invoke(ctx, c, mPoll, func(p schema.Queue_poll_Params) error {
+	f, release := invoke(ctx, c, mPoll, pollParams(queue, max, lease, wait))
+	defer release()
+	return pollAnswer(f)
+}
+
+func pollParams(queue string, max int, lease, wait time.Duration) func(schema.Queue_poll_Params) error {
+	return func(p schema.Queue_poll_Params) error {
 		p.SetMax(uint32(min(max, 1<<31)))
 		p.SetLeaseMs(msDur(lease))
 		p.SetWaitMs(msDur(wait))
 		return p.SetQueue(queue)
-	})
-	defer release()
+	}
+}
+
+func pollAnswer(f qfuture[schema.Queue_poll_Results]) (storage.PollResult, error) {
 	res, err := answer("poll", f.Struct)
 	if err != nil {
 		return storage.PollResult{}, err
@@ -437,7 +446,13 @@ func (c *Client) Ack(ctx context.Context, queue string, lease storage.LeaseID, i
 	if err := c.checkSize("ack", 24*len(ids)); err != nil {
 		return nil, err
 	}
-	f, release := invoke(ctx, c, mAck, func(p schema.Queue_ack_Params) error {
+	f, release := invoke(ctx, c, mAck, ackParams(queue, lease, ids))
+	defer release()
+	return codesResult("ack", f.Struct)
+}
+
+func ackParams(queue string, lease storage.LeaseID, ids []storage.ItemID) func(schema.Queue_ack_Params) error {
+	return func(p schema.Queue_ack_Params) error {
 		if err := p.SetQueue(queue); err != nil {
 			return err
 		}
@@ -449,9 +464,34 @@ func (c *Client) Ack(ctx context.Context, queue string, lease storage.LeaseID, i
 			return err
 		}
 		return writeIDs(l, ids)
-	})
-	defer release()
-	return codesResult("ack", f.Struct)
+	}
+}
+
+// AckPoll acks ids held under lease (as Ack) and polls queue for up to
+// max ready items (as Poll) in one round trip: both calls go out in one
+// write without the poll waiting for the ack's answer, and on a node with
+// --sync=always they usually share one fsync. A consumer that acks each
+// batch as it polls for the next pays one round trip per batch instead of
+// two. The node promises no order between the two (an item being acked is
+// in flight, so the poll cannot return it anyway). The poll may wait up to
+// wait for its first item, and AckPoll returns when both are answered.
+//
+// On error, codes and res hold what did succeed: a poll that succeeded
+// leased its items even when the ack failed, so check res.Items whatever
+// err says. err wraps the ack's failure, the poll's, or both (errors.Join).
+func (c *Client) AckPoll(ctx context.Context, queue string, lease storage.LeaseID, ids []storage.ItemID, max int, leaseDur, wait time.Duration) (codes []storage.Code, res storage.PollResult, err error) {
+	if err := c.checkSize("ack", 24*len(ids)); err != nil {
+		return nil, storage.PollResult{}, err
+	}
+	if max < 0 || leaseDur < 0 || wait < 0 {
+		return nil, storage.PollResult{}, fmt.Errorf("leaseq poll: %w: negative max, lease or wait", storage.ErrInvalidArgument)
+	}
+	fa, releaseA, fp, releaseP := invokePair(ctx, c, mAck, ackParams(queue, lease, ids), mPoll, pollParams(queue, max, leaseDur, wait))
+	defer releaseA()
+	defer releaseP()
+	codes, errA := codesResult("ack", fa.Struct)
+	res, errP := pollAnswer(fp)
+	return codes, res, errors.Join(errA, errP)
 }
 
 // Nack ends the delivery of items held under lease without success: ready

@@ -237,14 +237,16 @@ func (l *leanClient) write(fill func(rpccp.Message) error) error {
 	return l.send(msg)
 }
 
-// send writes msg and flushes it.
-func (l *leanClient) send(msg *capnp.Message) error {
+// send writes msgs and flushes them in one write.
+func (l *leanClient) send(msgs ...*capnp.Message) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	if err := l.enc.Encode(msg); err != nil {
-		return err
+	for _, msg := range msgs {
+		if err := l.enc.Encode(msg); err != nil {
+			return err
+		}
 	}
-	l.finishes = 0 // flushed with msg
+	l.finishes = 0 // flushed with msgs
 	return l.bw.Flush()
 }
 
@@ -252,22 +254,86 @@ func (l *leanClient) send(msg *capnp.Message) error {
 // Return. On success the results struct is valid until release, which
 // also sends the Finish; release must be called exactly once.
 func (l *leanClient) call(ctx context.Context, method uint16, build func(*capnp.Segment) (capnp.Ptr, error)) (capnp.Struct, func(), error) {
-	msg, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+	lc, err := l.prepare(ctx, method, build)
 	if err != nil {
 		return capnp.Struct{}, nil, err
 	}
-	defer msg.Release()
+	defer lc.msg.Release()
+	if err := l.send(lc.msg); err != nil {
+		l.lost(fmt.Errorf("write: %w", err))
+		// The reader fails every question, this one included.
+	}
+	return l.await(ctx, lc)
+}
+
+// callPair sends two Queue calls in one write (the second does not wait
+// for the first's Return: the node may answer them in either order, and
+// with --sync=always they share a commit and its fsync) and waits for
+// both. Each result is as call's: on success valid until its release.
+func (l *leanClient) callPair(ctx context.Context, m1 uint16, b1 func(*capnp.Segment) (capnp.Ptr, error), m2 uint16, b2 func(*capnp.Segment) (capnp.Ptr, error)) (r1, r2 leanResult) {
+	c1, err := l.prepare(ctx, m1, b1)
+	if err != nil {
+		r1.err, r2.err = err, err
+		return r1, r2
+	}
+	c2, err := l.prepare(ctx, m2, b2)
+	if err != nil {
+		l.forget(c1)
+		r1.err, r2.err = err, err
+		return r1, r2
+	}
+	err = l.send(c1.msg, c2.msg)
+	c1.msg.Release()
+	c2.msg.Release()
+	if err != nil {
+		l.lost(fmt.Errorf("write: %w", err))
+	}
+	// The second's Return usually comes last: waiting for it first reads
+	// both on this goroutine, where waiting for the first would hand the
+	// read side to the reader goroutine between them.
+	r2.res, r2.release, r2.err = l.await(ctx, c2)
+	r1.res, r1.release, r1.err = l.await(ctx, c1)
+	return r1, r2
+}
+
+// leanResult is one call's answer from callPair.
+type leanResult struct {
+	res     capnp.Struct
+	release func() // nil when err is set
+	err     error
+}
+
+// outCall is a Call built and registered, not yet answered.
+type outCall struct {
+	msg *capnp.Message
+	q   *leanQuestion
+	qid uint32
+}
+
+// prepare builds a Call of method whose params build fills, takes its
+// flow bytes and registers its question. The caller sends lc.msg and
+// releases it, then awaits the Return.
+func (l *leanClient) prepare(ctx context.Context, method uint16, build func(*capnp.Segment) (capnp.Ptr, error)) (lc outCall, err error) {
+	msg, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+	if err != nil {
+		return lc, err
+	}
+	defer func() {
+		if err != nil {
+			msg.Release()
+		}
+	}()
 	m, err := rpccp.NewRootMessage(seg)
 	if err != nil {
-		return capnp.Struct{}, nil, err
+		return lc, err
 	}
 	c, err := m.NewCall()
 	if err != nil {
-		return capnp.Struct{}, nil, err
+		return lc, err
 	}
 	tgt, err := c.NewTarget()
 	if err != nil {
-		return capnp.Struct{}, nil, err
+		return lc, err
 	}
 	tgt.SetImportedCap(l.target)
 	c.SetInterfaceId(schema.Queue_TypeID)
@@ -275,34 +341,52 @@ func (l *leanClient) call(ctx context.Context, method uint16, build func(*capnp.
 	c.SendResultsTo().SetCaller()
 	payload, err := c.NewParams()
 	if err != nil {
-		return capnp.Struct{}, nil, err
+		return lc, err
 	}
 	content, err := build(seg)
 	if err != nil {
-		return capnp.Struct{}, nil, err
+		return lc, err
 	}
 	if err := payload.SetContent(content); err != nil {
-		return capnp.Struct{}, nil, err
+		return lc, err
 	}
 	size, err := msg.TotalSize()
 	if err != nil {
-		return capnp.Struct{}, nil, err
+		return lc, err
 	}
 	held := min(int64(size), l.limit)
 	if err := l.flow.Acquire(ctx, held); err != nil {
-		return capnp.Struct{}, nil, err
+		return lc, err
 	}
 	q := &leanQuestion{reply: make(chan leanReply, 1), held: held}
 	qid, err := l.ask(q)
 	if err != nil {
 		l.flow.Release(held)
-		return capnp.Struct{}, nil, err
+		return lc, err
 	}
 	c.SetQuestionId(qid)
-	if err := l.send(msg); err != nil {
-		l.lost(fmt.Errorf("write: %w", err))
-		// The reader fails every question, this one included.
+	return outCall{msg: msg, q: q, qid: qid}, nil
+}
+
+// forget unregisters a prepared call that was never sent.
+func (l *leanClient) forget(lc outCall) {
+	lc.msg.Release()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.qs[lc.qid] != lc.q {
+		return // the connection was lost: lost() cleared it
 	}
+	delete(l.qs, lc.qid)
+	l.free = append(l.free, lc.qid)
+	l.pending--
+	l.flow.Release(lc.q.held)
+	lc.q.held = 0
+}
+
+// await waits for lc's Return, reading the connection itself when nobody
+// else does, and decodes it as call does.
+func (l *leanClient) await(ctx context.Context, lc outCall) (capnp.Struct, func(), error) {
+	qid, q := lc.qid, lc.q
 	var r leanReply
 	if l.takeRead() {
 		if err := l.readOwn(ctx, q); err != nil {
