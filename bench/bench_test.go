@@ -94,6 +94,29 @@ func TestRun_EveryWorkloadInProcess(t *testing.T) {
 	require.Contains(t, drain.Extra, "enqueue_items_per_s")
 }
 
+// With -ack-poll, consumers ack each batch with the poll for the next:
+// the steady rows still complete every item they count, and a drain
+// still acks the whole backlog.
+func TestRun_AckPollConsumers(t *testing.T) {
+	t.Parallel()
+	c := tinyConfig(t)
+	c.AckPoll = true
+	c.Workloads = []string{WorkloadE2E, WorkloadDrain, WorkloadChurn, WorkloadManyQueues}
+	sys := append(inprocSystems(), leaseqt.InProcess{Backend: leaseqt.BackendRocks, Sync: rocksstore.SyncAlways})
+	rep, err := Run(context.Background(), c, sys)
+	require.NoError(t, err)
+	require.True(t, rep.Config.AckPoll)
+	require.Len(t, rep.Results, 4*len(sys))
+	for _, r := range rep.Results {
+		require.Empty(t, r.Err, "%s/%s", r.Row, r.System)
+		require.Positive(t, r.Items, "%s/%s completed nothing", r.Row, r.System)
+		require.NotNil(t, r.E2E, "%s/%s", r.Row, r.System)
+		if r.Row == "drain" {
+			require.EqualValues(t, c.DrainItems, r.Items, "%s: the whole backlog acked", r.System)
+		}
+	}
+}
+
 func TestMain_WritesTableGoBenchJSONAndChart(t *testing.T) {
 	t.Parallel()
 	out := t.TempDir()

@@ -46,6 +46,7 @@ type Config struct {
 	Consumers     int
 	Batch         int  // e2e and manyqueues: items per enqueue and per poll
 	AckPerItem    bool // ack each item in its own call instead of one call per poll batch
+	AckPoll       bool // ack a batch and poll for the next in one round trip, where the system can
 	PayloadSize   int  // bytes per item, at least 16 (timestamp and sequence)
 	Rate          int  // latency: offered items/s of the fixed-rate row
 	MaxBacklog    int  // steady-state rows: producers pause while this many items are enqueued but not acked (0: no cap)
@@ -179,6 +180,7 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.IntVar(&c.Consumers, "consumers", c.Consumers, "consumer goroutines (C)")
 	fs.IntVar(&c.Batch, "batch", c.Batch, "e2e/manyqueues: items per enqueue and per poll")
 	fs.BoolVar(&c.AckPerItem, "ack-per-item", c.AckPerItem, "ack each item in its own call (default: one ack call per poll batch)")
+	fs.BoolVar(&c.AckPoll, "ack-poll", c.AckPoll, "consumers ack a batch and poll for the next in one round trip where the system can (leaseq, redis: pipelined); others ack, then poll")
 	fs.IntVar(&c.PayloadSize, "payload", c.PayloadSize, "payload bytes per item")
 	fs.IntVar(&c.Rate, "rate", c.Rate, "latency: offered items/s of the fixed-rate row")
 	fs.IntVar(&c.MaxBacklog, "max-backlog", c.MaxBacklog, "steady-state rows: pause producers while this many items are unacked (0: no cap)")

@@ -42,6 +42,9 @@ type flowSpec struct {
 	enqBatch   int
 	pollMax    int
 	ackPerItem bool
+	// ackPoll: consumers whose client is a target.AckPoller ack each batch
+	// with the poll for the next, in one round trip (-ack-poll).
+	ackPoll bool
 	// rate is the total offered items/s across producers; 0 is flat out
 	// (closed loop). With a rate, send times follow a fixed schedule and
 	// latency is measured from the scheduled time, so a stalled system is
@@ -272,10 +275,62 @@ func runFlow(ctx context.Context, e *env, in target.Instance, s flowSpec) (out f
 		go func(i int, c target.Client) {
 			defer cwg.Done()
 			r := rand.New(rand.NewSource(e.seed + 104729 + int64(i)*7919))
+			ap, _ := c.(target.AckPoller)
+			if !s.ackPoll || s.ackPerItem {
+				ap = nil
+			}
+			// settled counts a confirmed ack of g at now (ns since base).
+			settled := func(g []target.Delivery, now int64) {
+				for _, d := range g {
+					if sent, _, ok := stamp(d.Payload); ok {
+						recordDur(e2eHists[i], time.Duration(now-sent))
+					}
+				}
+				acked.Add(int64(len(g)))
+				if now <= deadlineNs.Load() {
+					ackedInWindow.Add(int64(len(g)))
+				}
+			}
+			ackFail := func(err error) bool {
+				if !isStop(consCtx, err) {
+					fail.set(fmt.Errorf("consumer %d: ack: %w", i, err), failAll)
+				}
+				return false
+			}
+			// held is the last batch polled, not yet acked: with an
+			// AckPoller it is acked by the next poll of its queue.
+			var held []target.Delivery
+			var heldQ string
+			ack := func(q string, g []target.Delivery) bool {
+				if err := c.Ack(consCtx, q, g); err != nil {
+					return ackFail(err)
+				}
+				settled(g, e.since())
+				return true
+			}
 			empty := 0
 			for consCtx.Err() == nil {
 				q := s.pollQueue(r)
-				ds, err := c.Poll(consCtx, q, s.pollMax, s.pollWait)
+				var ds []target.Delivery
+				var err error
+				if len(held) > 0 && q == heldQ {
+					var at atomic.Int64
+					ds, err = ap.AckPoll(consCtx, q, held, func() { at.Store(e.since()) }, s.pollMax, s.pollWait)
+					if t := at.Load(); t != 0 {
+						settled(held, t)
+						held = nil
+					} else if err == nil {
+						err = fmt.Errorf("AckPoll returned without confirming the ack")
+					}
+				} else {
+					if len(held) > 0 {
+						if !ack(heldQ, held) {
+							return
+						}
+						held = nil
+					}
+					ds, err = c.Poll(consCtx, q, s.pollMax, s.pollWait)
+				}
 				if err != nil {
 					if isStop(consCtx, err) {
 						return
@@ -295,6 +350,10 @@ func runFlow(ctx context.Context, e *env, in target.Instance, s flowSpec) (out f
 					continue
 				}
 				empty = 0
+				if ap != nil {
+					held, heldQ = ds, q
+					continue
+				}
 				groups := [][]target.Delivery{ds}
 				if s.ackPerItem {
 					groups = groups[:0]
@@ -303,22 +362,8 @@ func runFlow(ctx context.Context, e *env, in target.Instance, s flowSpec) (out f
 					}
 				}
 				for _, g := range groups {
-					if err := c.Ack(consCtx, q, g); err != nil {
-						if isStop(consCtx, err) {
-							return
-						}
-						fail.set(fmt.Errorf("consumer %d: ack: %w", i, err), failAll)
+					if !ack(q, g) {
 						return
-					}
-					now := e.since()
-					for _, d := range g {
-						if sent, _, ok := stamp(d.Payload); ok {
-							recordDur(e2eHists[i], time.Duration(now-sent))
-						}
-					}
-					acked.Add(int64(len(g)))
-					if now <= deadlineNs.Load() {
-						ackedInWindow.Add(int64(len(g)))
 					}
 				}
 			}

@@ -135,6 +135,7 @@ type ConfigDoc struct {
 	Consumers     int      `json:"consumers"`
 	Batch         int      `json:"batch"`
 	AckPerItem    bool     `json:"ack_per_item"`
+	AckPoll       bool     `json:"ack_poll,omitempty"`
 	PayloadSize   int      `json:"payload_bytes"`
 	Rate          int      `json:"rate"`
 	MaxBacklog    int      `json:"max_backlog"`
@@ -232,11 +233,13 @@ func variants(c Config, workload string) []variant {
 			}}
 	}
 	e2e := flowSpec{producers: c.Producers, consumers: c.Consumers, enqBatch: c.Batch, pollMax: c.Batch,
-		ackPerItem: c.AckPerItem, duration: c.Duration, pickQueue: pick, pollQueue: pick, pollWait: consumerPollWait,
+		ackPerItem: c.AckPerItem, ackPoll: c.AckPoll, duration: c.Duration, pickQueue: pick, pollQueue: pick, pollWait: consumerPollWait,
 		maxBacklog: int64(c.MaxBacklog)}
 	ack := "ack per batch"
 	if c.AckPerItem {
 		ack = "ack per item"
+	} else if c.AckPoll {
+		ack = "ack with the next poll"
 	}
 	switch workload {
 	case WorkloadProduce:
@@ -401,8 +404,8 @@ func Run(ctx context.Context, c Config, systems []target.System) (*Report, error
 		}
 	}
 	logf("leaseq bench: load average %.2f; seed=%d workloads=%s systems=%s\n", rep.LoadAvg[0], c.Seed, strings.Join(wls, ","), strings.Join(rep.Config.Systems, ","))
-	logf("config: P=%d C=%d batch=%d ack_per_item=%v payload=%dB duration=%v churn=%v/%d rate=%d/s drain=%d storm=%d lease=%v queues=%d zipf=%.2f timeout=+%v\n",
-		c.Producers, c.Consumers, c.Batch, c.AckPerItem, c.PayloadSize, c.Duration, c.ChurnDuration, c.Intervals, c.Rate,
+	logf("config: P=%d C=%d batch=%d ack_per_item=%v ack_poll=%v payload=%dB duration=%v churn=%v/%d rate=%d/s drain=%d storm=%d lease=%v queues=%d zipf=%.2f timeout=+%v\n",
+		c.Producers, c.Consumers, c.Batch, c.AckPerItem, c.AckPoll, c.PayloadSize, c.Duration, c.ChurnDuration, c.Intervals, c.Rate,
 		c.DrainItems, c.StormItems, c.StormLease, c.Queues, c.ZipfS, c.Timeout)
 	for _, s := range rep.Skipped {
 		logf("skipped %s: %s\n", s.System, s.Reason)
@@ -455,7 +458,7 @@ func Run(ctx context.Context, c Config, systems []target.System) (*Report, error
 
 func configDoc(c Config, wls []string) ConfigDoc {
 	return ConfigDoc{Workloads: wls, Duration: c.Duration.String(), ChurnDuration: c.ChurnDuration.String(),
-		Intervals: c.Intervals, Producers: c.Producers, Consumers: c.Consumers, Batch: c.Batch, AckPerItem: c.AckPerItem,
+		Intervals: c.Intervals, Producers: c.Producers, Consumers: c.Consumers, Batch: c.Batch, AckPerItem: c.AckPerItem, AckPoll: c.AckPoll,
 		PayloadSize: c.PayloadSize, Rate: c.Rate, MaxBacklog: c.MaxBacklog, DrainItems: c.DrainItems, StormItems: c.StormItems,
 		StormLease: c.StormLease.String(), Queues: c.Queues, ZipfS: c.ZipfS, Seed: c.Seed, Rounds: c.Rounds}
 }

@@ -20,6 +20,7 @@ func TestRun_LeaseqServeOverRPC(t *testing.T) {
 	t.Parallel()
 	c := tinyConfig(t)
 	c.Workloads = []string{WorkloadE2E, WorkloadDrain, WorkloadStorm}
+	c.AckPoll = true // the steady rows' consumers ack with their next poll (Client.AckPoll)
 	bin := &leaseqt.Binary{}
 	t.Cleanup(func() { require.NoError(t, bin.Close()) })
 	sys := []target.System{leaseqt.RPC{Sync: "always", Bin: bin}, leaseqt.RPC{Sync: "none", Bin: bin}}

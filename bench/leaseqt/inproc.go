@@ -3,6 +3,7 @@ package leaseqt
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -304,4 +305,30 @@ func (c *inprocClient) Ack(ctx context.Context, queue string, ds []target.Delive
 		}
 	}
 	return nil
+}
+
+// AckPoll implements target.AckPoller: on a store that completes calls
+// asynchronously (rocksstore) the ack is handed to its commit pipeline
+// and the poll follows at once, so both share a commit and its fsync.
+func (c *inprocClient) AckPoll(ctx context.Context, queue string, ack []target.Delivery, acked func(), max int, wait time.Duration) ([]target.Delivery, error) {
+	as, ok := c.in.store.(storage.Async)
+	order, m := byLease(ack)
+	if !ok || len(order) != 1 {
+		if err := c.Ack(ctx, queue, ack); err != nil {
+			return nil, err
+		}
+		acked()
+		return c.Poll(ctx, queue, max, wait)
+	}
+	done := make(chan error, 1)
+	as.AckAsync(ctx, storage.AckParams{Queue: queue, Lease: order[0], IDs: m[order[0]], Now: c.in.clk.Now()}, func(codes []storage.Code, err error) {
+		if err != nil {
+			err = fmt.Errorf("leaseqt: ack: %w", err)
+		} else if err = ackCodes(codes); err == nil {
+			acked()
+		}
+		done <- err
+	})
+	ds, err := c.Poll(ctx, queue, max, wait)
+	return ds, errors.Join(<-done, err)
 }

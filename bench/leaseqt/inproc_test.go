@@ -204,3 +204,44 @@ leaseq_store_write_stall_seconds_total 1.5e-03
 	_, err = scrapeCounters(strings.NewReader("leaseq_store_commits_total x\n"), nodeCounters)
 	require.ErrorContains(t, err, "leaseq_store_commits_total")
 }
+
+// AckPoll acks one batch and takes the next in one step, on every
+// in-process store (rocksstore hands the ack to its pipeline first) and
+// over the loopback RPC client.
+func TestAckPoll_AcksThenTakesTheNext(t *testing.T) {
+	t.Parallel()
+	for _, s := range append(systems(), Loopback{Sync: rocksstore.SyncAlways}) {
+		t.Run(s.Name(), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			_, a, b := start(t, s, time.Minute)
+			ap, ok := a.(target.AckPoller)
+			require.True(t, ok, "%T is an AckPoller", a)
+			require.NoError(t, b.Enqueue(ctx, "q", [][]byte{[]byte("1"), []byte("2"), []byte("3")}))
+			first, err := a.Poll(ctx, "q", 2, 0)
+			require.NoError(t, err)
+			require.Len(t, first, 2)
+			acked := 0
+			next, err := ap.AckPoll(ctx, "q", first, func() { acked++ }, 10, 0)
+			require.NoError(t, err)
+			require.Equal(t, 1, acked, "the ack was confirmed once")
+			require.Len(t, next, 1)
+			require.Equal(t, "3", string(next[0].Payload))
+			// The queue is empty now: a waiting poll wakes on an enqueue, and
+			// the ack is confirmed whether or not items came.
+			go func() {
+				clock.New().Sleep(50 * time.Millisecond)
+				_ = b.Enqueue(ctx, "q", [][]byte{[]byte("4")})
+			}()
+			last, err := ap.AckPoll(ctx, "q", next, func() { acked++ }, 10, 5*time.Second)
+			require.NoError(t, err)
+			require.Equal(t, 2, acked)
+			require.Len(t, last, 1)
+			require.Equal(t, "4", string(last[0].Payload))
+			require.NoError(t, a.Ack(ctx, "q", last))
+			rest, err := a.Poll(ctx, "q", 10, 0)
+			require.NoError(t, err)
+			require.Empty(t, rest, "every item was acked once")
+		})
+	}
+}

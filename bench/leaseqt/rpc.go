@@ -259,3 +259,30 @@ func (c *rpcClient) Ack(ctx context.Context, queue string, ds []target.Delivery)
 	}
 	return errors.Join(errs...)
 }
+
+// AckPoll implements target.AckPoller with Client.AckPoll: the ack and a
+// poll that does not wait go out in one write; when that poll finds
+// nothing, a plain Poll waits. So the ack is confirmed when the pair
+// returns, as with the Redis peer's pipeline.
+func (c *rpcClient) AckPoll(ctx context.Context, queue string, ack []target.Delivery, acked func(), max int, wait time.Duration) ([]target.Delivery, error) {
+	order, m := byLease(ack)
+	if len(order) != 1 {
+		if err := c.Ack(ctx, queue, ack); err != nil {
+			return nil, err
+		}
+		acked()
+		return c.Poll(ctx, queue, max, wait)
+	}
+	codes, res, err := c.c.AckPoll(ctx, queue, order[0], m[order[0]], max, c.lease, 0)
+	if err == nil {
+		err = ackCodes(codes)
+	}
+	if err != nil {
+		return deliveries(res), fmt.Errorf("leaseqt: rpc ack+poll: %w", err)
+	}
+	acked()
+	if len(res.Items) == 0 {
+		return c.Poll(ctx, queue, max, wait)
+	}
+	return deliveries(res), nil
+}

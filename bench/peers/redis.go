@@ -241,3 +241,52 @@ func (c *redisClient) Ack(ctx context.Context, queue string, ds []target.Deliver
 	}
 	return nil
 }
+
+// AckPoll implements target.AckPoller: XACK, XDEL and a non-blocking
+// XREADGROUP go out in one pipeline (one round trip; with appendfsync
+// always, one fsync for the event-loop pass). When that read finds
+// nothing, a plain Poll waits, so the ack is confirmed when the pipeline
+// returns rather than after a blocked read. A due XAUTOCLAIM scan also
+// falls back to Ack then Poll.
+func (c *redisClient) AckPoll(ctx context.Context, queue string, ack []target.Delivery, acked func(), max int, wait time.Duration) ([]target.Delivery, error) {
+	cl := c.claims[queue]
+	if cl == nil || cl.cursor != "" || c.in.clk.Since(cl.last) >= c.in.lease/4 {
+		if err := c.Ack(ctx, queue, ack); err != nil {
+			return nil, err
+		}
+		acked()
+		return c.Poll(ctx, queue, max, wait)
+	}
+	ids := make([]string, len(ack))
+	for i, d := range ack {
+		ids[i] = d.Handle.(string)
+	}
+	var read *redis.XStreamSliceCmd
+	_, err := c.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.XAck(ctx, queue, redisGroup, ids...)
+		p.XDel(ctx, queue, ids...)
+		read = p.XReadGroup(ctx, &redis.XReadGroupArgs{
+			Group: redisGroup, Consumer: c.name, Streams: []string{queue, ">"}, Count: int64(max), Block: -1,
+		})
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("peers: redis: xack+xdel+xreadgroup: %w", err)
+	}
+	acked()
+	res, err := read.Result()
+	if errors.Is(err, redis.Nil) || (err == nil && len(res) == 0) {
+		return c.Poll(ctx, queue, max, wait)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("peers: redis: xreadgroup: %w", err)
+	}
+	var ds []target.Delivery
+	for _, s := range res {
+		ds = append(ds, redisDeliveries(s.Messages)...)
+	}
+	if len(ds) == 0 {
+		return c.Poll(ctx, queue, max, wait)
+	}
+	return ds, nil
+}

@@ -125,3 +125,13 @@ type Client interface {
 	// lease expiry (or, for beanstalkd, released by the server).
 	Close() error
 }
+
+// AckPoller is implemented by a Client that can ack one batch and poll for
+// the next in a single round trip: the ack and the poll are sent together
+// (pipelined) and, on a durable system, share one fsync. The harness uses
+// it when run with -ack-poll. acked runs once the ack is confirmed, before
+// AckPoll returns (it may run on another goroutine); a poll that waits for
+// items does not hold up the ack. No items is not an error.
+type AckPoller interface {
+	AckPoll(ctx context.Context, queue string, ack []Delivery, acked func(), max int, wait time.Duration) ([]Delivery, error)
+}
