@@ -190,3 +190,38 @@ func TestClient_AckPollConcurrent(t *testing.T) {
 		})
 	}
 }
+
+// TestLean_PipelinedAckPollSharesOneFsync: on a --sync=always node the
+// lean engine's reader holds the store's fsyncs while it hands over an
+// ack and a poll that came in one piece, so each AckPoll costs one WAL
+// fsync (the ack's would otherwise start before the poll is written).
+func TestLean_PipelinedAckPollSharesOneFsync(t *testing.T) {
+	t.Parallel()
+	var rs *rocksstore.Store
+	f := storeFactory{"rocks", func(t *testing.T) storage.Store {
+		s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		rs = s
+		return s
+	}}
+	// The hold is the lean engine's (go-capnp runs each call on a
+	// goroutine of its own), whichever engine this pass tests.
+	b := setup(t, bundleOpts{factory: f, mutate: func(cfg *ServerConfig) { cfg.Engine = EngineLean }})
+	c := b.dial()
+	ctx := ctxT(t)
+	const n = 20
+	_, err := c.Enqueue(ctx, "q", payloads(n+1, 64))
+	require.NoError(t, err)
+	pr, err := c.Poll(ctx, "q", 1, time.Minute, 0)
+	require.NoError(t, err)
+	before := rs.Metrics().WALSyncs
+	for i := 0; i < n; i++ {
+		codes, next, err := c.AckPoll(ctx, "q", pr.Lease, itemIDs(pr.Items), 1, time.Minute, 0)
+		require.NoError(t, err)
+		require.Equal(t, []storage.Code{storage.CodeOK}, codes)
+		require.Len(t, next.Items, 1)
+		pr = next
+	}
+	require.EqualValues(t, n, rs.Metrics().WALSyncs-before, "one fsync per ack+poll pair")
+}

@@ -34,7 +34,12 @@ func newFrameReader(src io.Reader, size int, limit uint64) *frameReader {
 // header the Decoder will refuse (too many segments, too large) counts as
 // complete once the bytes it needs to say so are buffered.
 func (f *frameReader) frameLen() (n uint64, known bool) {
-	b := f.buf[f.r:f.w]
+	return frameLen(f.buf[f.r:f.w], f.limit)
+}
+
+// frameLen is frameReader.frameLen for the message at the head of b,
+// with limit the largest message the Decoder accepts.
+func frameLen(b []byte, limit uint64) (n uint64, known bool) {
 	if len(b) < 8 {
 		return 8, false
 	}
@@ -50,7 +55,7 @@ func (f *frameReader) frameLen() (n uint64, known bool) {
 	for i := uint64(0); i <= maxSeg; i++ {
 		total += 8 * uint64(binary.LittleEndian.Uint32(b[4+4*i:]))
 	}
-	if total > f.limit {
+	if total > limit {
 		return hdr, true // the Decoder refuses it after the header
 	}
 	return total, true

@@ -89,6 +89,12 @@ type leanConn struct {
 	// goroutine of their own, and are answered by whoever makes them
 	// durable (lean_async.go); nil when the store cannot, or inline.
 	async storage.Async
+	// holder, with async: the store can hold its fsyncs while the reader
+	// hands over calls it read in one piece (a pipelined ack and poll),
+	// so that they share one (storage.SyncHolder); holding says the
+	// reader holds. Reader only.
+	holder  storage.SyncHolder
+	holding bool
 
 	raw    *rawIO // nil: not a plain socket (TLS, a pipe)
 	br     *bufio.Reader
@@ -223,6 +229,7 @@ func (s *Server) serveLean(ctx context.Context, cancel context.CancelFunc, conn 
 	}
 	if as, ok := s.cfg.Store.(storage.Async); ok && !c.inline {
 		c.async = as
+		c.holder, _ = as.(storage.SyncHolder)
 	}
 	c.dec = capnp.NewDecoder(c.br)
 	c.dec.MaxMessageSize = c.maxMsg
@@ -243,6 +250,7 @@ func (s *Server) serveLean(ctx context.Context, cancel context.CancelFunc, conn 
 		}
 	}()
 	err := c.readLoop()
+	c.unhold()
 	close(done)
 	c.shutdown(err)
 }
@@ -251,6 +259,9 @@ func (s *Server) serveLean(ctx context.Context, cancel context.CancelFunc, conn 
 // message breaks the protocol; it returns why it stopped.
 func (c *leanConn) readLoop() error {
 	for {
+		if c.holding && !c.frameBuffered() {
+			c.unhold() // the next read may wait
+		}
 		if c.br.Buffered() == 0 || c.gate.over() {
 			c.idle() // about to wait: write what is ready first
 		}
@@ -282,9 +293,31 @@ func (c *leanConn) readLoop() error {
 			msg.Release()
 			return err
 		}
+		if c.holder != nil && !c.holding && c.frameBuffered() {
+			// More came in the same piece: what this message and the
+			// next hand to the store wait for one fsync.
+			c.holder.HoldSync()
+			c.holding = true
+		}
 		if err := c.handle(msg, held); err != nil {
 			return err
 		}
+	}
+}
+
+// frameBuffered reports whether a whole message is buffered, so that
+// decoding it will not read the socket.
+func (c *leanConn) frameBuffered() bool {
+	b, _ := c.br.Peek(c.br.Buffered()) // never reads
+	n, known := frameLen(b, c.maxMsg)
+	return known && uint64(len(b)) >= n
+}
+
+// unhold ends the reader's hold on the store's fsyncs, if it holds.
+func (c *leanConn) unhold() {
+	if c.holding {
+		c.holding = false
+		c.holder.ReleaseSync()
 	}
 }
 

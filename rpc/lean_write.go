@@ -76,6 +76,7 @@ func (c *leanConn) writeElsewhere() {
 // idle: the reader is about to block, so it writes what is queued, and
 // later replies are written by whoever makes them.
 func (c *leanConn) idle() {
+	c.unhold() // the reader is about to wait: the store must not
 	c.w.Lock()
 	c.w.readerBusy = false
 	if c.w.writing || len(c.w.out) == 0 {

@@ -19,3 +19,16 @@ type Async interface {
 	// AckAsync is Ack.
 	AckAsync(ctx context.Context, p AckParams, done func([]Code, error))
 }
+
+// SyncHolder is implemented by an Async store whose fsyncs can wait for
+// calls that are about to be handed over: between HoldSync and
+// ReleaseSync the store writes what it is handed but starts no fsync on
+// its own goroutines, so calls handed over together (a client's pipelined
+// ack and poll, read in one piece) share one. A holder holds only while it
+// hands over calls it already has, and releases before it waits for
+// anything, the store's answers included: a hold that is never released
+// stops every asynchronous call's fsync.
+type SyncHolder interface {
+	HoldSync()
+	ReleaseSync()
+}

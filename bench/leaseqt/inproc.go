@@ -308,8 +308,11 @@ func (c *inprocClient) Ack(ctx context.Context, queue string, ds []target.Delive
 }
 
 // AckPoll implements target.AckPoller: on a store that completes calls
-// asynchronously (rocksstore) the ack is handed to its commit pipeline
-// and the poll follows at once, so both share a commit and its fsync.
+// asynchronously (rocksstore) the ack and a poll that does not wait are
+// handed to its commit pipeline together, inside a hold on its fsyncs
+// where it has one (storage.SyncHolder), so both share a commit's fsync
+// as a connection's reader makes a pipelined pair share one. When that
+// poll finds nothing, a plain Poll waits.
 func (c *inprocClient) AckPoll(ctx context.Context, queue string, ack []target.Delivery, acked func(), max int, wait time.Duration) ([]target.Delivery, error) {
 	as, ok := c.in.store.(storage.Async)
 	order, m := byLease(ack)
@@ -320,15 +323,36 @@ func (c *inprocClient) AckPoll(ctx context.Context, queue string, ack []target.D
 		acked()
 		return c.Poll(ctx, queue, max, wait)
 	}
-	done := make(chan error, 1)
-	as.AckAsync(ctx, storage.AckParams{Queue: queue, Lease: order[0], IDs: m[order[0]], Now: c.in.clk.Now()}, func(codes []storage.Code, err error) {
+	type polled struct {
+		res storage.PollResult
+		err error
+	}
+	acks, polls := make(chan error, 1), make(chan polled, 1)
+	holder, hold := as.(storage.SyncHolder)
+	if hold {
+		holder.HoldSync()
+	}
+	now := c.in.clk.Now()
+	as.AckAsync(ctx, storage.AckParams{Queue: queue, Lease: order[0], IDs: m[order[0]], Now: now}, func(codes []storage.Code, err error) {
 		if err != nil {
 			err = fmt.Errorf("leaseqt: ack: %w", err)
 		} else if err = ackCodes(codes); err == nil {
 			acked()
 		}
-		done <- err
+		acks <- err
 	})
-	ds, err := c.Poll(ctx, queue, max, wait)
-	return ds, errors.Join(<-done, err)
+	as.PollAsync(ctx, storage.PollParams{Queue: queue, Max: max, Lease: c.in.lease, Now: now}, func(res storage.PollResult, err error) {
+		polls <- polled{res, err}
+	})
+	if hold {
+		holder.ReleaseSync()
+	}
+	p := <-polls
+	if err := errors.Join(<-acks, p.err); err != nil {
+		return deliveries(p.res), err
+	}
+	if len(p.res.Items) == 0 && wait > 0 {
+		return c.Poll(ctx, queue, max, wait)
+	}
+	return deliveries(p.res), nil
 }

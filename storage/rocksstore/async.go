@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 
 	"github.com/leaseq/leaseq/storage"
@@ -171,5 +172,39 @@ func (s *Store) doneOne(o *op, fail func(error), ok func()) func() {
 			return
 		}
 		ok()
+	}
+}
+
+var _ storage.SyncHolder = (*Store)(nil)
+
+// HoldSync implements storage.SyncHolder: until the matching ReleaseSync,
+// batches are written as ever but no syncer starts an fsync, so the ops a
+// connection's reader hands over from one read (a pipelined ack and poll)
+// wait for the same fsync instead of the ack's starting alone and the
+// poll's waiting for the next. A synchronous caller that finds nobody
+// fsyncing still fsyncs inline, which covers the held batches too.
+func (s *Store) HoldSync() {
+	p := &s.pipe
+	p.mu.Lock()
+	p.holds++
+	p.mu.Unlock()
+}
+
+// ReleaseSync implements storage.SyncHolder: the last release starts the
+// fsync of what was written meanwhile, unless a leader is still writing
+// (it starts it when it is done).
+func (s *Store) ReleaseSync() {
+	p := &s.pipe
+	p.mu.Lock()
+	if p.holds <= 0 {
+		p.mu.Unlock()
+		panic("rocksstore: ReleaseSync without HoldSync")
+	}
+	p.holds--
+	kicked := p.holds == 0 && !p.leading && p.kickLocked()
+	p.mu.Unlock()
+	if kicked {
+		// As a leader that wakes the syncer: give way to it (leadBatches).
+		runtime.Gosched()
 	}
 }

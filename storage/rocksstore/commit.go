@@ -120,7 +120,12 @@ type pipeline struct {
 	// REQUIRES: mu held.
 	unsynced []written
 	syncing  bool
-	kick     chan struct{} // wakes the syncer goroutine
+	// holds counts the callers between HoldSync and ReleaseSync: while
+	// any holds, no fsync starts on the syncers (the last release starts
+	// it), so the calls a holder hands over together share one.
+	// REQUIRES: mu held.
+	holds int
+	kick  chan struct{} // wakes the syncer goroutine
 	idle     sync.Cond     // signalled when syncing ends
 	wg       sync.WaitGroup
 	failed   error // set by a failed write or fsync; REQUIRES: mu held
@@ -570,7 +575,7 @@ func (s *Store) leadBatches(async bool) {
 // goroutine fsyncs already, and reports whether it woke the syncer.
 // REQUIRES: mu held.
 func (p *pipeline) kickLocked() bool {
-	if len(p.unsynced) > 0 && !p.syncing {
+	if len(p.unsynced) > 0 && !p.syncing && p.holds == 0 {
 		p.syncing = true
 		p.kick <- struct{}{}
 		return true
@@ -605,7 +610,7 @@ func (s *Store) syncInline() {
 	// syncer's next fsync (measured: produce-b100 in process).
 	p.mu.Lock()
 	p.recycleLocked(group)
-	if len(p.unsynced) > 0 {
+	if len(p.unsynced) > 0 && p.holds == 0 {
 		p.kick <- struct{}{} // the syncing passes to the syncer
 	} else {
 		p.endSyncingLocked()
@@ -635,7 +640,8 @@ func (s *Store) syncLoop() {
 				p.recycleLocked(completed)
 				completed = nil
 			}
-			if len(p.unsynced) == 0 {
+			if len(p.unsynced) == 0 || p.holds > 0 {
+				// Held: the last ReleaseSync starts the next fsync.
 				p.endSyncingLocked()
 				p.mu.Unlock()
 				break
@@ -647,7 +653,7 @@ func (s *Store) syncLoop() {
 			handed := false
 			if asyncItems(group) >= handOffItems {
 				p.mu.Lock()
-				if len(p.unsynced) > 0 {
+				if len(p.unsynced) > 0 && p.holds == 0 {
 					p.kick <- struct{}{}
 					handed = true
 				}
