@@ -124,14 +124,14 @@ type pipeline struct {
 	// any holds, no fsync starts on the syncers (the last release starts
 	// it), so the calls a holder hands over together share one.
 	// REQUIRES: mu held.
-	holds int
-	kick  chan struct{} // wakes the syncer goroutine
-	idle     sync.Cond     // signalled when syncing ends
-	wg       sync.WaitGroup
-	failed   error // set by a failed write or fsync; REQUIRES: mu held
-	slot     *txnSlot
-	buf      []*op  // the leader's scratch list; REQUIRES: leading
-	batches  uint64 // batches begun (batch.seq); REQUIRES: leading
+	holds   int
+	kick    chan struct{} // wakes the syncer goroutine
+	idle    sync.Cond     // signalled when syncing ends
+	wg      sync.WaitGroup
+	failed  error // set by a failed write or fsync; REQUIRES: mu held
+	slot    *txnSlot
+	buf     []*op  // the leader's scratch list; REQUIRES: leading
+	batches uint64 // batches begun (batch.seq); REQUIRES: leading
 	// spare and freeOps are the room of completed groups, for the next
 	// unsynced list and the next batches' op lists (a batch hands its
 	// list to the fsync); REQUIRES: mu held.
