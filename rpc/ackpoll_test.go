@@ -225,3 +225,40 @@ func TestLean_PipelinedAckPollSharesOneFsync(t *testing.T) {
 	}
 	require.EqualValues(t, n, rs.Metrics().WALSyncs-before, "one fsync per ack+poll pair")
 }
+
+// TestConsume_AcksWithTheNextPoll: the consumer helper acks a batch's
+// successes with its poll for the next batch, so on a --sync=always node
+// (lean engine) a batch costs one fsync, not one for the poll and one for
+// the ack.
+func TestConsume_AcksWithTheNextPoll(t *testing.T) {
+	t.Parallel()
+	var rs *rocksstore.Store
+	f := storeFactory{"rocks", func(t *testing.T) storage.Store {
+		s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		rs = s
+		return s
+	}}
+	b := setup(t, bundleOpts{factory: f, mutate: func(cfg *ServerConfig) { cfg.Engine = EngineLean }})
+	c := b.dial()
+	ctx := ctxT(t)
+	const n = 10
+	_, err := c.Enqueue(ctx, "q", payloads(n, 16))
+	require.NoError(t, err)
+	before := rs.Metrics().WALSyncs
+	r := startConsume(c, ConsumerConfig{Queue: "q", Workers: 1, Batch: 1, Lease: time.Minute, Clock: b.clock, Logger: rpctest.Logger(t),
+		Handler: func(context.Context, storage.Item) error { return nil }})
+	rpctest.Eventually(t, 10*time.Second, func() bool {
+		st, err := c.Stats(ctx, "q")
+		return err == nil && st[0].Acked == n
+	})
+	syncs := rs.Metrics().WALSyncs - before
+	require.NoError(t, r.stop(t))
+	// The first poll, then one fsync per ack riding the next poll (the
+	// last one's poll finds nothing and waits, writing nothing).
+	require.LessOrEqual(t, syncs, uint64(n+1), "fsyncs for %d batches", n)
+	st, err := c.Stats(ctx, "q")
+	require.NoError(t, err)
+	require.Equal(t, int64(0), st[0].Inflight+st[0].Ready)
+}

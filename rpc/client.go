@@ -480,18 +480,27 @@ func ackParams(queue string, lease storage.LeaseID, ids []storage.ItemID) func(s
 // leased its items even when the ack failed, so check res.Items whatever
 // err says. err wraps the ack's failure, the poll's, or both (errors.Join).
 func (c *Client) AckPoll(ctx context.Context, queue string, lease storage.LeaseID, ids []storage.ItemID, max int, leaseDur, wait time.Duration) (codes []storage.Code, res storage.PollResult, err error) {
+	codes, errA, res, errP := c.ackPoll(ctx, queue, lease, ids, max, leaseDur, wait)
+	return codes, res, errors.Join(errA, errP)
+}
+
+// ackPoll is AckPoll with the ack's error and the poll's apart. A nil
+// errA means the ack was answered (codes); an answer that came before ctx
+// ended counts, even when the poll was cut short by it.
+func (c *Client) ackPoll(ctx context.Context, queue string, lease storage.LeaseID, ids []storage.ItemID, max int, leaseDur, wait time.Duration) (codes []storage.Code, errA error, res storage.PollResult, errP error) {
+	// Bad arguments send nothing: reported once, as the ack's error.
 	if err := c.checkSize("ack", 24*len(ids)); err != nil {
-		return nil, storage.PollResult{}, err
+		return nil, err, storage.PollResult{}, nil
 	}
 	if max < 0 || leaseDur < 0 || wait < 0 {
-		return nil, storage.PollResult{}, fmt.Errorf("leaseq poll: %w: negative max, lease or wait", storage.ErrInvalidArgument)
+		return nil, fmt.Errorf("leaseq poll: %w: negative max, lease or wait", storage.ErrInvalidArgument), storage.PollResult{}, nil
 	}
 	fa, releaseA, fp, releaseP := invokePair(ctx, c, mAck, ackParams(queue, lease, ids), mPoll, pollParams(queue, max, leaseDur, wait))
 	defer releaseA()
 	defer releaseP()
-	codes, errA := codesResult("ack", fa.Struct)
-	res, errP := pollAnswer(fp)
-	return codes, res, errors.Join(errA, errP)
+	codes, errA = codesResult("ack", fa.Struct)
+	res, errP = pollAnswer(fp)
+	return codes, errA, res, errP
 }
 
 // Nack ends the delivery of items held under lease without success: ready

@@ -173,34 +173,84 @@ func (c *Client) Consume(ctx context.Context, cfg ConsumerConfig) error {
 // consumeLoop is one worker. pollCtx stops polling; parent carries values
 // for the handlers and settles (its cancellation does not cut them short).
 // A worker that finds budget spent ends: the items left are reserved by
-// workers still polling, which handle them.
+// workers still polling, which handle them. The successes of a batch are
+// acked with the poll for the next (Client.ackPoll: one round trip, and
+// on a --sync=always node one fsync, for both); the last batch's when the
+// worker ends.
 func (c *Client) consumeLoop(pollCtx, parent context.Context, cfg ConsumerConfig, budget *itemBudget, log *slog.Logger) error {
+	settleCtx := context.WithoutCancel(parent)
+	var held settle // the last batch's successes, not yet acked
+	defer func() { c.ackNow(settleCtx, cfg, log, held) }()
 	for pollCtx.Err() == nil {
 		n := budget.take(cfg.Batch)
 		if n == 0 {
 			return nil
 		}
-		pr, err := c.Poll(pollCtx, cfg.Queue, n, cfg.Lease, cfg.Wait)
+		var pr storage.PollResult
+		var err error
+		if len(held.ids) > 0 {
+			var codes []storage.Code
+			var errA error
+			codes, errA, pr, err = c.ackPoll(pollCtx, cfg.Queue, held.lease, held.ids, n, cfg.Lease, cfg.Wait)
+			if errA != nil {
+				// The ack's outcome is unknown: ack again on its own (an
+				// item acked already answers notFound).
+				c.ackNow(settleCtx, cfg, log, held)
+			} else {
+				logAckCodes(log, held, codes)
+			}
+			held = settle{}
+		} else {
+			pr, err = c.Poll(pollCtx, cfg.Queue, n, cfg.Lease, cfg.Wait)
+		}
 		budget.give(n - len(pr.Items))
+		if len(pr.Items) > 0 {
+			// Leased even when the call also failed: handle them.
+			held = c.handleBatch(settleCtx, cfg, log, pr)
+		}
 		if err != nil {
 			if pollCtx.Err() != nil {
 				return nil
 			}
 			return err
 		}
-		if len(pr.Items) == 0 {
-			continue
-		}
-		c.handleBatch(context.WithoutCancel(parent), cfg, log, pr)
 	}
 	return nil
 }
 
+// settle is the items of one lease to ack.
+type settle struct {
+	lease storage.LeaseID
+	ids   []storage.ItemID
+}
+
+// ackNow acks s on its own, if it holds anything.
+func (c *Client) ackNow(ctx context.Context, cfg ConsumerConfig, log *slog.Logger, s settle) {
+	if len(s.ids) == 0 {
+		return
+	}
+	codes, err := c.Ack(ctx, cfg.Queue, s.lease, s.ids)
+	if err != nil {
+		log.Warn("ack failed", "lease_id", s.lease.String(), "err", err)
+		return
+	}
+	logAckCodes(log, s, codes)
+}
+
+// logAckCodes warns of every item the node did not ack.
+func logAckCodes(log *slog.Logger, s settle, codes []storage.Code) {
+	for i, code := range codes {
+		if code != storage.CodeOK && i < len(s.ids) {
+			log.Warn("ack rejected", "job_id", s.ids[i].String(), "code", code.String())
+		}
+	}
+}
+
 // handleBatch runs the handler on each item of one lease, extending the
-// lease every Lease/3 meanwhile, then settles: failures are nacked as they
-// happen (so they are not held back by the rest of the batch), successes
-// acked together at the end.
-func (c *Client) handleBatch(ctx context.Context, cfg ConsumerConfig, log *slog.Logger, pr storage.PollResult) {
+// lease every Lease/3 meanwhile: failures are nacked as they happen (so
+// they are not held back by the rest of the batch); the successes are
+// returned, for the caller to ack together.
+func (c *Client) handleBatch(ctx context.Context, cfg ConsumerConfig, log *slog.Logger, pr storage.PollResult) settle {
 	hctx, cancel := context.WithCancel(context.WithValue(ctx, handlerLeaseKey{}, HandlerLease{Lease: pr.Lease, ExpiresAt: pr.ExpiresAt}))
 	defer cancel()
 
@@ -248,19 +298,7 @@ func (c *Client) handleBatch(ctx context.Context, cfg ConsumerConfig, log *slog.
 	}
 	close(extDone)
 	extWG.Wait()
-	if len(ok) == 0 {
-		return
-	}
-	codes, err := c.Ack(ctx, cfg.Queue, pr.Lease, ok)
-	if err != nil {
-		log.Warn("ack failed", "lease_id", pr.Lease.String(), "err", err)
-		return
-	}
-	for i, code := range codes {
-		if code != storage.CodeOK {
-			log.Warn("ack rejected", "job_id", ok[i].String(), "code", code.String())
-		}
-	}
+	return settle{lease: pr.Lease, ids: ok}
 }
 
 func codeString(codes []storage.Code) string {

@@ -396,10 +396,14 @@ func (l *leanClient) await(ctx context.Context, lc outCall) (capnp.Struct, func(
 		r = <-q.reply
 	} else {
 		select {
-		case r = <-q.reply:
-		case <-ctx.Done():
-			l.giveUp(qid, q)
-			return capnp.Struct{}, nil, ctx.Err()
+		case r = <-q.reply: // a reply already here wins over an ended ctx
+		default:
+			select {
+			case r = <-q.reply:
+			case <-ctx.Done():
+				l.giveUp(qid, q)
+				return capnp.Struct{}, nil, ctx.Err()
+			}
 		}
 	}
 	if r.err != nil {
