@@ -480,3 +480,38 @@ func BenchmarkDecodePoll(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(items)), "ns/item")
 }
+
+// BenchmarkRPC_Consume: Consume (4 workers, batches of 32) drains a
+// backlog of b.N 256 B items over TCP loopback; items/s is the drain
+// rate. Each batch's ack rides the poll for the next one.
+func BenchmarkRPC_Consume(b *testing.B) {
+	for _, be := range []string{"rocks", "rocks-none"} {
+		b.Run("backend="+be, func(b *testing.B) {
+			_, addr := benchServer(b, be, EngineLean)
+			c := benchDial(b, addr)
+			ctx := context.Background()
+			items := make([]storage.EnqueueItem, 500)
+			for i := range items {
+				items[i] = storage.EnqueueItem{Payload: make([]byte, 256)}
+			}
+			for left := b.N; left > 0; left -= len(items) {
+				if _, err := c.Enqueue(ctx, "drain", items[:min(left, len(items))]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var handled atomic.Int64
+			cctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			b.ResetTimer()
+			start := time.Now()
+			err := c.Consume(cctx, ConsumerConfig{Queue: "drain", Workers: 4, Batch: 32, Lease: time.Minute, Wait: 100 * time.Millisecond,
+				Clock: clock.New(), MaxItems: b.N,
+				Handler: func(context.Context, storage.Item) error { handled.Add(1); return nil }})
+			elapsed := time.Since(start)
+			b.StopTimer()
+			require.NoError(b, err)
+			require.EqualValues(b, b.N, handled.Load())
+			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "items/s")
+		})
+	}
+}
