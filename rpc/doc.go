@@ -45,6 +45,11 @@
 //     it is woken, times out, is finished by the client or the server stops
 //     (BenchmarkRPC_ParkedPollMemory: 6 KB per parked poll, client side
 //     included, against 13-15 KB on go-capnp).
+//     While a whole further message already waits in its read buffer
+//     (a client's pipelined calls, such as Client.AckPoll's ack and
+//     poll), the reader holds the store's fsyncs (storage.SyncHolder),
+//     so what it hands over from one read shares one fsync; it lets go
+//     before it could wait (its next read, the reply or flow budget).
 //     Replies are coalesced into one write per batch of ready replies, and
 //     plain sockets are read and written with raw system calls (rawio.go).
 //     StartBootstrap listeners (Queueber) stay on go-capnp.

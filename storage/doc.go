@@ -26,7 +26,9 @@
 // commit, and fsync, of the enqueue that feeds them; rocksstore) and
 // Async (enqueue, poll and ack report through a callback run by whoever
 // makes them durable, so a server's network reader need not wait or hand
-// the call to a goroutine; rocksstore).
+// the call to a goroutine; rocksstore) and SyncHolder (an Async store's
+// fsyncs wait while a caller hands over calls that came together, so they
+// share one; rocksstore).
 //
 // Subpackages: rocksstore (embedded RocksDB, the default), memstore (the
 // reference model used by tests and benchmark baselines), storagetest (the
