@@ -201,7 +201,7 @@ func (s *Store) ReleaseSync() {
 		panic("rocksstore: ReleaseSync without HoldSync")
 	}
 	p.holds--
-	kicked := p.holds == 0 && !p.leading && p.kickLocked()
+	kicked := !p.heldLocked() && !p.leading && p.kickLocked()
 	p.mu.Unlock()
 	if kicked {
 		// As a leader that wakes the syncer: give way to it (leadBatches).

@@ -122,9 +122,10 @@ type pipeline struct {
 	syncing  bool
 	// holds counts the callers between HoldSync and ReleaseSync: while
 	// any holds, no fsync starts on the syncers (the last release starts
-	// it), so the calls a holder hands over together share one.
-	// REQUIRES: mu held.
-	holds   int
+	// it), so the calls a holder hands over together share one, unless
+	// holdsOff (breakHolds). REQUIRES: mu held.
+	holds    int
+	holdsOff bool
 	kick    chan struct{} // wakes the syncer goroutine
 	idle    sync.Cond     // signalled when syncing ends
 	wg      sync.WaitGroup
@@ -571,11 +572,37 @@ func (s *Store) leadBatches(async bool) {
 	}
 }
 
+// heldLocked reports whether holds keep the next fsync from starting.
+// REQUIRES: mu held.
+func (p *pipeline) heldLocked() bool { return p.holds > 0 && !p.holdsOff }
+
+// breakHolds makes holds stop holding back fsyncs (until mendHolds) and
+// starts the fsync of what they held back. Close and Recover call it
+// before they wait for the calls in flight: those calls may wait for an
+// fsync a hold keeps back, while the holder waits to enter the store
+// behind Close or Recover (a waiting writer blocks new readers of
+// Store.life).
+func (p *pipeline) breakHolds() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.holdsOff = true
+	if !p.leading {
+		p.kickLocked()
+	}
+}
+
+// mendHolds lets holds hold fsyncs back again (Recover, once reopened).
+func (p *pipeline) mendHolds() {
+	p.mu.Lock()
+	p.holdsOff = false
+	p.mu.Unlock()
+}
+
 // kickLocked hands the written batches to the syncer goroutine unless a
 // goroutine fsyncs already, and reports whether it woke the syncer.
 // REQUIRES: mu held.
 func (p *pipeline) kickLocked() bool {
-	if len(p.unsynced) > 0 && !p.syncing && p.holds == 0 {
+	if len(p.unsynced) > 0 && !p.syncing && !p.heldLocked() {
 		p.syncing = true
 		p.kick <- struct{}{}
 		return true
@@ -610,7 +637,7 @@ func (s *Store) syncInline() {
 	// syncer's next fsync (measured: produce-b100 in process).
 	p.mu.Lock()
 	p.recycleLocked(group)
-	if len(p.unsynced) > 0 && p.holds == 0 {
+	if len(p.unsynced) > 0 && !p.heldLocked() {
 		p.kick <- struct{}{} // the syncing passes to the syncer
 	} else {
 		p.endSyncingLocked()
@@ -640,7 +667,7 @@ func (s *Store) syncLoop() {
 				p.recycleLocked(completed)
 				completed = nil
 			}
-			if len(p.unsynced) == 0 || p.holds > 0 {
+			if len(p.unsynced) == 0 || p.heldLocked() {
 				// Held: the last ReleaseSync starts the next fsync.
 				p.endSyncingLocked()
 				p.mu.Unlock()
@@ -653,7 +680,7 @@ func (s *Store) syncLoop() {
 			handed := false
 			if asyncItems(group) >= handOffItems {
 				p.mu.Lock()
-				if len(p.unsynced) > 0 && p.holds == 0 {
+				if len(p.unsynced) > 0 && !p.heldLocked() {
 					p.kick <- struct{}{}
 					handed = true
 				}

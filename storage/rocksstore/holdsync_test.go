@@ -1,6 +1,7 @@
 package rocksstore
 
 import (
+	"runtime"
 	"testing"
 	"time"
 
@@ -115,4 +116,59 @@ func TestRocksStore_HoldSyncAndASynchronousCaller(t *testing.T) {
 	pr, err := b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 1, Lease: time.Minute, Now: at(0)})
 	require.NoError(t, err)
 	require.Len(t, pr.Items, 1)
+}
+
+// TestRocksStore_CloseBreaksAHold: a holder's ack waits for an fsync its
+// hold keeps back, Close waits for the ack, and the holder's next call
+// waits to enter the store behind Close. Close breaks the hold, so the
+// ack is made durable, Close returns, and the next call fails closed.
+func TestRocksStore_CloseBreaksAHold(t *testing.T) {
+	t.Parallel()
+	opts := testOptions(t)
+	opts.Sync = SyncAlways
+	s, err := Open(t.TempDir(), opts)
+	require.NoError(t, err)
+	ctx := t.Context()
+	_, err = s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: []byte("x")}}, Now: at(0)})
+	require.NoError(t, err)
+	pr, err := s.Poll(ctx, storage.PollParams{Queue: "q", Max: 1, Lease: time.Minute, Now: at(0)})
+	require.NoError(t, err)
+	require.Len(t, pr.Items, 1)
+
+	type out struct{ ack, close, poll error }
+	result := make(chan out, 1)
+	go func() {
+		var o out
+		s.HoldSync()
+		acked := make(chan error, 1)
+		s.AckAsync(ctx, storage.AckParams{Queue: "q", Lease: pr.Lease, IDs: []storage.ItemID{pr.Items[0].ID}, Now: at(1)}, func(_ []storage.Code, err error) { acked <- err })
+		closed := make(chan error, 1)
+		go func() { closed <- s.Close() }()
+		// Wait until Close waits for the store (a waiting writer makes
+		// TryRLock fail), or has already closed it.
+	wait:
+		for s.life.TryRLock() {
+			s.life.RUnlock()
+			select {
+			case err := <-closed:
+				closed <- err
+				break wait
+			default:
+				runtime.Gosched()
+			}
+		}
+		polled := make(chan error, 1)
+		s.PollAsync(ctx, storage.PollParams{Queue: "q", Max: 1, Lease: time.Minute, Now: at(1)}, func(_ storage.PollResult, err error) { polled <- err })
+		s.ReleaseSync()
+		o.ack, o.close, o.poll = <-acked, <-closed, <-polled
+		result <- o
+	}()
+	select {
+	case o := <-result:
+		require.NoError(t, o.ack, "the held ack was made durable")
+		require.NoError(t, o.close)
+		require.ErrorIs(t, o.poll, storage.ErrClosed)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close, the held ack and the next call deadlocked")
+	}
 }

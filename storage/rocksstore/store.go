@@ -303,6 +303,7 @@ func (s *Store) readCounters(name string) (dbkeys.Counters, error) {
 
 // Close implements storage.Store. It waits for calls in flight.
 func (s *Store) Close() error {
+	s.pipe.breakHolds()
 	s.life.Lock()
 	defer s.life.Unlock()
 	if s.life.closed {
@@ -424,6 +425,8 @@ func (s *Store) Recover() (bool, error) {
 			return false, err
 		}
 	}
+	s.pipe.breakHolds()
+	defer s.pipe.mendHolds()
 	s.life.Lock()
 	defer s.life.Unlock()
 	if s.life.closed {
