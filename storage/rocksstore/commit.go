@@ -126,13 +126,13 @@ type pipeline struct {
 	// holdsOff (breakHolds). REQUIRES: mu held.
 	holds    int
 	holdsOff bool
-	kick    chan struct{} // wakes the syncer goroutine
-	idle    sync.Cond     // signalled when syncing ends
-	wg      sync.WaitGroup
-	failed  error // set by a failed write or fsync; REQUIRES: mu held
-	slot    *txnSlot
-	buf     []*op  // the leader's scratch list; REQUIRES: leading
-	batches uint64 // batches begun (batch.seq); REQUIRES: leading
+	kick     chan struct{} // wakes the syncer goroutine
+	idle     sync.Cond     // signalled when syncing ends
+	wg       sync.WaitGroup
+	failed   error // set by a failed write or fsync; REQUIRES: mu held
+	slot     *txnSlot
+	buf      []*op  // the leader's scratch list; REQUIRES: leading
+	batches  uint64 // batches begun (batch.seq); REQUIRES: leading
 	// spare and freeOps are the room of completed groups, for the next
 	// unsynced list and the next batches' op lists (a batch hands its
 	// list to the fsync); REQUIRES: mu held.
