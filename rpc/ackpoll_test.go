@@ -191,12 +191,11 @@ func TestClient_AckPollConcurrent(t *testing.T) {
 	}
 }
 
-// TestLean_PipelinedAckPollSharesOneFsync: on a --sync=always node the
-// lean engine's reader holds the store's fsyncs while it hands over an
-// ack and a poll that came in one piece, so each AckPoll costs one WAL
-// fsync (the ack's would otherwise start before the poll is written).
-func TestLean_PipelinedAckPollSharesOneFsync(t *testing.T) {
-	t.Parallel()
+// setupLeanRocksAlways serves RocksDB with --sync=always on the lean
+// engine, whichever engine this pass tests (the fsync hold is the lean
+// engine's: go-capnp runs each call on a goroutine of its own), and
+// returns the store, for its metrics.
+func setupLeanRocksAlways(t *testing.T) (*testBundle, *rocksstore.Store) {
 	var rs *rocksstore.Store
 	f := storeFactory{"rocks", func(t *testing.T) storage.Store {
 		s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
@@ -205,9 +204,17 @@ func TestLean_PipelinedAckPollSharesOneFsync(t *testing.T) {
 		rs = s
 		return s
 	}}
-	// The hold is the lean engine's (go-capnp runs each call on a
-	// goroutine of its own), whichever engine this pass tests.
 	b := setup(t, bundleOpts{factory: f, mutate: func(cfg *ServerConfig) { cfg.Engine = EngineLean }})
+	return b, rs
+}
+
+// TestLean_PipelinedAckPollSharesOneFsync: on a --sync=always node the
+// lean engine's reader holds the store's fsyncs while it hands over an
+// ack and a poll that came in one piece, so each AckPoll costs one WAL
+// fsync (the ack's would otherwise start before the poll is written).
+func TestLean_PipelinedAckPollSharesOneFsync(t *testing.T) {
+	t.Parallel()
+	b, rs := setupLeanRocksAlways(t)
 	c := b.dial()
 	ctx := ctxT(t)
 	const n = 20
@@ -232,15 +239,7 @@ func TestLean_PipelinedAckPollSharesOneFsync(t *testing.T) {
 // the ack.
 func TestConsume_AcksWithTheNextPoll(t *testing.T) {
 	t.Parallel()
-	var rs *rocksstore.Store
-	f := storeFactory{"rocks", func(t *testing.T) storage.Store {
-		s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = s.Close() })
-		rs = s
-		return s
-	}}
-	b := setup(t, bundleOpts{factory: f, mutate: func(cfg *ServerConfig) { cfg.Engine = EngineLean }})
+	b, rs := setupLeanRocksAlways(t)
 	c := b.dial()
 	ctx := ctxT(t)
 	const n = 10
