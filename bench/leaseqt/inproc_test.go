@@ -182,6 +182,7 @@ func TestInProcess_Counters(t *testing.T) {
 			require.Greater(t, c["commits"], before, "the enqueue was committed")
 			if s.(InProcess).Sync == rocksstore.SyncAlways {
 				require.Positive(t, c["wal_fsyncs"], "and fsynced")
+				require.Positive(t, c["wal_fsync_s"], "and the fsync was timed")
 			} else {
 				require.Zero(t, c["wal_fsyncs"])
 			}
@@ -200,7 +201,7 @@ leaseq_store_write_stall_seconds_total 1.5e-03
 `
 	got, err := scrapeCounters(strings.NewReader(page), nodeCounters)
 	require.NoError(t, err)
-	require.Equal(t, map[string]float64{"commits": 1234, "wal_fsyncs": 77, "write_stall_s": 0.0015}, got)
+	require.Equal(t, map[string]float64{"commits": 1234, "wal_fsyncs": 77, "wal_fsync_s": 0.5, "write_stall_s": 0.0015}, got)
 	_, err = scrapeCounters(strings.NewReader("leaseq_store_commits_total x\n"), nodeCounters)
 	require.ErrorContains(t, err, "leaseq_store_commits_total")
 }

@@ -146,6 +146,7 @@ type rpcInstance struct {
 // in-process rows report (inproc.go's Counters).
 var nodeCounters = map[string]string{
 	"leaseq_store_wal_fsync_seconds_count":   counterFsyncs,
+	"leaseq_store_wal_fsync_seconds_sum":     counterFsyncTime,
 	"leaseq_store_commits_total":             counterCommits,
 	"leaseq_store_write_stall_seconds_total": counterStall,
 }
@@ -154,7 +155,7 @@ var nodeCounters = map[string]string{
 const metricsTimeout = 5 * time.Second
 
 // Counters implements target.Counters from the node's /metrics: its WAL
-// fsyncs, commits and write stalls. nil if the scrape fails (the row then
+// fsyncs and their seconds, commits and write stalls. nil if the scrape fails (the row then
 // notes none).
 func (in *rpcInstance) Counters() map[string]float64 {
 	c := http.Client{Timeout: metricsTimeout}
