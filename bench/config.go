@@ -195,7 +195,7 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&c.OutDir, "out", c.OutDir, "directory for results.json and chart.svg (empty: none)")
 	fs.BoolVar(&c.GoBench, "gobench", c.GoBench, "also print Go benchmark lines (for benchstat)")
 	fs.StringVar(&c.LeaseqBin, "leaseq-bin", c.LeaseqBin, "leaseq binary for the RPC systems (default: ./leaseq if present, else go build)")
-	fs.BoolVar(&c.KeepData, "keep-data", c.KeepData, "keep data directories")
+	fs.BoolVar(&c.KeepData, "keep-data", c.KeepData, "keep each row's data directory (named leaseq-bench-kept-SYSTEM-* in the temporary directory); without it a run also removes the directories of harnesses that were killed before they could")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", c.CPUProfile, "write a CPU profile of this process (in-process systems included) to `file`")
 	fs.StringVar(&c.Trace, "trace", c.Trace, "write a Go execution trace of this process (in-process systems included) to `file`; it grows by tens of MB a second")
 	var rest []string

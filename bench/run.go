@@ -404,6 +404,14 @@ func Run(ctx context.Context, c Config, systems []target.System) (*Report, error
 		}
 	}
 	logf("leaseq bench: load average %.2f; seed=%d workloads=%s systems=%s\n", rep.LoadAvg[0], c.Seed, strings.Join(wls, ","), strings.Join(rep.Config.Systems, ","))
+	// Rows of a harness that was killed left their data behind.
+	n, size, err := removeStaleDataDirs("")
+	if n > 0 {
+		logf("removed %d data directories (%.1f MB) left by harness processes that no longer run\n", n, float64(size)/1e6)
+	}
+	if err != nil {
+		logf("could not remove every data directory left by harness processes that no longer run: %v\n", err)
+	}
 	logf("config: P=%d C=%d batch=%d ack_per_item=%v ack_poll=%v payload=%dB duration=%v churn=%v/%d rate=%d/s drain=%d storm=%d lease=%v queues=%d zipf=%.2f timeout=+%v\n",
 		c.Producers, c.Consumers, c.Batch, c.AckPerItem, c.AckPoll, c.PayloadSize, c.Duration, c.ChurnDuration, c.Intervals, c.Rate,
 		c.DrainItems, c.StormItems, c.StormLease, c.Queues, c.ZipfS, c.Timeout)
@@ -502,7 +510,7 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 	r = Result{Row: v.row, Workload: v.workload, Shape: v.shape, System: s.Name(), Family: s.Family(), Class: string(d.Class), Durability: d.Mode}
 	ctx, cancel := c.Clock.WithTimeout(ctx, v.planned+c.Timeout)
 	defer cancel()
-	dir, err := os.MkdirTemp("", "leaseq-bench-"+s.Name()+"-")
+	dir, err := newDataDir("", s.Name(), c.KeepData)
 	if err != nil {
 		r.Err = err.Error()
 		return r
