@@ -65,7 +65,7 @@
 // batch. The merge operator stays registered so that databases holding
 // such operands still open to their sum.
 //
-// # The commit pipeline (commit.go)
+// # The commit pipeline (commit.go; its fsyncs in syncer.go)
 //
 // Every mutating call (enqueue, poll, ack, nack, extend, sweep, redrive,
 // purge, config) is an op handed to the store's pipeline. Ops are

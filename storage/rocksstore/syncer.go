@@ -1,0 +1,213 @@
+package rocksstore
+
+import (
+	"context"
+	"runtime/trace"
+	"time"
+)
+
+// The fsync side of the commit pipeline (commit.go): the syncer
+// goroutines and the inline fsync of a lone leader, which make written
+// batches durable under SyncAlways and complete their ops, the holds
+// that keep an fsync back while a caller hands over calls that came
+// together (HoldSync, async.go), and the WAL fsync itself.
+
+// heldLocked reports whether holds keep the next fsync from starting.
+// REQUIRES: mu held.
+func (p *pipeline) heldLocked() bool { return p.holds > 0 && !p.holdsOff }
+
+// breakHolds makes holds stop holding back fsyncs (until mendHolds) and
+// starts the fsync of what they held back. Close and Recover call it
+// before they wait for the calls in flight: those calls may wait for an
+// fsync a hold keeps back, while the holder waits to enter the store
+// behind Close or Recover (a waiting writer blocks new readers of
+// Store.life).
+func (p *pipeline) breakHolds() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.holdsOff = true
+	if !p.leading {
+		p.kickLocked()
+	}
+}
+
+// mendHolds lets holds hold fsyncs back again (Recover, once reopened).
+func (p *pipeline) mendHolds() {
+	p.mu.Lock()
+	p.holdsOff = false
+	p.mu.Unlock()
+}
+
+// kickLocked hands the written batches to the syncer goroutine unless a
+// goroutine fsyncs already, and reports whether it woke the syncer.
+// REQUIRES: mu held.
+func (p *pipeline) kickLocked() bool {
+	if len(p.unsynced) > 0 && !p.syncing && !p.heldLocked() {
+		p.syncing = true
+		p.kick <- struct{}{}
+		return true
+	}
+	return false
+}
+
+// written is a batch written and waiting for its fsync.
+type written struct {
+	ops   []*op
+	wrote bool // the batch wrote to the WAL
+}
+
+// syncers is the number of syncer goroutines. One fsyncs at a time; a
+// second lets the one that just fsynced complete its group's
+// asynchronous ops (which build and send the calls' answers, see
+// submitAsync) while the other already fsyncs the next group.
+const syncers = 2
+
+// syncInline fsyncs the written batches on the caller's goroutine (a
+// leader that gave up the lead); batches written meanwhile go to the
+// syncer goroutine, so the caller is held for one fsync only.
+// REQUIRES: p.syncing was set for this goroutine.
+func (s *Store) syncInline() {
+	p := &s.pipe
+	p.mu.Lock()
+	group := p.unsynced
+	p.unsynced = nil
+	p.mu.Unlock()
+	complete(group, s.syncFor(group, true))
+	// Completed first: the batches written meanwhile then share the
+	// syncer's next fsync (measured: produce-b100 in process).
+	p.mu.Lock()
+	p.recycleLocked(group)
+	if len(p.unsynced) > 0 && !p.heldLocked() {
+		p.kick <- struct{}{} // the syncing passes to the syncer
+	} else {
+		p.endSyncingLocked()
+	}
+	p.mu.Unlock()
+}
+
+// endSyncingLocked: nobody fsyncs any more. REQUIRES: mu held.
+func (p *pipeline) endSyncingLocked() {
+	p.syncing = false
+	p.idle.Broadcast()
+}
+
+// syncLoop is a syncer goroutine: once kicked (and made the one
+// syncing), it fsyncs the WAL once for every batch written since the last
+// fsync and completes their ops, until none is waiting. When a group's
+// asynchronous ops are large and more batches wait, it hands the syncing
+// to the other syncer before it completes the group (see syncers).
+func (s *Store) syncLoop() {
+	p := &s.pipe
+	defer p.wg.Done()
+	for range p.kick {
+		var completed []written // recycled at the next lock
+		for {
+			p.mu.Lock()
+			if completed != nil {
+				p.recycleLocked(completed)
+				completed = nil
+			}
+			if len(p.unsynced) == 0 || p.heldLocked() {
+				// Held: the last ReleaseSync starts the next fsync.
+				p.endSyncingLocked()
+				p.mu.Unlock()
+				break
+			}
+			group := p.unsynced
+			p.unsynced = nil
+			p.mu.Unlock()
+			err := s.syncFor(group, false)
+			handed := false
+			if asyncItems(group) >= handOffItems {
+				p.mu.Lock()
+				if len(p.unsynced) > 0 && !p.heldLocked() {
+					p.kick <- struct{}{}
+					handed = true
+				}
+				p.mu.Unlock()
+			}
+			complete(group, err)
+			if handed {
+				p.mu.Lock()
+				p.recycleLocked(group)
+				p.mu.Unlock()
+				break
+			}
+			completed = group
+		}
+	}
+}
+
+// handOffItems is how many items the asynchronous ops of a group must
+// touch for a syncer to hand the next fsync to the other syncer before it
+// completes them: completing a few single-item calls costs less than
+// waking the other syncer (measured: produce-b1 and e2e over RPC,
+// docs/BENCHMARKS.md).
+const handOffItems = 32
+
+// asyncItems returns the items the asynchronous ops of a group touch.
+func asyncItems(group []written) int {
+	n := 0
+	for _, w := range group {
+		for _, o := range w.ops {
+			if o.done != nil {
+				n += o.items
+			}
+		}
+	}
+	return n
+}
+
+// syncFor fsyncs the WAL for a group of written batches (inline: on the
+// goroutine of a call, see syncInline) and returns the error their ops
+// complete with. Batches are written in order, so when none in the group
+// wrote, every earlier write was synced by an earlier group.
+func (s *Store) syncFor(group []written, inline bool) error {
+	wrote := uint64(0)
+	for _, w := range group {
+		if w.wrote {
+			wrote++
+		}
+	}
+	if wrote == 0 {
+		return nil
+	}
+	s.m.syncedBatches.Add(wrote)
+	var start time.Time
+	if s.opts.Now != nil {
+		start = s.opts.Now()
+	}
+	rg := trace.StartRegion(context.Background(), "rocksstore.fsync")
+	err := s.syncWAL()
+	rg.End()
+	if s.opts.Now != nil {
+		s.m.syncNanos.Add(uint64(s.opts.Now().Sub(start)))
+	}
+	s.m.walSyncs.Add(1)
+	if inline {
+		s.m.inlineSyncs.Add(1)
+	}
+	if err != nil {
+		err = s.fail(translate("sync wal", err))
+	}
+	return err
+}
+
+// complete completes the ops of a group that syncFor fsynced.
+func complete(group []written, err error) {
+	for _, w := range group {
+		finish(w.ops, err)
+	}
+}
+
+// syncWAL fsyncs the WAL in one cgo call, on the goroutine that syncs
+// (Options.syncHook wraps it in tests). One call per group, not one inside
+// every caller's commit; a C thread of its own measured worse
+// (docs/BENCHMARKS.md).
+func (s *Store) syncWAL() error {
+	sync := func() error { return s.db.flushWAL(true) }
+	if s.opts.syncHook != nil {
+		return s.opts.syncHook(sync)
+	}
+	return sync()
+}
