@@ -291,19 +291,16 @@ func runFlow(ctx context.Context, e *env, in target.Instance, s flowSpec) (out f
 					ackedInWindow.Add(int64(len(g)))
 				}
 			}
-			ackFail := func(err error) bool {
-				if !isStop(consCtx, err) {
-					fail.set(fmt.Errorf("consumer %d: ack: %w", i, err), failAll)
-				}
-				return false
-			}
 			// held is the last batch polled, not yet acked: with an
 			// AckPoller it is acked by the next poll of its queue.
 			var held []target.Delivery
 			var heldQ string
 			ack := func(q string, g []target.Delivery) bool {
 				if err := c.Ack(consCtx, q, g); err != nil {
-					return ackFail(err)
+					if !isStop(consCtx, err) {
+						fail.set(fmt.Errorf("consumer %d: ack: %w", i, err), failAll)
+					}
+					return false
 				}
 				settled(g, e.since())
 				return true

@@ -321,11 +321,7 @@ func (c *inprocClient) AckPoll(ctx context.Context, queue string, ack []target.D
 	as, ok := c.in.store.(storage.Async)
 	order, m := byLease(ack)
 	if !ok || len(order) != 1 {
-		if err := c.Ack(ctx, queue, ack); err != nil {
-			return nil, err
-		}
-		acked()
-		return c.Poll(ctx, queue, max, wait)
+		return ackThenPoll(ctx, c, queue, ack, acked, max, wait)
 	}
 	type polled struct {
 		res storage.PollResult
@@ -359,4 +355,14 @@ func (c *inprocClient) AckPoll(ctx context.Context, queue string, ack []target.D
 		return c.Poll(ctx, queue, max, wait)
 	}
 	return deliveries(p.res), nil
+}
+
+// ackThenPoll is AckPoll the plain way, one call after the other: for a
+// store that cannot take both at once, or deliveries of several leases.
+func ackThenPoll(ctx context.Context, c target.Client, queue string, ack []target.Delivery, acked func(), max int, wait time.Duration) ([]target.Delivery, error) {
+	if err := c.Ack(ctx, queue, ack); err != nil {
+		return nil, err
+	}
+	acked()
+	return c.Poll(ctx, queue, max, wait)
 }

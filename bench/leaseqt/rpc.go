@@ -268,11 +268,7 @@ func (c *rpcClient) Ack(ctx context.Context, queue string, ds []target.Delivery)
 func (c *rpcClient) AckPoll(ctx context.Context, queue string, ack []target.Delivery, acked func(), max int, wait time.Duration) ([]target.Delivery, error) {
 	order, m := byLease(ack)
 	if len(order) != 1 {
-		if err := c.Ack(ctx, queue, ack); err != nil {
-			return nil, err
-		}
-		acked()
-		return c.Poll(ctx, queue, max, wait)
+		return ackThenPoll(ctx, c, queue, ack, acked, max, wait)
 	}
 	codes, res, err := c.c.AckPoll(ctx, queue, order[0], m[order[0]], max, c.lease, 0)
 	if err == nil {

@@ -275,10 +275,7 @@ func (c *redisClient) AckPoll(ctx context.Context, queue string, ack []target.De
 	}
 	acked()
 	res, err := read.Result()
-	if errors.Is(err, redis.Nil) || (err == nil && len(res) == 0) {
-		return c.Poll(ctx, queue, max, wait)
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("peers: redis: xreadgroup: %w", err)
 	}
 	var ds []target.Delivery

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/storage"
@@ -168,7 +169,7 @@ func TestRocksStore_CloseBreaksAHold(t *testing.T) {
 		require.NoError(t, o.ack, "the held ack was made durable")
 		require.NoError(t, o.close)
 		require.ErrorIs(t, o.poll, storage.ErrClosed)
-	case <-time.After(30 * time.Second):
+	case <-clock.New().After(30 * time.Second):
 		t.Fatal("Close, the held ack and the next call deadlocked")
 	}
 }
