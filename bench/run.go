@@ -304,7 +304,7 @@ func variants(c Config, workload string) []variant {
 			}}}
 	case WorkloadStorm:
 		return []variant{{workload: workload, row: "storm", queues: q, lease: c.StormLease,
-			shape:   fmt.Sprintf("%d items leased by %dC that hang, lease %v; %dC redeliver", c.StormItems, c.Consumers, c.StormLease, c.Consumers),
+			shape: fmt.Sprintf("%d items leased by %dC that hang, lease %v; %dC redeliver", c.StormItems, c.Consumers, c.StormLease, c.Consumers),
 			// The rescuers may take up to stormWait after the last expiry
 			// before the row is reported incomplete: that is part of the
 			// plan, or the row's deadline cuts the storm short first and a
