@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -167,6 +168,16 @@ func TestMain_RejectsBadArguments(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	err := Main(context.Background(), clock.New(), []string{"-systems", "nosuchsystem", "e2e"}, &stdout, &stderr)
 	require.ErrorContains(t, err, "no system to run")
+}
+
+// -h names every workload, in the order a full run takes them.
+func TestParseFlags_HelpListsWorkloads(t *testing.T) {
+	t.Parallel()
+	var stderr bytes.Buffer
+	_, err := ParseFlags([]string{"-h"}, &stderr)
+	require.ErrorIs(t, err, flag.ErrHelp)
+	require.Contains(t, stderr.String(), "(default: all): "+strings.Join(AllWorkloads(), ", ")+".")
+	require.Contains(t, stderr.String(), "-duration")
 }
 
 func TestParseFlags_FlagsAroundWorkloads(t *testing.T) {

@@ -22,12 +22,16 @@ const (
 	WorkloadChurn      = "churn"
 	WorkloadStorm      = "storm"
 	WorkloadManyQueues = "manyqueues"
+	// WorkloadRoundTrip: one client making calls that do no queue work
+	// (leaseq's nodeInfo, Redis's PING), one at a time: the wire's cost
+	// per call on its own. Systems without such a call sit it out.
+	WorkloadRoundTrip = "roundtrip"
 )
 
 // AllWorkloads lists every workload in run order (a new slice each call:
 // the package holds no mutable globals).
 func AllWorkloads() []string {
-	return []string{WorkloadProduce, WorkloadE2E, WorkloadLatency, WorkloadDrain, WorkloadChurn, WorkloadStorm, WorkloadManyQueues}
+	return []string{WorkloadRoundTrip, WorkloadProduce, WorkloadE2E, WorkloadLatency, WorkloadDrain, WorkloadChurn, WorkloadStorm, WorkloadManyQueues}
 }
 
 // Config is one harness run. DefaultConfig gives the numbers of the
@@ -39,7 +43,7 @@ type Config struct {
 	// "peers", "leaseq"); every available system when empty.
 	Systems []string
 
-	Duration      time.Duration // length of each timed workload (produce, e2e, latency, manyqueues)
+	Duration      time.Duration // length of each timed workload (roundtrip, produce, e2e, latency, manyqueues)
 	ChurnDuration time.Duration // length of the tombstone churn run
 	Intervals     int           // churn: number of equal intervals the run is split into
 	Producers     int
@@ -171,6 +175,12 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	c := DefaultConfig()
 	fs := flag.NewFlagSet("leaseq bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: leaseq bench [WORKLOAD...] [flags]\n\nWorkloads, in run order (default: all): %s.\n"+
+			"roundtrip times calls without queue work (nodeInfo, PING); produce runs batch 1 and 100; latency runs at -rate and flat out.\n\nFlags:\n",
+			strings.Join(AllWorkloads(), ", "))
+		fs.PrintDefaults()
+	}
 	var systems string
 	fs.StringVar(&systems, "systems", "", "comma-separated systems or families to run (leaseq, peers, redis, beanstalkd, nats, leaseq-rpc-always, leaseq-http, ...); default all available; leaseq-http and leaseq-loopback run only when named by their own name or prefix, not by a family or group")
 	fs.DurationVar(&c.Duration, "duration", c.Duration, "length of each timed workload")

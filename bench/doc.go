@@ -2,7 +2,9 @@
 // leaseq and its peers (beanstalkd, Redis Streams, NATS JetStream) the same
 // way, with matched durability, and a report people can read.
 //
-// Workloads (Config plus Run): produce-only (batch 1 and 100), end-to-end
+// Workloads (Config plus Run): round trips without queue work (leaseq's
+// nodeInfo against Redis's and NATS's PING: the wire alone), produce-only
+// (batch 1 and 100), end-to-end
 // (P producers, C consumers, enqueue and poll batches, ack per item or per
 // batch), latency (enqueue to ack at a fixed offered rate, and flat out
 // from one producer), backlog drain, tombstone churn (a long run split

@@ -201,6 +201,18 @@ func speedGoals(byRow map[string][]Result) []Goal {
 			}
 		}
 	}
+	for _, l := range byRow["roundtrip"] {
+		if !isLeaseq(l) || l.InProcess || l.CPUPerItem <= 0 {
+			continue
+		}
+		p, found := redis("roundtrip", l.Class)
+		if !found || p.CPUPerItem <= 0 {
+			continue
+		}
+		r := div(l.CPUPerItem, p.CPUPerItem)
+		gs = append(gs, Goal{Goal: "roundtrip (nodeInfo vs PING) server cpu-µs per call vs Redis", System: l.System, Versus: p.System, Ratio: r,
+			Want: "<= 1", Met: r <= 1})
+	}
 	for _, l := range byRow["latency-max"] {
 		if !isLeaseq(l) || l.InProcess || l.Class != string(target.ClassDurable) || l.Enqueue == nil {
 			continue

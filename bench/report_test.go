@@ -40,6 +40,10 @@ func TestCompare_RatiosAndGoals(t *testing.T) {
 		cpu(row("produce-b1", "redis-everysec", "redis", "relaxed", 30000, 0), 16),
 		row("produce-b100", "leaseq-rpc-always", "leaseq", "durable", 150000, 0),
 		row("produce-b100", "redis-always", "redis", "durable", 100000, 0),
+		cpu(row("roundtrip", "leaseq-rpc-always", "leaseq", "durable", 14000, 0), 30),
+		cpu(row("roundtrip", "redis-always", "redis", "durable", 12000, 0), 40),
+		cpu(row("roundtrip", "leaseq-rpc-none", "leaseq", "relaxed", 14000, 0), 30),
+		cpu(row("roundtrip", "redis-everysec", "redis", "relaxed", 12000, 0), 24),
 	}
 	ratios, goals := compare(rs)
 	find := func(rowName, l, p, metric string) Ratio {
@@ -81,6 +85,10 @@ func TestCompare_RatiosAndGoals(t *testing.T) {
 		"produce-b100 items/s vs Redis, same class/leaseq-rpc-always":              {1.5, true},
 		"single durable enqueue p50 vs Redis appendfsync always/leaseq-rpc-always": {1.2, false},
 		"single durable enqueue p99 vs Redis appendfsync always/leaseq-rpc-always": {1.2, true},
+		// A call without queue work: the node's CPU per nodeInfo at most
+		// Redis's per PING, same run.
+		"roundtrip (nodeInfo vs PING) server cpu-µs per call vs Redis/leaseq-rpc-always": {0.75, true},
+		"roundtrip (nodeInfo vs PING) server cpu-µs per call vs Redis/leaseq-rpc-none":   {1.25, false},
 	}
 	require.Len(t, goals, len(want))
 	for _, g := range goals {

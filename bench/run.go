@@ -66,6 +66,10 @@ type Result struct {
 	RoundsItemsPerSec []float64 `json:"rounds_items_per_s,omitempty"`
 	// RoundsFailed counts the rounds that failed or did not complete.
 	RoundsFailed int `json:"rounds_failed,omitempty"`
+	// notApplicable: the system cannot run this row (the roundtrip row
+	// for a system without a call that does no queue work); Run leaves
+	// the row out of the report.
+	notApplicable bool
 }
 
 // Skipped is a system that did not run, and why.
@@ -242,6 +246,21 @@ func variants(c Config, workload string) []variant {
 		ack = "ack with the next poll"
 	}
 	switch workload {
+	case WorkloadRoundTrip:
+		return []variant{{workload: workload, row: "roundtrip", queues: q, lease: defaultLease, planned: c.Duration,
+			shape: "1 client, calls without queue work (nodeInfo, PING), one at a time",
+			run: func(ctx context.Context, e *env, in target.Instance, r *Result) error {
+				out, err := runRoundTrip(ctx, e, in, c.Duration)
+				if err != nil {
+					return err
+				}
+				r.Seconds = out.window.Seconds()
+				r.Items = out.calls
+				if l := summarize(out.lat); l != nil {
+					r.Extra = map[string]float64{"rtt_p50_us": l.P50, "rtt_p99_us": l.P99}
+				}
+				return nil
+			}}}
 	case WorkloadProduce:
 		p := flowSpec{producers: c.Producers, duration: c.Duration, pickQueue: pick}
 		p1, p100 := p, p
@@ -445,6 +464,12 @@ func Run(ctx context.Context, c Config, systems []target.System) (*Report, error
 						break
 					}
 					r := runRow(ctx, c, drain, v, s)
+					if r.notApplicable {
+						if round == 1 {
+							logf("%-14s %-22s left out: %s\n", r.Row, r.System, errNoRoundTrip)
+						}
+						continue
+					}
 					if r.Interrupted {
 						rep.Interrupted = true
 					}
@@ -570,6 +595,10 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 		addCounters(&r, c0, cs.Counters())
 	}
 	closeErr := in.Close()
+	if errors.Is(runErr, errNoRoundTrip) && closeErr == nil {
+		r.notApplicable = true
+		return r
+	}
 	if err := errors.Join(runErr, closeErr); err != nil {
 		r.Err = err.Error()
 	}

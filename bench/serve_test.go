@@ -19,7 +19,7 @@ import (
 func TestRun_LeaseqServeOverRPC(t *testing.T) {
 	t.Parallel()
 	c := tinyConfig(t)
-	c.Workloads = []string{WorkloadE2E, WorkloadDrain, WorkloadStorm}
+	c.Workloads = []string{WorkloadRoundTrip, WorkloadE2E, WorkloadDrain, WorkloadStorm}
 	c.AckPoll = true // the steady rows' consumers ack with their next poll (Client.AckPoll)
 	bin := &leaseqt.Binary{}
 	t.Cleanup(func() { require.NoError(t, bin.Close()) })
@@ -27,13 +27,22 @@ func TestRun_LeaseqServeOverRPC(t *testing.T) {
 	rep, err := Run(context.Background(), c, sys)
 	require.NoError(t, err)
 	require.Empty(t, rep.Skipped)
-	require.Len(t, rep.Results, 3*len(sys))
+	require.Len(t, rep.Results, 4*len(sys))
 	for _, r := range rep.Results {
 		require.Empty(t, r.Err, "%s/%s", r.Row, r.System)
 		require.Positive(t, r.Items, "%s/%s", r.Row, r.System)
 		require.False(t, r.InProcess, "CPU and RSS are the server process's")
 		require.Positive(t, r.PeakRSS, "%s/%s", r.Row, r.System)
 		require.InDelta(t, r.ClientCPUSeconds*1e6/float64(r.Items), r.ClientCPUPerItem, 1e-6, "%s/%s", r.Row, r.System)
+		if r.Row == "roundtrip" {
+			// nodeInfo calls, one at a time: timed, and not one of them
+			// reached the store.
+			require.Positive(t, r.Extra["rtt_p50_us"], "%s", r.System)
+			require.LessOrEqual(t, r.Extra["rtt_p50_us"], r.Extra["rtt_p99_us"], "%s", r.System)
+			require.NotContains(t, r.Extra, "commits", "%s: a nodeInfo call commits nothing", r.System)
+			require.Nil(t, r.E2E)
+			continue
+		}
 		if r.Row == "e2e" {
 			// /proc counts CPU in 10 ms ticks: the short drain and
 			// storm rows may not reach one.
@@ -47,7 +56,7 @@ func TestRun_LeaseqServeOverRPC(t *testing.T) {
 			require.NotContains(t, r.Extra, "wal_fsyncs", "%s: --sync=none fsyncs nothing", r.Row)
 		}
 	}
-	storm := rep.Results[4]
+	storm := rep.Results[6]
 	require.Equal(t, "storm", storm.Row)
 	require.EqualValues(t, c.StormItems, storm.Items)
 	require.Less(t, storm.Extra["after_last_expiry_s"], (30 * time.Second).Seconds())

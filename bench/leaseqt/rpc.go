@@ -227,6 +227,15 @@ type rpcClient struct {
 
 func (c *rpcClient) Close() error { return c.c.Close() }
 
+// Ping is a nodeInfo call: a round trip the node answers without touching
+// its store (target.Pinger).
+func (c *rpcClient) Ping(ctx context.Context) error {
+	if _, err := c.c.NodeInfo(ctx); err != nil {
+		return fmt.Errorf("leaseqt: rpc nodeInfo: %w", err)
+	}
+	return nil
+}
+
 func (c *rpcClient) Enqueue(ctx context.Context, queue string, payloads [][]byte) error {
 	c.items = c.items[:0]
 	for _, p := range payloads {

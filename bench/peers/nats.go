@@ -169,6 +169,15 @@ func (c *natsClient) Close() error {
 	return nil
 }
 
+// Ping is the NATS protocol's PING/PONG, which the client sends to flush
+// (target.Pinger).
+func (c *natsClient) Ping(ctx context.Context) error {
+	if err := c.nc.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("peers: nats: ping: %w", err)
+	}
+	return nil
+}
+
 func (c *natsClient) Enqueue(ctx context.Context, queue string, payloads [][]byte) error {
 	subj := natsSubject(queue)
 	if len(payloads) == 1 {

@@ -142,6 +142,14 @@ type redisClaim struct {
 
 func (c *redisClient) Close() error { return c.c.Close() }
 
+// Ping is Redis's PING (target.Pinger).
+func (c *redisClient) Ping(ctx context.Context) error {
+	if err := c.c.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("peers: redis: ping: %w", err)
+	}
+	return nil
+}
+
 func (c *redisClient) Enqueue(ctx context.Context, queue string, payloads [][]byte) error {
 	if len(payloads) == 1 {
 		if err := c.c.XAdd(ctx, &redis.XAddArgs{Stream: queue, Values: []any{redisField, payloads[0]}}).Err(); err != nil {

@@ -135,3 +135,13 @@ type Client interface {
 type AckPoller interface {
 	AckPoll(ctx context.Context, queue string, ack []Delivery, acked func(), max int, wait time.Duration) ([]Delivery, error)
 }
+
+// Pinger is implemented by a Client that can make a round trip to its
+// server that does no queue work (leaseq's nodeInfo, Redis's PING, NATS's
+// PING/PONG): the roundtrip row measures what the wire and the server's
+// connection handling cost per call, with nothing behind them. Systems
+// without such a command (beanstalkd) and in-process systems (no wire)
+// do not implement it and are left out of that row.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
