@@ -216,6 +216,24 @@ func TestSelectSystems(t *testing.T) {
 	require.Len(t, selectSystems(withDiag, []string{"all"}), 4)
 }
 
+// In-process systems have no wire: they sit out the roundtrip row, and a
+// run in which no row ran says so instead of printing an empty report.
+func TestRun_RoundTripWithoutWireSaysNothingRan(t *testing.T) {
+	t.Parallel()
+	c := tinyConfig(t)
+	c.Workloads = []string{WorkloadRoundTrip}
+	rep, err := Run(context.Background(), c, inprocSystems())
+	require.ErrorContains(t, err, "no row ran")
+	require.Empty(t, rep.Results)
+	c.Workloads = []string{WorkloadRoundTrip, WorkloadProduce}
+	rep, err = Run(context.Background(), c, inprocSystems())
+	require.NoError(t, err)
+	require.Len(t, rep.Results, 2*2, "the produce rows ran; roundtrip was left out")
+	for _, r := range rep.Results {
+		require.NotEqual(t, "roundtrip", r.Row)
+	}
+}
+
 func TestRun_SkipsUnavailableSystemsAndSaysWhy(t *testing.T) {
 	t.Parallel()
 	c := tinyConfig(t)

@@ -14,7 +14,7 @@ import (
 // errNoRoundTrip is returned by the roundtrip row for a system whose
 // client has no call without queue work (target.Pinger): the row is left
 // out for that system rather than reported as failed.
-var errNoRoundTrip = errors.New("no round trip without queue work (target.Pinger)")
+var errNoRoundTrip = errors.New("no call without queue work to time (in-process systems have no wire; beanstalkd has no such command)")
 
 // roundTripWarmup is how many calls run before the measured window: the
 // connection, buffers and the server's first calls.

@@ -484,6 +484,10 @@ func Run(ctx context.Context, c Config, systems []target.System) (*Report, error
 			}
 		}
 	}
+	if len(all) == 0 && !rep.Interrupted {
+		return rep, fmt.Errorf("bench: no row ran: every system selected (%s) sits out every workload selected (%s)",
+			strings.Join(rep.Config.Systems, ","), strings.Join(wls, ","))
+	}
 	rep.Results = all
 	if rounds > 1 {
 		rep.RoundResults = all
