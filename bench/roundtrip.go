@@ -22,9 +22,10 @@ const roundTripWarmup = 100
 
 // roundTripOut is what the roundtrip row measured.
 type roundTripOut struct {
-	calls  int64
-	window time.Duration
-	lat    *hdrhistogram.Histogram
+	calls       int64
+	window      time.Duration
+	lat         *hdrhistogram.Histogram
+	interrupted bool // a drain request ended the window early
 }
 
 // runRoundTrip makes calls that do no queue work (nodeInfo, PING) one at
@@ -58,6 +59,7 @@ func runRoundTrip(ctx context.Context, e *env, in target.Instance, d time.Durati
 			select {
 			case <-e.drain:
 				end = t // stop now; the window is what ran
+				out.interrupted = true
 			default:
 			}
 			if !t.Before(end) {

@@ -254,6 +254,7 @@ func variants(c Config, workload string) []variant {
 				if err != nil {
 					return err
 				}
+				r.Interrupted = out.interrupted
 				r.Seconds = out.window.Seconds()
 				r.Items = out.calls
 				if l := summarize(out.lat); l != nil {
