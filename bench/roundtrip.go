@@ -50,21 +50,10 @@ func runRoundTrip(ctx context.Context, e *env, in target.Instance, d time.Durati
 	out.lat = newHist()
 	start := e.clk.Now()
 	end := start.Add(d)
-	for {
-		t := e.clk.Now()
-		if !t.Before(end) {
+	for t := start; t.Before(end); t = e.clk.Now() {
+		if out.calls%256 == 0 && drainRequested(e.drain) {
+			out.interrupted = true // stop now; the window is what ran
 			break
-		}
-		if out.calls%256 == 0 {
-			select {
-			case <-e.drain:
-				end = t // stop now; the window is what ran
-				out.interrupted = true
-			default:
-			}
-			if !t.Before(end) {
-				break
-			}
 		}
 		if err := p.Ping(ctx); err != nil {
 			out.window = e.clk.Since(start)
@@ -75,4 +64,14 @@ func runRoundTrip(ctx context.Context, e *env, in target.Instance, d time.Durati
 	}
 	out.window = e.clk.Since(start)
 	return out, c.Close()
+}
+
+// drainRequested reports, without waiting, whether drain is closed.
+func drainRequested(drain <-chan struct{}) bool {
+	select {
+	case <-drain:
+		return true
+	default:
+		return false
+	}
 }
