@@ -70,6 +70,10 @@ func TestRun_LeaseqServeOverHTTP(t *testing.T) {
 	c := tinyConfig(t)
 	c.Workloads = []string{WorkloadProduce, WorkloadE2E, WorkloadStorm}
 	c.Systems = []string{"leaseq-http"}
+	// A second, not tinyConfig's 300 ms: under `make test`'s parallel
+	// packages a durable node's first HTTP calls took longer than that
+	// once (e2e leaseq-http-always completed nothing in its window).
+	c.Duration = time.Second
 	bin := &leaseqt.Binary{}
 	t.Cleanup(func() { require.NoError(t, bin.Close()) })
 	rep, err := Run(context.Background(), c, leaseqSystems(bin))
