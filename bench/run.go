@@ -455,12 +455,7 @@ func Run(ctx context.Context, c Config, systems []target.System) (*Report, error
 			// over the run touches every system alike.
 			for round := 1; round <= rounds; round++ {
 				for _, s := range run {
-					select {
-					case <-drain:
-						rep.Interrupted = true
-					default:
-					}
-					if rep.Interrupted || ctx.Err() != nil {
+					if rep.Interrupted || drainRequested(drain) || ctx.Err() != nil {
 						rep.Interrupted = true
 						break
 					}
