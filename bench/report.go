@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -345,7 +346,7 @@ func WriteTable(w io.Writer, rep *Report) error {
 			if !g.Met {
 				met = "SHORT"
 			}
-			fmt.Fprintf(tw, "%s\t%s\tvs %s\t%.2f\t(want %s)\t%s\n", g.Goal, g.System, g.Versus, g.Ratio, g.Want, met)
+			fmt.Fprintf(tw, "%s\t%s\tvs %s\t%s\t(want %s)\t%s\n", g.Goal, g.System, g.Versus, goalRatio(g), g.Want, met)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -355,6 +356,27 @@ func WriteTable(w io.Writer, rep *Report) error {
 		fmt.Fprintf(w, "skipped %s: %s\n", s.System, s.Reason)
 	}
 	return nil
+}
+
+// goalRatio formats g.Ratio with two decimals, or with four where two
+// would contradict g.Met: 1.9994 against ">= 2" reads "1.9994", not a
+// "2.00" marked short.
+func goalRatio(g Goal) string {
+	s := fmt.Sprintf("%.2f", g.Ratio)
+	var op string
+	var want float64
+	if _, err := fmt.Sscanf(g.Want, "%s %g", &op, &want); err != nil {
+		return s
+	}
+	shown, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return s
+	}
+	looksMet := (op == ">=" && shown >= want) || (op == "<=" && shown <= want)
+	if looksMet != g.Met {
+		return fmt.Sprintf("%.4f", g.Ratio)
+	}
+	return s
 }
 
 // WriteMarkdown writes the table, ratios and goals as Markdown (what
@@ -395,7 +417,7 @@ func WriteMarkdown(w io.Writer, rep *Report) error {
 			if !g.Met {
 				met = "**short**"
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %.2f | %s | %s |\n", g.Goal, g.System, g.Versus, g.Ratio, g.Want, met)
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", g.Goal, g.System, g.Versus, goalRatio(g), g.Want, met)
 		}
 	}
 	for _, s := range rep.Skipped {

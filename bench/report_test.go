@@ -265,3 +265,26 @@ func TestCPUIdle(t *testing.T) {
 	require.NoError(t, WriteMarkdown(&md, rep))
 	require.Contains(t, md.String(), "2 CPUs (cpu), k, go, load average", "no cpuidle: nothing added")
 }
+
+func TestGoalRatio_NoShortGoalReadsAsMet(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		g    Goal
+		want string
+	}{
+		{Goal{Ratio: 1.9994, Want: ">= 2", Met: false}, "1.9994"},
+		{Goal{Ratio: 1.0004, Want: "<= 1", Met: false}, "1.0004"},
+		{Goal{Ratio: 2.004, Want: ">= 2", Met: true}, "2.00"},
+		{Goal{Ratio: 1.95, Want: ">= 2", Met: false}, "1.95"},
+		{Goal{Ratio: 0.96, Want: "<= 1", Met: true}, "0.96"},
+		{Goal{Ratio: 1.5, Want: "odd", Met: true}, "1.50"},
+	} {
+		require.Equal(t, c.want, goalRatio(c.g), "%+v", c.g)
+	}
+	rep := &Report{Goals: []Goal{{Goal: "e2e items/s vs Redis, same class", System: "leaseq-inproc-always", Versus: "redis-always", Ratio: 1.9994, Want: ">= 2"}}}
+	var text, md bytes.Buffer
+	require.NoError(t, WriteTable(&text, rep))
+	require.NoError(t, WriteMarkdown(&md, rep))
+	require.Contains(t, text.String(), "1.9994")
+	require.Contains(t, md.String(), "| 1.9994 | >= 2 | **short** |")
+}
