@@ -179,11 +179,11 @@ stress: ## run one package's tests in a loop until they fail (STRESS_PKG=./sweep
 		$(CURDIR)/bin/stress.test -test.count=1 -test.timeout=$(TIMEOUT) $(if $(RUN),-test.run '$(RUN)') >$(CURDIR)/bin/stress.log 2>&1 || { cat $(CURDIR)/bin/stress.log; echo "stress: failed on run $$i"; exit 1; }; \
 	done; echo "stress: $(STRESS_N) runs passed"
 
-fuzz: deps ## run every Fuzz* target for FUZZTIME (default 30s) each
+fuzz: deps ## run every Fuzz* target for FUZZTIME (default 30s) each (rpc's once per RPC engine, so twice as long)
 	@dirs=$$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -r -n1 dirname | sort -u); \
 	if [ -z "$$dirs" ]; then echo "fuzz: no Fuzz targets"; exit 0; fi; \
 	for d in $$dirs; do \
-		for f in $$($(GO) test -tags '$(TEST_TAGS)' -list '^Fuzz' "$$d" | grep '^Fuzz'); do \
+		for f in $$($(GO) test -tags '$(TEST_TAGS)' -list '^Fuzz' "$$d" | grep '^Fuzz' | sort -u); do \
 			echo "== fuzz $$d $$f for $(FUZZTIME)"; \
 			$(GO) test -tags '$(TEST_TAGS)' -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) "$$d"; \
 		done; \
