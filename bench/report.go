@@ -368,10 +368,7 @@ func goalRatio(g Goal) string {
 	if _, err := fmt.Sscanf(g.Want, "%s %g", &op, &want); err != nil {
 		return s
 	}
-	shown, err := strconv.ParseFloat(s, 64)
-	if err != nil {
-		return s
-	}
+	shown, _ := strconv.ParseFloat(s, 64) // s is a number: %.2f wrote it
 	looksMet := (op == ">=" && shown >= want) || (op == "<=" && shown <= want)
 	if looksMet != g.Met {
 		return fmt.Sprintf("%.4f", g.Ratio)
