@@ -82,6 +82,12 @@ func TestRun_EveryWorkloadInProcess(t *testing.T) {
 		require.NotNil(t, r.E2E, "%s/%s e2e latency", r.Row, r.System)
 		require.LessOrEqual(t, r.E2E.P50, r.E2E.P99)
 		require.LessOrEqual(t, r.E2E.P99, r.E2E.P999)
+		if r.Row == "e2e" {
+			// Consumers poll batches of c.Batch; the mean over the run
+			// is above zero (they got items) and at most a full batch.
+			require.Positive(t, r.Extra["items_per_poll"], "%s", r.System)
+			require.LessOrEqual(t, r.Extra["items_per_poll"], float64(c.Batch), "%s", r.System)
+		}
 	}
 	churn := rep.Results[2*6]
 	require.Equal(t, "churn", churn.Row)

@@ -82,6 +82,8 @@ type flowOut struct {
 	e2e         *hdrhistogram.Histogram
 	enq         *hdrhistogram.Histogram
 	samples     []int64 // acked (or enqueued, for produce-only) per sampleEvery
+	polls       int64   // consumers' poll calls (AckPoll included), over the whole run
+	polled      int64   // items those polls returned
 	interrupted bool
 }
 
@@ -189,7 +191,7 @@ func runFlow(ctx context.Context, e *env, in target.Instance, s flowSpec) (out f
 	}
 	defer func() { err = errors.Join(err, closeAll(cons)) }()
 
-	var enqueued, acked, ackedInWindow atomic.Int64
+	var enqueued, acked, ackedInWindow, polls, polled atomic.Int64
 	var seqNext atomic.Uint64
 	// Producers stop at the deadline or on drain; consumers stop at the
 	// deadline, or on drain once they caught up (or drainGrace passed).
@@ -335,6 +337,8 @@ func runFlow(ctx context.Context, e *env, in target.Instance, s flowSpec) (out f
 					fail.set(fmt.Errorf("consumer %d: poll: %w", i, err), failAll)
 					return
 				}
+				polls.Add(1)
+				polled.Add(int64(len(ds)))
 				if len(ds) == 0 {
 					empty++
 					if s.idleBackof > 0 && empty >= 64 {
@@ -403,6 +407,7 @@ func runFlow(ctx context.Context, e *env, in target.Instance, s flowSpec) (out f
 	out.window = end.Sub(start)
 	out.enqueued = enqueued.Load()
 	out.acked = ackedInWindow.Load()
+	out.polls, out.polled = polls.Load(), polled.Load()
 	out.enq = mergeHists(enqHists)
 	out.e2e = mergeHists(e2eHists)
 	return out, nil

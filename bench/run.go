@@ -227,6 +227,12 @@ func variants(c Config, workload string) []variant {
 				if s.consumers > 0 && r.Seconds > 0 {
 					r.Extra["enqueue_items_per_s"] = float64(out.enqueued) / r.Seconds
 				}
+				if out.polls > 0 {
+					// How full the consumers' polls came back: with a
+					// batch of N, the calls per item a system's
+					// consumers made (N means every poll was full).
+					r.Extra["items_per_poll"] = float64(out.polled) / float64(out.polls)
+				}
 				if keepSamples {
 					r.Intervals = intervals(out.samples, c.Intervals)
 					if n := len(r.Intervals); n >= 2 && r.Intervals[0] > 0 {
