@@ -50,9 +50,10 @@ TEST_TAGS := invariants
 # (main: serve's signal handling). Missing directories are skipped.
 # bench itself is left out: its in-process workload tests assert throughput
 # in 300 ms windows, which -race on a loaded 2-core machine breaks about one
-# run in four (measured); its concurrent helpers leaseqt and procx stay in.
+# run in four (measured); its concurrent helpers leaseqt, procx and
+# tracestat (whose test traces a store under concurrent calls) stay in.
 # `make test-race` still runs everything with -race.
-RACE_PKGS ?= . sweeper rpc storage/memstore storage/rocksstore fdbsync bench/leaseqt bench/procx
+RACE_PKGS ?= . sweeper rpc storage/memstore storage/rocksstore fdbsync bench/leaseqt bench/procx bench/tracestat
 
 # Debian packages the build needs: RocksDB (shared and static libraries
 # and headers, and through it snappy, lz4, zstd, zlib, bz2), the capnp

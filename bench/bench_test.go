@@ -335,6 +335,9 @@ func TestMain_WritesExecutionTrace(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.HasPrefix(b, []byte("go 1.")), "an execution trace starts with its Go version header, got %q", b[:min(len(b), 16)])
 	require.Greater(t, len(b), 1024, "the trace holds the run's events")
+	require.Contains(t, stdout.String(), "trace: ", "the trace's summary follows the table")
+	require.Contains(t, stdout.String(), "WAL fsyncs      0,", "the in-memory engine has no WAL")
+	require.Contains(t, stdout.String(), "runnable waits")
 
 	err = Main(context.Background(), clock.New(), []string{"e2e", "-systems", "leaseq-inproc-mem", "-duration", "100ms", "-out", "",
 		"-trace", filepath.Join(t.TempDir(), "no", "such", "dir", "x.trace")}, &stdout, &stderr)

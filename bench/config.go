@@ -77,7 +77,8 @@ type Config struct {
 	// harness process (which includes the in-process systems).
 	CPUProfile string
 	// Trace, if set, is where Main writes a Go execution trace of the
-	// harness process, in-process systems included (go tool trace).
+	// harness process, in-process systems included (go tool trace), and
+	// prints its summary (package tracestat) after the table.
 	Trace string
 
 	// Clock is the only time source (DESIGN: main.go creates it).
@@ -207,7 +208,7 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&c.LeaseqBin, "leaseq-bin", c.LeaseqBin, "leaseq binary for the RPC systems (default: ./leaseq if present, else go build)")
 	fs.BoolVar(&c.KeepData, "keep-data", c.KeepData, "keep each row's data directory (named leaseq-bench-kept-SYSTEM-* in the temporary directory); without it a run also removes the directories of harnesses that were killed before they could")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", c.CPUProfile, "write a CPU profile of this process (in-process systems included) to `file`")
-	fs.StringVar(&c.Trace, "trace", c.Trace, "write a Go execution trace of this process (in-process systems included) to `file`; it grows by tens of MB a second")
+	fs.StringVar(&c.Trace, "trace", c.Trace, "write a Go execution trace of this process (in-process systems included) to `file`, and print after the table how busy the in-process engines' batches and WAL fsyncs kept them, how much they overlapped, and how long woken goroutines waited to run; it grows by tens of MB a second")
 	var rest []string
 	for {
 		if err := fs.Parse(args); err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/leaseq/leaseq/bench/leaseqt"
 	"github.com/leaseq/leaseq/bench/peers"
 	"github.com/leaseq/leaseq/bench/target"
+	"github.com/leaseq/leaseq/bench/tracestat"
 )
 
 // Systems returns every system the harness knows, leaseq's first, in the
@@ -90,19 +91,16 @@ func Main(ctx context.Context, clk clock.Clock, args []string, stdout, stderr io
 			}
 		}()
 	}
+	var stopTrace func() error
 	if cfg.Trace != "" {
-		f, err := os.Create(cfg.Trace)
-		if err != nil {
-			return fmt.Errorf("bench: trace: %w", err)
-		}
-		if err := trace.Start(f); err != nil {
-			f.Close()
-			return fmt.Errorf("bench: trace: %w", err)
+		if stopTrace, err = startTrace(cfg.Trace); err != nil {
+			return err
 		}
 		defer func() {
-			trace.Stop()
-			if cerr := f.Close(); cerr != nil {
-				fmt.Fprintf(stderr, "bench: trace: %v\n", cerr)
+			if stopTrace != nil {
+				if err := stopTrace(); err != nil {
+					fmt.Fprintf(stderr, "bench: %v\n", err)
+				}
 			}
 		}()
 	}
@@ -114,9 +112,23 @@ func Main(ctx context.Context, clk clock.Clock, args []string, stdout, stderr io
 	if err != nil {
 		return err
 	}
+	var traced *tracestat.Summary
+	if stopTrace != nil {
+		stop := stopTrace
+		stopTrace = nil
+		if traced, err = stopAndSummarize(stop, cfg.Trace); err != nil {
+			fmt.Fprintf(stderr, "bench: %v\n", err)
+		}
+	}
 	fmt.Fprintln(stdout)
 	if err := WriteTable(stdout, rep); err != nil {
 		return fmt.Errorf("bench: summary: %w", err)
+	}
+	if traced != nil {
+		fmt.Fprintln(stdout)
+		if err := traced.Write(stdout); err != nil {
+			return fmt.Errorf("bench: summary: %w", err)
+		}
 	}
 	if cfg.GoBench {
 		fmt.Fprintln(stdout)
@@ -144,4 +156,43 @@ func Main(ctx context.Context, clk clock.Clock, args []string, stdout, stderr io
 		return fmt.Errorf("%d rows failed: %w", len(failed), errors.Join(failed...))
 	}
 	return nil
+}
+
+// startTrace starts a Go execution trace of this process into a new file
+// at path; stop stops it and closes the file.
+func startTrace(path string) (stop func() error, err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("bench: trace: %w", err)
+	}
+	if err := trace.Start(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("bench: trace: %w", err)
+	}
+	return func() error {
+		trace.Stop()
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("bench: trace: %w", err)
+		}
+		return nil
+	}, nil
+}
+
+// stopAndSummarize stops the trace and reads back what it says of the
+// in-process engines' commit pipelines (package tracestat). The RPC
+// systems' nodes run in processes of their own, outside this trace.
+func stopAndSummarize(stop func() error, path string) (*tracestat.Summary, error) {
+	if err := stop(); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("bench: trace: %w", err)
+	}
+	defer f.Close()
+	sum, err := tracestat.Read(f)
+	if err != nil {
+		return nil, fmt.Errorf("bench: trace %s: %w", path, err)
+	}
+	return &sum, nil
 }

@@ -598,10 +598,19 @@ func (s *Store) fail(err error) error {
 // running a region costs one check.
 func traceBatch(calls int) *trace.Region {
 	if trace.IsEnabled() {
-		trace.Logf(context.Background(), "rocksstore.batch", "calls=%d", calls)
+		trace.Logf(context.Background(), TraceBatchRegion, "calls=%d", calls)
 	}
-	return trace.StartRegion(context.Background(), "rocksstore.batch")
+	return trace.StartRegion(context.Background(), TraceBatchRegion)
 }
+
+// The names of the execution trace's regions (runtime/trace) around each
+// batch a leader builds and writes, and around each WAL fsync; each batch
+// region follows a log of the same category, "calls=N" (bench/tracestat
+// reads both).
+const (
+	TraceBatchRegion = "rocksstore.batch"
+	TraceFsyncRegion = "rocksstore.fsync"
+)
 
 func finish(ops []*op, err error) {
 	for _, o := range ops {

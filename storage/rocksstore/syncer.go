@@ -177,7 +177,7 @@ func (s *Store) syncFor(group []written, inline bool) error {
 	if s.opts.Now != nil {
 		start = s.opts.Now()
 	}
-	rg := trace.StartRegion(context.Background(), "rocksstore.fsync")
+	rg := trace.StartRegion(context.Background(), TraceFsyncRegion)
 	err := s.syncWAL()
 	rg.End()
 	if s.opts.Now != nil {
