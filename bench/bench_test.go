@@ -338,6 +338,17 @@ func TestMain_WritesExecutionTrace(t *testing.T) {
 	require.Contains(t, stdout.String(), "trace: ", "the trace's summary follows the table")
 	require.Contains(t, stdout.String(), "WAL fsyncs      0,", "the in-memory engine has no WAL")
 	require.Contains(t, stdout.String(), "runnable waits")
+	printed := stdout.String()[strings.Index(stdout.String(), "trace: "):]
+
+	var again bytes.Buffer
+	require.NoError(t, Main(context.Background(), clock.New(), []string{"-read-trace", tr}, &again, &stderr))
+	require.Equal(t, printed, again.String(), "-read-trace prints the summary the run printed, and runs nothing")
+	err = Main(context.Background(), clock.New(), []string{"-read-trace", filepath.Join(t.TempDir(), "missing.trace")}, &again, &stderr)
+	require.ErrorContains(t, err, "bench: trace")
+	notTrace := filepath.Join(t.TempDir(), "not.trace")
+	require.NoError(t, os.WriteFile(notTrace, []byte("not a trace"), 0o644))
+	err = Main(context.Background(), clock.New(), []string{"-read-trace", notTrace}, &again, &stderr)
+	require.ErrorContains(t, err, "not.trace")
 
 	err = Main(context.Background(), clock.New(), []string{"e2e", "-systems", "leaseq-inproc-mem", "-duration", "100ms", "-out", "",
 		"-trace", filepath.Join(t.TempDir(), "no", "such", "dir", "x.trace")}, &stdout, &stderr)

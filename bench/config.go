@@ -80,6 +80,10 @@ type Config struct {
 	// harness process, in-process systems included (go tool trace), and
 	// prints its summary (package tracestat) after the table.
 	Trace string
+	// ReadTrace, if set, names a trace written before (by -trace, or a
+	// node's /debug/pprof/trace): Main prints its summary and runs
+	// nothing.
+	ReadTrace string
 
 	// Clock is the only time source (DESIGN: main.go creates it).
 	Clock clock.Clock
@@ -208,6 +212,7 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&c.LeaseqBin, "leaseq-bin", c.LeaseqBin, "leaseq binary for the RPC systems (default: ./leaseq if present, else go build)")
 	fs.BoolVar(&c.KeepData, "keep-data", c.KeepData, "keep each row's data directory (named leaseq-bench-kept-SYSTEM-* in the temporary directory); without it a run also removes the directories of harnesses that were killed before they could")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", c.CPUProfile, "write a CPU profile of this process (in-process systems included) to `file`")
+	fs.StringVar(&c.ReadTrace, "read-trace", c.ReadTrace, "run nothing: print the summary -trace prints for the execution trace in `file` (one written by -trace, or a node's, fetched from /debug/pprof/trace of leaseq serve --pprof)")
 	fs.StringVar(&c.Trace, "trace", c.Trace, "write a Go execution trace of this process (in-process systems included) to `file`, and print after the table how busy the in-process engines' batches and WAL fsyncs kept them, how much they overlapped, and how long woken goroutines waited to run; it grows by tens of MB a second")
 	var rest []string
 	for {

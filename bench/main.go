@@ -44,6 +44,9 @@ func Main(ctx context.Context, clk clock.Clock, args []string, stdout, stderr io
 	if err != nil {
 		return err
 	}
+	if cfg.ReadTrace != "" {
+		return printTrace(stdout, cfg.ReadTrace)
+	}
 	cfg.Clock = clk
 	cfg.Progress = stderr
 	ctx, abort := context.WithCancel(ctx)
@@ -185,6 +188,11 @@ func stopAndSummarize(stop func() error, path string) (*tracestat.Summary, error
 	if err := stop(); err != nil {
 		return nil, err
 	}
+	return readTrace(path)
+}
+
+// readTrace summarizes the execution trace in the file at path.
+func readTrace(path string) (*tracestat.Summary, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("bench: trace: %w", err)
@@ -195,4 +203,13 @@ func stopAndSummarize(stop func() error, path string) (*tracestat.Summary, error
 		return nil, fmt.Errorf("bench: trace %s: %w", path, err)
 	}
 	return &sum, nil
+}
+
+// printTrace is -read-trace: the summary of the trace at path, on w.
+func printTrace(w io.Writer, path string) error {
+	sum, err := readTrace(path)
+	if err != nil {
+		return err
+	}
+	return sum.Write(w)
 }
