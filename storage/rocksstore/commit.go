@@ -29,18 +29,23 @@ import (
 // committer goroutine, or passing the lead on before each commit, cost
 // more per batch than the overlap saved on two cores, and a third try
 // (a committer goroutine, two transactions alternating) did not raise
-// e2e either (measured; docs/BENCHMARKS.md).
+// e2e either, nor a fourth with SyncAlways, where a core sits idle
+// (measured; docs/BENCHMARKS.md, docs/TRIED.md).
 //
 // With SyncAlways one goroutine at a time fsyncs the WAL, once for every
 // batch written since the last fsync, and only then completes their
 // callers. While nobody fsyncs, a leader that finds callers waiting once
 // its batch is written builds their batch too, and the batches share one
 // fsync: that fsync starts a batch later, but the batch after would
-// otherwise wait for a whole fsync of its own. A leader that has nobody
-// waiting behind it fsyncs itself (syncInline), so a lone caller crosses
-// no goroutine; a leader that hands the lead on leaves the fsync to the
-// syncer goroutine, which runs it while the next leader builds. With
-// SyncNone callers are completed as soon as their batch is written.
+// otherwise wait for a whole fsync of its own (measured again where a
+// batch takes as long as an fsync, e2e in process: starting the fsync
+// first made the two overlap, with twice the fsyncs and no more
+// items/s; docs/BENCHMARKS.md, "A trace reader in the harness"). A
+// leader that has nobody waiting behind it fsyncs itself (syncInline),
+// so a lone caller crosses no goroutine; a leader that hands the lead
+// on leaves the fsync to the syncer goroutine, which runs it while the
+// next leader builds. With SyncNone callers are completed as soon as
+// their batch is written.
 //
 // Asynchronous ops (async.go) have no caller waiting: their done runs on
 // the goroutine that completes them. A caller that submits one and finds

@@ -228,7 +228,10 @@
 //
 // In a Go execution trace (leaseq serve --pprof), each batch is a
 // "rocksstore.batch" region, logged with its number of calls, and each WAL
-// fsync a "rocksstore.fsync" region (TestRocksStore_TraceRegions).
+// fsync a "rocksstore.fsync" region (TestRocksStore_TraceRegions;
+// TraceBatchRegion, TraceFsyncRegion). `leaseq bench -read-trace FILE`
+// (package bench/tracestat) sums them up: how busy each kept the
+// pipeline and how much they overlapped.
 //
 // # In-memory indexes (index.go, rebuild.go)
 //
