@@ -119,8 +119,9 @@ func Main(ctx context.Context, clk clock.Clock, args []string, stdout, stderr io
 	if stopTrace != nil {
 		stop := stopTrace
 		stopTrace = nil
-		if traced, err = stopAndSummarize(stop, cfg.Trace); err != nil {
-			fmt.Fprintf(stderr, "bench: %v\n", err)
+		var terr error
+		if traced, terr = stopAndSummarize(stop, cfg.Trace); terr != nil {
+			fmt.Fprintf(stderr, "bench: %v\n", terr)
 		}
 	}
 	fmt.Fprintln(stdout)
