@@ -338,7 +338,8 @@ func TestMain_WritesExecutionTrace(t *testing.T) {
 	require.Contains(t, stdout.String(), "trace: ", "the trace's summary follows the table")
 	require.Contains(t, stdout.String(), "WAL fsyncs      0,", "the in-memory engine has no WAL")
 	require.Contains(t, stdout.String(), "runnable waits")
-	printed := stdout.String()[strings.Index(stdout.String(), "trace: "):]
+	require.Contains(t, stdout.String(), tr+": this process only", "the run says whose pipeline it summed up")
+	printed := stdout.String()[strings.Index(stdout.String(), "\ntrace: ")+1:]
 
 	var again bytes.Buffer
 	require.NoError(t, Main(context.Background(), clock.New(), []string{"-read-trace", tr}, &again, &stderr))

@@ -129,7 +129,7 @@ func Main(ctx context.Context, clk clock.Clock, args []string, stdout, stderr io
 		return fmt.Errorf("bench: summary: %w", err)
 	}
 	if traced != nil {
-		fmt.Fprintln(stdout)
+		fmt.Fprintf(stdout, "\n%s: this process only (in-process systems; for a node's pipeline, -read-trace a trace of the node)\n", cfg.Trace)
 		if err := traced.Write(stdout); err != nil {
 			return fmt.Errorf("bench: summary: %w", err)
 		}
