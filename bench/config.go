@@ -78,7 +78,8 @@ type Config struct {
 	CPUProfile string
 	// Trace, if set, is where Main writes a Go execution trace of the
 	// harness process, in-process systems included (go tool trace), and
-	// prints its summary (package tracestat) after the table.
+	// prints its summary (package tracestat) after the table. Run also
+	// traces the server of each row whose instance can (nodetrace.go).
 	Trace string
 	// ReadTrace, if set, names a trace written before (by -trace, or a
 	// node's /debug/pprof/trace): Main prints its summary and runs
@@ -213,7 +214,7 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.BoolVar(&c.KeepData, "keep-data", c.KeepData, "keep each row's data directory (named leaseq-bench-kept-SYSTEM-* in the temporary directory); without it a run also removes the directories of harnesses that were killed before they could")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", c.CPUProfile, "write a CPU profile of this process (in-process systems included) to `file`")
 	fs.StringVar(&c.ReadTrace, "read-trace", c.ReadTrace, "run nothing: print the summary -trace prints for the execution trace in `file` (one written by -trace, or a node's, fetched from /debug/pprof/trace of leaseq serve --pprof)")
-	fs.StringVar(&c.Trace, "trace", c.Trace, "write a Go execution trace of this process (in-process systems included) to `file`, and print after the table how busy the in-process engines' batches and WAL fsyncs kept them, how much they overlapped, and how long woken goroutines waited to run; it grows by tens of MB a second")
+	fs.StringVar(&c.Trace, "trace", c.Trace, "write a Go execution trace of this process (in-process systems included) to `file`, and print after the table how busy the in-process engines' batches and WAL fsyncs kept them, how much they overlapped, and how long woken goroutines waited to run; it grows by tens of MB a second. Each leaseq-rpc row also traces its node (file.ROW.SYSTEM) and notes the same as node_* figures; the traces cost the node CPU")
 	var rest []string
 	for {
 		if err := fs.Parse(args); err != nil {

@@ -558,7 +558,7 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 			r.Err = fmt.Sprintf("cleanup: %v", err)
 		}
 	}()
-	in, err := s.Start(ctx, target.StartOptions{Dir: dir, Queues: v.queues, Lease: v.lease, Clock: c.Clock})
+	in, err := s.Start(ctx, target.StartOptions{Dir: dir, Queues: v.queues, Lease: v.lease, Clock: c.Clock, Trace: c.Trace != ""})
 	if err != nil {
 		r.Err = fmt.Sprintf("start: %v", err)
 		return r
@@ -583,6 +583,7 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 	e := &env{clk: c.Clock, base: c.Clock.Now(), progress: c.Progress, label: s.Name() + " " + v.row,
 		drain: drain, seed: c.Seed, payload: c.PayloadSize}
 	t0, terr := procx.ReadCPUTimes()
+	traced := startNodeTrace(ctx, c, v, s, in) // nodetrace.go
 	runErr := v.run(ctx, e, in, &r)
 	if t1, err := procx.ReadCPUTimes(); terr == nil && err == nil {
 		r.Steal = procx.StealShare(t0, t1)
@@ -600,6 +601,7 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 	if hasCounters {
 		addCounters(&r, c0, cs.Counters())
 	}
+	traced(&r)
 	closeErr := in.Close()
 	if errors.Is(runErr, errNoRoundTrip) && closeErr == nil {
 		r.notApplicable = true

@@ -1,7 +1,10 @@
 package bench
 
 import (
+	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -60,6 +63,32 @@ func TestRun_LeaseqServeOverRPC(t *testing.T) {
 	require.Equal(t, "storm", storm.Row)
 	require.EqualValues(t, c.StormItems, storm.Items)
 	require.Less(t, storm.Extra["after_last_expiry_s"], (30 * time.Second).Seconds())
+}
+
+// With -trace, a row on a real node also traces the node and notes what
+// the trace says of its commit pipeline; the trace stays beside -trace's.
+func TestRun_LeaseqServeTracesTheNode(t *testing.T) {
+	t.Parallel()
+	c := tinyConfig(t)
+	c.Workloads = []string{WorkloadE2E}
+	c.Trace = filepath.Join(t.TempDir(), "run.trace")
+	bin := &leaseqt.Binary{}
+	t.Cleanup(func() { require.NoError(t, bin.Close()) })
+	rep, err := Run(context.Background(), c, []target.System{leaseqt.RPC{Sync: "always", Bin: bin}})
+	require.NoError(t, err)
+	require.Len(t, rep.Results, 1)
+	r := rep.Results[0]
+	require.Empty(t, r.Err)
+	for _, k := range []string{"node_fsync_busy", "node_batch_busy"} {
+		require.Positive(t, r.Extra[k], k)
+		require.LessOrEqual(t, r.Extra[k], 1.0, k)
+	}
+	require.GreaterOrEqual(t, r.Extra["node_calls_per_batch"], 1.0)
+	require.Positive(t, r.Extra["node_wait_p50_us"])
+	require.LessOrEqual(t, r.Extra["node_wait_p50_us"], r.Extra["node_wait_p99_us"])
+	b, err := os.ReadFile(c.Trace + ".e2e.leaseq-rpc-always")
+	require.NoError(t, err)
+	require.True(t, bytes.HasPrefix(b, []byte("go 1.")), "the node's execution trace")
 }
 
 // TestRun_LeaseqServeOverHTTP drives real `leaseq serve --http` processes

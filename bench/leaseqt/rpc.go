@@ -126,18 +126,28 @@ func (r RPC) Start(ctx context.Context, o target.StartOptions) (target.Instance,
 		return nil, err
 	}
 	metrics := "127.0.0.1:" + strconv.Itoa(mport)
-	p, err := procx.Start(ctx, o.Clock, r.Name(), o.Dir, addr, serveReadyWait, bin, "serve",
-		"--data", filepath.Join(o.Dir, "data"), "--listen", addr, "--sync", r.Sync, "--metrics", metrics)
+	args := []string{"serve", "--data", filepath.Join(o.Dir, "data"), "--listen", addr, "--sync", r.Sync, "--metrics", metrics}
+	var pprof string
+	if o.Trace {
+		pport, err := procx.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		pprof = "127.0.0.1:" + strconv.Itoa(pport)
+		args = append(args, "--pprof", pprof)
+	}
+	p, err := procx.Start(ctx, o.Clock, r.Name(), o.Dir, addr, serveReadyWait, bin, args...)
 	if err != nil {
 		return nil, err
 	}
-	return &rpcInstance{proc: p, addr: addr, metrics: metrics, lease: o.Lease}, nil
+	return &rpcInstance{proc: p, addr: addr, metrics: metrics, pprof: pprof, lease: o.Lease}, nil
 }
 
 type rpcInstance struct {
 	proc    *procx.Process
 	addr    string
 	metrics string // the node's --metrics address
+	pprof   string // the node's --pprof address; "" when started without
 	lease   time.Duration
 	closed  atomic.Bool
 }
@@ -198,6 +208,48 @@ func scrapeCounters(page io.Reader, want map[string]string) (map[string]float64,
 }
 
 func (in *rpcInstance) PID() int { return in.proc.PID() }
+
+// Trace implements target.Tracer: it fetches d of the node's execution
+// trace from its /debug/pprof/trace into path.
+func (in *rpcInstance) Trace(ctx context.Context, d time.Duration, path string) (wait func() error) {
+	done := make(chan error, 1)
+	if in.pprof == "" {
+		done <- errors.New("leaseqt: trace: the node was started without --pprof")
+	} else {
+		url := "http://" + in.pprof + "/debug/pprof/trace?seconds=" + strconv.FormatFloat(d.Seconds(), 'f', 3, 64)
+		go func() { done <- fetchTrace(ctx, url, path) }()
+	}
+	return func() error { return <-done }
+}
+
+// fetchTrace writes the body of a GET of url into a new file at path.
+func fetchTrace(ctx context.Context, url, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return fmt.Errorf("leaseqt: trace: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("leaseqt: trace: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("leaseqt: trace: %s: %s", resp.Status, strings.TrimSpace(string(msg)))
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("leaseqt: trace: %w", err)
+	}
+	_, err = io.Copy(f, resp.Body)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("leaseqt: trace: %w", err)
+	}
+	return nil
+}
 
 func (in *rpcInstance) Close() error {
 	if in.closed.Swap(true) {

@@ -62,6 +62,10 @@ type StartOptions struct {
 	// Clock is the harness's clock; systems use it for readiness back-off
 	// and for periodic work such as Redis's reclaim scans.
 	Clock clock.Clock
+	// Trace: the harness will ask the instance for an execution trace of
+	// its server (Tracer); a server that can record one is started ready
+	// to.
+	Trace bool
 }
 
 // System is one queue implementation in one durability mode, such as
@@ -99,6 +103,15 @@ type Instance interface {
 // only grow.
 type Counters interface {
 	Counters() map[string]float64
+}
+
+// Tracer is implemented by an Instance whose server process can record a
+// Go execution trace (leaseq serve --pprof), when started with
+// StartOptions.Trace.
+type Tracer interface {
+	// Trace starts recording d of the server's execution trace into a
+	// new file at path; wait returns once the file is written.
+	Trace(ctx context.Context, d time.Duration, path string) (wait func() error)
 }
 
 // Delivery is one item handed to a consumer by Poll. Handle is the
