@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"runtime/pprof"
 	"runtime/trace"
+	"sync"
 	"syscall"
 
 	"github.com/benbjohnson/clock"
@@ -100,10 +101,10 @@ func Main(ctx context.Context, clk clock.Clock, args []string, stdout, stderr io
 			return err
 		}
 		defer func() {
-			if stopTrace != nil {
-				if err := stopTrace(); err != nil {
-					fmt.Fprintf(stderr, "bench: %v\n", err)
-				}
+			// The first stop, on an early return; else the one below
+			// again, whose error only this reports.
+			if err := stopTrace(); err != nil {
+				fmt.Fprintf(stderr, "bench: %v\n", err)
 			}
 		}()
 	}
@@ -117,11 +118,11 @@ func Main(ctx context.Context, clk clock.Clock, args []string, stdout, stderr io
 	}
 	var traced *tracestat.Summary
 	if stopTrace != nil {
-		stop := stopTrace
-		stopTrace = nil
-		var terr error
-		if traced, terr = stopAndSummarize(stop, cfg.Trace); terr != nil {
-			fmt.Fprintf(stderr, "bench: %v\n", terr)
+		if stopTrace() == nil {
+			var terr error
+			if traced, terr = readTrace(cfg.Trace); terr != nil {
+				fmt.Fprintf(stderr, "bench: %v\n", terr)
+			}
 		}
 	}
 	fmt.Fprintln(stdout)
@@ -163,7 +164,8 @@ func Main(ctx context.Context, clk clock.Clock, args []string, stdout, stderr io
 }
 
 // startTrace starts a Go execution trace of this process into a new file
-// at path; stop stops it and closes the file.
+// at path; stop stops it and closes the file (the first call; later ones
+// return its error again).
 func startTrace(path string) (stop func() error, err error) {
 	f, err := os.Create(path)
 	if err != nil {
@@ -173,23 +175,13 @@ func startTrace(path string) (stop func() error, err error) {
 		f.Close()
 		return nil, fmt.Errorf("bench: trace: %w", err)
 	}
-	return func() error {
+	return sync.OnceValue(func() error {
 		trace.Stop()
 		if err := f.Close(); err != nil {
 			return fmt.Errorf("bench: trace: %w", err)
 		}
 		return nil
-	}, nil
-}
-
-// stopAndSummarize stops the trace and reads back what it says of the
-// in-process engines' commit pipelines (package tracestat). The RPC
-// systems' nodes run in processes of their own, outside this trace.
-func stopAndSummarize(stop func() error, path string) (*tracestat.Summary, error) {
-	if err := stop(); err != nil {
-		return nil, err
-	}
-	return readTrace(path)
+	}), nil
 }
 
 // readTrace summarizes the execution trace in the file at path.

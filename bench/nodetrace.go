@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/leaseq/leaseq/bench/target"
 	"github.com/leaseq/leaseq/bench/tracestat"
@@ -52,28 +51,27 @@ func startNodeTrace(ctx context.Context, c Config, v variant, s target.System, i
 // nodeTracePath is where the node trace of a row goes: base with the row
 // and system appended.
 func nodeTracePath(base, row, system string) string {
-	clean := func(s string) string { return strings.NewReplacer("/", "_", " ", "_").Replace(s) }
-	return fmt.Sprintf("%s.%s.%s", base, clean(row), clean(system))
+	return base + "." + row + "." + system
 }
 
 // noteTrace puts a node trace's summary into the row's notes, leaving
 // out what is zero (a row with no fsyncs notes none), as addCounters does.
 func noteTrace(r *Result, sum *tracestat.Summary) {
-	note := func(k string, part, whole float64) {
-		if part <= 0 || whole <= 0 {
+	note := func(k string, v float64) {
+		if v <= 0 {
 			return
 		}
 		if r.Extra == nil {
 			r.Extra = map[string]float64{}
 		}
-		r.Extra[k] = part / whole
+		r.Extra[k] = v
 	}
-	note("node_fsync_busy", float64(sum.FsyncTime), float64(sum.Span))
-	note("node_batch_busy", float64(sum.BatchTime), float64(sum.Span))
-	note("node_batch_in_fsync", float64(sum.Overlap), float64(sum.BatchTime))
-	note("node_calls_per_batch", float64(sum.Calls), float64(sum.Batches))
-	note("node_wait_p50_us", float64(tracestat.Quantile(sum.Waits, 0.5)), 1e3)
-	note("node_wait_p99_us", float64(tracestat.Quantile(sum.Waits, 0.99)), 1e3)
+	note("node_fsync_busy", sum.FsyncBusy())
+	note("node_batch_busy", sum.BatchBusy())
+	note("node_batch_in_fsync", sum.BatchInFsync())
+	note("node_calls_per_batch", sum.CallsPerBatch())
+	note("node_wait_p50_us", float64(tracestat.Quantile(sum.Waits, 0.5))/1e3)
+	note("node_wait_p99_us", float64(tracestat.Quantile(sum.Waits, 0.99))/1e3)
 }
 
 // progressf writes a line to the run's progress output, if any.

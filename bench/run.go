@@ -427,12 +427,7 @@ func Run(ctx context.Context, c Config, systems []target.System) (*Report, error
 	if len(run) == 0 {
 		return rep, fmt.Errorf("bench: no system to run (selected %v; skipped %v)", c.Systems, rep.Skipped)
 	}
-	progress := c.Progress
-	logf := func(format string, a ...any) {
-		if progress != nil {
-			fmt.Fprintf(progress, format, a...)
-		}
-	}
+	logf := func(format string, a ...any) { progressf(c, format, a...) }
 	logf("leaseq bench: load average %.2f; seed=%d workloads=%s systems=%s\n", rep.LoadAvg[0], c.Seed, strings.Join(wls, ","), strings.Join(rep.Config.Systems, ","))
 	// Rows of a harness that was killed left their data behind.
 	n, size, err := removeStaleDataDirs("")

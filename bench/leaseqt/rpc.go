@@ -212,13 +212,12 @@ func (in *rpcInstance) PID() int { return in.proc.PID() }
 // Trace implements target.Tracer: it fetches d of the node's execution
 // trace from its /debug/pprof/trace into path.
 func (in *rpcInstance) Trace(ctx context.Context, d time.Duration, path string) (wait func() error) {
-	done := make(chan error, 1)
 	if in.pprof == "" {
-		done <- errors.New("leaseqt: trace: the node was started without --pprof")
-	} else {
-		url := "http://" + in.pprof + "/debug/pprof/trace?seconds=" + strconv.FormatFloat(d.Seconds(), 'f', 3, 64)
-		go func() { done <- fetchTrace(ctx, url, path) }()
+		return func() error { return errors.New("leaseqt: trace: the node was started without --pprof") }
 	}
+	url := "http://" + in.pprof + "/debug/pprof/trace?seconds=" + strconv.FormatFloat(d.Seconds(), 'f', 3, 64)
+	done := make(chan error, 1)
+	go func() { done <- fetchTrace(ctx, url, path) }()
 	return func() error { return <-done }
 }
 

@@ -189,13 +189,26 @@ func Quantile(sorted []time.Duration, q float64) time.Duration {
 	return sorted[i]
 }
 
-// share is part/whole in percent, 0 for an empty whole.
-func share(part, whole time.Duration) float64 {
+// ratio is part over whole, 0 for an empty whole.
+func ratio(part, whole float64) float64 {
 	if whole <= 0 {
 		return 0
 	}
-	return 100 * float64(part) / float64(whole)
+	return part / whole
 }
+
+// FsyncBusy is the share of the traced time the WAL fsyncs ran.
+func (s Summary) FsyncBusy() float64 { return ratio(float64(s.FsyncTime), float64(s.Span)) }
+
+// BatchBusy is the share of the traced time the batches ran.
+func (s Summary) BatchBusy() float64 { return ratio(float64(s.BatchTime), float64(s.Span)) }
+
+// BatchInFsync is the share of the batches' time that ran during an
+// fsync.
+func (s Summary) BatchInFsync() float64 { return ratio(float64(s.Overlap), float64(s.BatchTime)) }
+
+// CallsPerBatch is the calls a batch held on average.
+func (s Summary) CallsPerBatch() float64 { return ratio(float64(s.Calls), float64(s.Batches)) }
 
 // mean is d over n, 0 for none.
 func mean(d time.Duration, n int) time.Duration {
@@ -212,18 +225,14 @@ func (s Summary) Write(w io.Writer) error {
 	for _, d := range s.Waits {
 		waited += d
 	}
-	calls := 0.0
-	if s.Batches > 0 {
-		calls = float64(s.Calls) / float64(s.Batches)
-	}
 	_, err := fmt.Fprintf(w, "trace: %.3f s traced\n"+
 		"  WAL fsyncs      %d, mean %s µs, busy %.0f %% of the time\n"+
 		"  batches         %d, mean %s µs, %.1f calls each, busy %.0f %% of the time, %.0f %% of it during an fsync\n"+
 		"  fsync to fsync  idle p50 %s, p90 %s µs\n"+
 		"  runnable waits  %d, p50 %s, p90 %s, p99 %s µs, %.3f s in all\n",
 		s.Span.Seconds(),
-		s.Fsyncs, us(mean(s.FsyncTime, s.Fsyncs)), share(s.FsyncTime, s.Span),
-		s.Batches, us(mean(s.BatchTime, s.Batches)), calls, share(s.BatchTime, s.Span), share(s.Overlap, s.BatchTime),
+		s.Fsyncs, us(mean(s.FsyncTime, s.Fsyncs)), 100*s.FsyncBusy(),
+		s.Batches, us(mean(s.BatchTime, s.Batches)), s.CallsPerBatch(), 100*s.BatchBusy(), 100*s.BatchInFsync(),
 		us(Quantile(s.Gaps, 0.5)), us(Quantile(s.Gaps, 0.9)),
 		len(s.Waits), us(Quantile(s.Waits, 0.5)), us(Quantile(s.Waits, 0.9)), us(Quantile(s.Waits, 0.99)), waited.Seconds())
 	return err
