@@ -93,16 +93,16 @@ type nodeCollector struct {
 	// summed under the queue label otherQueues (0: defaultMetricsQueues).
 	maxQueues int
 
-	depth, leases, oldest, itemsTotal, queues                                  *prometheus.Desc
-	opCount, opErrors, opLatency                                               *prometheus.Desc
-	connsOpen, connsAccepted, connsRefused, waiters, subs                      *prometheus.Desc
-	pushed, replyBytes                                                         *prometheus.Desc
-	commits, syncCommits, inlineSyncs, commitLatency, fsyncLatency, writeStall *prometheus.Desc
-	calls, items, claimPasses, polls, claimed                                  *prometheus.Desc
-	storeFailed, diskFree, corrupt                                             *prometheus.Desc
-	sweeps, sweepFails, sweepItems, sweepLag, sweepMaxLag                      *prometheus.Desc
-	sweepDuration                                                              *prometheus.Desc
-	httpCount, httpErrors, httpLatency                                         *prometheus.Desc
+	depth, leases, oldest, itemsTotal, queues                                              *prometheus.Desc
+	opCount, opErrors, opLatency                                                           *prometheus.Desc
+	connsOpen, connsAccepted, connsRefused, waiters, subs                                  *prometheus.Desc
+	pushed, replyBytes                                                                     *prometheus.Desc
+	commits, syncCommits, inlineSyncs, earlySyncs, commitLatency, fsyncLatency, writeStall *prometheus.Desc
+	calls, items, claimPasses, polls, claimed                                              *prometheus.Desc
+	storeFailed, diskFree, corrupt                                                         *prometheus.Desc
+	sweeps, sweepFails, sweepItems, sweepLag, sweepMaxLag                                  *prometheus.Desc
+	sweepDuration                                                                          *prometheus.Desc
+	httpCount, httpErrors, httpLatency                                                     *prometheus.Desc
 }
 
 func newNodeCollector() *nodeCollector {
@@ -128,6 +128,7 @@ func newNodeCollector() *nodeCollector {
 		commits:       d("store_commits_total", "Batches the commit pipeline wrote, one WAL write each (RocksDB)."),
 		syncCommits:   d("store_sync_commits_total", "Batches that waited for a WAL fsync (RocksDB)."),
 		inlineSyncs:   d("store_wal_inline_fsyncs_total", "WAL fsyncs run by the goroutine of a lone caller instead of the syncer goroutine (RocksDB)."),
+		earlySyncs:    d("store_wal_early_fsyncs_total", "WAL fsyncs begun as soon as a batch's record was in the WAL file, while its commit still inserted into the memtables (RocksDB)."),
 		commitLatency: d("store_commit_seconds", "Time RocksDB spent writing batches, fsync excluded (count: batches)."),
 		fsyncLatency:  d("store_wal_fsync_seconds", "WAL fsync latency (count: fsyncs; one fsync covers every batch written since the last)."),
 		writeStall:    d("store_write_stall_seconds_total", "Time commits waited on RocksDB's write stalls (writes slowed or stopped until flushes and compactions caught up); should stay near zero."),
@@ -156,7 +157,7 @@ func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.depth, c.leases, c.oldest, c.itemsTotal, c.queues, c.opCount, c.opErrors, c.opLatency,
 		c.connsOpen, c.connsAccepted, c.connsRefused, c.waiters, c.subs, c.pushed, c.replyBytes,
-		c.commits, c.syncCommits, c.inlineSyncs, c.commitLatency, c.fsyncLatency, c.writeStall, c.calls, c.items, c.claimPasses, c.polls, c.claimed, c.storeFailed, c.diskFree, c.corrupt,
+		c.commits, c.syncCommits, c.inlineSyncs, c.earlySyncs, c.commitLatency, c.fsyncLatency, c.writeStall, c.calls, c.items, c.claimPasses, c.polls, c.claimed, c.storeFailed, c.diskFree, c.corrupt,
 		c.sweeps, c.sweepFails, c.sweepItems, c.sweepLag, c.sweepMaxLag, c.sweepDuration,
 		c.httpCount, c.httpErrors, c.httpLatency,
 	} {
@@ -239,6 +240,7 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.commits, r.Commits)
 		counter(c.syncCommits, r.SyncCommits)
 		counter(c.inlineSyncs, r.InlineSyncs)
+		counter(c.earlySyncs, r.EarlySyncs)
 		ch <- prometheus.MustNewConstSummary(c.commitLatency, r.Commits, r.CommitTime.Seconds(), nil)
 		ch <- prometheus.MustNewConstSummary(c.fsyncLatency, r.WALSyncs, r.SyncTime.Seconds(), nil)
 		ch <- prometheus.MustNewConstMetric(c.writeStall, prometheus.CounterValue, r.WriteStall.Seconds())

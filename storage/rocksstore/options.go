@@ -129,6 +129,11 @@ type Metrics struct {
 	// had written its batch with nobody waiting behind it, instead of by
 	// the syncer goroutine (no goroutine hand-off for a lone caller).
 	InlineSyncs uint64
+	// EarlySyncs counts the WALSyncs a syncer began as soon as a batch's
+	// record was in the WAL file, while its commit still inserted into the
+	// memtables (SyncAlways, batches of 32 items or more; commit.go,
+	// fsyncEarlyLocked).
+	EarlySyncs uint64
 	// CommitTime is the cumulative time RocksDB spent in writes (the
 	// commit of every batch), from its statistics.
 	CommitTime time.Duration
@@ -161,6 +166,7 @@ func (m Metrics) Sub(prev Metrics) Metrics {
 		SyncCommits: m.SyncCommits - prev.SyncCommits,
 		WALSyncs:    m.WALSyncs - prev.WALSyncs,
 		InlineSyncs: m.InlineSyncs - prev.InlineSyncs,
+		EarlySyncs:  m.EarlySyncs - prev.EarlySyncs,
 		CommitTime:  m.CommitTime - prev.CommitTime,
 		SyncTime:    m.SyncTime - prev.SyncTime,
 		WriteStall:  m.WriteStall - prev.WriteStall,

@@ -303,6 +303,77 @@ func TestRocksStore_LoneCallerSyncsInline(t *testing.T) {
 	h.free.Store(true)
 }
 
+// TestRocksStore_EarlyFsyncAnswersAfterIt: with SyncAlways a batch of 32
+// items or more has its fsync begun by a syncer as soon as its record is
+// in the WAL file (while the commit still inserts into the memtables),
+// and its callers, enqueue, poll and ack alike, are still answered only
+// once that fsync has run; a lone single-item call keeps fsyncing inline.
+func TestRocksStore_EarlyFsyncAnswersAfterIt(t *testing.T) {
+	t.Parallel()
+	b, h := setupHeldSync(t)
+	require.True(t, b.s.pipe.logged)
+	before := b.s.Metrics()
+	items := make([]storage.EnqueueItem, earlyFsyncItems)
+	for i := range items {
+		items[i] = storage.EnqueueItem{Payload: []byte{byte(i)}}
+	}
+	held := func(what string, call func() error) {
+		t.Helper()
+		// The syncer that answered the last call may still be ending
+		// its turn: a call that came before it ends waits for the next
+		// fsync instead (no early fsync, no inline one).
+		require.Eventually(t, func() bool {
+			b.s.pipe.mu.Lock()
+			defer b.s.pipe.mu.Unlock()
+			return !b.s.pipe.syncing
+		}, 30*time.Second, time.Millisecond)
+		done := make(chan error, 1)
+		synced := h.synced.Load()
+		go func() { done <- call() }()
+		<-h.entered
+		select {
+		case err := <-done:
+			t.Fatalf("%s answered before its fsync (err %v)", what, err)
+		default:
+		}
+		h.release <- nil
+		require.NoError(t, <-done)
+		require.Equal(t, synced+1, h.synced.Load(), "%s: answered after the real fsync", what)
+	}
+	held("enqueue", func() error {
+		_, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: at(0)})
+		return err
+	})
+	var res storage.PollResult
+	held("poll", func() error {
+		var err error
+		res, err = b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: earlyFsyncItems, Lease: time.Minute, Now: at(time.Second)})
+		return err
+	})
+	require.Len(t, res.Items, earlyFsyncItems)
+	held("ack", func() error {
+		codes, err := b.s.Ack(b.ctx, storage.AckParams{Queue: "q", Lease: res.Lease, IDs: itemIDs(res.Items), Now: at(2 * time.Second)})
+		for _, c := range codes {
+			require.Equal(t, storage.CodeOK, c)
+		}
+		return err
+	})
+	m := b.s.Metrics().Sub(before)
+	require.Equal(t, uint64(3), m.WALSyncs)
+	require.Equal(t, uint64(3), m.EarlySyncs, "each fsync begun early, by a syncer")
+	require.Equal(t, uint64(0), m.InlineSyncs)
+
+	held("single enqueue", func() error {
+		_, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: items[:1], Now: at(3 * time.Second)})
+		return err
+	})
+	m = b.s.Metrics().Sub(before)
+	require.Equal(t, uint64(3), m.EarlySyncs)
+	require.Equal(t, uint64(1), m.InlineSyncs, "a lone single item fsyncs inline")
+	require.Equal(t, int64(1), b.stats("q", at(3*time.Second)).Ready)
+	h.free.Store(true)
+}
+
 // TestRocksStore_WaitingCallersShareTheFsync: with SyncAlways and nobody
 // fsyncing, a leader that finds callers waiting once its batch is written
 // builds their batch too and then fsyncs once for both, instead of

@@ -156,6 +156,10 @@ struct lq_db {
   ReadOptions roLive;  // lq_txn_get_for_update's: skips range tombstones
 };
 
+// progress is what tells when a marked commit's record is in d's WAL
+// (nullptr without zeroed WALs).
+static leaseq::WALProgress* progress(lq_db* d) { return d->walfs ? d->walfs->progress.get() : nullptr; }
+
 struct lq_txn {
   lq_db* db;
   Transaction* t;
@@ -375,7 +379,7 @@ const lq_snap* lq_snapshot(lq_db* d) { return reinterpret_cast<const lq_snap*>(d
 
 void lq_release_snapshot(lq_db* d, const lq_snap* snap) { d->db->ReleaseSnapshot(snapOf(snap)); }
 
-char* lq_write(lq_db* d, const char* buf, size_t n, int sync) {
+char* lq_write(lq_db* d, const char* buf, size_t n, int sync, uint64_t mark) {
   quiet();
   // Room for the whole batch up front: our encoding is about as long as
   // RocksDB's, so the rep does not regrow (and recopy) as it fills.
@@ -384,8 +388,22 @@ char* lq_write(lq_db* d, const char* buf, size_t n, int sync) {
   // In LQ_TXN_DB the batch goes to the base DB: the caller writes nothing a
   // transaction holds (see rdb.go).
   DB* target = d->tdb != nullptr ? d->tdb->GetBaseDB() : d->db;
+  leaseq::CommitMark m(progress(d), mark, wb.GetDataSize());
   return errOf(target->Write(sync ? d->swo : d->wo, &wb));
 }
+
+int lq_can_wait_logged(lq_db* d) { return progress(d) != nullptr; }
+
+int lq_wait_logged(lq_db* d, uint64_t mark) {
+  leaseq::WALProgress* p = progress(d);
+  return p != nullptr && p->Wait(mark) ? 1 : 0;
+}
+
+void lq_mark_done(lq_db* d, uint64_t mark) {
+  if (leaseq::WALProgress* p = progress(d)) p->Publish(&p->done, mark);
+}
+
+uint64_t lq_marks_logged(lq_db* d) { return progress(d) ? progress(d)->logged.load() : 0; }
 
 char* lq_flush_wal(lq_db* d, int sync) { return errOf(d->db->FlushWAL(sync != 0)); }
 
@@ -553,8 +571,9 @@ int64_t lq_txn_get(lq_txn* t, const char* k, size_t kl, char* out, size_t cap, c
   return copyOut(s, v, out, cap, err);
 }
 
-int lq_txn_commit(lq_txn* t, char** err) {
+int lq_txn_commit(lq_txn* t, uint64_t mark, char** err) {
   quiet();
+  leaseq::CommitMark m(progress(t->db), mark, t->wb->GetDataSize());
   Status s = t->t->Commit();
   return s.ok() ? 0 : fail(s, err);
 }

@@ -221,12 +221,32 @@ func (d *rdb) getIn(snap *rdbSnap, fam int, key []byte) ([]byte, bool, error) {
 // metadata this way outside the pipeline, and the pipeline a batch that
 // began no transaction (runBatch): batches are applied one at a time, and
 // the pipeline's is the only transaction.
-func (d *rdb) write(w *writeBuf, sync bool) error {
+func (d *rdb) write(w *writeBuf, sync bool) error { return d.writeMarked(w, sync, 0) }
+
+// writeMarked is write with the commit marked for waitLogged (mark: the
+// batch's number, 0 for none).
+func (d *rdb) writeMarked(w *writeBuf, sync bool, mark uint64) error {
 	if len(w.b) == 0 {
 		return nil
 	}
-	return cMsg(C.lq_write(d.p, ptr(w.b), C.size_t(len(w.b)), cbool(sync)))
+	return cMsg(C.lq_write(d.p, ptr(w.b), C.size_t(len(w.b)), cbool(sync), C.uint64_t(mark)))
 }
+
+// canWaitLogged reports whether waitLogged works on this database: it
+// does with zeroed WALs, whose logs tell when a marked commit's record is
+// in the file (zerowal.h, WALProgress).
+func (d *rdb) canWaitLogged() bool { return C.lq_can_wait_logged(d.p) != 0 }
+
+// waitLogged blocks until the commit marked mark has its record in the WAL
+// file (true: an fsync begun from now on makes it durable) or ended without
+// one (false). Every mark ends: its commit returns, or markDone.
+func (d *rdb) waitLogged(mark uint64) bool { return C.lq_wait_logged(d.p, C.uint64_t(mark)) != 0 }
+
+// markDone ends mark for a batch that did not commit.
+func (d *rdb) markDone(mark uint64) { C.lq_mark_done(d.p, C.uint64_t(mark)) }
+
+// marksLogged counts the times a marked commit was told logged (tests).
+func (d *rdb) marksLogged() uint64 { return uint64(C.lq_marks_logged(d.p)) }
 
 // put writes one key outside any transaction (see write).
 func (d *rdb) put(key, value []byte, sync bool) error {
@@ -390,9 +410,10 @@ func (t *rdbTxn) write(w *writeBuf) {
 	C.lq_txn_write(t.p, ptr(w.b), C.size_t(len(w.b)))
 }
 
-func (t *rdbTxn) commit() error {
+// commit commits the transaction, marked for waitLogged (see writeMarked).
+func (t *rdbTxn) commit(mark uint64) error {
 	t.msg = nil
-	return cStatus(C.lq_txn_commit(t.p, &t.msg), &t.msg)
+	return cStatus(C.lq_txn_commit(t.p, C.uint64_t(mark), &t.msg), &t.msg)
 }
 
 func (t *rdbTxn) rollback() error {

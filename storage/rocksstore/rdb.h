@@ -51,12 +51,27 @@ const lq_snap* lq_snapshot(lq_db* db);
 void lq_release_snapshot(lq_db* db, const lq_snap* snap);
 
 // Writes outside transactions. buf holds encoded writes (see
-// lq_txn_write); sync: fsync the WAL before returning.
+// lq_txn_write); sync: fsync the WAL before returning; mark: the batch's
+// number for lq_wait_logged (0: none).
 // lq_write and lq_flush_wal return NULL, or the error (malloc'd): no
 // out-parameter, so a Go caller passes no pointer of its own (a Go local
 // whose address goes to C is moved to the heap: an allocation per batch).
-char* lq_write(lq_db* db, const char* buf, size_t n, int sync);
+char* lq_write(lq_db* db, const char* buf, size_t n, int sync, uint64_t mark);
 char* lq_flush_wal(lq_db* db, int sync);
+// lq_can_wait_logged reports whether lq_wait_logged can tell when a
+// marked commit's record is in the WAL file (a store opened with
+// lq_options.zeroed_wal, whose logs do the telling: zerowal.h,
+// WALProgress).
+int lq_can_wait_logged(lq_db* db);
+// lq_wait_logged blocks until the commit marked mark (lq_write,
+// lq_txn_commit) has its record in the WAL file (returns 1: an fsync from
+// now on covers it) or ended without one (returns 0). lq_mark_done ends
+// a mark whose batch committed nothing.
+int lq_wait_logged(lq_db* db, uint64_t mark);
+void lq_mark_done(lq_db* db, uint64_t mark);
+// lq_marks_logged counts the times a marked commit was told logged: one
+// per marked commit (for tests).
+uint64_t lq_marks_logged(lq_db* db);
 int lq_flush(lq_db* db, char** err);
 int lq_compact_family(lq_db* db, int family, char** err);
 // lq_statistics returns RocksDB's statistics dump (malloc'd), or NULL.
@@ -121,7 +136,7 @@ int lq_txn_lock(lq_txn* t, const char* keys, const uint32_t* koff, int64_t n, ch
 // lq_txn_get reads one key in the transaction without locking it, as
 // lq_get.
 int64_t lq_txn_get(lq_txn* t, const char* k, size_t kl, char* out, size_t cap, char** err);
-int lq_txn_commit(lq_txn* t, char** err);
+int lq_txn_commit(lq_txn* t, uint64_t mark, char** err);
 int lq_txn_rollback(lq_txn* t, char** err);
 
 #ifdef __cplusplus

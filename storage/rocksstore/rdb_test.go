@@ -73,7 +73,7 @@ func TestRDB_ReadsAndWrites(t *testing.T) {
 	_, ok, err = db.get(nil, []byte{dbkeys.NsAvailable, 'd'})
 	require.NoError(t, err)
 	require.False(t, ok)
-	require.NoError(t, tx.commit())
+	require.NoError(t, tx.commit(0))
 
 	var got []string
 	it := db.iter(nil, fams.of([]byte{dbkeys.NsAvailable}), []byte{dbkeys.NsAvailable, 'b'}, []byte{dbkeys.NsAvailable, 'e'}, false)

@@ -82,11 +82,11 @@ type Store struct {
 	}
 
 	m struct {
-		commits, ops, items, walSyncs, inlineSyncs, syncedBatches atomic.Uint64
-		plainCommits                                              atomic.Uint64 // commits without a transaction (runBatch)
-		syncNanos                                                 atomic.Uint64
-		claimPasses, polls, claimed, claimReads                   atomic.Uint64
-		corrupt                                                   atomic.Uint64
+		commits, ops, items, walSyncs, inlineSyncs, earlySyncs, syncedBatches atomic.Uint64
+		plainCommits                                                          atomic.Uint64 // commits without a transaction (runBatch)
+		syncNanos                                                             atomic.Uint64
+		claimPasses, polls, claimed, claimReads                               atomic.Uint64
+		corrupt                                                               atomic.Uint64
 	}
 	corruptFirst atomic.Pointer[error]
 	// corruptQ counts, per queue, the calls that met damaged data.
@@ -470,6 +470,7 @@ func (s *Store) Metrics() Metrics {
 		Items:       s.m.items.Load(),
 		WALSyncs:    s.m.walSyncs.Load(),
 		InlineSyncs: s.m.inlineSyncs.Load(),
+		EarlySyncs:  s.m.earlySyncs.Load(),
 		CommitTime:  st.writeTime,
 		SyncTime:    time.Duration(s.m.syncNanos.Load()),
 		WriteStall:  st.writeStall,

@@ -53,7 +53,8 @@ func (p *pipeline) kickLocked() bool {
 // written is a batch written and waiting for its fsync.
 type written struct {
 	ops   []*op
-	wrote bool // the batch wrote to the WAL
+	wrote bool   // the batch wrote to the WAL
+	seq   uint64 // the batch's number (batch.seq)
 }
 
 // syncers is the number of syncer goroutines. One fsyncs at a time; a
@@ -107,6 +108,16 @@ func (s *Store) syncLoop() {
 				p.recycleLocked(completed)
 				completed = nil
 			}
+			if mark := p.earlyMark; mark != 0 {
+				p.earlyMark = 0
+				p.mu.Unlock()
+				group, ok := s.syncEarly(mark)
+				if ok {
+					completed = group
+					continue
+				}
+				p.mu.Lock()
+			}
 			if len(p.unsynced) == 0 || p.heldLocked() {
 				// Held: the last ReleaseSync starts the next fsync.
 				p.endSyncingLocked()
@@ -138,6 +149,43 @@ func (s *Store) syncLoop() {
 	}
 }
 
+// syncEarly is a syncer kicked before batch mark was written
+// (fsyncEarlyLocked): once the batch's record is in the WAL file it
+// fsyncs, while the leader's commit still inserts into the memtables,
+// then waits for the leader to be done with the batch and completes the
+// written batches up to it. ok is false, and nothing was done, when the
+// batch wrote no record, or its fsync would start while holds hold
+// fsyncs back or the store has failed: the usual loop goes on from there.
+func (s *Store) syncEarly(mark uint64) (group []written, ok bool) {
+	p := &s.pipe
+	logged := s.db.waitLogged(mark)
+	p.mu.Lock()
+	if !logged || p.heldLocked() || p.failed != nil {
+		p.mu.Unlock()
+		return nil, false
+	}
+	p.mu.Unlock()
+	err := s.fsyncWAL(false)
+	s.m.earlySyncs.Add(1)
+	p.mu.Lock()
+	for p.finished < mark {
+		p.done.Wait()
+	}
+	// Batches are written in order: those up to mark were written before
+	// the fsync began; later ones wait for the next.
+	n := 0
+	for n < len(p.unsynced) && p.unsynced[n].seq <= mark {
+		n++
+	}
+	group = append(p.spare[:0], p.unsynced[:n]...)
+	p.spare = nil
+	p.unsynced = append(p.unsynced[:0], p.unsynced[n:]...)
+	p.mu.Unlock()
+	s.m.syncedBatches.Add(wroteBatches(group))
+	complete(group, err)
+	return group, true
+}
+
 // handOffItems is how many items the asynchronous ops of a group must
 // touch for a syncer to hand the next fsync to the other syncer before it
 // completes them: completing a few single-item calls costs less than
@@ -163,16 +211,28 @@ func asyncItems(group []written) int {
 // complete with. Batches are written in order, so when none in the group
 // wrote, every earlier write was synced by an earlier group.
 func (s *Store) syncFor(group []written, inline bool) error {
-	wrote := uint64(0)
-	for _, w := range group {
-		if w.wrote {
-			wrote++
-		}
-	}
+	wrote := wroteBatches(group)
 	if wrote == 0 {
 		return nil
 	}
 	s.m.syncedBatches.Add(wrote)
+	return s.fsyncWAL(inline)
+}
+
+// wroteBatches counts the batches of a group that wrote to the WAL.
+func wroteBatches(group []written) uint64 {
+	n := uint64(0)
+	for _, w := range group {
+		if w.wrote {
+			n++
+		}
+	}
+	return n
+}
+
+// fsyncWAL fsyncs the WAL, counted and timed in the metrics and marked in
+// an execution trace, and returns the error the synced ops complete with.
+func (s *Store) fsyncWAL(inline bool) error {
 	var start time.Time
 	if s.opts.Now != nil {
 		start = s.opts.Now()

@@ -45,17 +45,35 @@ bool syncDir(const std::string& dir) {
 class walFile : public FSWritableFileOwnerWrapper {
  public:
   walFile(std::unique_ptr<FSWritableFile>&& f, const std::string& path, bool zeroed,
-          std::shared_ptr<ZeroedWALs::LogStats> stats)
-      : FSWritableFileOwnerWrapper(std::move(f)), path_(path), zeroed_(zeroed), stats_(std::move(stats)) {}
+          std::shared_ptr<ZeroedWALs::LogStats> stats, std::shared_ptr<WALProgress> progress)
+      : FSWritableFileOwnerWrapper(std::move(f)),
+        path_(path),
+        zeroed_(zeroed),
+        stats_(std::move(stats)),
+        progress_(std::move(progress)) {}
 
   IOStatus Append(const Slice& data, const IOOptions& opts, IODebugContext* dbg) override {
     stats_->bytes += data.size();
-    return target()->Append(data, opts, dbg);
+    IOStatus s = target()->Append(data, opts, dbg);
+    marked();
+    return s;
   }
   IOStatus Append(const Slice& data, const IOOptions& opts, const DataVerificationInfo& info,
                   IODebugContext* dbg) override {
     stats_->bytes += data.size();
-    return target()->Append(data, opts, info, dbg);
+    IOStatus s = target()->Append(data, opts, info, dbg);
+    marked();
+    return s;
+  }
+  // Flush ends what RocksDB's buffer held: for a marked commit that
+  // appended here, the end of its record (WALProgress).
+  IOStatus Flush(const IOOptions& opts, IODebugContext* dbg) override {
+    IOStatus s = target()->Flush(opts, dbg);
+    if (s.ok() && tlProgress == progress_.get() && tlMark != 0 && appended_ == tlMark) {
+      progress_->logged++;
+      progress_->Publish(&progress_->flushed, tlMark);
+    }
+    return s;
   }
   IOStatus Sync(const IOOptions& opts, IODebugContext* dbg) override {
     stats_->syncs++;
@@ -78,9 +96,41 @@ class walFile : public FSWritableFileOwnerWrapper {
   const std::string path_;
   const bool zeroed_;
   const std::shared_ptr<ZeroedWALs::LogStats> stats_;
+  const std::shared_ptr<WALProgress> progress_;
+  uint64_t appended_ = 0;  // the last mark this log appended under
+
+  void marked() {
+    if (tlProgress == progress_.get() && tlMark != 0) appended_ = tlMark;
+  }
 };
 
 }  // namespace
+
+thread_local WALProgress* tlProgress = nullptr;
+thread_local uint64_t tlMark = 0;
+
+void WALProgress::Publish(std::atomic<uint64_t>* a, uint64_t gen) {
+  a->store(gen);
+  // A waiter counts itself before it checks under mu_, so either it sees
+  // gen or it is counted here (both sequentially consistent).
+  if (waiters_.load() > 0) {
+    std::lock_guard<std::mutex> l(mu_);
+    cv_.notify_all();
+  }
+}
+
+bool WALProgress::Wait(uint64_t gen) {
+  auto reached = [&] { return flushed.load() >= gen || done.load() >= gen; };
+  if (!reached()) {
+    waiters_++;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, reached);
+    }
+    waiters_--;
+  }
+  return flushed.load() >= gen;
+}
 
 ZeroedWALs::ZeroedWALs(const std::shared_ptr<FileSystem>& base, const std::string& dir, uint64_t size)
     : FileSystemWrapper(base), dir_(dir), spare_(dir + kSpare), tmp_(dir + kSpare + ".tmp"), size_(size) {}
@@ -130,7 +180,7 @@ IOStatus ZeroedWALs::NewWritableFile(const std::string& fname, const FileOptions
   if (!zeroed) s = target()->NewWritableFile(fname, opts, &f, dbg);
   if (!s.ok()) return s;
   (zeroed ? this->zeroed : plain)++;
-  result->reset(new walFile(std::move(f), fname, zeroed, last_));
+  result->reset(new walFile(std::move(f), fname, zeroed, last_, progress));
   return s;
 }
 

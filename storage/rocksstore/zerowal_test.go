@@ -2,6 +2,7 @@ package rocksstore
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/dbkeys"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -164,4 +166,74 @@ func TestZeroedWAL_SyncNoneRemovesSpare(t *testing.T) {
 	require.Equal(t, [2]int64{0, 0}, [2]int64{zeroed, plain})
 	_, err = os.Stat(filepath.Join(dir, "LEASEQ-SPARE-WAL"))
 	require.True(t, os.IsNotExist(err), "spare left: %v", err)
+}
+
+// openLoggedRDB opens a transaction database with zeroed WALs, whose logs
+// tell when a marked commit's record is in the file (WALProgress).
+func openLoggedRDB(t *testing.T) *rdb {
+	t.Helper()
+	db, err := openRDB(t.TempDir(), rdbOptions{mode: txnDB, lockTimeoutMs: lockTimeoutMillis, memtable: testSpare / 2, zeroedWAL: testSpare}, familyList())
+	require.NoError(t, err)
+	t.Cleanup(db.close)
+	return db
+}
+
+// A marked commit is told logged once, when its whole record is in the
+// WAL file: RocksDB writes a record that fits its write buffer with one
+// flush, at its end, which is what the early fsync relies on (a RocksDB
+// that flushed a record in pieces would be told early, and this test would
+// count more tellings than commits). Records beyond the mark's limit go
+// unmarked; a mark that commits nothing ends with markDone; a database
+// without zeroed WALs cannot tell at all.
+func TestWALProgress_MarkedCommitsAreToldOnceLogged(t *testing.T) {
+	t.Parallel()
+	plain, _ := openTestRDB(t)
+	require.False(t, plain.canWaitLogged())
+	db := openLoggedRDB(t)
+	require.True(t, db.canWaitLogged())
+
+	rng := rand.New(rand.NewPCG(1, 2))
+	mark := uint64(0)
+	sizes := []int{1, 300, 8 << 10, 32 << 10, 33 << 10, 100 << 10, 200 << 10, 250 << 10}
+	for i, size := range sizes {
+		mark++
+		value := make([]byte, size)
+		for j := range value {
+			value[j] = byte(rng.Uint32())
+		}
+		told := make(chan bool, 1)
+		go func(m uint64) { told <- db.waitLogged(m) }(mark)
+		var w writeBuf
+		w.put([]byte{dbkeys.NsAvailable, byte(i)}, value)
+		if i%2 == 0 {
+			require.NoError(t, db.writeMarked(&w, false, mark))
+		} else {
+			tx := db.begin(nil)
+			tx.write(&w)
+			require.NoError(t, tx.commit(mark))
+			tx.destroy()
+		}
+		require.True(t, <-told, "a record of %d bytes", size)
+		require.Equal(t, mark, db.marksLogged(), "told once per commit, up to %d bytes", size)
+	}
+
+	// Too large to be marked: the commit ends untold.
+	mark++
+	var w writeBuf
+	w.put([]byte{dbkeys.NsAvailable, 'L'}, make([]byte, 300<<10))
+	require.NoError(t, db.writeMarked(&w, false, mark))
+	require.False(t, db.waitLogged(mark))
+	require.Equal(t, mark-1, db.marksLogged())
+
+	// A batch that commits nothing: its waiter is released by markDone.
+	mark++
+	told := make(chan bool, 1)
+	go func() { told <- db.waitLogged(mark) }()
+	select {
+	case <-told:
+		t.Fatal("told before the mark ended")
+	case <-time.After(20 * time.Millisecond):
+	}
+	db.markDone(mark)
+	require.False(t, <-told)
 }
