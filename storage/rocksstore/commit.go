@@ -548,7 +548,7 @@ func (s *Store) leadBatches(async bool) {
 		p.pending = p.pending[:rest]
 		failed := p.failed
 		mark := p.batches + 1 // this batch's seq (runBatch)
-		early := failed == nil && p.fsyncEarlyLocked(mark, items, n)
+		early := failed == nil && p.fsyncEarlyLocked(mark, items, n, len(ops), async)
 		p.mu.Unlock()
 		if failed != nil {
 			// The in-memory indexes may be ahead of the database.
@@ -606,18 +606,22 @@ func (s *Store) leadBatches(async bool) {
 	}
 }
 
-// fsyncEarlyLocked kicks a syncer to fsync batch mark (of items items,
-// the leader's n-th batch in this lead) as soon as its record is in the
-// WAL file, and reports whether it did: when the WAL's logs can tell
+// fsyncEarlyLocked kicks a syncer to fsync batch mark (of calls ops
+// touching items items, the leader's n-th batch in this lead; async: the
+// leader leads asynchronous calls) as soon as its record is in the WAL
+// file, and reports whether it did: when the WAL's logs can tell
 // (pipeline.logged), nobody fsyncs nor holds fsyncs back, the batch is
 // large enough (earlyFsyncItems), and it is the last this leader builds
 // before the fsync would start anyway (nothing pending behind it, or the
-// leader's last batch), so fsyncs cover as many batches as before.
-// Measured on e2e inproc-always: 5 of 5 pairs faster, by 7-25 %
-// (docs/BENCHMARKS.md). REQUIRES: mu held.
-func (p *pipeline) fsyncEarlyLocked(mark uint64, items, n int) bool {
+// leader's last batch), so fsyncs cover as many batches as before. A
+// lone synchronous call keeps its inline fsync: woken twice (the syncer,
+// then the caller), it lost more than the overlap saved
+// (BenchmarkCycle sync=always, 1 worker: 46k against 53k items/s).
+// REQUIRES: mu held.
+func (p *pipeline) fsyncEarlyLocked(mark uint64, items, n, calls int, async bool) bool {
 	if !p.logged || p.syncing || p.heldLocked() || items < earlyFsyncItems ||
-		(len(p.pending) > 0 && n+1 < maxLeadBatches) {
+		(len(p.pending) > 0 && n+1 < maxLeadBatches) ||
+		(len(p.pending) == 0 && calls == 1 && !async) {
 		return false
 	}
 	p.syncing = true

@@ -138,7 +138,8 @@
 // answered as soon as their batch is written.
 //
 // A batch of 32 items or more that would be fsynced right after its
-// commit (nobody fsyncs, and the leader builds no batch after it) has its
+// commit (nobody fsyncs, the leader builds no batch after it, and it is
+// not a lone synchronous call's, which fsyncs inline) has its
 // fsync begun early: the leader kicks a syncer before it builds the
 // batch, and the syncer fsyncs as soon as the batch's record is in the
 // WAL file, while the commit still inserts the record into the memtables
@@ -149,11 +150,13 @@
 // be done with the batch and answers the batches written up to it, as
 // after any fsync: no caller is answered before an fsync that began after
 // its batch's record was written, and none before its batch is visible.
-// Measured on e2e inproc-always: 5 of 5 interleaved pairs faster, by
-// 7-25 % (docs/BENCHMARKS.md, "An fsync begun at the WAL write").
-// Metrics.EarlySyncs counts these fsyncs. Smaller batches keep the inline
-// fsync of a lone caller: with every batch early, produce-b1 and
-// latency-max gained nothing.
+// Measured on e2e inproc-always: median 86.1k against 79.7k items/s in
+// six rotated runs (docs/BENCHMARKS.md, "An fsync begun at the WAL
+// write"). Metrics.EarlySyncs counts these fsyncs. A lone synchronous
+// call keeps its inline fsync (woken twice, syncer and caller, it lost
+// more than the overlap saved: produce-b100 in process -7 %), and so do
+// smaller batches (with every batch early, produce-b1 and latency-max
+// gained nothing).
 //
 // Enqueue, EnqueueClaim, Poll and Ack also come asynchronously
 // (storage.Async, async.go): the same ops, whose done callback runs on the

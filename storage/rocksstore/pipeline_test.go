@@ -304,10 +304,12 @@ func TestRocksStore_LoneCallerSyncsInline(t *testing.T) {
 }
 
 // TestRocksStore_EarlyFsyncAnswersAfterIt: with SyncAlways a batch of 32
-// items or more has its fsync begun by a syncer as soon as its record is
-// in the WAL file (while the commit still inserts into the memtables),
-// and its callers, enqueue, poll and ack alike, are still answered only
-// once that fsync has run; a lone single-item call keeps fsyncing inline.
+// items or more of asynchronous calls (as the lean RPC engine hands them
+// over) has its fsync begun by a syncer as soon as its record is in the
+// WAL file, while the commit still inserts into the memtables, and its
+// calls, enqueue, poll and ack alike, are still answered only once that
+// fsync has run. A lone synchronous call of as many items keeps its
+// inline fsync (fsyncEarlyLocked says why).
 func TestRocksStore_EarlyFsyncAnswersAfterIt(t *testing.T) {
 	t.Parallel()
 	b, h := setupHeldSync(t)
@@ -317,11 +319,11 @@ func TestRocksStore_EarlyFsyncAnswersAfterIt(t *testing.T) {
 	for i := range items {
 		items[i] = storage.EnqueueItem{Payload: []byte{byte(i)}}
 	}
-	held := func(what string, call func() error) {
+	held := func(what string, call func(done chan<- error)) {
 		t.Helper()
 		// The syncer that answered the last call may still be ending
 		// its turn: a call that came before it ends waits for the next
-		// fsync instead (no early fsync, no inline one).
+		// fsync instead (no early fsync).
 		require.Eventually(t, func() bool {
 			b.s.pipe.mu.Lock()
 			defer b.s.pipe.mu.Unlock()
@@ -329,7 +331,7 @@ func TestRocksStore_EarlyFsyncAnswersAfterIt(t *testing.T) {
 		}, 30*time.Second, time.Millisecond)
 		done := make(chan error, 1)
 		synced := h.synced.Load()
-		go func() { done <- call() }()
+		call(done)
 		<-h.entered
 		select {
 		case err := <-done:
@@ -340,37 +342,48 @@ func TestRocksStore_EarlyFsyncAnswersAfterIt(t *testing.T) {
 		require.NoError(t, <-done)
 		require.Equal(t, synced+1, h.synced.Load(), "%s: answered after the real fsync", what)
 	}
-	held("enqueue", func() error {
-		_, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: at(0)})
-		return err
+	var ids []storage.ItemID
+	held("enqueue", func(done chan<- error) {
+		b.s.EnqueueAsync(b.ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: at(0)},
+			func(res []storage.EnqueueResult, err error) {
+				for _, r := range res {
+					ids = append(ids, r.ID)
+				}
+				done <- err
+			})
 	})
 	var res storage.PollResult
-	held("poll", func() error {
-		var err error
-		res, err = b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: earlyFsyncItems, Lease: time.Minute, Now: at(time.Second)})
-		return err
+	held("poll", func(done chan<- error) {
+		b.s.PollAsync(b.ctx, storage.PollParams{Queue: "q", Max: earlyFsyncItems, Lease: time.Minute, Now: at(time.Second)},
+			func(r storage.PollResult, err error) { res = r; done <- err })
 	})
-	require.Len(t, res.Items, earlyFsyncItems)
-	held("ack", func() error {
-		codes, err := b.s.Ack(b.ctx, storage.AckParams{Queue: "q", Lease: res.Lease, IDs: itemIDs(res.Items), Now: at(2 * time.Second)})
-		for _, c := range codes {
-			require.Equal(t, storage.CodeOK, c)
-		}
-		return err
+	require.Equal(t, ids, itemIDs(res.Items))
+	held("ack", func(done chan<- error) {
+		b.s.AckAsync(b.ctx, storage.AckParams{Queue: "q", Lease: res.Lease, IDs: ids, Now: at(2 * time.Second)},
+			func(codes []storage.Code, err error) {
+				for _, c := range codes {
+					if c != storage.CodeOK {
+						err = fmt.Errorf("ack code %v", c)
+					}
+				}
+				done <- err
+			})
 	})
 	m := b.s.Metrics().Sub(before)
 	require.Equal(t, uint64(3), m.WALSyncs)
 	require.Equal(t, uint64(3), m.EarlySyncs, "each fsync begun early, by a syncer")
 	require.Equal(t, uint64(0), m.InlineSyncs)
 
-	held("single enqueue", func() error {
-		_, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: items[:1], Now: at(3 * time.Second)})
-		return err
+	held("synchronous enqueue", func(done chan<- error) {
+		go func() {
+			_, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: at(3 * time.Second)})
+			done <- err
+		}()
 	})
 	m = b.s.Metrics().Sub(before)
 	require.Equal(t, uint64(3), m.EarlySyncs)
-	require.Equal(t, uint64(1), m.InlineSyncs, "a lone single item fsyncs inline")
-	require.Equal(t, int64(1), b.stats("q", at(3*time.Second)).Ready)
+	require.Equal(t, uint64(1), m.InlineSyncs, "a lone synchronous call fsyncs inline")
+	require.Equal(t, int64(earlyFsyncItems), b.stats("q", at(3*time.Second)).Ready)
 	h.free.Store(true)
 }
 
