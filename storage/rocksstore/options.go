@@ -131,8 +131,8 @@ type Metrics struct {
 	InlineSyncs uint64
 	// EarlySyncs counts the WALSyncs a syncer began as soon as a batch's
 	// record was in the WAL file, while its commit still inserted into the
-	// memtables (SyncAlways, batches of 32 items or more; commit.go,
-	// fsyncEarlyLocked).
+	// memtables (SyncAlways, batches of 32 items or more that are not a
+	// lone synchronous call's; commit.go, fsyncEarlyLocked).
 	EarlySyncs uint64
 	// CommitTime is the cumulative time RocksDB spent in writes (the
 	// commit of every batch), from its statistics.
