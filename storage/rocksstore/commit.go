@@ -113,10 +113,9 @@ const maxLeadBatches = 2
 // earlyFsyncItems is how many items a batch must touch for its fsync to
 // start as soon as its record is in the WAL file rather than after its
 // commit returns: a commit then inserts into the memtables for about a
-// third of the batch's time, and the fsync overlaps it. Below it, a lone
-// caller's fsync inline, without waking a syncer, costs less than what
-// the overlap saves (measured with 1: produce-b1 and latency-max, in
-// process and over RPC, no gain).
+// third of the batch's time, and the fsync overlaps it. Below it the
+// overlap is small (with 1: produce-b1 and latency-max, in process and
+// over RPC, gained nothing).
 const earlyFsyncItems = 32
 
 // maxReusedOverlay is the largest overlay map a batch hands on to the

@@ -109,18 +109,18 @@ class walFile : public FSWritableFileOwnerWrapper {
 thread_local WALProgress* tlProgress = nullptr;
 thread_local uint64_t tlMark = 0;
 
-void WALProgress::Publish(std::atomic<uint64_t>* a, uint64_t gen) {
-  a->store(gen);
+void WALProgress::Publish(std::atomic<uint64_t>* a, uint64_t mark) {
+  a->store(mark);
   // A waiter counts itself before it checks under mu_, so either it sees
-  // gen or it is counted here (both sequentially consistent).
+  // mark or it is counted here (both sequentially consistent).
   if (waiters_.load() > 0) {
     std::lock_guard<std::mutex> l(mu_);
     cv_.notify_all();
   }
 }
 
-bool WALProgress::Wait(uint64_t gen) {
-  auto reached = [&] { return flushed.load() >= gen || done.load() >= gen; };
+bool WALProgress::Wait(uint64_t mark) {
+  auto reached = [&] { return flushed.load() >= mark || done.load() >= mark; };
   if (!reached()) {
     waiters_++;
     {
@@ -129,7 +129,7 @@ bool WALProgress::Wait(uint64_t gen) {
     }
     waiters_--;
   }
-  return flushed.load() >= gen;
+  return flushed.load() >= mark;
 }
 
 ZeroedWALs::ZeroedWALs(const std::shared_ptr<FileSystem>& base, const std::string& dir, uint64_t size)

@@ -14,6 +14,67 @@
 
 namespace leaseq {
 
+// WALProgress tells a goroutine that fsyncs the WAL when a commit's
+// record is in its log file, before the commit inserts the record into
+// the memtables (a third of a 32-item batch's time): the fsync then runs
+// while the commit finishes. A commit is marked by the number of its batch
+// (the pipeline's batch.seq, rising) while it runs on its thread
+// (CommitMark); a log that the marked commit appended to publishes the
+// mark when RocksDB flushes its buffer to the file, which it does once,
+// at the record's end, for a record that fits its write buffer
+// (WritableFileWriter, 1 MiB by default; kMaxMarkedBytes keeps well under
+// it). RocksDB's own buffer flushes outside a record (a log closed at a
+// memtable switch) append nothing under the mark and publish nothing.
+class WALProgress {
+ public:
+  static constexpr size_t kMaxMarkedBytes = 256 << 10;
+
+  // Wait blocks until the commit marked mark has its record in the log
+  // (true) or ended without one (false: it wrote nothing, failed, or was
+  // too large to be marked).
+  bool Wait(uint64_t mark);
+  // Publish sets a (flushed or done) to mark and wakes the waiters.
+  void Publish(std::atomic<uint64_t>* a, uint64_t mark);
+
+  std::atomic<uint64_t> flushed{0}, done{0};
+  // logged counts the publications of flushed: one per marked commit
+  // whose record is written with one flush (tests check that).
+  std::atomic<uint64_t> logged{0};
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<int> waiters_{0};
+};
+
+// The commit running on this thread: its log's progress and mark.
+extern thread_local WALProgress* tlProgress;
+extern thread_local uint64_t tlMark;
+
+// CommitMark marks the commit of batch mark on this thread for its
+// lifetime (bytes: the batch's size; larger than kMaxMarkedBytes goes
+// unmarked) and then publishes that the commit is done.
+class CommitMark {
+ public:
+  CommitMark(WALProgress* p, uint64_t mark, size_t bytes) : p_(mark != 0 ? p : nullptr), mark_(mark) {
+    if (p_ != nullptr && bytes <= WALProgress::kMaxMarkedBytes) {
+      tlProgress = p_;
+      tlMark = mark_;
+    }
+  }
+  ~CommitMark() {
+    tlProgress = nullptr;
+    tlMark = 0;
+    if (p_ != nullptr) p_->Publish(&p_->done, mark_);
+  }
+  CommitMark(const CommitMark&) = delete;
+  CommitMark& operator=(const CommitMark&) = delete;
+
+ private:
+  WALProgress* const p_;
+  const uint64_t mark_;
+};
+
 // ZeroedWALs is a file system that gives each new RocksDB write-ahead log
 // (a file named <number>.log) a file already written with zeros and
 // fsynced, so that appending to the log overwrites blocks the file
@@ -34,66 +95,6 @@ namespace leaseq {
 // is created empty, as RocksDB would. RocksDB's log reader skips zero
 // blocks, so a crash leaves a log whose zero tail recovery reads past;
 // a log closed cleanly is truncated to its data by RocksDB.
-// WALProgress tells a goroutine that fsyncs the WAL when a commit's
-// record is in its log file, before the commit inserts the record into
-// the memtables (a third of a 32-item batch's time): the fsync then runs
-// while the commit finishes. A commit is marked by the number of its batch
-// (the pipeline's batch.seq, rising) while it runs on its thread
-// (CommitMark); a log that the marked commit appended to publishes the
-// mark when RocksDB flushes its buffer to the file, which it does once,
-// at the record's end, for a record that fits its write buffer
-// (WritableFileWriter, 1 MiB by default; kMaxMarkedBytes keeps well under
-// it). RocksDB's own buffer flushes outside a record (a log closed at a
-// memtable switch) append nothing under the mark and publish nothing.
-class WALProgress {
- public:
-  static constexpr size_t kMaxMarkedBytes = 256 << 10;
-
-  // Wait blocks until commit gen's record is in the log (true) or the
-  // commit ended without one (false: it wrote nothing, failed, or was
-  // too large to be marked).
-  bool Wait(uint64_t gen);
-  void Publish(std::atomic<uint64_t>* a, uint64_t gen);
-
-  std::atomic<uint64_t> flushed{0}, done{0};
-  // logged counts the publications of flushed: one per marked commit
-  // whose record is written with one flush (tests check that).
-  std::atomic<uint64_t> logged{0};
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::atomic<int> waiters_{0};
-};
-
-// The commit running on this thread: its log's progress and mark.
-extern thread_local WALProgress* tlProgress;
-extern thread_local uint64_t tlMark;
-
-// CommitMark marks the commit of batch gen on this thread for its
-// lifetime (bytes: the batch's size; larger than kMaxMarkedBytes goes
-// unmarked) and then publishes that the commit is done.
-class CommitMark {
- public:
-  CommitMark(WALProgress* p, uint64_t gen, size_t bytes) : p_(gen != 0 ? p : nullptr), gen_(gen) {
-    if (p_ != nullptr && bytes <= WALProgress::kMaxMarkedBytes) {
-      tlProgress = p_;
-      tlMark = gen_;
-    }
-  }
-  ~CommitMark() {
-    tlProgress = nullptr;
-    tlMark = 0;
-    if (p_ != nullptr) p_->Publish(&p_->done, gen_);
-  }
-  CommitMark(const CommitMark&) = delete;
-  CommitMark& operator=(const CommitMark&) = delete;
-
- private:
-  WALProgress* const p_;
-  const uint64_t gen_;
-};
-
 class ZeroedWALs : public rocksdb::FileSystemWrapper {
  public:
   ZeroedWALs(const std::shared_ptr<rocksdb::FileSystem>& base, const std::string& dir, uint64_t size);
