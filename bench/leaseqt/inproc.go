@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,8 +59,10 @@ func (p InProcess) Durability() target.Durability {
 	switch {
 	case p.Backend == BackendMem:
 		return target.Durability{Class: target.ClassMemory, Mode: "memory only (baseline)"}
-	case p.Sync == rocksstore.SyncAlways:
+	case p.Sync == rocksstore.SyncAlways && procsFromEnv():
 		return target.Durability{Class: target.ClassDurable, Mode: "WAL fsync, group commit"}
+	case p.Sync == rocksstore.SyncAlways:
+		return target.Durability{Class: target.ClassDurable, Mode: "WAL fsync, group commit; GOMAXPROCS CPUs+1"}
 	}
 	return target.Durability{Class: target.ClassRelaxed, Mode: "WAL, no fsync"}
 }
@@ -87,6 +90,7 @@ func (p InProcess) Start(ctx context.Context, o target.StartOptions) (target.Ins
 			return nil, fmt.Errorf("leaseqt: open rocksstore: %w", err)
 		}
 		in.store = s
+		in.raised = raiseProcs(p.Sync)
 	default:
 		return nil, fmt.Errorf("leaseqt: unknown backend %q", p.Backend)
 	}
@@ -102,12 +106,12 @@ func (p InProcess) Start(ctx context.Context, o target.StartOptions) (target.Ins
 		},
 	})
 	if err != nil {
-		_ = in.store.Close()
+		in.closeStore()
 		return nil, fmt.Errorf("leaseqt: sweeper: %w", err)
 	}
 	// Its life is the instance's (Close stops it), not Start's ctx.
 	if err := s.Start(context.Background()); err != nil {
-		_ = in.store.Close()
+		in.closeStore()
 		return nil, fmt.Errorf("leaseqt: start sweeper: %w", err)
 	}
 	sw.Store(s)
@@ -129,6 +133,66 @@ type inprocInstance struct {
 	onReady   atomic.Pointer[func([]string)]
 	closeOnce sync.Once
 	closeErr  error
+	raised    bool // raiseProcs raised GOMAXPROCS for this instance
+}
+
+// procs counts the SyncAlways stores of InProcess open while GOMAXPROCS
+// is raised for them: an instance runs its store the way
+// rocksstore.SuggestedProcs suggests to an application embedding one (and
+// `leaseq serve --sync=always` runs), with one P more than Go's default,
+// unless the GOMAXPROCS variable sets it. The last such instance to close
+// restores what it was.
+var procs struct {
+	sync.Mutex
+	open int
+	prev int // GOMAXPROCS before the first
+}
+
+// procsFromEnv reports whether the GOMAXPROCS variable sets the Ps, so
+// that raiseProcs leaves them alone.
+func procsFromEnv() bool { return os.Getenv("GOMAXPROCS") != "" }
+
+// raiseProcs raises GOMAXPROCS as SuggestedProcs says for a store of
+// mode and reports whether lowerProcs must undo it.
+func raiseProcs(mode rocksstore.SyncMode) bool {
+	if procsFromEnv() {
+		return false
+	}
+	procs.Lock()
+	defer procs.Unlock()
+	base := runtime.GOMAXPROCS(0)
+	if procs.open > 0 {
+		base = procs.prev
+	}
+	n := rocksstore.SuggestedProcs(mode, base)
+	if n == base {
+		return false
+	}
+	if procs.open == 0 {
+		procs.prev = base
+		runtime.GOMAXPROCS(n)
+	}
+	procs.open++
+	return true
+}
+
+// lowerProcs undoes one raiseProcs.
+func lowerProcs() {
+	procs.Lock()
+	defer procs.Unlock()
+	if procs.open--; procs.open == 0 {
+		runtime.GOMAXPROCS(procs.prev)
+	}
+}
+
+// closeStore closes the store and gives back what raiseProcs raised.
+func (in *inprocInstance) closeStore() error {
+	err := in.store.Close()
+	if in.raised {
+		in.raised = false
+		lowerProcs()
+	}
+	return err
 }
 
 // readyCh returns the channel the next readiness broadcast closes.
@@ -182,7 +246,7 @@ func (in *inprocInstance) Close() error {
 		// A pass cut short by Stop counts as failed in the sweeper's
 		// metrics, so they say nothing here; the store's Close does.
 		in.sweeper.Stop()
-		in.closeErr = in.store.Close()
+		in.closeErr = in.closeStore()
 	})
 	return in.closeErr
 }

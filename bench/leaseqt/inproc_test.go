@@ -2,6 +2,8 @@ package leaseqt
 
 import (
 	"context"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -127,6 +129,45 @@ func TestInProcess_Describes(t *testing.T) {
 	}, names)
 	_, err := InProcess{Backend: "tape"}.Start(context.Background(), target.StartOptions{Dir: t.TempDir(), Clock: clock.New()})
 	require.ErrorContains(t, err, "unknown backend")
+}
+
+// TestInProcess_RaisesProcsWithSyncAlways: a SyncAlways store in process
+// runs with one P more than Go's default while it is open, as
+// rocksstore.SuggestedProcs suggests (and leaseq serve does); SyncNone
+// keeps the default; the last one to close restores it; a GOMAXPROCS in
+// the environment wins. Not parallel: it reads the process's GOMAXPROCS.
+func TestInProcess_RaisesProcsWithSyncAlways(t *testing.T) {
+	base := runtime.GOMAXPROCS(0)
+	open := func(mode rocksstore.SyncMode) target.Instance {
+		t.Helper()
+		in, err := InProcess{Backend: BackendRocks, Sync: mode}.Start(context.Background(),
+			target.StartOptions{Dir: t.TempDir(), Queues: []string{"q"}, Lease: time.Minute, Clock: clock.New()})
+		require.NoError(t, err)
+		return in
+	}
+	always := InProcess{Backend: BackendRocks, Sync: rocksstore.SyncAlways}
+	require.Contains(t, always.Durability().Mode, "GOMAXPROCS CPUs+1")
+	a := open(rocksstore.SyncAlways)
+	require.Equal(t, base+1, runtime.GOMAXPROCS(0), "raised while a SyncAlways store is open")
+	b := open(rocksstore.SyncAlways)
+	n := open(rocksstore.SyncNone)
+	require.Equal(t, base+1, runtime.GOMAXPROCS(0), "raised once, not once per store")
+	require.NoError(t, a.Close())
+	require.Equal(t, base+1, runtime.GOMAXPROCS(0), "still raised while one is open")
+	require.NoError(t, n.Close())
+	require.NoError(t, b.Close())
+	require.Equal(t, base, runtime.GOMAXPROCS(0), "restored when the last closes")
+
+	n = open(rocksstore.SyncNone)
+	require.Equal(t, base, runtime.GOMAXPROCS(0), "SyncNone keeps Go's default")
+	require.NoError(t, n.Close())
+
+	t.Setenv("GOMAXPROCS", strconv.Itoa(base))
+	require.NotContains(t, always.Durability().Mode, "GOMAXPROCS")
+	a = open(rocksstore.SyncAlways)
+	require.Equal(t, base, runtime.GOMAXPROCS(0), "the environment's GOMAXPROCS wins")
+	require.NoError(t, a.Close())
+	require.Equal(t, base, runtime.GOMAXPROCS(0))
 }
 
 func TestLoopback_RPCClientOverAServerInProcess(t *testing.T) {

@@ -384,6 +384,8 @@ func TestRocksStore_SyncModes(t *testing.T) {
 	_, err := ParseSyncMode("sometimes")
 	require.ErrorIs(t, err, storage.ErrInvalidArgument)
 	require.Equal(t, SyncAlways, SyncMode(0), "zero value is the safe default")
+	require.Equal(t, 3, SuggestedProcs(SyncAlways, 2), "one P more for the fsyncs")
+	require.Equal(t, 2, SuggestedProcs(SyncNone, 2))
 
 	b := setup(t, func(o *Options) {
 		o.Sync = SyncAlways
