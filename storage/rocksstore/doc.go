@@ -137,6 +137,13 @@
 // Measurements.) With SyncNone callers are
 // answered as soon as their batch is written.
 //
+// With SyncAlways the fsyncing goroutine and the leader's commit often
+// hold a P each in cgo at once; with no P idle, Go's sysmon retakes one
+// and then wakes every 20 µs. SuggestedProcs (one P more than Go's
+// default) is what `leaseq serve` runs with and what an application
+// embedding a SyncAlways store should set: in process on 2 CPUs, e2e
+// made 14 % more items/s with 3 Ps (docs/BENCHMARKS.md, session 51).
+//
 // A batch of 32 items or more that would be fsynced right after its
 // commit (nobody fsyncs, the leader builds no batch after it, and it is
 // not a lone synchronous call's, which fsyncs inline) has its
