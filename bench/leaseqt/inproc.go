@@ -106,12 +106,12 @@ func (p InProcess) Start(ctx context.Context, o target.StartOptions) (target.Ins
 		},
 	})
 	if err != nil {
-		in.closeStore()
+		_ = in.closeStore()
 		return nil, fmt.Errorf("leaseqt: sweeper: %w", err)
 	}
 	// Its life is the instance's (Close stops it), not Start's ctx.
 	if err := s.Start(context.Background()); err != nil {
-		in.closeStore()
+		_ = in.closeStore()
 		return nil, fmt.Errorf("leaseqt: start sweeper: %w", err)
 	}
 	sw.Store(s)

@@ -141,8 +141,9 @@
 // hold a P each in cgo at once; with no P idle, Go's sysmon retakes one
 // and then wakes every 20 µs. SuggestedProcs (one P more than Go's
 // default) is what `leaseq serve` runs with and what an application
-// embedding a SyncAlways store should set: in process on 2 CPUs, e2e
-// made 14 % more items/s with 3 Ps (docs/BENCHMARKS.md, session 51).
+// embedding a SyncAlways store should set: in process on 2 CPUs, in
+// interleaved pairs, e2e made 14 % more items/s at less CPU per item
+// with 3 Ps (docs/BENCHMARKS.md, session 51).
 //
 // A batch of 32 items or more that would be fsynced right after its
 // commit (nobody fsyncs, the leader builds no batch after it, and it is

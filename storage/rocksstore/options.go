@@ -57,10 +57,11 @@ func (m SyncMode) String() string {
 // hundreds of µs at a time while the commit pipeline's leader holds
 // another in its commit. With no P left idle, Go's sysmon retakes one of
 // them and goes on waking every 20 µs; with one P more it leaves them
-// alone. Measured in process on 2 CPUs: e2e (4 producers, 4 consumers,
-// batches of 32) 14 % more items/s with 3 Ps than with 2, sysmon's
-// sleeps from 7.9 % to 1.8 % of the samples (docs/BENCHMARKS.md,
-// session 51). With SyncNone the extra P measured worse.
+// alone. Measured in process on 2 CPUs, interleaved pairs: e2e (4
+// producers, 4 consumers, batches of 32) 14 % more items/s at less CPU
+// per item with 3 Ps than with 2, sysmon's sleeps from 7.9 % to 1.8 % of
+// the samples (docs/BENCHMARKS.md, session 51). With SyncNone the extra
+// P measured worse.
 func SuggestedProcs(mode SyncMode, procs int) int {
 	if mode == SyncAlways {
 		return procs + 1
