@@ -152,14 +152,10 @@ type serveConfig struct {
 }
 
 // syncProcs returns the GOMAXPROCS for the node when it should differ
-// from Go's default (procs): rocksstore.SuggestedProcs, one more with
-// RocksDB and --sync=always, unless env (the GOMAXPROCS variable) sets
-// it. There a goroutine holds its P in a cgo fsync for hundreds of µs at
-// a time. With one P more, the others keep running Go code, and Go's
-// sysmon, finding a P idle, leaves the fsyncing one alone instead of
-// retaking it and waking every 20 µs (sysmon went from 9.5 % to 3.4 % of
-// the node's CPU in e2e rpc-always; docs/BENCHMARKS.md). With
-// --sync=none the extra P measured worse.
+// from Go's default (procs): rocksstore.SuggestedProcs (one more with
+// RocksDB and --sync=always; its comment says why), unless env (the
+// GOMAXPROCS variable) sets it. On the node, sysmon went from 9.5 % to
+// 3.4 % of its CPU in e2e rpc-always (docs/BENCHMARKS.md).
 func syncProcs(backend string, mode rocksstore.SyncMode, env string, procs int) (int, bool) {
 	if backend == "fdb" || env != "" {
 		return 0, false
