@@ -28,7 +28,9 @@
 // by Config.Timeout beyond its planned length, and is torn down after. A
 // row that fails is reported, and the run goes on. Ratios leaseq/peer are
 // computed only between rows of the same run and the same durability
-// class.
+// class; with several rounds, each goal also carries its ratio within
+// every round (Goal.Rounds), beside the ratio of the medians it is
+// judged on.
 //
 // Time comes from an injected clock.Clock (main.go's clock.New()); the
 // package holds no mutable globals and is imported only by main.

@@ -36,6 +36,14 @@ type Goal struct {
 	Ratio  float64 `json:"ratio"`
 	Want   string  `json:"want"` // such as ">= 5" or "<= 1"
 	Met    bool    `json:"met"`
+	// Rounds is, in a run of several rounds, the same ratio within each
+	// round, in round order, 0 for a round that either row did not
+	// complete or in which another peer was the best (roundGoals). Met
+	// judges Ratio, the ratio of the medians;
+	// Rounds shows how far a day's machine moved it: the two rows of one
+	// round ran minutes apart, the medians' rounds up to a quarter of an
+	// hour.
+	Rounds []float64 `json:"rounds,omitempty"`
 }
 
 func ok(r Result) bool { return r.Err == "" && r.Incomplete == "" && r.Items > 0 }
@@ -346,7 +354,7 @@ func WriteTable(w io.Writer, rep *Report) error {
 			if !g.Met {
 				met = "SHORT"
 			}
-			fmt.Fprintf(tw, "%s\t%s\tvs %s\t%s\t(want %s)\t%s\n", g.Goal, g.System, g.Versus, goalRatio(g), g.Want, met)
+			fmt.Fprintf(tw, "%s\t%s\tvs %s\t%s\t(want %s)\t%s\t%s\n", g.Goal, g.System, g.Versus, goalRatio(g), g.Want, met, roundRatios(g))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -356,6 +364,54 @@ func WriteTable(w io.Writer, rep *Report) error {
 		fmt.Fprintf(w, "skipped %s: %s\n", s.System, s.Reason)
 	}
 	return nil
+}
+
+// roundRatios formats g.Rounds ("rounds 1.40 0.77 0.89"), empty in a run
+// of one round.
+func roundRatios(g Goal) string {
+	if len(g.Rounds) == 0 {
+		return ""
+	}
+	rs := make([]string, len(g.Rounds))
+	for i, r := range g.Rounds {
+		rs[i] = "-"
+		if r != 0 {
+			rs[i] = fmt.Sprintf("%.2f", r)
+		}
+	}
+	return "rounds " + strings.Join(rs, " ")
+}
+
+// roundGoals sets each goal's Rounds from the rows of every round
+// (Report.RoundResults): the goals computed on one round's rows alone,
+// matched to gs by goal, system and peer; 0 where a round has no match.
+func roundGoals(gs []Goal, roundRows []Result) {
+	type key struct{ goal, system, versus string }
+	at := make(map[key]int, len(gs))
+	for i, g := range gs {
+		at[key{g.Goal, g.System, g.Versus}] = i
+	}
+	var rounds []int
+	byRound := map[int][]Result{}
+	for _, r := range roundRows {
+		if _, seen := byRound[r.Round]; !seen {
+			rounds = append(rounds, r.Round)
+		}
+		byRound[r.Round] = append(byRound[r.Round], r)
+	}
+	sort.Ints(rounds)
+	for _, n := range rounds {
+		got := make([]float64, len(gs))
+		_, rgs := compare(byRound[n])
+		for _, g := range rgs {
+			if i, found := at[key{g.Goal, g.System, g.Versus}]; found {
+				got[i] = g.Ratio
+			}
+		}
+		for i := range gs {
+			gs[i].Rounds = append(gs[i].Rounds, got[i])
+		}
+	}
 }
 
 // goalRatio formats g.Ratio with two decimals, or with four where two
@@ -408,13 +464,13 @@ func WriteMarkdown(w io.Writer, rep *Report) error {
 		}
 	}
 	if len(rep.Goals) > 0 {
-		b.WriteString("\n| goal | leaseq | versus | ratio | want | |\n|---|---|---|--:|---|---|\n")
+		b.WriteString("\n| goal | leaseq | versus | ratio | want | | by round |\n|---|---|---|--:|---|---|---|\n")
 		for _, g := range rep.Goals {
 			met := "met"
 			if !g.Met {
 				met = "**short**"
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", g.Goal, g.System, g.Versus, goalRatio(g), g.Want, met)
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", g.Goal, g.System, g.Versus, goalRatio(g), g.Want, met, roundRatios(g))
 		}
 	}
 	for _, s := range rep.Skipped {

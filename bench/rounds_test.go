@@ -122,3 +122,44 @@ func TestAddCounters(t *testing.T) {
 	require.Equal(t, map[string]float64{"write_stall_s": 0.25}, empty.Extra)
 	require.Contains(t, note(empty), "write_stall_s=0.25")
 }
+
+func TestRoundGoals_RatioWithinEachRound(t *testing.T) {
+	t.Parallel()
+	in := func(round int, r Result) Result { r.Round = round; return r }
+	rounds := []Result{
+		in(1, row("e2e", "leaseq-rpc-none", "leaseq", "relaxed", 70000, 0)),
+		in(1, row("e2e", "redis-everysec", "redis", "relaxed", 50000, 0)),
+		in(2, row("e2e", "leaseq-rpc-none", "leaseq", "relaxed", 40000, 0)),
+		in(2, row("e2e", "redis-everysec", "redis", "relaxed", 50000, 0)),
+		in(3, Result{Row: "e2e", System: "leaseq-rpc-none", Family: "leaseq", Class: "relaxed", Round: 3, Err: "boom"}),
+		in(3, row("e2e", "redis-everysec", "redis", "relaxed", 40000, 0)),
+		in(4, row("e2e", "leaseq-rpc-none", "leaseq", "relaxed", 90000, 0)),
+		in(4, row("e2e", "redis-everysec", "redis", "relaxed", 30000, 0)),
+	}
+	rep := &Report{RoundResults: rounds, Results: medianRows(rounds)}
+	rep.Ratios, rep.Goals = compare(rep.Results)
+	roundGoals(rep.Goals, rounds)
+
+	var g Goal
+	for _, x := range rep.Goals {
+		if x.Goal == "e2e items/s vs Redis, same class" && x.System == "leaseq-rpc-none" {
+			g = x
+		}
+	}
+	require.Equal(t, "redis-everysec", g.Versus)
+	// Medians: leaseq 70k of three completed rounds, Redis 45k of four;
+	// within the rounds 1.4, 0.8, none (leaseq failed), 3.
+	require.InDelta(t, 70000.0/45000, g.Ratio, 1e-9)
+	require.Len(t, g.Rounds, 4)
+	for i, want := range []float64{1.4, 0.8, 0, 3} {
+		require.InDelta(t, want, g.Rounds[i], 1e-9, "round %d", i+1)
+	}
+	require.Equal(t, "rounds 1.40 0.80 - 3.00", roundRatios(g))
+
+	var txt, md bytes.Buffer
+	require.NoError(t, WriteTable(&txt, rep))
+	require.Contains(t, txt.String(), "rounds 1.40 0.80 - 3.00")
+	require.NoError(t, WriteMarkdown(&md, rep))
+	require.Contains(t, md.String(), "| by round |")
+	require.Contains(t, md.String(), "| rounds 1.40 0.80 - 3.00 |")
+}

@@ -491,6 +491,9 @@ func Run(ctx context.Context, c Config, systems []target.System) (*Report, error
 		rep.Results = medianRows(all)
 	}
 	rep.Ratios, rep.Goals = compare(rep.Results)
+	if rounds > 1 {
+		roundGoals(rep.Goals, all)
+	}
 	return rep, nil
 }
 
