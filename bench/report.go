@@ -39,10 +39,9 @@ type Goal struct {
 	// Rounds is, in a run of several rounds, the same ratio within each
 	// round, in round order, 0 for a round that either row did not
 	// complete or in which another peer was the best (roundGoals). Met
-	// judges Ratio, the ratio of the medians;
-	// Rounds shows how far a day's machine moved it: the two rows of one
-	// round ran minutes apart, the medians' rounds up to a quarter of an
-	// hour.
+	// judges Ratio, the ratio of the medians; Rounds shows how far the
+	// day's machine moved it, as the two rows of one round ran minutes
+	// apart and the medians' rounds up to a quarter of an hour.
 	Rounds []float64 `json:"rounds,omitempty"`
 }
 
