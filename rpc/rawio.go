@@ -15,9 +15,9 @@ import (
 // context switch per call (BenchmarkRPC_NodeInfoRoundTrip, rpc/doc.go).
 // Go's calls here were measured again on a busy host, where a lone
 // round trip had seemed cheaper with them: that gain was within the
-// host's drift, and four single-item producers lost a third of their
-// calls/s beside Redis (docs/BENCHMARKS.md, "The busy host's lead,
-// followed up").
+// host's drift, and beside Redis they did no row any good and cost
+// produce-b1 or produce-b100 a fifth to a third (docs/BENCHMARKS.md,
+// "The busy host's lead, followed up").
 // The descriptor is non-blocking, so no call here blocks the thread.
 //
 // It cannot skip the read that finds nothing after a reply was written
