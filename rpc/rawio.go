@@ -16,7 +16,7 @@ import (
 // Go's calls here were measured again on a busy host, where a lone
 // round trip had seemed cheaper with them: that gain was within the
 // host's drift, and beside Redis they did no row any good and cost
-// produce-b1 or produce-b100 a fifth to a third (docs/BENCHMARKS.md,
+// produce-b1 or produce-b100 an eighth to a third (docs/BENCHMARKS.md,
 // "The busy host's lead, followed up").
 // The descriptor is non-blocking, so no call here blocks the thread.
 //
