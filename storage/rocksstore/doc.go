@@ -185,9 +185,9 @@
 // writeback walked the folio's 256 block buffers, about a tenth of a
 // durable single-item call's CPU (docs/BENCHMARKS.md). Zeros double the bytes written, so a
 // log is made over zeros only while RocksDB syncs at least every 16 KiB of
-// it; a crash then leaves zeros after the last record, and Open replays up
-// to a torn last record followed by zeros (walTornTail) as it would to one
-// at the file's end. A batch's writes are visible
+// it; a crash then leaves zeros after the last record, and Open cuts a
+// torn last record followed by zeros off the log (walTornTail,
+// cutTornTail) and replays up to it, as it would to one at the file's end. A batch's writes are visible
 // to later batches before its fsync (see storage.Store for why that is
 // safe); a batch that wrote nothing still waits for the fsync of earlier
 // batches, since its answers may rest on their writes. A failed write or

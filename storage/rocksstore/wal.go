@@ -181,8 +181,18 @@ func walTornTail(dir string) (*WALDamage, error) {
 
 // openRDBPastTornTail opens the database as openRDB does. If that fails
 // on a WAL whose only damage is a torn last record followed by zeros
-// (walTornTail), it opens again with point-in-time recovery and returns
-// the torn record too. Damage anywhere else still fails.
+// (walTornTail), it opens again past the torn record and returns it too.
+// Damage anywhere else still fails.
+//
+// A read-write open first cuts the torn record and the zeros after it off
+// the log (cutTornTail), then opens as before, so the log ends with its
+// last whole record. RocksDB does not always delete a log it recovered
+// from at once, and a log left torn would make the next crash's torn
+// tail, in the log the reopened database writes, one torn record too
+// many for walTornTail: the database would not open again
+// (TestZeroedWAL_TornTwice; found by the crash test). A read-only open
+// (CheckDir) changes nothing on disk and replays to the tear with
+// point-in-time recovery instead, which stops at the same place.
 func openRDBPastTornTail(dir string, o rdbOptions, names []string) (*rdb, *WALDamage, error) {
 	db, err := openRDB(dir, o, names)
 	if err == nil || o.pointInTime || !errors.Is(translate("", err), storage.ErrCorrupt) {
@@ -192,9 +202,34 @@ func openRDBPastTornTail(dir string, o rdbOptions, names []string) (*rdb, *WALDa
 	if torn == nil {
 		return nil, nil, err
 	}
-	o.pointInTime = true
+	if o.mode == readOnly {
+		o.pointInTime = true
+	} else if err := cutTornTail(*torn); err != nil {
+		return nil, torn, err
+	}
 	db, err = openRDB(dir, o, names)
 	return db, torn, err
+}
+
+// cutTornTail truncates a log at its torn record, durably. Nothing in the
+// record was acknowledged (see walTornTail), so this drops only what
+// point-in-time recovery would not replay either.
+func cutTornTail(torn WALDamage) error {
+	f, err := os.OpenFile(torn.File, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("rocksstore: cut the torn record off %s: %w", torn.File, err)
+	}
+	err = f.Truncate(torn.Offset)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("rocksstore: cut the torn record off %s: %w", torn.File, err)
+	}
+	return nil
 }
 
 // walOpenError turns a failed Open under TolerateCorruptedTailRecords into

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sort"
 	"testing"
 	"time"
 
@@ -119,6 +120,9 @@ func TestZeroedWAL_TornLastRecord(t *testing.T) {
 	rep, err := CheckDir(b.ctx, crashed)
 	require.NoError(t, err)
 	require.True(t, rep.OK(), "violations: %v", rep.Violations)
+	after, err := os.ReadFile(log)
+	require.NoError(t, err)
+	require.Equal(t, wal, after, "CheckDir changed the log")
 
 	c := setupDir(t, crashed, zeroedWALOptions)
 	require.Equal(t, int64(99), c.stats("q", at(time.Second)).Ready)
@@ -236,4 +240,50 @@ func TestWALProgress_MarkedCommitsAreToldOnceLogged(t *testing.T) {
 	}
 	db.markDone(mark)
 	require.False(t, <-told)
+}
+
+// tearNewestLog clears the last 8 bytes of the newest log's records in
+// dir, as a crash mid-write leaves them, and returns that log.
+func tearNewestLog(t *testing.T, dir string) string {
+	t.Helper()
+	logs, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	require.NoError(t, err)
+	require.NotEmpty(t, logs)
+	sort.Strings(logs)
+	log := logs[len(logs)-1]
+	wal, err := os.ReadFile(log)
+	require.NoError(t, err)
+	end := recordsEnd(wal)
+	clear(wal[end-8 : end])
+	require.NoError(t, os.WriteFile(log, wal, 0o600))
+	return log
+}
+
+// Two crashes mid-write in a row: the store opened past the first torn
+// record is torn again in its own newest log, and opens again.
+func TestZeroedWAL_TornTwice(t *testing.T) {
+	t.Parallel()
+	b := setup(t, zeroedWALOptions)
+	enqueueOneByOne(b, "q", 100, 100)
+	first := copyDir(t, b.dir)
+	tearNewestLog(t, first)
+
+	c := setupDir(t, first, zeroedWALOptions)
+	require.Equal(t, int64(99), c.stats("q", at(time.Second)).Ready)
+	// The open cut the torn record off: no log of the directory holds a
+	// bad record now, whether or not RocksDB has deleted the old log.
+	logs, err := filepath.Glob(filepath.Join(first, "*.log"))
+	require.NoError(t, err)
+	for _, l := range logs {
+		wal, err := os.ReadFile(l)
+		require.NoError(t, err)
+		bad, _ := scanWAL(wal)
+		require.Equal(t, int64(-1), bad, "%s still holds a bad record", l)
+	}
+	enqueueOneByOne(c, "q", 50, 100)
+	second := copyDir(t, first)
+	tearNewestLog(t, second)
+
+	d := setupDir(t, second, zeroedWALOptions)
+	require.Equal(t, int64(148), d.stats("q", at(time.Second)).Ready)
 }
