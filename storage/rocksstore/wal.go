@@ -147,7 +147,8 @@ func walRecordAt(b []byte, off, blockLeft int) (good bool, n int) {
 
 // walTornTail reports the torn record at the end of the newest WAL file in
 // dir: a record that fails its checksum with no readable record after it,
-// in a WAL followed by no other, and every older WAL whole. A crash mid
+// in a WAL followed by no other, and every older WAL whole or ending in a
+// record cut short by its file's end (endsCutShort). A crash mid
 // write leaves one; RocksDB's TolerateCorruptedTailRecords accepts it only
 // where the file ends with it, and a log made over zeros (zerowal.h) ends
 // with zeros after it instead. Nothing in a torn record was acknowledged
@@ -171,12 +172,32 @@ func walTornTail(dir string) (*WALDamage, error) {
 		}
 		if off >= 0 {
 			if i != len(files)-1 {
-				return nil, nil // only the newest log can end mid-write
+				// Only the newest log can end in a torn record over
+				// zeros. An older log may end in one cut short by the
+				// file's end, torn by an earlier crash and kept by
+				// RocksDB after it recovered from it: both recovery
+				// modes read that as the log's end.
+				if !endsCutShort(b, off) {
+					return nil, nil
+				}
+				continue
 			}
 			torn = &WALDamage{File: f, Offset: off, Size: int64(len(b))}
 		}
 	}
 	return torn, nil
+}
+
+// endsCutShort reports whether the bad record at off is the log's last and
+// runs past the file's end (a write cut short, with no zeros after it).
+func endsCutShort(b []byte, off int64) bool {
+	rest := len(b) - int(off)
+	if rest < walHeaderSize {
+		return true
+	}
+	h := b[off : off+walHeaderSize]
+	length := int(h[4]) | int(h[5])<<8
+	return h[6] != 0 && h[6] <= walMaxType && walHeaderSize+length > rest
 }
 
 // openRDBPastTornTail opens the database as openRDB does. If that fails

@@ -287,3 +287,29 @@ func TestZeroedWAL_TornTwice(t *testing.T) {
 	d := setupDir(t, second, zeroedWALOptions)
 	require.Equal(t, int64(148), d.stats("q", at(time.Second)).Ready)
 }
+
+// A log torn at its end (a plain log, not over zeros: RocksDB accepts the
+// tear as it is) and then, after a reopen, the newest log torn over
+// zeros: the store opens again.
+func TestZeroedWAL_TornPlainThenZeroed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(o *Options) { o.Sync = SyncNone })
+	enqueueOneByOne(b, "q", 100, 100)
+	first := copyDir(t, b.dir)
+	logs, err := filepath.Glob(filepath.Join(first, "*.log"))
+	require.NoError(t, err)
+	sort.Strings(logs)
+	last := logs[len(logs)-1]
+	wal, err := os.ReadFile(last)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(last, wal[:len(wal)-8], 0o600)) // the last record's end never reached the disk
+
+	c := setupDir(t, first, zeroedWALOptions)
+	require.Equal(t, int64(99), c.stats("q", at(time.Second)).Ready)
+	enqueueOneByOne(c, "q", 50, 100)
+	second := copyDir(t, first)
+	tearNewestLog(t, second)
+
+	d := setupDir(t, second, zeroedWALOptions)
+	require.Equal(t, int64(148), d.stats("q", at(time.Second)).Ready)
+}
