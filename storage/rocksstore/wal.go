@@ -207,10 +207,10 @@ func endsCutShort(b []byte, off int64) bool {
 //
 // A read-write open first cuts the torn record and the zeros after it off
 // the log (cutTornTail), then opens as before, so the log ends with its
-// last whole record. RocksDB does not always delete a log it recovered
-// from at once, and a log left torn would make the next crash's torn
-// tail, in the log the reopened database writes, one torn record too
-// many for walTornTail: the database would not open again
+// last whole record. RocksDB may keep a log it recovered from (the
+// TransactionDB did), and a log left torn would make the next crash's
+// torn tail, in the log the reopened database writes, one torn record
+// too many for walTornTail: the database would not open again
 // (TestZeroedWAL_TornTwice; found by the crash test). A read-only open
 // (CheckDir) changes nothing on disk and replays to the tear with
 // point-in-time recovery instead, which stops at the same place.

@@ -108,10 +108,8 @@ func TestZeroedWAL_TornLastRecord(t *testing.T) {
 	b := setup(t, zeroedWALOptions)
 	enqueueOneByOne(b, "q", 100, 100)
 
-	crashed, log, wal := crashCopy(t, b.dir)
-	end := recordsEnd(wal)
-	clear(wal[end-8 : end]) // the last record's end never reached the disk
-	require.NoError(t, os.WriteFile(log, wal, 0o600))
+	crashed, _, _ := crashCopy(t, b.dir)
+	log, wal := tearNewestLog(t, crashed)
 
 	torn, err := walTornTail(crashed)
 	require.NoError(t, err)
@@ -242,21 +240,29 @@ func TestWALProgress_MarkedCommitsAreToldOnceLogged(t *testing.T) {
 	require.False(t, <-told)
 }
 
-// tearNewestLog clears the last 8 bytes of the newest log's records in
-// dir, as a crash mid-write leaves them, and returns that log.
-func tearNewestLog(t *testing.T, dir string) string {
+// newestLog returns the newest WAL file in dir and its bytes.
+func newestLog(t *testing.T, dir string) (string, []byte) {
 	t.Helper()
 	logs, err := filepath.Glob(filepath.Join(dir, "*.log"))
 	require.NoError(t, err)
 	require.NotEmpty(t, logs)
-	sort.Strings(logs)
+	sort.Strings(logs) // zero-padded numbers: oldest first
 	log := logs[len(logs)-1]
 	wal, err := os.ReadFile(log)
 	require.NoError(t, err)
+	return log, wal
+}
+
+// tearNewestLog clears the last 8 bytes of the newest log's records in
+// dir, as a crash mid-write over zeros leaves them, and returns that log
+// and its bytes as torn.
+func tearNewestLog(t *testing.T, dir string) (string, []byte) {
+	t.Helper()
+	log, wal := newestLog(t, dir)
 	end := recordsEnd(wal)
-	clear(wal[end-8 : end])
+	clear(wal[end-8 : end]) // the last record's end never reached the disk
 	require.NoError(t, os.WriteFile(log, wal, 0o600))
-	return log
+	return log, wal
 }
 
 // Two crashes mid-write in a row: the store opened past the first torn
@@ -296,12 +302,7 @@ func TestZeroedWAL_TornPlainThenZeroed(t *testing.T) {
 	b := setup(t, func(o *Options) { o.Sync = SyncNone })
 	enqueueOneByOne(b, "q", 100, 100)
 	first := copyDir(t, b.dir)
-	logs, err := filepath.Glob(filepath.Join(first, "*.log"))
-	require.NoError(t, err)
-	sort.Strings(logs)
-	last := logs[len(logs)-1]
-	wal, err := os.ReadFile(last)
-	require.NoError(t, err)
+	last, wal := newestLog(t, first)
 	require.NoError(t, os.WriteFile(last, wal[:len(wal)-8], 0o600)) // the last record's end never reached the disk
 
 	c := setupDir(t, first, zeroedWALOptions)
