@@ -1,6 +1,7 @@
 package rocksstore
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -130,9 +131,7 @@ func walRecordAt(b []byte, off, blockLeft int) (good bool, n int) {
 	if len(b)-off < walHeaderSize {
 		return false, len(b) - off
 	}
-	h := b[off : off+walHeaderSize]
-	length := int(h[4]) | int(h[5])<<8
-	typ := h[6]
+	length, typ := walHeader(b[off:])
 	if typ == 0 && length == 0 {
 		return false, 0
 	}
@@ -141,7 +140,7 @@ func walRecordAt(b []byte, off, blockLeft int) (good bool, n int) {
 		return false, min(blockLeft, len(b)-off)
 	}
 	crc := recordCRC(typ, b[off+walHeaderSize:off+n])
-	want := unmaskCRC(uint32(h[0]) | uint32(h[1])<<8 | uint32(h[2])<<16 | uint32(h[3])<<24)
+	want := unmaskCRC(binary.LittleEndian.Uint32(b[off:]))
 	return crc == want, n
 }
 
@@ -195,9 +194,14 @@ func endsCutShort(b []byte, off int64) bool {
 	if rest < walHeaderSize {
 		return true
 	}
-	h := b[off : off+walHeaderSize]
-	length := int(h[4]) | int(h[5])<<8
-	return h[6] != 0 && h[6] <= walMaxType && walHeaderSize+length > rest
+	length, typ := walHeader(b[off:])
+	return typ != 0 && typ <= walMaxType && walHeaderSize+length > rest
+}
+
+// walHeader decodes the payload length and type of the physical record
+// header at the start of b (at least walHeaderSize bytes).
+func walHeader(b []byte) (length int, typ byte) {
+	return int(b[4]) | int(b[5])<<8, b[6]
 }
 
 // openRDBPastTornTail opens the database as openRDB does. If that fails
