@@ -42,6 +42,7 @@ func (s *Store) submitAsync(queue string, ops []*op, done func()) {
 			}
 		}
 	}
+	s.pipe.crowded()
 	lead, err := s.pend(ops)
 	if err != nil {
 		for _, o := range ops {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/leaseq/leaseq/dbkeys"
@@ -146,6 +147,14 @@ type pipeline struct {
 	slot     *txnSlot
 	buf      []*op  // the leader's scratch list; REQUIRES: leading
 	batches  uint64 // batches begun (batch.seq); REQUIRES: leading
+	// callers counts the synchronous calls in submitGroup, alone the
+	// calls in a row that found no other there (enterCall); an
+	// asynchronous call resets it.
+	callers atomic.Int32
+	alone   atomic.Uint32
+	// skipLoneYield: a lone caller does not yield (SyncNone); set at
+	// open.
+	skipLoneYield bool
 	// spare and freeOps are the room of completed groups, for the next
 	// unsynced list and the next batches' op lists (a batch hands its
 	// list to the fsync); REQUIRES: mu held.
@@ -359,6 +368,7 @@ func (s *Store) startPipeline() {
 	p := &s.pipe
 	p.kick = make(chan struct{}, 1)
 	p.logged = s.opts.Sync == SyncAlways && s.db.canWaitLogged()
+	p.skipLoneYield = s.opts.Sync == SyncNone
 	p.done.L = &p.mu
 	p.idle.L = &p.mu
 	p.wg.Add(syncers)
@@ -399,12 +409,14 @@ func (s *Store) submit(queue string, items int, fn func(o *opTx) error) (time.Ti
 // op's err says how it went. The caller that finds nobody leading leads.
 // REQUIRES: s.life held shared (enter).
 func (s *Store) submitGroup(queue string, ops []*op) error {
+	alone := s.pipe.enterCall()
+	defer s.pipe.callers.Add(-1)
 	lead, err := s.pend(ops)
 	if err != nil {
 		return err
 	}
 	if lead {
-		if n := opItems(ops); n < yieldBelowItems {
+		if n := opItems(ops); n < yieldBelowItems && !alone {
 			// Measured (docs/BENCHMARKS.md, "A leader that yields first"):
 			// produce-b1 over RPC with --sync=none 9 % less node CPU per
 			// call, in process 10 %; e2e in process with --sync=always
@@ -428,6 +440,45 @@ func (s *Store) submitGroup(queue string, ops []*op) error {
 	}
 	return nil
 }
+
+// enterCall counts a synchronous caller in (the caller counts itself out
+// when its ops are complete) and reports whether, with SyncNone, the store
+// has served one caller at a time for more than aloneCalls calls in a row.
+// Such a caller does not yield before it leads (submitGroup): nobody else's
+// op could join its batch, and Gosched wakes a parked thread for the idle
+// P (wakep) that finds nothing to run and parks again, a futex wake and a
+// futex sleep per call, 15 % of a lone single-item consumer's CPU. The
+// count is of calls already in the store, not of goroutines about to call
+// it, so the yield stops only after a long run of lone calls, and the
+// first call that meets another restarts it. With SyncAlways a lone
+// caller keeps yielding: without the yield lone callers spent 25-60 %
+// more CPU per item, Go's sysmon taking 8 % of the samples instead of 1 %
+// while the caller sat in its inline fsync (docs/BENCHMARKS.md, "A lone
+// leader's yield").
+func (p *pipeline) enterCall() (alone bool) {
+	if p.callers.Add(1) > 1 {
+		p.crowded()
+		return false
+	}
+	if !p.skipLoneYield {
+		return false
+	}
+	if p.alone.Load() > aloneCalls {
+		return true // no add: the count stops here
+	}
+	return p.alone.Add(1) > aloneCalls
+}
+
+// crowded notes a call that met another.
+func (p *pipeline) crowded() {
+	if p.alone.Load() != 0 { // no store while it stays 0: the line stays shared
+		p.alone.Store(0)
+	}
+}
+
+// aloneCalls is how many calls in a row must find no other call in the
+// store before a leader stops yielding.
+const aloneCalls = 64
 
 // opItems is the items ops carry.
 func opItems(ops []*op) int {
