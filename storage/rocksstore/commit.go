@@ -149,7 +149,7 @@ type pipeline struct {
 	batches  uint64 // batches begun (batch.seq); REQUIRES: leading
 	// callers counts the synchronous calls in submitGroup, alone the
 	// calls in a row that found no other there (enterCall); an
-	// asynchronous call resets it.
+	// asynchronous call resets it. Counted only with skipLoneYield.
 	callers atomic.Int32
 	alone   atomic.Uint32
 	// skipLoneYield: a lone caller does not yield (SyncNone); set at
@@ -410,7 +410,7 @@ func (s *Store) submit(queue string, items int, fn func(o *opTx) error) (time.Ti
 // REQUIRES: s.life held shared (enter).
 func (s *Store) submitGroup(queue string, ops []*op) error {
 	alone := s.pipe.enterCall()
-	defer s.pipe.callers.Add(-1)
+	defer s.pipe.exitCall()
 	lead, err := s.pend(ops)
 	if err != nil {
 		return err
@@ -456,17 +456,24 @@ func (s *Store) submitGroup(queue string, ops []*op) error {
 // while the caller sat in its inline fsync (docs/BENCHMARKS.md, "A lone
 // leader's yield").
 func (p *pipeline) enterCall() (alone bool) {
+	if !p.skipLoneYield {
+		return false // nothing counted: exitCall neither
+	}
 	if p.callers.Add(1) > 1 {
 		p.crowded()
-		return false
-	}
-	if !p.skipLoneYield {
 		return false
 	}
 	if p.alone.Load() > aloneCalls {
 		return true // no add: the count stops here
 	}
 	return p.alone.Add(1) > aloneCalls
+}
+
+// exitCall counts out a caller enterCall counted in.
+func (p *pipeline) exitCall() {
+	if p.skipLoneYield {
+		p.callers.Add(-1)
+	}
 }
 
 // crowded notes a call that met another.

@@ -72,7 +72,7 @@ func TestPipeline_LoneCallerStopsYielding(t *testing.T) {
 	p := &pipeline{skipLoneYield: true}
 	lone := func() bool {
 		alone := p.enterCall()
-		p.callers.Add(-1)
+		p.exitCall()
 		return alone
 	}
 	for i := range aloneCalls {
@@ -86,7 +86,9 @@ func TestPipeline_LoneCallerStopsYielding(t *testing.T) {
 	// A second call while the first is still in the store.
 	require.True(t, p.enterCall())
 	require.False(t, p.enterCall(), "a call that meets another")
-	p.callers.Add(-2)
+	p.exitCall()
+	p.exitCall()
+	require.Zero(t, p.callers.Load())
 	require.False(t, lone(), "the first lone call after a crowd")
 
 	for range aloneCalls + 1 {
@@ -99,9 +101,10 @@ func TestPipeline_LoneCallerStopsYielding(t *testing.T) {
 	q := &pipeline{} // SyncAlways
 	for i := range 2 * aloneCalls {
 		alone := q.enterCall()
-		q.callers.Add(-1)
+		q.exitCall()
 		require.False(t, alone, "SyncAlways, call %d", i+1)
 	}
+	require.Zero(t, q.callers.Load())
 }
 
 // The same through the store, on one P: after a run of lone calls with
