@@ -42,7 +42,9 @@ func (s *Store) submitAsync(queue string, ops []*op, done func()) {
 			}
 		}
 	}
-	s.pipe.crowded()
+	if s.pipe.skipLoneYield {
+		s.pipe.crowded() // an asynchronous call ends a run of lone ones
+	}
 	lead, err := s.pend(ops)
 	if err != nil {
 		for _, o := range ops {
