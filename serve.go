@@ -225,6 +225,9 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		runtime.GOMAXPROCS(n)
 		log.Info("one scheduler thread more than the CPUs for --sync=always", "gomaxprocs", n)
 	}
+	if c.backend != "fdb" && rocksstore.KeepFreedMemory() {
+		log.Debug("malloc keeps freed memory for the next memtables (up to 32 MiB in each of at most 2 heaps)")
+	}
 
 	// Undo whatever was started, in reverse order, if startup fails.
 	var undo []func() error

@@ -83,6 +83,11 @@ func (p InProcess) Start(ctx context.Context, o target.StartOptions) (target.Ins
 	case BackendMem:
 		in.store = memstore.New(memstore.Options{OnDeadline: onDeadline})
 	case BackendRocks:
+		// As `leaseq serve` does for itself, and rocksstore suggests to an
+		// application embedding a store: malloc keeps the memory of flushed
+		// memtables for the next ones. Process-wide and never undone; of
+		// the harness's rows only the in-process ones allocate from C.
+		rocksstore.KeepFreedMemory()
 		dir := filepath.Join(o.Dir, "data")
 		// Now times the store's fsyncs, as `leaseq serve` has it do.
 		s, err := rocksstore.Open(dir, rocksstore.Options{Sync: p.Sync, OnDeadline: onDeadline, Now: o.Clock.Now})

@@ -42,6 +42,9 @@ func TestMain(m *testing.M) {
 	if dir := os.Getenv(openProbeEnv); dir != "" {
 		os.Exit(openProbe(dir))
 	}
+	if mode := os.Getenv(allocProbeEnv); mode != "" {
+		os.Exit(allocProbe(mode))
+	}
 	code := m.Run()
 	for _, s := range benchDirs.stores {
 		_ = s.Close()
