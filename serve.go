@@ -56,6 +56,10 @@ environment wins. The node re-executes itself once at start with
 GODEBUG=schedtrace=2147483647, which keeps Go's sysmon from a deep sleep
 that each call's RocksDB commit would have to wake it from (less CPU per
 call when calls come one at a time; GODEBUG=schedtrace=0 turns it off).
+It also has glibc's malloc keep the memory of flushed memtables for the
+next ones (up to 32 MiB in each of at most two heaps), so that a new
+memtable is not fresh memory to fault in; a GLIBC_TUNABLES that sets
+glibc.malloc.trim_threshold, mmap_threshold or arena_max wins.
 
 --listen takes host:port or unix:/path/to/socket. The default is loopback
 only. With --tls-cert and --tls-key the node speaks TLS; adding

@@ -149,6 +149,12 @@
 // interleaved pairs, e2e made 14 % more items/s at less CPU per item
 // with 3 Ps (docs/BENCHMARKS.md, session 51).
 //
+// KeepFreedMemory is the other process setting the package suggests: it
+// has glibc's malloc keep the memory of flushed memtables (RocksDB's 1 MiB
+// arena blocks) for the next ones, instead of handing it back to the
+// kernel and faulting it in again on the commit's serial path (alloc.go
+// says what it sets and what it costs). `leaseq serve` calls it.
+//
 // A batch of 32 items or more that would be fsynced right after its
 // commit (nobody fsyncs, the leader builds no batch after it, and it is
 // not a lone synchronous call's, which fsyncs inline) has its
