@@ -20,19 +20,20 @@ import (
 // so every new memtable started on fresh memory again: a page fault for
 // every 4 KiB the commit wrote into it, on the commit pipeline's serial
 // path, where a fault costs 3-10 µs in a VM. Under e2e over RPC such
-// faults were 4.1 % of the node's samples; in process an e2e row took 85k
-// faults in 6 s.
+// faults were 4.1 % of the node's samples.
 //
 // KeepFreedMemory sets malloc's trim threshold to 32 MiB, its mmap
 // threshold to 8 MiB (above the arena's blocks; setting either stops
 // glibc adjusting them) and its arenas to at most 2, so that each of at
 // most two heaps keeps up to 32 MiB of freed memory at its top for the
-// next memtable: at most 64 MiB more than glibc's defaults keep. The
-// same e2e row then takes about 57k faults. Without the arena limit, a
-// heap for each of up to eight threads per CPU could keep its 32 MiB,
-// and 64 MiB per heap cost the in-process harness 274 MB more peak RSS
-// after a produce-b100 row. Measured (docs/BENCHMARKS.md, session 57):
-// see "Memory freed by flushed memtables" there.
+// next memtable: at most 64 MiB more than glibc's defaults keep. An e2e
+// row in process then took a third fewer page faults (44k against 67k in
+// 6 s), and in pairs against the build before the e2e rows made 5-12 %
+// more items/s for 10-40 MB more peak RSS. Without the arena limit a heap
+// for each of up to eight threads per CPU could keep its share: 64 MiB
+// per heap cost the in-process harness 274 MB more peak RSS after a
+// produce-b100 row. docs/BENCHMARKS.md, session 57, "Flushed memtables'
+// memory kept in malloc", has the measurements.
 //
 // It changes the process's malloc for every library in it, so the store
 // does not call it on its own: `leaseq serve` does at start, and an

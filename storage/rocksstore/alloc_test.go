@@ -32,10 +32,10 @@ func allocProbe(mode string) int {
 	return 0
 }
 
-func runAllocProbe(t *testing.T, mode string, env ...string) int64 {
+func runAllocProbe(t *testing.T, mode string) int64 {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), allocProbeEnv+"="+mode), env...)
+	cmd.Env = append(os.Environ(), allocProbeEnv+"="+mode)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "probe: %s", out)
 	kept, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
