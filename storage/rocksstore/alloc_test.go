@@ -32,11 +32,17 @@ func allocProbe(mode string) int {
 	return 0
 }
 
+// allocProbeCmd runs the probe in mode in a fresh process, with env added
+// to the environment.
+func allocProbeCmd(mode string, env ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), allocProbeEnv+"="+mode), env...)
+	return cmd
+}
+
 func runAllocProbe(t *testing.T, mode string) int64 {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), allocProbeEnv+"="+mode)
-	out, err := cmd.CombinedOutput()
+	out, err := allocProbeCmd(mode).CombinedOutput()
 	require.NoError(t, err, "probe: %s", out)
 	kept, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
 	require.NoError(t, err, "probe output %q", out)
@@ -76,9 +82,7 @@ func TestKeepFreedMemory_OperatorTunablesWin(t *testing.T) {
 	}
 	// In a fresh process whose GLIBC_TUNABLES sets the trim threshold, the
 	// probe's KeepFreedMemory reports that it changed nothing.
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), allocProbeEnv+"=keep", "GLIBC_TUNABLES=glibc.malloc.trim_threshold=131072")
-	out, err := cmd.CombinedOutput()
+	out, err := allocProbeCmd("keep", "GLIBC_TUNABLES=glibc.malloc.trim_threshold=131072").CombinedOutput()
 	require.Error(t, err, "probe: %s", out)
 	require.Contains(t, string(out), "KeepFreedMemory changed nothing")
 }
