@@ -106,6 +106,25 @@ func TestMain_RejectsRoundsOutOfRange(t *testing.T) {
 	}
 }
 
+func TestAddFsyncFigures(t *testing.T) {
+	r := Result{Items: 640, Extra: map[string]float64{"wal_fsyncs": 20, "wal_fsync_s": 0.007}}
+	addFsyncFigures(&r)
+	require.InDelta(t, 32.0, r.Extra["items_per_fsync"], 1e-9)
+	require.InDelta(t, 350.0, r.Extra["fsync_us"], 1e-9)
+	require.Contains(t, note(r), "items_per_fsync=32")
+	require.Contains(t, note(r), "fsync_us=350")
+
+	noFsync := Result{Items: 640, Extra: map[string]float64{"commits": 9}}
+	addFsyncFigures(&noFsync)
+	require.Equal(t, map[string]float64{"commits": 9}, noFsync.Extra, "a row without fsyncs (sync=none, a peer) gets neither note")
+	noTime := Result{Items: 64, Extra: map[string]float64{"wal_fsyncs": 4}}
+	addFsyncFigures(&noTime)
+	require.Equal(t, map[string]float64{"wal_fsyncs": 4, "items_per_fsync": 16}, noTime.Extra, "no fsync time counted: no mean")
+	var empty Result
+	addFsyncFigures(&empty)
+	require.Nil(t, empty.Extra)
+}
+
 func TestAddCounters(t *testing.T) {
 	r := Result{Extra: map[string]float64{"enqueued": 10}}
 	addCounters(&r, map[string]float64{"write_stall_s": 1.5, "same": 2}, map[string]float64{"write_stall_s": 2.0, "same": 2, "new": 3})

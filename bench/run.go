@@ -615,7 +615,25 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 		r.CPUPerItem = r.CPUSeconds * 1e6 / float64(r.Items)
 		r.ClientCPUPerItem = r.ClientCPUSeconds * 1e6 / float64(r.Items)
 	}
+	addFsyncFigures(&r)
 	return r
+}
+
+// addFsyncFigures derives two notes from a row's WAL counters: the items
+// per fsync and an fsync's mean length in µs. In a durable row whose
+// callers each wait for the fsync in flight and then for their own,
+// items/s is items per fsync times fsyncs a second, so the two notes say
+// what the row's fsyncs allowed (docs/BENCHMARKS.md, "Two ceilings
+// measured, and five tries that did not pay").
+func addFsyncFigures(r *Result) {
+	n := r.Extra["wal_fsyncs"]
+	if n <= 0 || r.Items <= 0 {
+		return
+	}
+	r.Extra["items_per_fsync"] = float64(r.Items) / n
+	if s := r.Extra["wal_fsync_s"]; s > 0 {
+		r.Extra["fsync_us"] = s * 1e6 / n
+	}
 }
 
 // addCounters puts the increase of each of an instance's counters over a

@@ -55,8 +55,10 @@ func TestRun_LeaseqServeOverRPC(t *testing.T) {
 		require.Positive(t, r.Extra["commits"], "%s/%s: the node's commits, from its /metrics", r.Row, r.System)
 		if r.System == "leaseq-rpc-always" {
 			require.Positive(t, r.Extra["wal_fsyncs"], "%s: and its fsyncs", r.Row)
+			require.InDelta(t, float64(r.Items)/r.Extra["wal_fsyncs"], r.Extra["items_per_fsync"], 1e-6, "%s: items per fsync, derived", r.Row)
 		} else {
 			require.NotContains(t, r.Extra, "wal_fsyncs", "%s: --sync=none fsyncs nothing", r.Row)
+			require.NotContains(t, r.Extra, "items_per_fsync", "%s", r.Row)
 		}
 	}
 	storm := rep.Results[6]
