@@ -620,11 +620,12 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 }
 
 // addFsyncFigures derives two notes from a row's WAL counters: the items
-// per fsync and an fsync's mean length in µs. In a durable row whose
-// callers each wait for the fsync in flight and then for their own,
-// items/s is items per fsync times fsyncs a second, so the two notes say
-// what the row's fsyncs allowed (docs/BENCHMARKS.md, "Two ceilings
-// measured, and five tries that did not pay").
+// per fsync and an fsync's mean length in µs. Where each caller waits
+// for the fsync in flight and then for its own, the callers fix the
+// items per fsync (32 in e2e), so a durable row's items/s follows the
+// length of its fsyncs, and the two notes say what they allowed
+// (docs/BENCHMARKS.md, "Two ceilings measured, and five tries that did
+// not pay").
 func addFsyncFigures(r *Result) {
 	n := r.Extra["wal_fsyncs"]
 	if n <= 0 || r.Items <= 0 {
