@@ -67,6 +67,10 @@ func (p InProcess) Durability() target.Durability {
 	return target.Durability{Class: target.ClassRelaxed, Mode: "WAL, no fsync"}
 }
 
+// keepFreedMemory calls rocksstore.KeepFreedMemory once per process: the
+// settings outlive every row, so later rows need not make them again.
+var keepFreedMemory = sync.OnceValue(rocksstore.KeepFreedMemory)
+
 // Available implements target.System: the store is linked in.
 func (InProcess) Available() error { return nil }
 
@@ -87,7 +91,7 @@ func (p InProcess) Start(ctx context.Context, o target.StartOptions) (target.Ins
 		// application embedding a store: malloc keeps the memory of flushed
 		// memtables for the next ones. Process-wide and never undone; of
 		// the harness's rows only the in-process ones allocate from C.
-		rocksstore.KeepFreedMemory()
+		keepFreedMemory()
 		dir := filepath.Join(o.Dir, "data")
 		// Now times the store's fsyncs, as `leaseq serve` has it do.
 		s, err := rocksstore.Open(dir, rocksstore.Options{Sync: p.Sync, OnDeadline: onDeadline, Now: o.Clock.Now})
