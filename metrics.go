@@ -98,7 +98,7 @@ type nodeCollector struct {
 	connsOpen, connsAccepted, connsRefused, waiters, subs                                  *prometheus.Desc
 	pushed, replyBytes                                                                     *prometheus.Desc
 	commits, syncCommits, inlineSyncs, earlySyncs, commitLatency, fsyncLatency, writeStall *prometheus.Desc
-	calls, items, claimPasses, polls, claimed                                              *prometheus.Desc
+	calls, items, claimPasses, polls, claimed, prefetch                                    *prometheus.Desc
 	storeFailed, diskFree, corrupt                                                         *prometheus.Desc
 	sweeps, sweepFails, sweepItems, sweepLag, sweepMaxLag                                  *prometheus.Desc
 	sweepDuration                                                                          *prometheus.Desc
@@ -137,6 +137,7 @@ func newNodeCollector() *nodeCollector {
 		claimPasses:   d("store_claim_passes_total", "Batches holding at least one poll (RocksDB); polls_total/claim_passes_total > 1 shows polls sharing a commit."),
 		polls:         d("store_polls_total", "Poll calls (RocksDB)."),
 		claimed:       d("store_claimed_items_total", "Items handed out by polls (RocksDB)."),
+		prefetch:      d("store_prefetch_batches_total", "Batches acks claimed ahead for their consumers' next polls (claimed), those a poll was answered with (taken) and those given back (RocksDB, --sync=always).", "outcome"),
 		storeFailed:   d("store_failed", "1 while the store has stopped after a failed write (a full disk, say) and waits to reopen (RocksDB); /readyz is 503 meanwhile."),
 		corrupt:       d("store_corrupt_errors_total", "Calls that met data they could not decode (a damaged record or SST block; RocksDB); /readyz is 503 once any did."),
 		diskFree:      d("store_disk_free_bytes", "Free bytes on the data directory's filesystem (RocksDB); enqueues are refused below --min-free-disk."),
@@ -157,7 +158,7 @@ func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.depth, c.leases, c.oldest, c.itemsTotal, c.queues, c.opCount, c.opErrors, c.opLatency,
 		c.connsOpen, c.connsAccepted, c.connsRefused, c.waiters, c.subs, c.pushed, c.replyBytes,
-		c.commits, c.syncCommits, c.inlineSyncs, c.earlySyncs, c.commitLatency, c.fsyncLatency, c.writeStall, c.calls, c.items, c.claimPasses, c.polls, c.claimed, c.storeFailed, c.diskFree, c.corrupt,
+		c.commits, c.syncCommits, c.inlineSyncs, c.earlySyncs, c.commitLatency, c.fsyncLatency, c.writeStall, c.calls, c.items, c.claimPasses, c.polls, c.claimed, c.prefetch, c.storeFailed, c.diskFree, c.corrupt,
 		c.sweeps, c.sweepFails, c.sweepItems, c.sweepLag, c.sweepMaxLag, c.sweepDuration,
 		c.httpCount, c.httpErrors, c.httpLatency,
 	} {
@@ -259,6 +260,9 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.claimPasses, r.ClaimPasses)
 		counter(c.polls, r.Polls)
 		counter(c.claimed, r.Claimed)
+		counter(c.prefetch, r.Prefetched, "claimed")
+		counter(c.prefetch, r.PrefetchHits, "taken")
+		counter(c.prefetch, r.PrefetchReleased, "given_back")
 	}
 
 	s := p.sw.Metrics()

@@ -134,6 +134,7 @@ type serveConfig struct {
 	syncText      string
 	pointInTime   bool // --recover=point-in-time
 	minFreeDisk   int64
+	prefetch      time.Duration // rocksstore.Options.PrefetchHold
 	socketMode    fs.FileMode
 	metrics       string
 	pprof         string // --pprof; "" when off
@@ -190,6 +191,7 @@ func openBackend(c serveConfig, clk clock.Clock, onDeadline storage.DeadlineFunc
 		Sync:               c.sync,
 		RecoverPointInTime: c.pointInTime,
 		MinFreeDisk:        c.minFreeDisk,
+		PrefetchHold:       c.prefetch,
 		Limits:             c.limits,
 		Logger:             c.log.With("svc", "rocksstore"),
 		OnDeadline:         onDeadline,

@@ -30,6 +30,7 @@ type serveFlags struct {
 	syncMode       *choice[rocksstore.SyncMode]
 	minFreeDisk    *choice[int]
 	recoverMode    *choice[string]
+	prefetchHold   *choice[time.Duration]
 	socketMode     *choice[fs.FileMode]
 	metricsAddr    *string
 	pprofAddr      *string
@@ -91,6 +92,8 @@ func addServeFlags(fs *flag.FlagSet) *serveFlags {
 	f.socketMode = newChoice("0660", parseFileMode)
 	fs.Var(f.socketMode, "socket-mode", "permission `bits` (octal) of the unix socket for --listen unix:/path; connecting needs write permission")
 	fs.Var(f.recoverMode, "recover", "`point-in-time`: open a database whose write-ahead log is damaged, dropping every write after the damage (the node refuses to start on such a log otherwise; keep a copy of --data first)")
+	f.prefetchHold = newChoice(rocksstore.DefaultPrefetchHold.String(), nonNegDuration)
+	fs.Var(f.prefetchHold, "prefetch-hold", "with --sync=always, how long (a `duration`) the next batch an ack claims for its consumer waits for that consumer's next poll, which it then answers without an fsync of its own (0: off); see the README")
 	f.metricsAddr = fs.String("metrics", "", "serve /metrics, /healthz and /readyz over HTTP on `host:port` (empty: off)")
 	f.pprofAddr = fs.String("pprof", "", "serve Go's profiling endpoints under /debug/pprof/ (CPU profile, heap, goroutines, execution trace) over HTTP on `host:port` (empty: off); they show the process's internals, so keep them on loopback")
 	f.httpAddr = fs.String("http", "", "serve the HTTP/JSON API on `address`, host:port or unix:/path, with the TLS of --tls-* (empty: off)")
@@ -199,6 +202,9 @@ func (f *serveFlags) check() error {
 	if f.backend.val == "fdb" && f.recoverMode.set {
 		return usagef("--recover applies to --backend=rocksdb only")
 	}
+	if f.backend.val == "fdb" && f.prefetchHold.set {
+		return usagef("--prefetch-hold applies to --backend=rocksdb only")
+	}
 	if f.backend.val == "fdb" && f.syncMode.set {
 		return usagef("--sync applies to --backend=rocksdb only (FoundationDB commits are always durable)")
 	}
@@ -226,6 +232,7 @@ func (f *serveFlags) config(stderr io.Writer) (serveConfig, error) {
 		sync:        f.syncMode.val,
 		syncText:    f.syncMode.text,
 		pointInTime: f.recoverMode.val == "point-in-time",
+		prefetch:    prefetchOption(f.prefetchHold.val),
 		minFreeDisk: int64(f.minFreeDisk.val),
 		socketMode:  f.socketMode.val,
 		metrics:     *f.metricsAddr,
@@ -367,4 +374,13 @@ func machineMemory() int64 {
 		return 4 << 30
 	}
 	return int64(si.Totalram) * int64(si.Unit)
+}
+
+// prefetchOption is rocksstore.Options.PrefetchHold for --prefetch-hold d,
+// whose 0 turns claims ahead off.
+func prefetchOption(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

@@ -238,6 +238,7 @@ func (in *inprocInstance) Counters() map[string]float64 {
 		counterFsyncTime: m.SyncTime.Seconds(),
 		counterCommits:   float64(m.Commits),
 		counterStall:     m.WriteStall.Seconds(),
+		counterTaken:     float64(m.PrefetchHits),
 	}
 }
 
@@ -248,6 +249,9 @@ const (
 	counterFsyncTime = "wal_fsync_s"
 	counterCommits   = "commits"
 	counterStall     = "write_stall_s"
+	// counterTaken counts polls answered with a batch their consumer's
+	// ack claimed ahead, without an fsync of their own (sync=always).
+	counterTaken = "prefetch_taken"
 )
 
 func (in *inprocInstance) Close() error {

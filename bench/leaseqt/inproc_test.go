@@ -227,6 +227,22 @@ func TestInProcess_Counters(t *testing.T) {
 			} else {
 				require.Zero(t, c["wal_fsyncs"])
 			}
+			// A consumer's poll, ack and next poll: with sync=always the
+			// ack claims the next batch ahead and the poll takes it.
+			ctx := context.Background()
+			require.NoError(t, a.Enqueue(ctx, "q", [][]byte{[]byte("y"), []byte("z"), []byte("w")}))
+			ds, err := a.Poll(ctx, "q", 1, 0)
+			require.NoError(t, err)
+			require.NoError(t, a.Ack(ctx, "q", ds))
+			ds, err = a.Poll(ctx, "q", 1, 0)
+			require.NoError(t, err)
+			require.Len(t, ds, 1)
+			c = cs.Counters()
+			if s.(InProcess).Sync == rocksstore.SyncAlways {
+				require.EqualValues(t, 1, c["prefetch_taken"], "the second poll was answered ahead")
+			} else {
+				require.Zero(t, c["prefetch_taken"])
+			}
 		})
 	}
 }
@@ -239,10 +255,12 @@ leaseq_store_wal_fsync_seconds_sum 0.5
 leaseq_store_wal_fsync_seconds_count 77
 leaseq_rpc_requests_total{op="enqueue"} 9
 leaseq_store_write_stall_seconds_total 1.5e-03
+leaseq_store_prefetch_batches_total{outcome="claimed"} 12
+leaseq_store_prefetch_batches_total{outcome="taken"} 11
 `
 	got, err := scrapeCounters(strings.NewReader(page), nodeCounters)
 	require.NoError(t, err)
-	require.Equal(t, map[string]float64{"commits": 1234, "wal_fsyncs": 77, "wal_fsync_s": 0.5, "write_stall_s": 0.0015}, got)
+	require.Equal(t, map[string]float64{"commits": 1234, "wal_fsyncs": 77, "wal_fsync_s": 0.5, "write_stall_s": 0.0015, "prefetch_taken": 11}, got)
 	_, err = scrapeCounters(strings.NewReader("leaseq_store_commits_total x\n"), nodeCounters)
 	require.ErrorContains(t, err, "leaseq_store_commits_total")
 }

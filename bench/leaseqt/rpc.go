@@ -155,10 +155,11 @@ type rpcInstance struct {
 // nodeCounters maps the node's Prometheus series to the names the
 // in-process rows report (inproc.go's Counters).
 var nodeCounters = map[string]string{
-	"leaseq_store_wal_fsync_seconds_count":   counterFsyncs,
-	"leaseq_store_wal_fsync_seconds_sum":     counterFsyncTime,
-	"leaseq_store_commits_total":             counterCommits,
-	"leaseq_store_write_stall_seconds_total": counterStall,
+	"leaseq_store_wal_fsync_seconds_count":                 counterFsyncs,
+	"leaseq_store_wal_fsync_seconds_sum":                   counterFsyncTime,
+	"leaseq_store_commits_total":                           counterCommits,
+	"leaseq_store_write_stall_seconds_total":               counterStall,
+	`leaseq_store_prefetch_batches_total{outcome="taken"}`: counterTaken,
 }
 
 // metricsTimeout bounds one scrape of the node's /metrics.

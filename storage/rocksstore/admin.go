@@ -42,14 +42,16 @@ func (s *Store) Stats(ctx context.Context, p storage.StatsParams) ([]storage.Que
 		q.mu.Lock()
 		c, cfg := q.counters, q.cfg
 		oldest, ok := q.ready.oldest(now)
-		q.mu.Unlock()
 		st := storage.QueueStats{
 			Queue: name, Ready: c.Ready, Delayed: c.Delayed, Inflight: c.Inflight, Dead: c.Dead, Leases: c.Leases,
 			Enqueued: uint64(c.Enqueued), Duplicates: uint64(c.Duplicates), Delivered: uint64(c.Delivered),
 			Acked: uint64(c.Acked), Nacked: uint64(c.Nacked), Expired: uint64(c.Expired),
 			DeadLettered: uint64(c.DeadLettered), Redriven: uint64(c.Redriven), Purged: uint64(c.Purged),
-			Config: cfg, CorruptErrors: s.corruptErrors(name),
+			Config: cfg,
 		}
+		oldest, ok = q.adjustStats(&st, now, oldest, ok)
+		q.mu.Unlock()
+		st.CorruptErrors = s.corruptErrors(name)
 		if ok {
 			st.OldestReadyAge = time.Duration(now - oldest)
 		}
@@ -101,8 +103,12 @@ func (s *Store) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item,
 	if err := p.Validate(s.limits); err != nil {
 		return nil, fmt.Errorf("rocksstore: peek %q: %w", p.Queue, err)
 	}
-	if s.queue(p.Queue) == nil {
+	q := s.queue(p.Queue)
+	if q == nil {
 		return nil, nil
+	}
+	if err := s.giveBackAll(q); err != nil {
+		return nil, fmt.Errorf("rocksstore: peek %q: %w", p.Queue, err)
 	}
 	prefix := dbkeys.AvailablePrefix(p.Queue)
 	if p.Inflight {
@@ -178,6 +184,9 @@ func (s *Store) Purge(ctx context.Context, p storage.PurgeParams) (int, error) {
 	q := s.queue(p.Queue)
 	if q == nil {
 		return 0, nil
+	}
+	if err := s.giveBackAll(q); err != nil {
+		return 0, fmt.Errorf("rocksstore: purge %q: %w", p.Queue, err)
 	}
 	n, err := s.purgeLive(ctx, q)
 	if err != nil {

@@ -126,6 +126,11 @@ func (s *Store) PollAsync(ctx context.Context, p storage.PollParams, done func(s
 			fail(err)
 			return
 		}
+		if res != nil { // answered with a batch claimed ahead (prefetch.go)
+			s.polled(*res)
+			done(*res, nil)
+			return
+		}
 		done(storage.PollResult{}, nil)
 		return
 	}
@@ -149,7 +154,7 @@ func (s *Store) AckAsync(ctx context.Context, p storage.AckParams, done func([]s
 		done(nil, err)
 		return
 	}
-	_, codes, fn, err := s.ackOp(ctx, p)
+	q, codes, fn, err := s.ackOp(ctx, p)
 	if err != nil || fn == nil {
 		s.exit()
 		done(codes, err)
@@ -157,6 +162,18 @@ func (s *Store) AckAsync(ctx context.Context, p storage.AckParams, done func([]s
 	}
 	queue := p.Queue // captured instead of p, which would move to the heap
 	fail := func(err error) { done(nil, fmt.Errorf("rocksstore: ack %q: %w", queue, err)) }
+	if s.prefetchHold() > 0 {
+		fn, aheadFn, plan := s.withPrefetch(q, p.Lease, nanos(p.Now), fn)
+		o, ahead := &op{apply: fn, items: len(p.IDs)}, &op{apply: aheadFn}
+		s.submitAsync(p.Queue, []*op{o, ahead}, func() {
+			s.prefetchDone(plan, o.err == nil && ahead.err == nil)
+			if ahead.err == nil && !ahead.next.IsZero() && s.onDeadline != nil {
+				s.onDeadline(ahead.next)
+			}
+			s.doneOne(o, fail, func() { done(codes, nil) })()
+		})
+		return
+	}
 	o := &op{apply: fn, items: len(p.IDs)}
 	s.submitAsync(p.Queue, []*op{o}, s.doneOne(o, fail, func() { done(codes, nil) }))
 }

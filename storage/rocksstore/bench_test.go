@@ -100,6 +100,9 @@ func reportMetrics(b *testing.B, m Metrics) {
 	if m.WriteStall > 0 {
 		b.ReportMetric(float64(m.WriteStall.Microseconds())/1000, "stall-ms")
 	}
+	if m.Prefetched > 0 {
+		b.ReportMetric(float64(m.PrefetchHits)/float64(m.Prefetched), "hits/prefetch")
+	}
 }
 
 // BenchmarkEnqueue: batches of 100 x 256 B, and single items (sync=none).

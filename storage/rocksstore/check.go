@@ -26,6 +26,11 @@ func (s *Store) Check(ctx context.Context) (storage.CheckReport, error) {
 		return storage.CheckReport{}, err
 	}
 	defer s.exit()
+	for _, q := range s.queuesWithPrefetch() {
+		if err := s.giveBackAll(q); err != nil {
+			return storage.CheckReport{}, fmt.Errorf("rocksstore: check: %w", err)
+		}
+	}
 	snap := s.db.snapshot()
 	defer s.db.release(snap)
 	c := &checker{s: s, snap: snap}

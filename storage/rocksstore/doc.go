@@ -325,6 +325,27 @@
 // lock is held across a RocksDB call except by the leader, and RocksDB row
 // locks never wait: one transaction is open at a time.
 //
+// # Claims ahead (prefetch.go)
+//
+// With SyncAlways a poll waits for the fsync of its claim, so a consumer
+// looping poll, ack, poll waits for an fsync at every call, and four such
+// consumers bound durable e2e at about 32 items per fsync
+// (docs/BENCHMARKS.md, session 58). An ack that ends a poll's lease
+// therefore runs a second op in its batch that claims the next batch for
+// the same max and lease (when two are ready), kept in the queue's
+// prefetch list; once durable, the consumer's next poll (within
+// Options.PrefetchHold, 20 ms) takes it without a batch of its own. The
+// held batch is an ordinary lease, hidden from every caller: Stats counts
+// its items as available, checkItem answers for them as for available
+// items, a poll that does not match gives the durable held batches back
+// in its op before it claims (so it takes the head, as the model says),
+// and Peek, Purge, Check, a sweep (for stale batches and those holding
+// unpromoted delayed items) and Close give them back first. A poll
+// answered from one is promised an expiry counted from its own instant
+// (leaseState.promised, read through deadline), which the database learns
+// only when the lease is next written. The conformance suites run with it
+// on (the SyncAlways ones); prefetch_test.go tests what it does.
+//
 // # RocksDB operations per item life
 //
 // Enqueue in batches of 32, poll 32, ack the 32 (BenchmarkCycle). Per item

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"slices"
+	"sync/atomic"
 
 	"github.com/leaseq/leaseq/storage"
 )
@@ -327,6 +328,21 @@ func (x *readyIndex) prios(fn func(prio uint8) bool) {
 	}
 }
 
+// firstReady returns the priority of the entry a claim at now would take
+// first, if any.
+func (x *readyIndex) firstReady(now int64) (uint8, bool) {
+	var prio uint8
+	found := false
+	x.prios(func(p uint8) bool {
+		if e, ok := x.heaps[p].peek(); ok && e.vis <= now {
+			prio, found = p, true
+			return false
+		}
+		return true
+	})
+	return prio, found
+}
+
 // oldest returns the earliest visible_at <= now among the priorities'
 // first entries.
 func (x *readyIndex) oldest(now int64) (int64, bool) {
@@ -364,7 +380,24 @@ type leaseState struct {
 	ids      []storage.ItemID // items held at the start of the current op, in claim order
 	released int              // ids released by the current op (see held)
 	ext      map[storage.ItemID]bool
-	wrote    uint64 // the last batch (batch.seq) that wrote its keys or its items' in_progress keys without the overlay's index
+	wrote    uint64      // the last batch (batch.seq) that wrote its keys or its items' in_progress keys without the overlay's index
+	max      int         // the claim's max (0: not from a claim)
+	dur      int64       // the claim's lease, ns
+	ahead    *prefetched // set when claimed ahead (prefetch.go)
+	// promised, when not 0, is the expiry a poll answered with this
+	// lease (claimed ahead) was told, later than exp, which the database
+	// keeps (see deadline). Set by that poll, off the committer.
+	promised atomic.Int64
+}
+
+// deadline is when lease l expires: exp, or the later expiry a poll
+// answered with it was promised (prefetch.go). The database keeps exp
+// until the lease is next written.
+func (l *leaseState) deadline() int64 {
+	if p := l.promised.Load(); p > l.exp {
+		return p
+	}
+	return l.exp
 }
 
 // remove deletes entry e of priority prio (undo of a push; linear).

@@ -13,7 +13,7 @@ import (
 // and still holds an item (a lease whose items were all acked or nacked is
 // finished).
 func (l *leaseState) live(now int64) bool {
-	return l != nil && now < l.exp && l.held() > 0
+	return l != nil && now < l.deadline() && l.held() > 0
 }
 
 // held counts the lease's items still inflight under it. ids is compacted
@@ -26,6 +26,11 @@ func (l *leaseState) held() int { return len(l.ids) - l.released }
 // REQUIRES: on the committer.
 func (s *Store) checkItem(o *opTx, q *queueState, token storage.LeaseID, l *leaseState, id storage.ItemID, now int64) (storage.Code, error) {
 	if holder := s.inflight[id]; holder != nil && holder.q == q {
+		if heldAhead(holder) {
+			// Claimed ahead and not taken: available, as far as any
+			// caller can tell (prefetch.go).
+			return storage.LeaseCode(storage.NotInflight, l.live(now)), nil
+		}
 		if holder.token != token {
 			return storage.LeaseCode(storage.HeldByOther, false), nil
 		}
@@ -78,6 +83,9 @@ func (s *Store) finishLease(o *opTx, l *leaseState) {
 // dropLease deletes lease l's record and expiry entry and forgets it.
 // REQUIRES: on the committer.
 func (s *Store) dropLease(o *opTx, l *leaseState) {
+	if l.ahead != nil {
+		s.unprefetch(o, l.ahead)
+	}
 	o.delAs(o.settleNew, dbkeys.LeaseKey(l.token))
 	o.delAs(o.settleNew, dbkeys.LeaseExpiryKey(l.exp, l.token))
 	o.delta(l.q).Leases--
@@ -108,10 +116,35 @@ func (s *Store) Ack(ctx context.Context, p storage.AckParams) ([]storage.Code, e
 	if err != nil || fn == nil {
 		return codes, err
 	}
-	if err := s.settled(q, len(p.IDs), fn); err != nil {
+	if s.prefetchHold() > 0 {
+		err = s.settledAhead(q, p.Lease, nanos(p.Now), len(p.IDs), fn)
+	} else {
+		err = s.settled(q, len(p.IDs), fn)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("rocksstore: ack %q: %w", p.Queue, err)
 	}
 	return codes, nil
+}
+
+// settledAhead runs an ack's op of n ids on q, with the op that may claim
+// the next batch ahead after it (prefetch.go), and announces their
+// earliest new deadline.
+func (s *Store) settledAhead(q *queueState, token storage.LeaseID, now int64, n int, fn func(o *opTx) error) error {
+	fn, aheadFn, plan := s.withPrefetch(q, token, now, fn)
+	o, ahead := newOp(n, fn), newOp(0, aheadFn)
+	if err := s.submitGroup(q.name, []*op{o, ahead}); err != nil {
+		return err
+	}
+	s.prefetchDone(plan, o.err == nil && ahead.err == nil)
+	if s.onDeadline != nil {
+		for _, x := range []*op{o, ahead} {
+			if x.err == nil && !x.next.IsZero() {
+				s.onDeadline(x.next)
+			}
+		}
+	}
+	return o.err
 }
 
 // ackOp checks an ack and returns its codes (filled in when fn runs) and
@@ -298,7 +331,7 @@ func (s *Store) extend(ctx context.Context, p storage.ExtendParams) (time.Time, 
 	var exp int64
 	_, err := s.submit(p.Queue, 1, func(o *opTx) error {
 		l := s.leases[p.Lease]
-		if l == nil || now >= l.exp {
+		if l == nil || now >= l.deadline() {
 			return storage.ErrLeaseExpired
 		}
 		if l.q.name != p.Queue {
@@ -311,9 +344,10 @@ func (s *Store) extend(ctx context.Context, p storage.ExtendParams) (time.Time, 
 		exp = now + int64(d)
 		o.del(dbkeys.LeaseExpiryKey(l.exp, l.token))
 		o.put(dbkeys.LeaseExpiryKey(exp, l.token), dbkeys.Marker())
-		old := l.exp
+		old, promised := l.exp, l.promised.Load()
 		l.exp = exp
-		o.onUndo(func() { l.exp = old })
+		l.promised.Store(0)
+		o.onUndo(func() { l.exp = old; l.promised.Store(promised) })
 		o.put(dbkeys.LeaseKey(l.token), dbkeys.EncodeLease(leaseRecord(l)))
 		s.expiry.push(timed{at: exp, token: l.token})
 		return nil

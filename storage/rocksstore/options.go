@@ -107,6 +107,10 @@ type Options struct {
 	// such an Open fails with ErrWALDamaged naming the file and the range;
 	// a torn last record (a crash mid-write) is accepted either way.
 	RecoverPointInTime bool
+	// PrefetchHold is how long a batch claimed ahead by an ack waits for
+	// the acking consumer's next poll (SyncAlways only; prefetch.go): 0
+	// means DefaultPrefetchHold, < 0 turns claims ahead off.
+	PrefetchHold time.Duration
 
 	// Unexported knobs used by this package's measurements and tests.
 	inlineMax    int  // payloads up to this many bytes are stored inline; <0: never
@@ -177,6 +181,12 @@ type Metrics struct {
 	// ready-record cache did not hold it (readycache.go).
 	Claimed    uint64
 	ClaimReads uint64
+	// Prefetched counts batches claimed ahead by acks (prefetch.go),
+	// PrefetchHits those a poll was answered with, PrefetchReleased those
+	// given back unused.
+	Prefetched       uint64
+	PrefetchHits     uint64
+	PrefetchReleased uint64
 }
 
 // Sub returns m - prev field by field.
@@ -196,6 +206,10 @@ func (m Metrics) Sub(prev Metrics) Metrics {
 		Polls:       m.Polls - prev.Polls,
 		Claimed:     m.Claimed - prev.Claimed,
 		ClaimReads:  m.ClaimReads - prev.ClaimReads,
+
+		Prefetched:       m.Prefetched - prev.Prefetched,
+		PrefetchHits:     m.PrefetchHits - prev.PrefetchHits,
+		PrefetchReleased: m.PrefetchReleased - prev.PrefetchReleased,
 	}
 }
 

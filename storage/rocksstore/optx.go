@@ -28,10 +28,12 @@ type opTx struct {
 	// settleNew is set by an ack or nack whose lease's keys, and its
 	// items' in_progress keys, are not in the overlay (settleOp).
 	settleNew bool
-	undo      []undoWrite
-	undoFn    []undoStep
-	deltas    []queueDelta
-	notes     []noteRef
+	// keepClaimed, when set, collects what claims take (claimAhead).
+	keepClaimed *[]claimedItem
+	undo        []undoWrite
+	undoFn      []undoStep
+	deltas      []queueDelta
+	notes       []noteRef
 }
 
 // undoWrite puts overlay entry i, older than the op, back to what it was

@@ -27,6 +27,10 @@ func (s *Store) Poll(ctx context.Context, p storage.PollParams) (storage.PollRes
 		return storage.PollResult{}, fmt.Errorf("rocksstore: poll %q: %w", p.Queue, err)
 	}
 	if fn == nil {
+		if res != nil { // answered with a batch claimed ahead (prefetch.go)
+			s.polled(*res)
+			return *res, nil
+		}
 		return storage.PollResult{}, nil
 	}
 	s.polled(*res)
@@ -42,7 +46,8 @@ func (s *Store) polled(res storage.PollResult) {
 }
 
 // pollOp checks a poll and returns the op that claims for it, which fills
-// in *res; fn is nil when there is nothing to claim (an empty answer).
+// in *res; fn is nil when there is nothing to claim (an empty answer, res
+// nil) or when a batch claimed ahead answers the poll (res set).
 func (s *Store) pollOp(ctx context.Context, p storage.PollParams) (res *storage.PollResult, fn func(o *opTx) error, err error) {
 	if err := p.Validate(s.limits); err != nil {
 		return nil, nil, err
@@ -61,8 +66,18 @@ func (s *Store) pollOp(ctx context.Context, p storage.PollParams) (res *storage.
 	if lease == 0 {
 		lease = q.cfg.LeaseDuration
 	}
+	held := len(q.prefetch) > 0
 	q.mu.Unlock()
 	s.m.polls.Add(1)
+	giveBack := false
+	if held {
+		var r storage.PollResult
+		var e *prefetched
+		if r, e, giveBack = s.takePrefetched(q, p.Max, int64(lease), now, false); e != nil {
+			return &r, nil, nil
+		}
+		ready = true // the op takes a batch claimed meanwhile, or gives them back
+	}
 	if !ready {
 		// Nothing is ready now: an empty answer needs no batch (and,
 		// with SyncAlways, no wait for an fsync). Long polls come here
@@ -73,6 +88,27 @@ func (s *Store) pollOp(ctx context.Context, p storage.PollParams) (res *storage.
 	// would move to the heap (an allocation per call).
 	r, limit := new(storage.PollResult), p.Max
 	return r, func(o *opTx) error {
+		if held {
+			got, e, back := s.takePrefetched(q, limit, int64(lease), now, true)
+			if e != nil {
+				o.onUndo(func() {
+					q.mu.Lock()
+					e.released = false
+					q.prefetch = append(q.prefetch, e)
+					q.mu.Unlock()
+					e.l.promised.Store(0)
+				})
+				*r = got
+				o.op.items = len(got.Items)
+				return nil
+			}
+			if back || giveBack {
+				// A durable batch claimed ahead did not match this poll:
+				// give the durable ones back, so that the claim takes
+				// what it would have without them (takePrefetched).
+				s.releaseAhead(o, q, func(e *prefetched) bool { return e.ready })
+			}
+		}
 		o.b.polls++
 		var err error
 		*r, err = s.claim(o, q, now, limit, int64(lease))
@@ -223,12 +259,21 @@ func (s *Store) claim(o *opTx, q *queueState, now int64, max int, lease int64) (
 		c.rec = rec
 		items = append(items, c)
 	}
-	return s.grant(o, q, now, lease, items)
+	if o.keepClaimed != nil {
+		// Kept to be given back (prefetch.go): Delayed says whether the
+		// item counted as delayed (not yet promoted), as takeAvailable
+		// tells.
+		for _, c := range items {
+			_, c.rec.Delayed = q.delayed[storage.ItemID(c.e.id)]
+			*o.keepClaimed = append(*o.keepClaimed, c)
+		}
+	}
+	return s.grant(o, q, now, lease, max, items)
 }
 
-// grant moves claimed items to in_progress under a new lease.
-// REQUIRES: on the committer.
-func (s *Store) grant(o *opTx, q *queueState, now, lease int64, items []claimedItem) (storage.PollResult, error) {
+// grant moves claimed items to in_progress under a new lease, for a
+// claim of up to max items. REQUIRES: on the committer.
+func (s *Store) grant(o *opTx, q *queueState, now, lease int64, max int, items []claimedItem) (storage.PollResult, error) {
 	var token storage.LeaseID
 	for token.IsZero() || s.leases[token] != nil {
 		// crypto/rand.Read never returns an error (Go 1.24+).
@@ -236,7 +281,7 @@ func (s *Store) grant(o *opTx, q *queueState, now, lease int64, items []claimedI
 	}
 	exp := now + lease
 	lr := dbkeys.LeaseRecord{Queue: q.name, ExpiresAt: exp, IDs: make([][16]byte, len(items))}
-	l := &leaseState{token: token, q: q, exp: exp, ids: make([]storage.ItemID, len(items))}
+	l := &leaseState{token: token, q: q, exp: exp, ids: make([]storage.ItemID, len(items)), max: max, dur: lease}
 	out := make([]storage.Item, len(items))
 	d := o.delta(q)
 	// While the batch is untouched, a claimed item's in_progress key is

@@ -86,6 +86,7 @@ type Store struct {
 		plainCommits                                                          atomic.Uint64 // commits without a transaction (runBatch)
 		syncNanos                                                             atomic.Uint64
 		claimPasses, polls, claimed, claimReads                               atomic.Uint64
+		prefetched, prefetchHits, prefetchReleased                            atomic.Uint64
 		corrupt                                                               atomic.Uint64
 	}
 	corruptFirst atomic.Pointer[error]
@@ -304,6 +305,14 @@ func (s *Store) readCounters(name string) (dbkeys.Counters, error) {
 // Close implements storage.Store. It waits for calls in flight.
 func (s *Store) Close() error {
 	s.pipe.breakHolds()
+	// Batches claimed ahead go back first, so that a clean close leaves
+	// no lease that no consumer holds (prefetch.go).
+	if s.enter("close") == nil {
+		for _, q := range s.queuesWithPrefetch() {
+			_ = s.giveBackAll(q)
+		}
+		s.exit()
+	}
 	s.life.Lock()
 	defer s.life.Unlock()
 	if s.life.closed {
@@ -478,6 +487,10 @@ func (s *Store) Metrics() Metrics {
 		Polls:       s.m.polls.Load(),
 		Claimed:     s.m.claimed.Load(),
 		ClaimReads:  s.m.claimReads.Load(),
+
+		Prefetched:       s.m.prefetched.Load(),
+		PrefetchHits:     s.m.prefetchHits.Load(),
+		PrefetchReleased: s.m.prefetchReleased.Load(),
 	}
 	if s.opts.Sync == SyncAlways {
 		m.SyncCommits = s.m.syncedBatches.Load()
@@ -575,6 +588,13 @@ type queueState struct {
 	// recsFull: recs had no room left when last changed (cacheFull).
 	// Written by the committer, read by anyone.
 	recsFull atomic.Bool
+
+	// prefetch holds the batches claimed ahead (prefetch.go), oldest
+	// first. REQUIRES: mu held.
+	prefetch []*prefetched
+	// prefetchSkip counts down the ends of leases that claim nothing
+	// ahead. Committer only.
+	prefetchSkip int
 }
 
 func newQueueState(name string, cfg storage.QueueConfig) *queueState {

@@ -40,6 +40,14 @@ func (s *Store) sweep(ctx context.Context, p storage.SweepParams) (storage.Sweep
 	}
 	var res storage.SweepResult
 	gained := map[string]bool{}
+	if s.prefetchHold() > 0 {
+		if _, err := s.submit("", 0, func(o *opTx) error {
+			s.sweepAhead(o, now)
+			return nil
+		}); err != nil {
+			return res, err
+		}
+	}
 	// Each phase runs ops of up to sweepChunk entries until nothing more is
 	// due or limit entries were handled.
 	phase := func(step func(o *opTx, max int, part *storage.SweepResult, g map[string]bool) int) error {
@@ -125,17 +133,35 @@ func addSweep(res *storage.SweepResult, part storage.SweepResult) {
 // REQUIRES: on the committer.
 func (s *Store) nextDeadline() int64 {
 	var next int64
+	var held []timed
 	for {
 		t, ok := s.expiry.peek()
 		if !ok {
 			break
 		}
-		if l := s.leases[t.token]; l == nil || l.exp != t.at {
+		l := s.leases[t.token]
+		if l == nil || l.exp != t.at && l.deadline() != t.at {
 			s.expiry.pop()
+			continue
+		}
+		if d := l.deadline(); d > t.at {
+			// A poll was promised a later expiry (prefetch.go).
+			s.expiry.pop()
+			s.expiry.push(timed{at: d, token: t.token})
+			continue
+		}
+		if heldAhead(l) {
+			// No caller knows of a held batch's lease: its expiry is
+			// nobody's deadline (a sweep gives it back long before).
+			s.expiry.pop()
+			held = append(held, t)
 			continue
 		}
 		next = t.at
 		break
+	}
+	for _, t := range held {
+		s.expiry.push(t)
 	}
 	for {
 		t, ok := s.delayed.peek()
@@ -165,8 +191,14 @@ func (s *Store) expireDue(o *opTx, now int64, max int, res *storage.SweepResult,
 		}
 		s.expiry.pop()
 		l := s.leases[t.token]
-		if l == nil || l.exp != t.at {
+		if l == nil || l.exp != t.at && l.deadline() != t.at {
 			continue // acked, nacked or extended since
+		}
+		if d := l.deadline(); d > now {
+			// A poll was promised a later expiry (prefetch.go).
+			s.expiry.push(timed{at: d, token: t.token})
+			o.onUndo(func() { s.expiry.push(t) })
+			continue
 		}
 		o.onUndo(func() { s.expiry.push(t) })
 		s.expireLease(o, l, now, res, gained)
@@ -206,8 +238,8 @@ func (s *Store) expireLease(o *opTx, l *leaseState, now int64, res *storage.Swee
 			res.DeadLettered++
 			continue
 		}
-		rec.VisibleAt = l.exp
-		rec.Delayed = l.exp > now
+		rec.VisibleAt = l.deadline()
+		rec.Delayed = rec.VisibleAt > now
 		s.putAvailable(o, q, id, rec, nil, false, nil)
 		res.Requeued++
 		gained[q.name] = true

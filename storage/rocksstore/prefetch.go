@@ -1,0 +1,388 @@
+package rocksstore
+
+import (
+	"slices"
+	"time"
+
+	"github.com/leaseq/leaseq/dbkeys"
+	"github.com/leaseq/leaseq/storage"
+)
+
+// Claims ahead (SyncAlways only). A consumer that acks a whole lease
+// usually polls again at once, with the same max and lease, and with
+// SyncAlways that poll would wait for an fsync of its own after the ack
+// waited for one. So an ack that ends its lease, on a queue with at least
+// two such batches ready, also claims the next batch in the ack's own
+// commit (and fsync): an ordinary claim under an ordinary lease, kept in
+// the queue's prefetch list instead of being answered. A poll that
+// matches one (same max and lease, within PrefetchHold after the claim,
+// and nothing now ready that a claim would take first) is answered with
+// it at once: its lease is already durable, so no batch and no fsync, and
+// the lease is promised the expiry a claim at the poll would have had.
+// Any other poll, and Peek, Purge, Check, a sweep (for stale batches) and
+// Close, give the held batches back first: their items go back to
+// available exactly as they were (attempts and visibility restored), so
+// no caller can tell a batch was held (the model-based conformance suites
+// run with claims ahead on).
+//
+// Two traces remain after a crash only: a batch held at the crash is an
+// ordinary lease in the database, whose items come back when it expires
+// with one attempt counted that no consumer saw; and the database keeps
+// a taken lease's claim-time expiry, up to the hold before the one its
+// poll was promised, until the lease is next written. Measured:
+// docs/BENCHMARKS.md, "Claims ahead".
+
+// DefaultPrefetchHold is how long a batch claimed ahead waits for a poll
+// when Options.PrefetchHold is 0: long enough for a consumer's next poll
+// after its ack's answer, also over a network, and short against a lease.
+const DefaultPrefetchHold = 20 * time.Millisecond
+
+// maxPrefetched caps the batches claimed ahead a queue holds at once
+// (about one per consumer).
+const maxPrefetched = 16
+
+// prefetchBackoff is how many ends of leases on a queue claim nothing
+// ahead after an entry went stale (its consumer stopped polling).
+const prefetchBackoff = 64
+
+// prefetched is one batch claimed ahead. ready and released are guarded
+// by the queue's mu; the rest does not change once it is in the list.
+type prefetched struct {
+	res      storage.PollResult
+	l        *leaseState
+	recs     []dbkeys.ItemRecord // the items' records before the claim, in claim order
+	prios    []uint8             // the items' priorities, in claim order
+	now      int64               // the claim's instant
+	max      int
+	dur      int64
+	ready    bool // durable: the commit that claimed it has been fsynced
+	released bool // taken out of the list by the committer (released, or its lease ended)
+}
+
+// prefetchHold returns the hold of claims ahead, 0 when they are off.
+func (s *Store) prefetchHold() int64 {
+	if s.opts.Sync != SyncAlways || s.opts.PrefetchHold < 0 {
+		return 0
+	}
+	if s.opts.PrefetchHold == 0 {
+		return int64(DefaultPrefetchHold)
+	}
+	return int64(s.opts.PrefetchHold)
+}
+
+// prefetchPlan carries what an ack's op learnt about its lease to the
+// op that may claim ahead after it (same batch, next op).
+type prefetchPlan struct {
+	q     *queueState
+	now   int64
+	max   int
+	dur   int64
+	ended bool // the ack ended the lease, which a plain poll had claimed
+	e     *prefetched
+}
+
+// withPrefetch wraps an ack's op so that it records in plan whether it
+// ended lease token, and returns what the op after it applies to claim
+// ahead. REQUIRES: prefetchHold() > 0.
+func (s *Store) withPrefetch(q *queueState, token storage.LeaseID, now int64, ack func(o *opTx) error) (wrapped, ahead func(o *opTx) error, plan *prefetchPlan) {
+	plan = &prefetchPlan{q: q, now: now}
+	wrapped = func(o *opTx) error {
+		l := s.leases[token]
+		if err := ack(o); err != nil {
+			return err
+		}
+		if l != nil && l.max > 0 && s.leases[token] == nil {
+			plan.ended, plan.max, plan.dur = true, l.max, l.dur
+		}
+		return nil
+	}
+	return wrapped, func(o *opTx) error { return s.claimAhead(o, plan) }, plan
+}
+
+// claimAhead claims the next batch for the consumer whose ack ended a
+// lease (plan), if the queue has two such batches ready and the lease is
+// longer than twice the hold (a held batch is given back long before its
+// lease could expire). REQUIRES: on the committer.
+func (s *Store) claimAhead(o *opTx, plan *prefetchPlan) error {
+	q := plan.q
+	o.op.items = 0
+	if !plan.ended {
+		return nil
+	}
+	hold := s.prefetchHold()
+	s.releaseStale(o, q, plan.now, hold)
+	if q.prefetchSkip > 0 {
+		q.prefetchSkip--
+		return nil
+	}
+	q.mu.Lock()
+	enough := len(q.prefetch) < maxPrefetched && q.ready.n >= 2*plan.max && plan.dur > 2*hold
+	q.mu.Unlock()
+	if !enough {
+		return nil
+	}
+	var took []claimedItem
+	o.keepClaimed = &took
+	res, err := s.claim(o, q, plan.now, plan.max, plan.dur)
+	o.keepClaimed = nil
+	if err != nil || len(took) == 0 {
+		return err
+	}
+	o.b.polls++
+	o.op.items = len(took)
+	e := &prefetched{res: res, l: s.leases[res.Lease], now: plan.now, max: plan.max, dur: plan.dur,
+		recs: make([]dbkeys.ItemRecord, len(took)), prios: make([]uint8, len(took))}
+	for i, c := range took {
+		e.recs[i], e.prios[i] = c.rec, c.prio
+	}
+	e.l.ahead = e
+	q.mu.Lock()
+	q.prefetch = append(q.prefetch, e)
+	q.mu.Unlock()
+	o.onUndo(func() {
+		q.mu.Lock()
+		q.prefetch = slices.DeleteFunc(q.prefetch, func(x *prefetched) bool { return x == e })
+		q.mu.Unlock()
+	})
+	plan.e = e
+	s.m.prefetched.Add(1)
+	return nil
+}
+
+// prefetchDone makes the batch plan claimed ahead takeable once the
+// commit that claimed it is durable (ok), or drops it (the commit
+// failed: the claim was undone).
+func (s *Store) prefetchDone(plan *prefetchPlan, ok bool) {
+	e := plan.e
+	if e == nil {
+		return
+	}
+	q := plan.q
+	q.mu.Lock()
+	if ok {
+		e.ready = true
+	} else {
+		q.prefetch = slices.DeleteFunc(q.prefetch, func(x *prefetched) bool { return x == e })
+	}
+	q.mu.Unlock()
+}
+
+// takePrefetched answers a poll of max items leased for lease ns at now
+// with a batch claimed ahead, if one matches: claimed with the same max
+// and lease within the hold of now, and holding what a claim at now would
+// take: nothing ready now has a higher priority than its last item, and
+// it is full or nothing else is ready. (Ready items of the same priority
+// that sort before its last one can only be items enqueued meanwhile with
+// an instant before the claim's, by callers racing each other, whose
+// order among themselves is no promise.) Off the committer (inOp false)
+// only a durable batch answers, at once; a poll's op (inOp) takes any,
+// since its own fsync covers the batch that claimed it. The answer's
+// lease counts from now, as a claim's at now would: the lease is
+// promised that expiry (leaseState.deadline), and the database keeps the
+// claim's, up to the hold earlier, until the lease is next written (a
+// crash before that ends it that much sooner). Otherwise
+// giveBack reports whether a durable batch did not match: the poll's op
+// gives the durable batches back before it claims, so that it takes what
+// it would have without them.
+func (s *Store) takePrefetched(q *queueState, max int, lease, now int64, inOp bool) (res storage.PollResult, e *prefetched, giveBack bool) {
+	hold := s.prefetchHold()
+	if hold == 0 {
+		return storage.PollResult{}, nil, false
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.prefetch) == 0 {
+		return storage.PollResult{}, nil, false
+	}
+	prio, anyReady := q.ready.firstReady(now)
+	for i, e := range q.prefetch {
+		match := e.max == max && e.dur == lease && now >= e.now && now-e.now <= hold &&
+			!(anyReady && (len(e.recs) < e.max || prio < e.prios[len(e.prios)-1]))
+		if !e.ready && !inOp {
+			continue // its commit is not durable yet: neither taken nor given back
+		}
+		if !match {
+			giveBack = giveBack || e.ready
+			continue
+		}
+		q.prefetch = slices.Delete(q.prefetch, i, i+1)
+		e.released = true
+		s.m.prefetchHits.Add(1)
+		res = e.res
+		res.ExpiresAt = instant(now + lease)
+		e.l.promised.Store(now + lease)
+		return res, e, false
+	}
+	return storage.PollResult{}, nil, giveBack
+}
+
+// heldAhead reports whether lease l is a batch claimed ahead that no
+// poll has taken: its items count as available to every caller.
+// REQUIRES: on the committer.
+func heldAhead(l *leaseState) bool {
+	if l.ahead == nil {
+		return false
+	}
+	l.q.mu.Lock()
+	defer l.q.mu.Unlock()
+	return !l.ahead.released
+}
+
+// adjustStats makes st count q's durable batches claimed ahead as the
+// available items they were: Stats shows no trace of them.
+// REQUIRES: q.mu held.
+func (q *queueState) adjustStats(st *storage.QueueStats, now int64, oldest int64, found bool) (int64, bool) {
+	for _, e := range q.prefetch {
+		if !e.ready {
+			continue
+		}
+		n := int64(len(e.recs))
+		st.Inflight -= n
+		st.Leases--
+		st.Delivered -= uint64(n)
+		for _, r := range e.recs {
+			if r.Delayed {
+				st.Delayed++
+			} else {
+				st.Ready++
+			}
+			if r.VisibleAt <= now && (!found || r.VisibleAt < oldest) {
+				oldest, found = r.VisibleAt, true
+			}
+		}
+	}
+	return oldest, found
+}
+
+// giveBackAll gives back every batch q holds claimed ahead, in an op of
+// its own, before a call that reads or changes the queue's items as a
+// whole (Peek, Purge, Check, Close). REQUIRES: s.life held shared (enter).
+func (s *Store) giveBackAll(q *queueState) error {
+	q.mu.Lock()
+	n := len(q.prefetch)
+	q.mu.Unlock()
+	if n == 0 {
+		return nil
+	}
+	_, err := s.submit(q.name, 0, func(o *opTx) error {
+		s.releaseAhead(o, q, func(*prefetched) bool { return true })
+		return nil
+	})
+	return err
+}
+
+// releaseStale releases q's batches claimed ahead that are older than
+// hold at now: their consumer stopped polling, so the queue claims
+// nothing ahead for a while. REQUIRES: on the committer.
+func (s *Store) releaseStale(o *opTx, q *queueState, now, hold int64) {
+	if s.releaseAhead(o, q, func(e *prefetched) bool { return now-e.now > hold }) > 0 {
+		q.prefetchSkip = prefetchBackoff
+	}
+}
+
+// releaseAhead releases q's batches claimed ahead for which drop is true
+// and returns how many. REQUIRES: on the committer.
+func (s *Store) releaseAhead(o *opTx, q *queueState, drop func(e *prefetched) bool) int {
+	q.mu.Lock()
+	if len(q.prefetch) == 0 {
+		q.mu.Unlock()
+		return 0
+	}
+	var out []*prefetched
+	q.prefetch = slices.DeleteFunc(q.prefetch, func(e *prefetched) bool {
+		if drop(e) {
+			out = append(out, e)
+			return true
+		}
+		return false
+	})
+	for _, e := range out {
+		e.released = true
+	}
+	q.mu.Unlock()
+	for _, e := range out {
+		s.giveBack(o, q, e)
+	}
+	return len(out)
+}
+
+// giveBack undoes the claim of batch e: each item still under its lease
+// goes back to available with its record as it was before the claim, and
+// the lease ends. REQUIRES: on the committer; e out of the queue's list.
+func (s *Store) giveBack(o *opTx, q *queueState, e *prefetched) {
+	l := e.l
+	if s.leases[l.token] != l {
+		return // ended meanwhile (expired, or its queue purged)
+	}
+	o.onUndo(func() {
+		q.mu.Lock()
+		e.released = false
+		q.prefetch = append(q.prefetch, e)
+		q.mu.Unlock()
+	})
+	d := o.delta(q)
+	for i, id := range e.res.Items {
+		if s.inflight[id.ID] != l {
+			continue
+		}
+		s.release(o, l, id.ID)
+		o.del(dbkeys.InProgressKey(q.name, id.ID))
+		d.Inflight--
+		d.Delivered--
+		s.putAvailable(o, q, id.ID, e.recs[i], nil, false, nil)
+	}
+	s.finishLease(o, l)
+	s.m.prefetchReleased.Add(1)
+}
+
+// unprefetch forgets batch e claimed ahead whose lease ends some other
+// way (expiry, purge). REQUIRES: on the committer.
+func (s *Store) unprefetch(o *opTx, e *prefetched) {
+	q := e.l.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if e.released {
+		return
+	}
+	q.prefetch = slices.DeleteFunc(q.prefetch, func(x *prefetched) bool { return x == e })
+	e.released = true
+	o.onUndo(func() {
+		q.mu.Lock()
+		e.released = false
+		q.prefetch = append(q.prefetch, e)
+		q.mu.Unlock()
+	})
+}
+
+// sweepAhead, at the start of a sweep, gives back the batches claimed
+// ahead that are stale at now (their consumer stopped polling: the
+// sweeper is what notices, within its interval) and those holding an item
+// not yet promoted from delayed, which the sweep would promote.
+// REQUIRES: on the committer.
+func (s *Store) sweepAhead(o *opTx, now int64) {
+	hold := s.prefetchHold()
+	if hold == 0 {
+		return
+	}
+	for _, q := range s.queuesWithPrefetch() {
+		s.releaseStale(o, q, now, hold)
+		s.releaseAhead(o, q, func(e *prefetched) bool {
+			return slices.ContainsFunc(e.recs, func(r dbkeys.ItemRecord) bool { return r.Delayed })
+		})
+	}
+}
+
+// queuesWithPrefetch returns the queues holding batches claimed ahead.
+func (s *Store) queuesWithPrefetch() []*queueState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var qs []*queueState
+	for _, q := range s.mu.queues {
+		q.mu.Lock()
+		if len(q.prefetch) > 0 {
+			qs = append(qs, q)
+		}
+		q.mu.Unlock()
+	}
+	return qs
+}

@@ -1,0 +1,197 @@
+package rocksstore
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/storage"
+)
+
+// prefetchSetup opens a SyncAlways store (claims ahead on, by default)
+// whose fsyncs go through a blockingSync, starting free, and enqueues n
+// items into "q" at at(0).
+func prefetchSetup(t *testing.T, n int, mod ...func(*Options)) (*testBundle, *blockingSync, []storage.EnqueueResult) {
+	t.Helper()
+	h := newBlockingSync()
+	h.free.Store(true)
+	b := setup(t, append([]func(*Options){func(o *Options) {
+		o.Sync = SyncAlways
+		o.syncHook = h.hook
+	}}, mod...)...)
+	items := make([]storage.EnqueueItem, n)
+	for i := range items {
+		items[i] = storage.EnqueueItem{Payload: []byte{byte('a' + i)}}
+	}
+	res, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: at(0)})
+	require.NoError(t, err)
+	return b, h, res
+}
+
+// pollAck polls max items at now and acks them all at now.
+func (b *testBundle) pollAck(max int, now time.Time) storage.PollResult {
+	b.t.Helper()
+	r, err := b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: max, Lease: time.Minute, Now: now})
+	require.NoError(b.t, err)
+	codes, err := b.s.Ack(b.ctx, storage.AckParams{Queue: "q", Lease: r.Lease, IDs: itemIDs(r.Items), Now: now})
+	require.NoError(b.t, err)
+	for _, c := range codes {
+		require.Equal(b.t, storage.CodeOK, c)
+	}
+	return r
+}
+
+// The ack that ends a poll's lease claims the next batch in its own
+// commit; the consumer's next poll is answered with it while every fsync
+// is held: it needs none of its own. It gets the items a claim at its
+// instant would have, under a lease counted from its instant.
+func TestPrefetch_PollAnsweredWithoutItsOwnFsync(t *testing.T) {
+	t.Parallel()
+	b, h, res := prefetchSetup(t, 8)
+	first := b.pollAck(2, at(time.Second))
+	require.Equal(t, []storage.ItemID{res[0].ID, res[1].ID}, itemIDs(first.Items))
+	require.EqualValues(t, 1, b.s.Metrics().Prefetched)
+
+	h.free.Store(false) // from here every fsync waits for a release
+	polled := make(chan storage.PollResult, 1)
+	go func() {
+		r, err := b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 2, Lease: time.Minute, Now: at(time.Second + time.Millisecond)})
+		require.NoError(t, err)
+		polled <- r
+	}()
+	// Every fsync blocks in the hook until released, so a poll that
+	// returns did not wait for one.
+	var r storage.PollResult
+	select {
+	case r = <-polled:
+	case <-time.After(time.Minute): // a deadlock guard, not a timing
+		t.Fatal("the poll did not return: it waited for an fsync")
+	}
+	require.Equal(t, []storage.ItemID{res[2].ID, res[3].ID}, itemIDs(r.Items))
+	require.Equal(t, at(time.Second+time.Millisecond+time.Minute), r.ExpiresAt, "the lease counts from the poll")
+	for _, it := range r.Items {
+		require.EqualValues(t, 1, it.Attempts)
+	}
+	require.EqualValues(t, 1, b.s.Metrics().PrefetchHits)
+	h.free.Store(true)
+	// The database keeps the claim's expiry (1 ms earlier) until the
+	// lease is next written; the store keeps the one it promised: a sweep
+	// between the two leaves the lease alone, and the ack still counts.
+	between := at(time.Second + time.Minute + 500*time.Microsecond)
+	sw, err := b.s.Sweep(b.ctx, storage.SweepParams{Now: between})
+	require.NoError(t, err)
+	require.Zero(t, sw.LeasesExpired)
+	codes, err := b.s.Ack(b.ctx, storage.AckParams{Queue: "q", Lease: r.Lease, IDs: itemIDs(r.Items), Now: between})
+	require.NoError(t, err)
+	require.Equal(t, []storage.Code{storage.CodeOK, storage.CodeOK}, codes)
+}
+
+// A batch claimed ahead leaves no trace a caller can see: Stats, an ack
+// naming one of its items and Peek answer as if it were still available,
+// and Check finds no lease.
+func TestPrefetch_Invisible(t *testing.T) {
+	t.Parallel()
+	b, _, res := prefetchSetup(t, 8)
+	first := b.pollAck(2, at(time.Second))
+	require.EqualValues(t, 1, b.s.Metrics().Prefetched)
+
+	st, err := b.s.Stats(b.ctx, storage.StatsParams{Queue: "q", Now: at(time.Second)})
+	require.NoError(t, err)
+	require.Len(t, st, 1)
+	require.EqualValues(t, 6, st[0].Ready)
+	require.EqualValues(t, 0, st[0].Inflight)
+	require.EqualValues(t, 0, st[0].Leases)
+	require.EqualValues(t, 2, st[0].Delivered)
+	require.Equal(t, time.Second, st[0].OldestReadyAge)
+
+	// An ack of a held item under the finished lease: as for an item
+	// that is available.
+	codes, err := b.s.Ack(b.ctx, storage.AckParams{Queue: "q", Lease: first.Lease, IDs: []storage.ItemID{res[2].ID, res[7].ID}, Now: at(time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, codes[1], codes[0])
+
+	// Peek gives the held batch back first: every item is available.
+	items, err := b.s.Peek(b.ctx, storage.PeekParams{Queue: "q", Limit: 10, Now: at(time.Second)})
+	require.NoError(t, err)
+	require.Len(t, items, 6)
+	for _, it := range items {
+		require.EqualValues(t, 0, it.Attempts)
+		require.Equal(t, storage.StateReady, it.State)
+	}
+	require.EqualValues(t, 1, b.s.Metrics().PrefetchReleased)
+	rep, err := b.s.Check(b.ctx)
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "violations: %v", rep.Violations)
+	require.EqualValues(t, 0, rep.Leases)
+	require.EqualValues(t, 6, rep.Items)
+}
+
+// A batch nobody polls for goes back once its hold has passed, at the
+// next sweep, exactly as it was: the next poll gets the same items, at
+// their first attempt.
+func TestPrefetch_GivenBackWhenStale(t *testing.T) {
+	t.Parallel()
+	b, _, res := prefetchSetup(t, 8)
+	b.pollAck(2, at(time.Second))
+	require.EqualValues(t, 1, b.s.Metrics().Prefetched)
+
+	later := at(time.Second + DefaultPrefetchHold + time.Nanosecond)
+	_, err := b.s.Sweep(b.ctx, storage.SweepParams{Now: later})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, b.s.Metrics().PrefetchReleased)
+	r, err := b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 2, Lease: time.Minute, Now: later})
+	require.NoError(t, err)
+	require.Equal(t, []storage.ItemID{res[2].ID, res[3].ID}, itemIDs(r.Items))
+	for _, it := range r.Items {
+		require.EqualValues(t, 1, it.Attempts)
+	}
+	require.Zero(t, b.s.Metrics().PrefetchHits)
+	require.Equal(t, later.Add(time.Minute), r.ExpiresAt)
+}
+
+// A poll that asks for something else (here a different max) is not
+// answered with the held batch: its op gives it back and claims, so it
+// gets the queue's head.
+func TestPrefetch_OtherPollGetsTheHead(t *testing.T) {
+	t.Parallel()
+	b, _, res := prefetchSetup(t, 8)
+	b.pollAck(2, at(time.Second))
+	r, err := b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 3, Lease: time.Minute, Now: at(time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, []storage.ItemID{res[2].ID, res[3].ID, res[4].ID}, itemIDs(r.Items))
+	require.EqualValues(t, 1, b.s.Metrics().PrefetchReleased)
+	require.Zero(t, b.s.Metrics().PrefetchHits)
+}
+
+// A clean close gives held batches back: the reopened store has no lease.
+func TestPrefetch_CloseGivesBack(t *testing.T) {
+	t.Parallel()
+	b, _, _ := prefetchSetup(t, 8)
+	b.pollAck(2, at(time.Second))
+	require.EqualValues(t, 1, b.s.Metrics().Prefetched)
+	require.NoError(t, b.s.Close())
+	s, err := Open(b.dir, b.opts)
+	require.NoError(t, err)
+	b.s = s
+	st, err := b.s.Stats(b.ctx, storage.StatsParams{Queue: "q", Now: at(time.Second)})
+	require.NoError(t, err)
+	require.EqualValues(t, 6, st[0].Ready)
+	require.EqualValues(t, 0, st[0].Leases)
+}
+
+// Off (PrefetchHold < 0), and with SyncNone, where a poll has no fsync to
+// save, nothing is claimed ahead.
+func TestPrefetch_Off(t *testing.T) {
+	t.Parallel()
+	for name, mod := range map[string]func(*Options){
+		"hold<0":   func(o *Options) { o.PrefetchHold = -1 },
+		"syncnone": func(o *Options) { o.Sync = SyncNone },
+	} {
+		t.Run(name, func(t *testing.T) {
+			b, _, _ := prefetchSetup(t, 8, mod)
+			b.pollAck(2, at(time.Second))
+			require.Zero(t, b.s.Metrics().Prefetched)
+		})
+	}
+}
