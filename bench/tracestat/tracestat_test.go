@@ -20,7 +20,9 @@ import (
 // in one batch region, every fsync the store counted is a region, and the
 // shares add up.
 func TestRead_RocksStoreUnderLoad(t *testing.T) {
-	s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
+	// Claims ahead off: every poll below is then a call of its own
+	// (with them an ack adds an op and a poll may need none).
+	s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways, PrefetchHold: -1})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.Close()) })
 	ctx := context.Background()

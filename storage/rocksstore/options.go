@@ -139,9 +139,10 @@ type Metrics struct {
 	// Commits counts batches the committer wrote to RocksDB (one
 	// transaction and one WAL write each).
 	Commits uint64
-	// Ops counts calls committed in those batches, Items the items they
-	// touched (enqueued, claimed, acked, ...): Ops/Commits and
-	// Items/Commits show how much one commit carries.
+	// Ops counts calls committed in those batches (an ack's claim ahead,
+	// prefetch.go, counts as one more), Items the items they touched
+	// (enqueued, claimed, acked, ...): Ops/Commits and Items/Commits show
+	// how much one commit carries.
 	Ops   uint64
 	Items uint64
 	// SyncCommits counts written batches that waited for a WAL fsync

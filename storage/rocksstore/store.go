@@ -142,7 +142,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s.log.Info("rocksstore opened", "data", dir, "sync", opts.Sync.String(), "queues", len(s.mu.queues),
-		"leases", len(s.leases))
+		"leases", len(s.leases), "prefetch_hold", time.Duration(s.prefetchHold()))
 	return s, nil
 }
 
