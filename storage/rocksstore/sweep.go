@@ -40,7 +40,7 @@ func (s *Store) sweep(ctx context.Context, p storage.SweepParams) (storage.Sweep
 	}
 	var res storage.SweepResult
 	gained := map[string]bool{}
-	if s.prefetchHold() > 0 {
+	if s.prefetchHold() > 0 && len(s.queuesWithPrefetch()) > 0 {
 		if _, err := s.submit("", 0, func(o *opTx) error {
 			s.sweepAhead(o, now)
 			return nil
