@@ -26,10 +26,8 @@ func (s *Store) Check(ctx context.Context) (storage.CheckReport, error) {
 		return storage.CheckReport{}, err
 	}
 	defer s.exit()
-	for _, q := range s.queuesWithPrefetch() {
-		if err := s.giveBackAll(q); err != nil {
-			return storage.CheckReport{}, fmt.Errorf("rocksstore: check: %w", err)
-		}
+	if err := s.giveBackAll(s.queuesWithPrefetch()...); err != nil {
+		return storage.CheckReport{}, fmt.Errorf("rocksstore: check: %w", err)
 	}
 	snap := s.db.snapshot()
 	defer s.db.release(snap)

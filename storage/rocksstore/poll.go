@@ -92,10 +92,7 @@ func (s *Store) pollOp(ctx context.Context, p storage.PollParams) (res *storage.
 			got, e, back := s.takePrefetched(q, limit, int64(lease), now, true)
 			if e != nil {
 				o.onUndo(func() {
-					q.mu.Lock()
-					e.released = false
-					q.prefetch = append(q.prefetch, e)
-					q.mu.Unlock()
+					q.holdAhead(e)
 					e.l.promised.Store(0)
 				})
 				*r = got

@@ -136,12 +136,10 @@ func (s *Store) claimAhead(o *opTx, plan *prefetchPlan) error {
 		e.recs[i], e.prios[i] = c.rec, c.prio
 	}
 	e.l.ahead = e
-	q.mu.Lock()
-	q.prefetch = append(q.prefetch, e)
-	q.mu.Unlock()
+	q.holdAhead(e)
 	o.onUndo(func() {
 		q.mu.Lock()
-		q.prefetch = slices.DeleteFunc(q.prefetch, func(x *prefetched) bool { return x == e })
+		q.dropAheadLocked(e)
 		q.mu.Unlock()
 	})
 	plan.e = e
@@ -162,7 +160,7 @@ func (s *Store) prefetchDone(plan *prefetchPlan, ok bool) {
 	if ok {
 		e.ready = true
 	} else {
-		q.prefetch = slices.DeleteFunc(q.prefetch, func(x *prefetched) bool { return x == e })
+		q.dropAheadLocked(e)
 	}
 	q.mu.Unlock()
 }
@@ -254,18 +252,24 @@ func (q *queueState) adjustStats(st *storage.QueueStats, now int64, oldest int64
 	return oldest, found
 }
 
-// giveBackAll gives back every batch q holds claimed ahead, in an op of
-// its own, before a call that reads or changes the queue's items as a
-// whole (Peek, Purge, Check, Close). REQUIRES: s.life held shared (enter).
-func (s *Store) giveBackAll(q *queueState) error {
-	q.mu.Lock()
-	n := len(q.prefetch)
-	q.mu.Unlock()
-	if n == 0 {
+// giveBackAll gives back every batch the queues qs hold claimed ahead,
+// in one op of its own, before a call that reads or changes a queue's
+// items as a whole (Peek, Purge, Check, Close). REQUIRES: s.life held
+// shared (enter).
+func (s *Store) giveBackAll(qs ...*queueState) error {
+	held := false
+	for _, q := range qs {
+		q.mu.Lock()
+		held = held || len(q.prefetch) > 0
+		q.mu.Unlock()
+	}
+	if !held {
 		return nil
 	}
-	_, err := s.submit(q.name, 0, func(o *opTx) error {
-		s.releaseAhead(o, q, func(*prefetched) bool { return true })
+	_, err := s.submit("", 0, func(o *opTx) error {
+		for _, q := range qs {
+			s.releaseAhead(o, q, func(*prefetched) bool { return true })
+		}
 		return nil
 	})
 	return err
@@ -314,12 +318,7 @@ func (s *Store) giveBack(o *opTx, q *queueState, e *prefetched) {
 	if s.leases[l.token] != l {
 		return // ended meanwhile (expired, or its queue purged)
 	}
-	o.onUndo(func() {
-		q.mu.Lock()
-		e.released = false
-		q.prefetch = append(q.prefetch, e)
-		q.mu.Unlock()
-	})
+	o.onUndo(func() { q.holdAhead(e) })
 	d := o.delta(q)
 	for i, id := range e.res.Items {
 		if s.inflight[id.ID] != l {
@@ -344,27 +343,33 @@ func (s *Store) unprefetch(o *opTx, e *prefetched) {
 	if e.released {
 		return
 	}
-	q.prefetch = slices.DeleteFunc(q.prefetch, func(x *prefetched) bool { return x == e })
+	q.dropAheadLocked(e)
 	e.released = true
-	o.onUndo(func() {
-		q.mu.Lock()
-		e.released = false
-		q.prefetch = append(q.prefetch, e)
-		q.mu.Unlock()
-	})
+	o.onUndo(func() { q.holdAhead(e) })
 }
 
-// sweepAhead, at the start of a sweep, gives back the batches claimed
-// ahead that are stale at now (their consumer stopped polling: the
-// sweeper is what notices, within its interval) and those holding an item
-// not yet promoted from delayed, which the sweep would promote.
-// REQUIRES: on the committer.
-func (s *Store) sweepAhead(o *opTx, now int64) {
+// holdAhead puts batch e (back) at the end of q's list of batches
+// claimed ahead. REQUIRES: q.mu not held.
+func (q *queueState) holdAhead(e *prefetched) {
+	q.mu.Lock()
+	e.released = false
+	q.prefetch = append(q.prefetch, e)
+	q.mu.Unlock()
+}
+
+// dropAheadLocked takes batch e out of q's list. REQUIRES: q.mu held.
+func (q *queueState) dropAheadLocked(e *prefetched) {
+	q.prefetch = slices.DeleteFunc(q.prefetch, func(x *prefetched) bool { return x == e })
+}
+
+// sweepAhead, at the start of a sweep, gives back the batches the queues
+// qs hold claimed ahead that are stale at now (their consumer stopped
+// polling: the sweeper is what notices, within its interval) and those
+// holding an item not yet promoted from delayed, which the sweep would
+// promote. REQUIRES: on the committer.
+func (s *Store) sweepAhead(o *opTx, now int64, qs []*queueState) {
 	hold := s.prefetchHold()
-	if hold == 0 {
-		return
-	}
-	for _, q := range s.queuesWithPrefetch() {
+	for _, q := range qs {
 		s.releaseStale(o, q, now, hold)
 		s.releaseAhead(o, q, func(e *prefetched) bool {
 			return slices.ContainsFunc(e.recs, func(r dbkeys.ItemRecord) bool { return r.Delayed })

@@ -308,9 +308,7 @@ func (s *Store) Close() error {
 	// Batches claimed ahead go back first, so that a clean close leaves
 	// no lease that no consumer holds (prefetch.go).
 	if s.enter("close") == nil {
-		for _, q := range s.queuesWithPrefetch() {
-			_ = s.giveBackAll(q)
-		}
+		_ = s.giveBackAll(s.queuesWithPrefetch()...)
 		s.exit()
 	}
 	s.life.Lock()

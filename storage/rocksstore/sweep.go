@@ -40,9 +40,9 @@ func (s *Store) sweep(ctx context.Context, p storage.SweepParams) (storage.Sweep
 	}
 	var res storage.SweepResult
 	gained := map[string]bool{}
-	if s.prefetchHold() > 0 && len(s.queuesWithPrefetch()) > 0 {
+	if qs := s.queuesWithPrefetch(); len(qs) > 0 && s.prefetchHold() > 0 {
 		if _, err := s.submit("", 0, func(o *opTx) error {
-			s.sweepAhead(o, now)
+			s.sweepAhead(o, now, qs)
 			return nil
 		}); err != nil {
 			return res, err
