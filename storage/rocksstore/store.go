@@ -67,6 +67,7 @@ type Store struct {
 	// Owned by the committer goroutine (and Open, before it starts).
 	ids      struct{ next, limit uint64 }
 	leases   map[storage.LeaseID]*leaseState
+	leaseSeq uint64 // the counting half of the next lease token (newToken)
 	inflight map[storage.ItemID]*leaseState
 	expiry   timedHeap // lease expiries (stale entries skipped)
 	delayed  timedHeap // delayed items by visible_at (stale entries skipped)
