@@ -56,7 +56,9 @@
 // ack or dead purge, so poll, nack and expiry do not rewrite them.
 // Ids are a big-endian sequence number (reserved in blocks of idBlock with
 // one meta write per block) followed by the enqueue instant. Lease tokens
-// are 16 bytes from crypto/rand. Per-queue counters are one value under
+// are 16 bytes: 8 that count up from a random start, so a new lease's
+// keys land at the end of their memtables, and 8 from crypto/rand
+// (newToken). Per-queue counters are one value under
 // the queue's counters key, written whole by every batch that changes
 // them (the leader's in-memory counters, which a failed commit never gets
 // ahead of: it fails the store), so Stats is O(1) and Open reads them
