@@ -439,6 +439,18 @@ func TestBadInput_Requests(t *testing.T) {
 		require.Contains(t, out[2].Err, "delay")
 		require.Equal(t, storage.CodeInvalid, out[3].Code)
 		require.Contains(t, out[3].Err, "dedup key")
+		// The server reuses a call's lists (enqueueCalls): the next calls
+		// on the connection carry nothing of this one's answers.
+		for range 3 {
+			out, err := c.Enqueue(ctx, "limits", payloads(4, 8))
+			require.NoError(t, err)
+			require.Len(t, out, 4)
+			for i, r := range out {
+				require.Equal(t, storage.CodeOK, r.Code, i)
+				require.Empty(t, r.Err, i)
+				require.False(t, r.ID.IsZero(), i)
+			}
+		}
 	})
 
 	t.Run("LeaseWaitDelayRanges", func(t *testing.T) {

@@ -149,3 +149,33 @@ func TestConvert_ItemsPayloadBuffers(t *testing.T) {
 		}
 	}
 }
+
+// TestEnqueueCall_Reuse: a pooled enqueueCall comes back empty, with room
+// for the next call's items, whatever the last call left in it; one that
+// grew past maxPooledItems gives its lists up.
+func TestEnqueueCall_Reuse(t *testing.T) {
+	e := newEnqueueCall("a", 3)
+	require.Len(t, e.results, 3)
+	e.results[1] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: "payload too big"}
+	e.items = append(e.items, storage.EnqueueItem{Payload: []byte("x")})
+	e.index = append(e.index, 0)
+	e.release()
+	require.Empty(t, e.queue)
+	require.Empty(t, e.items)
+	require.Empty(t, e.index)
+	require.Equal(t, storage.EnqueueResult{}, e.results[:3][1], "a released call keeps no error")
+	require.Nil(t, e.items[:1][0].Payload, "a released call keeps no payload")
+
+	f := newEnqueueCall("b", 2)
+	require.Equal(t, "b", f.queue)
+	require.Equal(t, make([]storage.EnqueueResult, 2), f.results)
+	require.Empty(t, f.items)
+	f.release()
+
+	big := newEnqueueCall("c", maxPooledItems+1)
+	require.Len(t, big.results, maxPooledItems+1)
+	require.GreaterOrEqual(t, cap(big.items), maxPooledItems+1)
+	big.release()
+	require.Nil(t, big.results)
+	require.Nil(t, big.items)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"capnproto.org/go/capnp/v3"
@@ -167,6 +168,7 @@ func (q *queueServer) enqueue(ctx context.Context, args schema.Queue_enqueue_Par
 	if err != nil {
 		return err
 	}
+	defer e.release()
 	if len(e.items) > 0 {
 		out, err := q.s.Enqueue(ctx, storage.EnqueueParams{Queue: e.queue, Items: e.items})
 		if err != nil {
@@ -178,17 +180,51 @@ func (q *queueServer) enqueue(ctx context.Context, args schema.Queue_enqueue_Par
 }
 
 // enqueueCall is one enqueue call's items, checked: items (the valid
-// ones) go to the store, the others are answered as invalid.
+// ones) go to the store, the others are answered as invalid. Calls come
+// from enqueueCalls and go back with release once answered: a batch of
+// 100 items made three slices of 11 KB per call, and allocating and
+// faulting them in cost the node 4-5 % of its CPU in produce-b100.
 type enqueueCall struct {
 	queue   string
 	results []storage.EnqueueResult // one per item of the call
 	items   []storage.EnqueueItem
 	index   []int // items[k] is the call's item index[k]
-	// The three lists of a single-item call, which is the most common
-	// call: one allocation for the call instead of four.
-	result1 [1]storage.EnqueueResult
-	item1   [1]storage.EnqueueItem
-	index1  [1]int
+}
+
+var enqueueCalls = sync.Pool{New: func() any { return new(enqueueCall) }}
+
+// maxPooledItems bounds the lists a pooled enqueueCall keeps, so that one
+// call of a huge batch does not keep its lists for good.
+const maxPooledItems = 1024
+
+// newEnqueueCall returns an enqueueCall with room for n items.
+func newEnqueueCall(queue string, n int) *enqueueCall {
+	e := enqueueCalls.Get().(*enqueueCall)
+	e.queue = queue
+	if cap(e.results) < n {
+		e.results = make([]storage.EnqueueResult, n)
+		e.items = make([]storage.EnqueueItem, 0, n)
+		e.index = make([]int, 0, n)
+	}
+	e.results = e.results[:n]
+	return e
+}
+
+// release returns e to the pool. REQUIRES: e's answer is written and
+// nothing reads e.items or e.results any more (the store keeps no
+// reference to a call's items once it answered it).
+func (e *enqueueCall) release() {
+	if cap(e.results) > maxPooledItems {
+		*e = enqueueCall{}
+	} else {
+		// Drop the references into the call's message and the answer's
+		// error strings; a zeroed result is also what a new call expects.
+		clear(e.results)
+		clear(e.items)
+		e.results, e.items, e.index = e.results[:0], e.items[:0], e.index[:0]
+		e.queue = ""
+	}
+	enqueueCalls.Put(e)
 }
 
 // enqueueArgs reads and checks an enqueue call's arguments.
@@ -205,14 +241,7 @@ func (q *queueServer) enqueueArgs(args schema.Queue_enqueue_Params) (*enqueueCal
 	if err := q.s.limits.ValidateBatch(n); err != nil {
 		return nil, err
 	}
-	e := &enqueueCall{queue: queue}
-	if n == 1 {
-		e.results, e.items, e.index = e.result1[:], e.item1[:0], e.index1[:0]
-	} else {
-		e.results = make([]storage.EnqueueResult, n)
-		e.items = make([]storage.EnqueueItem, 0, n)
-		e.index = make([]int, 0, n)
-	}
+	e := newEnqueueCall(queue, n)
 	for i := 0; i < n; i++ {
 		it, reason := q.enqueueItem(in.At(i))
 		if reason != "" {

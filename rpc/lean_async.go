@@ -68,14 +68,18 @@ func (c *leanConn) enqueueAsync(lc *leanCall) {
 			complete(nil, err)
 			return
 		}
+		// complete builds and sends the answer before it returns: e goes
+		// back to its pool after it.
 		write := func(res schema.Queue_enqueue_Results) error { return writeEnqueue(res, e.results) }
 		if len(e.items) == 0 {
 			complete(write, nil)
+			e.release()
 			return
 		}
 		p, err := c.s.enqueueParams(storage.EnqueueParams{Queue: e.queue, Items: e.items})
 		if err != nil {
 			complete(nil, err)
+			e.release()
 			return
 		}
 		c.s.disp.EnqueueAsync(c.ctx, c.async, p, func(out []storage.EnqueueResult, err error) {
@@ -84,6 +88,7 @@ func (c *leanConn) enqueueAsync(lc *leanCall) {
 				e.merge(out)
 			}
 			complete(write, err)
+			e.release()
 		})
 	})
 }
