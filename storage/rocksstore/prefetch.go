@@ -20,7 +20,9 @@ import (
 // it at once: its lease is already durable, so no batch and no fsync, and
 // the lease is promised the expiry a claim at the poll would have had.
 // Any other poll, and Peek, Purge, Check, a sweep (for stale batches) and
-// Close, give the held batches back first: their items go back to
+// Close, give the held batches back first, and a sweep's expiry step
+// gives back a held batch it finds due (claimed by an ack at an earlier
+// instant than the sweep's, after the sweep's first step): their items go back to
 // available exactly as they were (attempts and visibility restored), so
 // no caller can tell a batch was held (the model-based conformance suites
 // run with claims ahead on).

@@ -195,3 +195,47 @@ func TestPrefetch_Off(t *testing.T) {
 		})
 	}
 }
+
+// A batch claimed ahead whose lease is due when the expiry step of a
+// sweep meets it is given back, not expired. A sweep gives back stale
+// batches first (sweepAhead), but an ack that claims ahead at an earlier
+// instant than the sweep's can commit between that step and the expiry
+// step (found by RunHistory: an item first seen by a consumer with 2
+// attempts). The expiry step runs here without the first, as in that
+// race: no lease expires, no attempt is counted that no consumer saw,
+// and the items are available as they were.
+func TestPrefetch_DueBatchGivenBackNotExpired(t *testing.T) {
+	t.Parallel()
+	b, _, res := prefetchSetup(t, 8)
+	b.pollAck(2, at(time.Second))
+	require.EqualValues(t, 1, b.s.Metrics().Prefetched)
+
+	late := at(time.Second + 2*time.Minute) // past the held batch's lease
+	require.NoError(t, b.s.enter("test"))
+	var sw storage.SweepResult
+	gained := map[string]bool{}
+	_, err := b.s.submit("", sweepChunk, func(o *opTx) error {
+		b.s.expireDue(o, nanos(late), sweepChunk, &sw, gained)
+		return nil
+	})
+	b.s.exit()
+	require.NoError(t, err)
+	require.Zero(t, sw.LeasesExpired)
+	require.Zero(t, sw.Requeued)
+	require.True(t, gained["q"], "the given-back items are news for the queue's parked polls")
+	require.EqualValues(t, 1, b.s.Metrics().PrefetchReleased)
+
+	st, err := b.s.Stats(b.ctx, storage.StatsParams{Queue: "q", Now: late})
+	require.NoError(t, err)
+	require.EqualValues(t, 6, st[0].Ready)
+	require.EqualValues(t, 0, st[0].Leases)
+	require.EqualValues(t, 2, st[0].Delivered)
+	require.EqualValues(t, 0, st[0].Expired)
+	r, err := b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 2, Lease: time.Minute, Now: late})
+	require.NoError(t, err)
+	require.Equal(t, []storage.ItemID{res[2].ID, res[3].ID}, itemIDs(r.Items))
+	for _, it := range r.Items {
+		require.EqualValues(t, 1, it.Attempts, "no attempt counted for the batch held")
+	}
+	b.check()
+}

@@ -201,6 +201,16 @@ func (s *Store) expireDue(o *opTx, now int64, max int, res *storage.SweepResult,
 			continue
 		}
 		o.onUndo(func() { s.expiry.push(t) })
+		if heldAhead(l) {
+			// A batch claimed ahead that no poll took: given back as if
+			// never claimed, not expired. The sweep gave back the stale
+			// ones first (sweepAhead), but an ack at an earlier instant
+			// than the sweep's may have claimed this one since.
+			s.releaseAhead(o, l.q, func(e *prefetched) bool { return e == l.ahead })
+			gained[l.q.name] = true
+			n++
+			continue
+		}
 		s.expireLease(o, l, now, res, gained)
 		n++
 	}
