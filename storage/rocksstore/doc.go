@@ -342,7 +342,8 @@
 // items, a poll that does not match gives the durable held batches back
 // in its op before it claims (so it takes the head, as the model says),
 // and Peek, Purge, Check, a sweep (for stale batches and those holding
-// unpromoted delayed items) and Close give them back first. A poll
+// unpromoted delayed items; at its expiry step, any it finds due) and
+// Close give them back first. A poll
 // answered from one is promised an expiry counted from its own instant
 // (leaseState.promised, read through deadline), which the database learns
 // only when the lease is next written. The conformance suites run with it
