@@ -181,9 +181,10 @@ func (q *queueServer) enqueue(ctx context.Context, args schema.Queue_enqueue_Par
 
 // enqueueCall is one enqueue call's items, checked: items (the valid
 // ones) go to the store, the others are answered as invalid. Calls come
-// from enqueueCalls and go back with release once answered: a batch of
-// 100 items made three slices of 11 KB per call, and allocating and
-// faulting them in cost the node 4-5 % of its CPU in produce-b100.
+// from enqueueCalls and go back with release once answered: made fresh,
+// the three lists of a 100-item call took 11.5 KB, and allocating and
+// faulting them in was 4 % of the node's perf samples in produce-b100
+// (docs/BENCHMARKS.md, session 61).
 type enqueueCall struct {
 	queue   string
 	results []storage.EnqueueResult // one per item of the call
