@@ -1,6 +1,7 @@
 package rocksstore
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -236,6 +237,86 @@ func TestPrefetch_DueBatchGivenBackNotExpired(t *testing.T) {
 	require.Equal(t, []storage.ItemID{res[2].ID, res[3].ID}, itemIDs(r.Items))
 	for _, it := range r.Items {
 		require.EqualValues(t, 1, it.Attempts, "no attempt counted for the batch held")
+	}
+	b.check()
+}
+
+// A sweep's expiry step and a poll off the committer race for a batch
+// claimed ahead whose lease is due at the sweep's instant: the poll may
+// take it (a lease with a promised expiry) while the step gives it back.
+// Whichever wins, the lease must stay in the expiry heap or end: a later
+// sweep past every deadline leaves no lease behind. The step once checked
+// that the batch was held and took it out of the queue's list in two
+// steps; a poll taking it in between left a lease that never expired
+// while the node ran. The window is narrow: each round races four queues'
+// polls against one expiry step, over many rounds (before the fix, 10 of
+// 10 runs under -race failed, 3 of 10 without).
+func TestPrefetch_SweepRacesPollForDueBatch(t *testing.T) {
+	t.Parallel()
+	h := newBlockingSync()
+	h.free.Store(true)
+	b := setup(t, func(o *Options) {
+		o.Sync = SyncAlways
+		o.syncHook = h.hook
+	})
+	const rounds, queues = 500, 4
+	items := make([]storage.EnqueueItem, 6)
+	for j := range items {
+		items[j] = storage.EnqueueItem{Payload: []byte{byte(j)}}
+	}
+	for i := range rounds {
+		base := time.Duration(i) * time.Hour
+		for qi := range queues {
+			q := fmt.Sprint("q", qi)
+			_, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: q, Items: items, Now: at(base)})
+			require.NoError(t, err)
+			// Poll 2 and ack them: the ack claims the next 2 ahead (lease 1 min).
+			r, err := b.s.Poll(b.ctx, storage.PollParams{Queue: q, Max: 2, Lease: time.Minute, Now: at(base + time.Second)})
+			require.NoError(t, err)
+			_, err = b.s.Ack(b.ctx, storage.AckParams{Queue: q, Lease: r.Lease, IDs: itemIDs(r.Items), Now: at(base + time.Second)})
+			require.NoError(t, err)
+		}
+
+		late := nanos(at(base + time.Second + 2*time.Minute)) // past the claim's expiry and a poll's promise
+		start := make(chan struct{})
+		polled := make(chan error, queues)
+		for qi := range queues {
+			go func() {
+				<-start
+				_, err := b.s.Poll(b.ctx, storage.PollParams{Queue: fmt.Sprint("q", qi), Max: 2, Lease: time.Minute, Now: at(base + time.Second + time.Millisecond)})
+				polled <- err
+			}()
+		}
+		require.NoError(t, b.s.enter("test"))
+		close(start)
+		var sw storage.SweepResult
+		_, err := b.s.submit("", sweepChunk, func(o *opTx) error {
+			b.s.expireDue(o, late, sweepChunk, &sw, map[string]bool{})
+			return nil
+		})
+		b.s.exit()
+		require.NoError(t, err)
+		for range queues {
+			require.NoError(t, <-polled)
+		}
+
+		// Past every deadline: nothing may stay leased.
+		end := at(base + 30*time.Minute)
+		_, err = b.s.Sweep(b.ctx, storage.SweepParams{Now: end})
+		require.NoError(t, err)
+		for qi := range queues {
+			q := fmt.Sprint("q", qi)
+			st, err := b.s.Stats(b.ctx, storage.StatsParams{Queue: q, Now: end})
+			require.NoError(t, err)
+			require.Zerof(t, st[0].Leases, "round %d, %s: a lease outlived every deadline", i, q)
+			require.Zerof(t, st[0].Inflight, "round %d, %s", i, q)
+			// Empty the queue for the next round.
+			r, err := b.s.Poll(b.ctx, storage.PollParams{Queue: q, Max: 100, Lease: time.Minute, Now: end})
+			require.NoError(t, err)
+			require.Len(t, r.Items, 4, "round %d, %s", i, q)
+			_, err = b.s.Ack(b.ctx, storage.AckParams{Queue: q, Lease: r.Lease, IDs: itemIDs(r.Items), Now: end})
+			require.NoError(t, err)
+		}
 	}
 	b.check()
 }

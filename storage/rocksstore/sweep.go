@@ -194,6 +194,20 @@ func (s *Store) expireDue(o *opTx, now int64, max int, res *storage.SweepResult,
 		if l == nil || l.exp != t.at && l.deadline() != t.at {
 			continue // acked, nacked or extended since
 		}
+		if l.ahead != nil && s.releaseAhead(o, l.q, func(e *prefetched) bool { return e == l.ahead }) > 0 {
+			// A batch claimed ahead that no poll took: given back as if
+			// never claimed, not expired. The sweep gave back the stale
+			// ones first (sweepAhead), but an ack at an earlier instant
+			// than the sweep's may have claimed this one since. Checked
+			// and taken out of the queue's list in one step, before the
+			// deadline below: a poll off the committer may take the
+			// batch at any moment (takePrefetched), and then it is a
+			// lease with a promised expiry, which must stay in the heap.
+			o.onUndo(func() { s.expiry.push(t) })
+			gained[l.q.name] = true
+			n++
+			continue
+		}
 		if d := l.deadline(); d > now {
 			// A poll was promised a later expiry (prefetch.go).
 			s.expiry.push(timed{at: d, token: t.token})
@@ -201,16 +215,6 @@ func (s *Store) expireDue(o *opTx, now int64, max int, res *storage.SweepResult,
 			continue
 		}
 		o.onUndo(func() { s.expiry.push(t) })
-		if heldAhead(l) {
-			// A batch claimed ahead that no poll took: given back as if
-			// never claimed, not expired. The sweep gave back the stale
-			// ones first (sweepAhead), but an ack at an earlier instant
-			// than the sweep's may have claimed this one since.
-			s.releaseAhead(o, l.q, func(e *prefetched) bool { return e == l.ahead })
-			gained[l.q.name] = true
-			n++
-			continue
-		}
 		s.expireLease(o, l, now, res, gained)
 		n++
 	}
