@@ -70,11 +70,8 @@ func (s *Store) pollOp(ctx context.Context, p storage.PollParams) (res *storage.
 	held := len(q.prefetch) > 0
 	q.mu.Unlock()
 	s.m.polls.Add(1)
-	giveBack := false
 	if held {
-		var r storage.PollResult
-		var e *prefetched
-		if r, e, giveBack = s.takePrefetched(q, p.Max, int64(lease), now, false); e != nil {
+		if r, e := s.takePrefetched(q, p.Max, int64(lease), now, false); e != nil {
 			return &r, nil, nil
 		}
 		ready = true // the op takes a batch claimed meanwhile, or gives them back
@@ -89,30 +86,37 @@ func (s *Store) pollOp(ctx context.Context, p storage.PollParams) (res *storage.
 	// would move to the heap (an allocation per call).
 	r, limit := new(storage.PollResult), p.Max
 	return r, func(o *opTx) error {
-		if held {
-			got, e, back := s.takePrefetched(q, limit, int64(lease), now, true)
-			if e != nil {
-				o.onUndo(func() {
-					q.holdAhead(e)
-					e.l.promised.Store(0)
-				})
-				*r = got
-				o.op.items = len(got.Items)
-				return nil
-			}
-			if back || giveBack {
-				// A durable batch claimed ahead did not match this poll:
-				// give the durable ones back, so that the claim takes
-				// what it would have without them (takePrefetched).
-				s.releaseAhead(o, q, func(e *prefetched) bool { return e.ready })
-			}
-		}
-		o.b.polls++
 		var err error
-		*r, err = s.claim(o, q, now, limit, int64(lease))
-		o.op.items = len(r.Items) // what it touched, no longer what it may
+		*r, err = s.claimHead(o, q, now, limit, int64(lease))
 		return err
 	}, nil
+}
+
+// claimHead answers a poll of max items leased for lease ns at now, in
+// op o: with a batch claimed ahead that matches it (takePrefetched; any,
+// durable or not, since the op's own fsync covers the claim), or else
+// with a claim after every batch the queue holds claimed ahead is given
+// back, so that the claim takes the queue's head, as if nothing had been
+// claimed ahead. The queue's list is read here, in the op: a batch may
+// have been claimed ahead since the poll's call began (by an ack in an
+// earlier op). REQUIRES: on the committer.
+func (s *Store) claimHead(o *opTx, q *queueState, now int64, max int, lease int64) (storage.PollResult, error) {
+	if s.prefetchHold() > 0 {
+		got, e := s.takePrefetched(q, max, lease, now, true)
+		if e != nil {
+			o.onUndo(func() {
+				q.holdAhead(e)
+				e.l.promised.Store(0)
+			})
+			o.op.items = len(got.Items)
+			return got, nil
+		}
+		s.releaseAhead(o, q, func(*prefetched) bool { return true })
+	}
+	o.b.polls++
+	r, err := s.claim(o, q, now, max, lease)
+	o.op.items = len(r.Items) // what it touched, no longer what it may
+	return r, err
 }
 
 // EnqueueClaim implements storage.EnqueueClaimer: the enqueue's op and
@@ -161,13 +165,11 @@ func (s *Store) enqueueClaimOps(ctx context.Context, p storage.EnqueueParams, po
 			if lease == 0 {
 				lease = int64(q.config().LeaseDuration)
 			}
-			o.b.polls++
-			r, err := s.claim(o, q, now, max, lease)
+			r, err := s.claimHead(o, q, now, max, lease)
 			if err != nil {
 				return err // the claim is undone: prs[i] stays empty
 			}
 			prs[i] = r
-			o.op.items = len(r.Items)
 			return nil
 		}))
 	}

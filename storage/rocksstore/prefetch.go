@@ -19,13 +19,14 @@ import (
 // and nothing now ready that a claim would take first) is answered with
 // it at once: its lease is already durable, so no batch and no fsync, and
 // the lease is promised the expiry a claim at the poll would have had.
-// Any other poll, and Peek, Purge, Check, a sweep (for stale batches) and
-// Close, give the held batches back first, and a sweep's expiry step
-// gives back a held batch it finds due (claimed by an ack at an earlier
-// instant than the sweep's, after the sweep's first step): their items go back to
-// available exactly as they were (attempts and visibility restored), so
-// no caller can tell a batch was held (the model-based conformance suites
-// run with claims ahead on).
+// Any other poll (and the claim an enqueue makes for a parked poll), and
+// Peek, Purge, Check, a sweep (for stale batches) and Close, give the held
+// batches back first, and a sweep's expiry step gives back a held batch it
+// finds due (claimed by an ack at an earlier instant than the sweep's,
+// after the sweep's first step): their items go back to available exactly
+// as they were (attempts and visibility restored), so no caller can tell
+// a batch was held (the model-based conformance suites run with claims
+// ahead on).
 //
 // Two traces remain after a crash only: a batch held at the crash is an
 // ordinary lease in the database, whose items come back when it expires
@@ -180,30 +181,25 @@ func (s *Store) prefetchDone(plan *prefetchPlan, ok bool) {
 // lease counts from now, as a claim's at now would: the lease is
 // promised that expiry (leaseState.deadline), and the database keeps the
 // claim's, up to the hold earlier, until the lease is next written (a
-// crash before that ends it that much sooner). Otherwise
-// giveBack reports whether a durable batch did not match: the poll's op
-// gives the durable batches back before it claims, so that it takes what
-// it would have without them.
-func (s *Store) takePrefetched(q *queueState, max int, lease, now int64, inOp bool) (res storage.PollResult, e *prefetched, giveBack bool) {
+// crash before that ends it that much sooner). With no match, e is nil:
+// the poll's op then gives every held batch back before it claims
+// (claimHead), so that it takes what it would have without them.
+func (s *Store) takePrefetched(q *queueState, max int, lease, now int64, inOp bool) (res storage.PollResult, e *prefetched) {
 	hold := s.prefetchHold()
 	if hold == 0 {
-		return storage.PollResult{}, nil, false
+		return storage.PollResult{}, nil
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if len(q.prefetch) == 0 {
-		return storage.PollResult{}, nil, false
+		return storage.PollResult{}, nil
 	}
 	prio, anyReady := q.ready.firstReady(now)
 	for i, e := range q.prefetch {
 		match := e.max == max && e.dur == lease && now >= e.now && now-e.now <= hold &&
 			!(anyReady && (len(e.recs) < e.max || prio < e.prios[len(e.prios)-1]))
-		if !e.ready && !inOp {
-			continue // its commit is not durable yet: neither taken nor given back
-		}
-		if !match {
-			giveBack = giveBack || e.ready
-			continue
+		if !match || !e.ready && !inOp {
+			continue // off the committer, a batch whose commit is not durable yet is not taken
 		}
 		q.prefetch = slices.Delete(q.prefetch, i, i+1)
 		e.released = true
@@ -211,9 +207,9 @@ func (s *Store) takePrefetched(q *queueState, max int, lease, now int64, inOp bo
 		res = e.res
 		res.ExpiresAt = instant(now + lease)
 		e.l.promised.Store(now + lease)
-		return res, e, false
+		return res, e
 	}
-	return storage.PollResult{}, nil, giveBack
+	return storage.PollResult{}, nil
 }
 
 // heldAhead reports whether lease l is a batch claimed ahead that no

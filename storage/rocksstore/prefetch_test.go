@@ -320,3 +320,68 @@ func TestPrefetch_SweepRacesPollForDueBatch(t *testing.T) {
 	}
 	b.check()
 }
+
+// A poll whose call began before an ack claimed ahead, and whose op runs
+// after it, still gets the queue's head: the held batch counts as
+// available to it, as to every caller. (The poll's op once looked for
+// held batches only if there were some when the call began, and then
+// claimed the items behind the held ones.)
+func TestPrefetch_PollBegunBeforeTheClaimAheadGetsTheHead(t *testing.T) {
+	t.Parallel()
+	for _, max := range []int{2, 3} { // the held batch's max, and another
+		t.Run(fmt.Sprint("max=", max), func(t *testing.T) {
+			b, _, res := prefetchSetup(t, 8)
+			first, err := b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 2, Lease: time.Minute, Now: at(time.Second)})
+			require.NoError(t, err)
+
+			// The second consumer's call: checked and its op made now,
+			// while nothing is held ...
+			now := at(time.Second)
+			require.NoError(t, b.s.enter("test"))
+			r, fn, err := b.s.pollOp(b.ctx, storage.PollParams{Queue: "q", Max: max, Lease: time.Minute, Now: now})
+			require.NoError(t, err)
+			require.NotNil(t, fn)
+			// ... the first consumer's ack claims the next batch ahead ...
+			_, err = b.s.Ack(b.ctx, storage.AckParams{Queue: "q", Lease: first.Lease, IDs: itemIDs(first.Items), Now: now})
+			require.NoError(t, err)
+			require.EqualValues(t, 1, b.s.Metrics().Prefetched)
+			// ... and then the second consumer's op runs.
+			_, err = b.s.submit("q", max, fn)
+			b.s.exit()
+			require.NoError(t, err)
+			want := []storage.ItemID{res[2].ID, res[3].ID, res[4].ID}[:max]
+			require.Equal(t, want, itemIDs(r.Items), "the head of the queue")
+			b.check()
+		})
+	}
+}
+
+// The claim an enqueue makes for a parked poll (EnqueueClaim) gets the
+// queue's head too: the held batch if it matches the poll, else the head
+// after the held batch is given back. (It once claimed behind it.)
+func TestPrefetch_EnqueueClaimGetsTheHead(t *testing.T) {
+	t.Parallel()
+	for _, max := range []int{2, 3} {
+		t.Run(fmt.Sprint("max=", max), func(t *testing.T) {
+			b, _, res := prefetchSetup(t, 8)
+			b.pollAck(2, at(time.Second))
+			require.EqualValues(t, 1, b.s.Metrics().Prefetched)
+			now := at(time.Second + time.Millisecond)
+			_, prs, err := b.s.EnqueueClaim(b.ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: []byte("z")}}, Now: now},
+				[]storage.PollParams{{Queue: "q", Max: max, Lease: time.Minute, Now: now}})
+			require.NoError(t, err)
+			want := []storage.ItemID{res[2].ID, res[3].ID, res[4].ID}[:max]
+			require.Equal(t, want, itemIDs(prs[0].Items), "the head of the queue")
+			require.Equal(t, now.Add(time.Minute), prs[0].ExpiresAt)
+			for _, it := range prs[0].Items {
+				require.EqualValues(t, 1, it.Attempts)
+			}
+			if max == 2 {
+				require.EqualValues(t, 1, b.s.Metrics().PrefetchHits, "the held batch answered the poll")
+			} else {
+				require.EqualValues(t, 1, b.s.Metrics().PrefetchReleased, "the held batch was given back")
+			}
+			b.check()
+		})
+	}
+}
