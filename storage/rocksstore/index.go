@@ -328,19 +328,20 @@ func (x *readyIndex) prios(fn func(prio uint8) bool) {
 	}
 }
 
-// firstReady returns the priority of the entry a claim at now would take
-// first, if any.
-func (x *readyIndex) firstReady(now int64) (uint8, bool) {
+// firstReady returns the entry a claim at now would take first, and its
+// priority, if any.
+func (x *readyIndex) firstReady(now int64) (uint8, readyEntry, bool) {
 	var prio uint8
+	var first readyEntry
 	found := false
 	x.prios(func(p uint8) bool {
 		if e, ok := x.heaps[p].peek(); ok && e.vis <= now {
-			prio, found = p, true
+			prio, first, found = p, e, true
 			return false
 		}
 		return true
 	})
-	return prio, found
+	return prio, first, found
 }
 
 // oldest returns the earliest visible_at <= now among the priorities'

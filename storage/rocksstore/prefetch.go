@@ -171,11 +171,10 @@ func (s *Store) prefetchDone(plan *prefetchPlan, ok bool) {
 // takePrefetched answers a poll of max items leased for lease ns at now
 // with a batch claimed ahead, if one matches: claimed with the same max
 // and lease within the hold of now, and holding what a claim at now would
-// take: nothing ready now has a higher priority than its last item, and
-// it is full or nothing else is ready. (Ready items of the same priority
-// that sort before its last one can only be items enqueued meanwhile with
-// an instant before the claim's, by callers racing each other, whose
-// order among themselves is no promise.) Off the committer (inOp false)
+// take: nothing ready now comes before its last item in serve order (an
+// item ready since the claim may: one whose lease expired, ready again as
+// of its expiry, or one enqueued at an earlier instant by a racing
+// caller), and it is full or nothing else is ready. Off the committer (inOp false)
 // only a durable batch answers, at once; a poll's op (inOp) takes any,
 // since its own fsync covers the batch that claimed it. The answer's
 // lease counts from now, as a claim's at now would: the lease is
@@ -194,10 +193,10 @@ func (s *Store) takePrefetched(q *queueState, max int, lease, now int64, inOp bo
 	if len(q.prefetch) == 0 {
 		return storage.PollResult{}, nil
 	}
-	prio, anyReady := q.ready.firstReady(now)
+	prio, first, anyReady := q.ready.firstReady(now)
 	for i, e := range q.prefetch {
 		match := e.max == max && e.dur == lease && now >= e.now && now-e.now <= hold &&
-			!(anyReady && (len(e.recs) < e.max || prio < e.prios[len(e.prios)-1]))
+			!(anyReady && (len(e.recs) < e.max || e.sortsAfter(prio, first)))
 		if !match || !e.ready && !inOp {
 			continue // off the committer, a batch whose commit is not durable yet is not taken
 		}
@@ -210,6 +209,17 @@ func (s *Store) takePrefetched(q *queueState, max int, lease, now int64, inOp bo
 		return res, e
 	}
 	return storage.PollResult{}, nil
+}
+
+// sortsAfter reports whether the ready entry first, of priority prio,
+// comes before e's last item in serve order (priority, visible_at, id):
+// a claim at this moment would take it instead.
+func (e *prefetched) sortsAfter(prio uint8, first readyEntry) bool {
+	i := len(e.recs) - 1
+	if last := e.prios[i]; prio != last {
+		return prio < last
+	}
+	return first.less(readyEntry{vis: e.recs[i].VisibleAt, id: e.res.Items[i].ID})
 }
 
 // heldAhead reports whether lease l is a batch claimed ahead that no

@@ -385,3 +385,41 @@ func TestPrefetch_EnqueueClaimGetsTheHead(t *testing.T) {
 		})
 	}
 }
+
+// An item that became ready after a batch was claimed ahead, but sorts
+// before the batch's last item (an expired lease's item, ready again as
+// of its expiry), keeps a poll from taking the held batch: the poll gets
+// the queue's head, that item first.
+func TestPrefetch_EarlierReadyItemBeatsHeldBatch(t *testing.T) {
+	t.Parallel()
+	h := newBlockingSync()
+	h.free.Store(true)
+	b := setup(t, func(o *Options) {
+		o.Sync = SyncAlways
+		o.syncHook = h.hook
+	})
+	x, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: []byte("x")}}, Now: at(0)})
+	require.NoError(t, err)
+	held, err := b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 1, Lease: time.Minute, Now: at(time.Second)})
+	require.NoError(t, err)
+	require.Len(t, held.Items, 1) // x, until its lease expires at 61 s
+
+	items := make([]storage.EnqueueItem, 8)
+	for i := range items {
+		items[i] = storage.EnqueueItem{Payload: []byte{byte('a' + i)}}
+	}
+	res, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: at(100 * time.Second)})
+	require.NoError(t, err)
+	b.pollAck(2, at(101*time.Second)) // a, b; claims c, d ahead
+	require.EqualValues(t, 1, b.s.Metrics().Prefetched)
+
+	// x's lease expires: x is ready again as of 61 s, before c and d.
+	sw, err := b.s.Sweep(b.ctx, storage.SweepParams{Now: at(101*time.Second + 5*time.Millisecond)})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, sw.LeasesExpired)
+
+	r, err := b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 2, Lease: time.Minute, Now: at(101*time.Second + 6*time.Millisecond)})
+	require.NoError(t, err)
+	require.Equal(t, []storage.ItemID{x[0].ID, res[2].ID}, itemIDs(r.Items), "the head of the queue")
+	b.check()
+}
