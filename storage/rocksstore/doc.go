@@ -339,11 +339,13 @@
 // Options.PrefetchHold, 20 ms) takes it without a batch of its own. The
 // held batch is an ordinary lease, hidden from every caller: Stats counts
 // its items as available, checkItem answers for them as for available
-// items, a poll that does not match gives the durable held batches back
-// in its op before it claims (so it takes the head, as the model says),
-// and Peek, Purge, Check, a sweep (for stale batches and those holding
-// unpromoted delayed items; at its expiry step, any it finds due) and
-// Close give them back first. A poll
+// items, a poll that does not match (another max or lease, or a ready
+// item that comes before the batch's last one in serve order) gives every
+// held batch back in its op before it claims (so it takes the head, as
+// the model says; claimHead, also for the claim an enqueue makes for a
+// parked poll), and Peek, Purge, Check, a sweep (for stale batches and
+// those holding unpromoted delayed items; at its expiry step, any it
+// finds due) and Close give them back first. A poll
 // answered from one is promised an expiry counted from its own instant
 // (leaseState.promised, read through deadline), which the database learns
 // only when the lease is next written. The conformance suites run with it
