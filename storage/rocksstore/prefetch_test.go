@@ -10,17 +10,10 @@ import (
 	"github.com/leaseq/leaseq/storage"
 )
 
-// prefetchSetup opens a SyncAlways store (claims ahead on, by default)
-// whose fsyncs go through a blockingSync, starting free, and enqueues n
-// items into "q" at at(0).
+// prefetchSetup is prefetchStore with n items enqueued into "q" at at(0).
 func prefetchSetup(t *testing.T, n int, mod ...func(*Options)) (*testBundle, *blockingSync, []storage.EnqueueResult) {
 	t.Helper()
-	h := newBlockingSync()
-	h.free.Store(true)
-	b := setup(t, append([]func(*Options){func(o *Options) {
-		o.Sync = SyncAlways
-		o.syncHook = h.hook
-	}}, mod...)...)
+	b, h := prefetchStore(t, mod...)
 	items := make([]storage.EnqueueItem, n)
 	for i := range items {
 		items[i] = storage.EnqueueItem{Payload: []byte{byte('a' + i)}}
@@ -28,6 +21,19 @@ func prefetchSetup(t *testing.T, n int, mod ...func(*Options)) (*testBundle, *bl
 	res, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: at(0)})
 	require.NoError(t, err)
 	return b, h, res
+}
+
+// prefetchStore opens a SyncAlways store (claims ahead on, by default)
+// whose fsyncs go through a blockingSync, starting free.
+func prefetchStore(t *testing.T, mod ...func(*Options)) (*testBundle, *blockingSync) {
+	t.Helper()
+	h := newBlockingSync()
+	h.free.Store(true)
+	b := setup(t, append([]func(*Options){func(o *Options) {
+		o.Sync = SyncAlways
+		o.syncHook = h.hook
+	}}, mod...)...)
+	return b, h
 }
 
 // pollAck polls max items at now and acks them all at now.
@@ -253,12 +259,7 @@ func TestPrefetch_DueBatchGivenBackNotExpired(t *testing.T) {
 // 10 runs under -race failed, 3 of 10 without).
 func TestPrefetch_SweepRacesPollForDueBatch(t *testing.T) {
 	t.Parallel()
-	h := newBlockingSync()
-	h.free.Store(true)
-	b := setup(t, func(o *Options) {
-		o.Sync = SyncAlways
-		o.syncHook = h.hook
-	})
+	b, _ := prefetchStore(t)
 	const rounds, queues = 500, 4
 	items := make([]storage.EnqueueItem, 6)
 	for j := range items {
@@ -392,12 +393,7 @@ func TestPrefetch_EnqueueClaimGetsTheHead(t *testing.T) {
 // the queue's head, that item first.
 func TestPrefetch_EarlierReadyItemBeatsHeldBatch(t *testing.T) {
 	t.Parallel()
-	h := newBlockingSync()
-	h.free.Store(true)
-	b := setup(t, func(o *Options) {
-		o.Sync = SyncAlways
-		o.syncHook = h.hook
-	})
+	b, _ := prefetchStore(t)
 	x, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: []byte("x")}}, Now: at(0)})
 	require.NoError(t, err)
 	held, err := b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 1, Lease: time.Minute, Now: at(time.Second)})
