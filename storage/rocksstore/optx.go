@@ -30,10 +30,13 @@ type opTx struct {
 	settleNew bool
 	// keepClaimed, when set, collects what claims take (claimAhead).
 	keepClaimed *[]claimedItem
-	undo        []undoWrite
-	undoFn      []undoStep
-	deltas      []queueDelta
-	notes       []noteRef
+	// ahead is the batch the op claimed ahead (claimAhead): finish puts
+	// it in its queue's list together with the claim's counters.
+	ahead  *prefetched
+	undo   []undoWrite
+	undoFn []undoStep
+	deltas []queueDelta
+	notes  []noteRef
 }
 
 // undoWrite puts overlay entry i, older than the op, back to what it was
@@ -355,12 +358,20 @@ func (o *opTx) rollback() {
 // and into the queues' in-memory counters.
 func (o *opTx) finish() {
 	b := o.b
+	held := false
 	for _, d := range o.deltas {
 		if d.d.IsZero() {
 			continue
 		}
 		d.q.mu.Lock()
 		d.q.counters = d.q.counters.Add(d.d)
+		if e := o.ahead; e != nil && e.l.q == d.q {
+			// In the same step as its counters: Stats, which counts a
+			// held batch's items as available, never sees one without
+			// the other.
+			d.q.holdAheadLocked(e)
+			held = true
+		}
 		d.q.mu.Unlock()
 		found := false
 		for i := range b.deltas {
@@ -373,6 +384,9 @@ func (o *opTx) finish() {
 		if !found {
 			b.deltas = append(b.deltas, d)
 		}
+	}
+	if e := o.ahead; e != nil && !held {
+		e.l.q.holdAhead(e)
 	}
 	b.notes = append(b.notes, o.notes...)
 }

@@ -139,7 +139,7 @@ func (s *Store) claimAhead(o *opTx, plan *prefetchPlan) error {
 		e.recs[i], e.prios[i] = c.rec, c.prio
 	}
 	e.l.ahead = e
-	q.holdAhead(e)
+	o.ahead = e // finish puts it in the queue's list, with the claim's counters
 	o.onUndo(func() {
 		q.mu.Lock()
 		q.dropAheadLocked(e)
@@ -234,14 +234,12 @@ func heldAhead(l *leaseState) bool {
 	return !l.ahead.released
 }
 
-// adjustStats makes st count q's durable batches claimed ahead as the
-// available items they were: Stats shows no trace of them.
-// REQUIRES: q.mu held.
+// adjustStats makes st count q's batches claimed ahead as the available
+// items they were: Stats shows no trace of them. A batch is in the list
+// from the moment its claim's counters are (opTx.finish), durable or
+// not. REQUIRES: q.mu held.
 func (q *queueState) adjustStats(st *storage.QueueStats, now int64, oldest int64, found bool) (int64, bool) {
 	for _, e := range q.prefetch {
-		if !e.ready {
-			continue
-		}
 		n := int64(len(e.recs))
 		st.Inflight -= n
 		st.Leases--
@@ -360,9 +358,14 @@ func (s *Store) unprefetch(o *opTx, e *prefetched) {
 // claimed ahead. REQUIRES: q.mu not held.
 func (q *queueState) holdAhead(e *prefetched) {
 	q.mu.Lock()
+	q.holdAheadLocked(e)
+	q.mu.Unlock()
+}
+
+// holdAheadLocked is holdAhead with q.mu held.
+func (q *queueState) holdAheadLocked(e *prefetched) {
 	e.released = false
 	q.prefetch = append(q.prefetch, e)
-	q.mu.Unlock()
 }
 
 // dropAheadLocked takes batch e out of q's list. REQUIRES: q.mu held.

@@ -419,3 +419,44 @@ func TestPrefetch_EarlierReadyItemBeatsHeldBatch(t *testing.T) {
 	require.Equal(t, []storage.ItemID{x[0].ID, res[2].ID}, itemIDs(r.Items), "the head of the queue")
 	b.check()
 }
+
+// While the fsync of an ack that claimed ahead is in flight, Stats
+// already counts the held batch's items as available, as it does once the
+// batch is durable: the claim shows at no moment. (It once showed them
+// inflight under a lease until the fsync ended.)
+func TestPrefetch_InvisibleBeforeDurable(t *testing.T) {
+	t.Parallel()
+	b, h, _ := prefetchSetup(t, 8)
+	first, err := b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 2, Lease: time.Minute, Now: at(time.Second)})
+	require.NoError(t, err)
+	h.free.Store(false) // from here every fsync waits for a release
+	acked := make(chan error, 1)
+	go func() {
+		_, err := b.s.Ack(b.ctx, storage.AckParams{Queue: "q", Lease: first.Lease, IDs: itemIDs(first.Items), Now: at(time.Second)})
+		acked <- err
+	}()
+	<-h.entered // the ack's batch, with its claim ahead, is written; its fsync waits
+	released := false
+	defer func() { // lets Close end on a failed check
+		if !released {
+			h.free.Store(true)
+			h.release <- nil
+		}
+	}()
+	require.EqualValues(t, 1, b.s.Metrics().Prefetched)
+	st, err := b.s.Stats(b.ctx, storage.StatsParams{Queue: "q", Now: at(time.Second)})
+	require.NoError(t, err)
+	require.EqualValues(t, 6, st[0].Ready)
+	require.EqualValues(t, 0, st[0].Inflight)
+	require.EqualValues(t, 0, st[0].Leases)
+	require.EqualValues(t, 2, st[0].Delivered)
+	h.free.Store(true)
+	h.release <- nil
+	released = true
+	require.NoError(t, <-acked)
+	st, err = b.s.Stats(b.ctx, storage.StatsParams{Queue: "q", Now: at(time.Second)})
+	require.NoError(t, err)
+	require.EqualValues(t, 6, st[0].Ready)
+	require.EqualValues(t, 0, st[0].Leases)
+	b.check()
+}
