@@ -174,9 +174,9 @@ func (s *Store) prefetchDone(plan *prefetchPlan, ok bool) {
 // take: nothing ready now comes before its last item in serve order (an
 // item ready since the claim may: one whose lease expired, ready again as
 // of its expiry, or one enqueued at an earlier instant by a racing
-// caller), and it is full or nothing else is ready. Off the committer (inOp false)
-// only a durable batch answers, at once; a poll's op (inOp) takes any,
-// since its own fsync covers the batch that claimed it. The answer's
+// caller), and it is full or nothing else is ready. Off the committer
+// (inOp false) only a durable batch answers, at once; a poll's op (inOp)
+// takes any, since its own fsync covers the batch that claimed it. The answer's
 // lease counts from now, as a claim's at now would: the lease is
 // promised that expiry (leaseState.deadline), and the database keeps the
 // claim's, up to the hold earlier, until the lease is next written (a
