@@ -207,9 +207,7 @@ func TestPrefetch_Off(t *testing.T) {
 // sweep meets it is given back, not expired. A sweep gives back stale
 // batches first (sweepAhead), but an ack that claims ahead at an earlier
 // instant than the sweep's can commit between that step and the expiry
-// step (found by RunHistory: an item first seen by a consumer with 2
-// attempts). The expiry step runs here without the first, as in that
-// race: no lease expires, no attempt is counted that no consumer saw,
+// step. The expiry step runs here without the first, as in that race: no lease expires, no attempt is counted that no consumer saw,
 // and the items are available as they were.
 func TestPrefetch_DueBatchGivenBackNotExpired(t *testing.T) {
 	t.Parallel()
@@ -251,12 +249,9 @@ func TestPrefetch_DueBatchGivenBackNotExpired(t *testing.T) {
 // claimed ahead whose lease is due at the sweep's instant: the poll may
 // take it (a lease with a promised expiry) while the step gives it back.
 // Whichever wins, the lease must stay in the expiry heap or end: a later
-// sweep past every deadline leaves no lease behind. The step once checked
-// that the batch was held and took it out of the queue's list in two
-// steps; a poll taking it in between left a lease that never expired
-// while the node ran. The window is narrow: each round races four queues'
-// polls against one expiry step, over many rounds (before the fix, 10 of
-// 10 runs under -race failed, 3 of 10 without).
+// sweep past every deadline leaves no lease behind. The window is
+// narrow: each round races four queues' polls against one expiry step,
+// over many rounds.
 func TestPrefetch_SweepRacesPollForDueBatch(t *testing.T) {
 	t.Parallel()
 	b, _ := prefetchStore(t)
@@ -324,9 +319,7 @@ func TestPrefetch_SweepRacesPollForDueBatch(t *testing.T) {
 
 // A poll whose call began before an ack claimed ahead, and whose op runs
 // after it, still gets the queue's head: the held batch counts as
-// available to it, as to every caller. (The poll's op once looked for
-// held batches only if there were some when the call began, and then
-// claimed the items behind the held ones.)
+// available to it, as to every caller.
 func TestPrefetch_PollBegunBeforeTheClaimAheadGetsTheHead(t *testing.T) {
 	t.Parallel()
 	for _, max := range []int{2, 3} { // the held batch's max, and another
@@ -359,7 +352,7 @@ func TestPrefetch_PollBegunBeforeTheClaimAheadGetsTheHead(t *testing.T) {
 
 // The claim an enqueue makes for a parked poll (EnqueueClaim) gets the
 // queue's head too: the held batch if it matches the poll, else the head
-// after the held batch is given back. (It once claimed behind it.)
+// after the held batch is given back.
 func TestPrefetch_EnqueueClaimGetsTheHead(t *testing.T) {
 	t.Parallel()
 	for _, max := range []int{2, 3} {
@@ -422,8 +415,7 @@ func TestPrefetch_EarlierReadyItemBeatsHeldBatch(t *testing.T) {
 
 // While the fsync of an ack that claimed ahead is in flight, Stats
 // already counts the held batch's items as available, as it does once the
-// batch is durable: the claim shows at no moment. (It once showed them
-// inflight under a lease until the fsync ended.)
+// batch is durable: the claim shows at no moment.
 func TestPrefetch_InvisibleBeforeDurable(t *testing.T) {
 	t.Parallel()
 	b, h, _ := prefetchSetup(t, 8)
