@@ -428,8 +428,9 @@ type codesAnswer interface {
 	Codes() (schema.ResultCode_List, error)
 }
 
-// codesResult reads the answer of ack or nack: one code per id.
-func codesResult[R codesAnswer](op string, get func() (R, error)) ([]storage.Code, error) {
+// codesResult reads the answer of ack or nack: one code per id, n ids.
+// A node that answers another count broke the protocol.
+func codesResult[R codesAnswer](op string, n int, get func() (R, error)) ([]storage.Code, error) {
 	res, err := answer(op, get)
 	if err != nil {
 		return nil, err
@@ -437,6 +438,9 @@ func codesResult[R codesAnswer](op string, get func() (R, error)) ([]storage.Cod
 	l, err := res.Codes()
 	if err != nil {
 		return nil, fmt.Errorf("leaseq %s: codes: %w", op, err)
+	}
+	if l.Len() != n {
+		return nil, fmt.Errorf("leaseq %s: %w: %d codes for %d ids", op, storage.ErrCorrupt, l.Len(), n)
 	}
 	return readCodes(l), nil
 }
@@ -448,7 +452,7 @@ func (c *Client) Ack(ctx context.Context, queue string, lease storage.LeaseID, i
 	}
 	f, release := invoke(ctx, c, mAck, ackParams(queue, lease, ids))
 	defer release()
-	return codesResult("ack", f.Struct)
+	return codesResult("ack", len(ids), f.Struct)
 }
 
 func ackParams(queue string, lease storage.LeaseID, ids []storage.ItemID) func(schema.Queue_ack_Params) error {
@@ -498,7 +502,7 @@ func (c *Client) ackPoll(ctx context.Context, queue string, lease storage.LeaseI
 	fa, releaseA, fp, releaseP := invokePair(ctx, c, mAck, ackParams(queue, lease, ids), mPoll, pollParams(queue, max, leaseDur, wait))
 	defer releaseA()
 	defer releaseP()
-	codes, errA = codesResult("ack", fa.Struct)
+	codes, errA = codesResult("ack", len(ids), fa.Struct)
 	res, errP = pollAnswer(fp)
 	return codes, errA, res, errP
 }
@@ -533,7 +537,7 @@ func (c *Client) Nack(ctx context.Context, queue string, lease storage.LeaseID, 
 		return writeIDs(l, ids)
 	})
 	defer release()
-	return codesResult("nack", f.Struct)
+	return codesResult("nack", len(ids), f.Struct)
 }
 
 // Extend sets a live lease's expiry to now + d and returns it. Errors wrap

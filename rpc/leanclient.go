@@ -132,7 +132,13 @@ func newLeanClient(ctx context.Context, conn net.Conn, limit int64, clk clock.Cl
 	if d, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(d)
 	}
+	// A ctx cancelled during the bootstrap ends it too: a deadline in
+	// the past wakes the read.
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	target, err := l.bootstrap()
+	if !stop() {
+		return nil, fmt.Errorf("rpc: bootstrap: %w", context.Cause(ctx))
+	}
 	_ = conn.SetDeadline(time.Time{})
 	if err != nil {
 		return nil, err
@@ -271,14 +277,8 @@ func (l *leanClient) call(ctx context.Context, method uint16, build func(*capnp.
 // with --sync=always they share a commit and its fsync) and waits for
 // both. Each result is as call's: on success valid until its release.
 func (l *leanClient) callPair(ctx context.Context, m1 uint16, b1 func(*capnp.Segment) (capnp.Ptr, error), m2 uint16, b2 func(*capnp.Segment) (capnp.Ptr, error)) (r1, r2 leanResult) {
-	c1, err := l.prepare(ctx, m1, b1)
+	c1, c2, err := l.preparePair(ctx, m1, b1, m2, b2)
 	if err != nil {
-		r1.err, r2.err = err, err
-		return r1, r2
-	}
-	c2, err := l.prepare(ctx, m2, b2)
-	if err != nil {
-		l.forget(c1)
 		r1.err, r2.err = err, err
 		return r1, r2
 	}
@@ -313,10 +313,57 @@ type outCall struct {
 // prepare builds a Call of method whose params build fills, takes its
 // flow bytes and registers its question. The caller sends lc.msg and
 // releases it, then awaits the Return.
-func (l *leanClient) prepare(ctx context.Context, method uint16, build func(*capnp.Segment) (capnp.Ptr, error)) (lc outCall, err error) {
+func (l *leanClient) prepare(ctx context.Context, method uint16, build func(*capnp.Segment) (capnp.Ptr, error)) (outCall, error) {
+	msg, c, held, err := l.newCall(method, build)
+	if err != nil {
+		return outCall{}, err
+	}
+	if err := l.flow.Acquire(ctx, held); err != nil {
+		msg.Release()
+		return outCall{}, err
+	}
+	return l.register(msg, c, held)
+}
+
+// preparePair is prepare for two calls sent in one write. Their flow
+// bytes are taken in one step: taken one after the other, a larger call
+// queued between the two would wait for bytes held by the first, which
+// is not sent until the second has its own.
+func (l *leanClient) preparePair(ctx context.Context, m1 uint16, b1 func(*capnp.Segment) (capnp.Ptr, error), m2 uint16, b2 func(*capnp.Segment) (capnp.Ptr, error)) (c1, c2 outCall, err error) {
+	msg1, call1, h1, err := l.newCall(m1, b1)
+	if err != nil {
+		return c1, c2, err
+	}
+	msg2, call2, h2, err := l.newCall(m2, b2)
+	if err != nil {
+		msg1.Release()
+		return c1, c2, err
+	}
+	h2 = min(h2, l.limit-h1) // together at most the limit, as one call's
+	if err := l.flow.Acquire(ctx, h1+h2); err != nil {
+		msg1.Release()
+		msg2.Release()
+		return c1, c2, err
+	}
+	if c1, err = l.register(msg1, call1, h1); err != nil {
+		msg2.Release()
+		l.flow.Release(h2)
+		return c1, c2, err
+	}
+	if c2, err = l.register(msg2, call2, h2); err != nil {
+		l.forget(c1)
+		return c1, c2, err
+	}
+	return c1, c2, nil
+}
+
+// newCall builds a Call of method whose params build fills and returns
+// it with the flow bytes it holds while unanswered: its size, at most
+// the limit.
+func (l *leanClient) newCall(method uint16, build func(*capnp.Segment) (capnp.Ptr, error)) (msg *capnp.Message, c rpccp.Call, held int64, err error) {
 	msg, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
 	if err != nil {
-		return lc, err
+		return nil, c, 0, err
 	}
 	defer func() {
 		if err != nil {
@@ -325,15 +372,15 @@ func (l *leanClient) prepare(ctx context.Context, method uint16, build func(*cap
 	}()
 	m, err := rpccp.NewRootMessage(seg)
 	if err != nil {
-		return lc, err
+		return nil, c, 0, err
 	}
-	c, err := m.NewCall()
+	c, err = m.NewCall()
 	if err != nil {
-		return lc, err
+		return nil, c, 0, err
 	}
 	tgt, err := c.NewTarget()
 	if err != nil {
-		return lc, err
+		return nil, c, 0, err
 	}
 	tgt.SetImportedCap(l.target)
 	c.SetInterfaceId(schema.Queue_TypeID)
@@ -341,28 +388,32 @@ func (l *leanClient) prepare(ctx context.Context, method uint16, build func(*cap
 	c.SendResultsTo().SetCaller()
 	payload, err := c.NewParams()
 	if err != nil {
-		return lc, err
+		return nil, c, 0, err
 	}
 	content, err := build(seg)
 	if err != nil {
-		return lc, err
+		return nil, c, 0, err
 	}
 	if err := payload.SetContent(content); err != nil {
-		return lc, err
+		return nil, c, 0, err
 	}
 	size, err := msg.TotalSize()
 	if err != nil {
-		return lc, err
+		return nil, c, 0, err
 	}
-	held := min(int64(size), l.limit)
-	if err := l.flow.Acquire(ctx, held); err != nil {
-		return lc, err
-	}
+	return msg, c, min(int64(size), l.limit), nil
+}
+
+// register gives msg, whose held flow bytes are taken, a question id
+// and writes it into c, msg's Call. On error msg is released and held
+// given back.
+func (l *leanClient) register(msg *capnp.Message, c rpccp.Call, held int64) (outCall, error) {
 	q := &leanQuestion{reply: make(chan leanReply, 1), held: held}
 	qid, err := l.ask(q)
 	if err != nil {
 		l.flow.Release(held)
-		return lc, err
+		msg.Release()
+		return outCall{}, err
 	}
 	c.SetQuestionId(qid)
 	return outCall{msg: msg, q: q, qid: qid}, nil

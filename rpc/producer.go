@@ -136,7 +136,10 @@ func (p *Producer) Enqueue(ctx context.Context, it storage.EnqueueItem) (storage
 				p.pending = append(p.pending[:i], p.pending[i+1:]...)
 				p.bytes -= e.size
 				if i == 0 {
+					// The new head may be due already, with no
+					// timer left to send it.
 					p.rearmLocked()
+					p.kickLocked()
 				}
 				p.idleLocked()
 				p.mu.Unlock()
