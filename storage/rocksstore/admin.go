@@ -25,9 +25,6 @@ func (s *Store) Stats(ctx context.Context, p storage.StatsParams) ([]storage.Que
 	}
 	var names []string
 	if p.Queue != "" {
-		if s.queue(p.Queue) == nil {
-			return nil, fmt.Errorf("rocksstore: stats %q: %w", p.Queue, storage.ErrNotFound)
-		}
 		names = []string{p.Queue}
 	} else {
 		names = s.queueNames()
@@ -38,6 +35,12 @@ func (s *Store) Stats(ctx context.Context, p storage.StatsParams) ([]storage.Que
 			return nil, err
 		}
 		q := s.queue(name)
+		if q == nil { // deleted since it was listed
+			if p.Queue != "" {
+				return nil, fmt.Errorf("rocksstore: stats %q: %w", p.Queue, storage.ErrNotFound)
+			}
+			continue
+		}
 		now := nanos(p.Now)
 		q.mu.Lock()
 		c, cfg := q.counters, q.cfg

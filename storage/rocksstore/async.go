@@ -98,14 +98,14 @@ func (s *Store) EnqueueClaimAsync(ctx context.Context, p storage.EnqueueParams, 
 		done(nil, nil, err)
 		return
 	}
-	res, prs, enq, ops, err := s.enqueueClaimOps(ctx, p, polls)
-	if err != nil || enq == nil {
+	c, err := s.enqueueClaimOps(ctx, p, polls)
+	if err != nil || c.enq == nil {
 		s.exit()
-		done(res, prs, err)
+		done(c.res, c.prs, err)
 		return
 	}
-	s.submitAsync(p.Queue, ops, func() {
-		res, prs, err := s.enqueueClaimDone(p, polls, res, prs, enq)
+	s.submitAsync(p.Queue, c.ops, func() {
+		res, prs, err := s.enqueueClaimDone(p, polls, c)
 		s.exit()
 		done(res, prs, err)
 	})
@@ -212,7 +212,8 @@ func (s *Store) HoldSync() {
 
 // ReleaseSync implements storage.SyncHolder: the last release starts the
 // fsync of what was written meanwhile, unless a leader is still writing
-// (it starts it when it is done).
+// (it starts it when it is done). A lead handed on and not yet taken
+// counts as nobody writing.
 func (s *Store) ReleaseSync() {
 	p := &s.pipe
 	p.mu.Lock()
@@ -221,7 +222,7 @@ func (s *Store) ReleaseSync() {
 		panic("rocksstore: ReleaseSync without HoldSync")
 	}
 	p.holds--
-	kicked := !p.heldLocked() && !p.leading && p.kickLocked()
+	kicked := !p.heldLocked() && (!p.leading || p.handedOff) && p.kickLocked()
 	p.mu.Unlock()
 	if kicked {
 		// As a leader that wakes the syncer: give way to it (leadBatches).

@@ -127,6 +127,11 @@ type pipeline struct {
 	mu      sync.Mutex
 	pending []*op
 	leading bool // a leader is building batches
+	// handedOff is set while the lead is handed on (to the first pending
+	// op's goroutine, or a new one) and nobody has taken it yet: that
+	// goroutine may itself wait for an earlier op's fsync, so a release
+	// of the holds must start it (ReleaseSync). REQUIRES: mu held.
+	handedOff bool
 	// unsynced are the batches written and waiting for the WAL fsync
 	// (SyncAlways); syncing is set while a goroutine fsyncs them: the
 	// syncer goroutine, or a leader that wrote a batch with nobody
@@ -141,7 +146,7 @@ type pipeline struct {
 	holds    int
 	holdsOff bool
 	kick     chan struct{} // wakes the syncer goroutine
-	idle     sync.Cond     // signalled when syncing ends
+	idle     sync.Cond     // signalled when syncing or leading ends
 	wg       sync.WaitGroup
 	failed   error // set by a failed write or fsync; REQUIRES: mu held
 	slot     *txnSlot
@@ -379,13 +384,17 @@ func (s *Store) startPipeline() {
 	s.slots = append(s.slots, p.slot)
 }
 
-// stopPipeline stops the syncer goroutine, once no goroutine fsyncs.
-// REQUIRES: no call in flight (s.life held exclusively), so no leader
-// and no batch waiting for an fsync.
+// stopPipeline stops the syncer goroutines, once no goroutine fsyncs or
+// leads. REQUIRES: no call in flight (s.life held exclusively), so no
+// batch waiting for an fsync, and a leader or syncer left only finishing
+// after its ops' done callbacks.
 func (s *Store) stopPipeline() {
 	p := &s.pipe
 	p.mu.Lock()
-	for p.syncing {
+	// An asynchronous leader goes on with the pipeline after its ops'
+	// done callbacks (which let Close and Recover take Store.life): wait
+	// for it as for the syncers. Neither waits on the store in a done.
+	for p.syncing || p.leading {
 		p.idle.Wait()
 	}
 	p.mu.Unlock()
@@ -427,7 +436,10 @@ func (s *Store) submitGroup(queue string, ops []*op) error {
 	}
 	// The lead is only ever handed to the first pending op, and ops run in
 	// order: waiting for them in order never waits on a lead this
-	// goroutine was handed for a later one.
+	// goroutine was handed for a later one. It may wait for an earlier
+	// op's fsync while handed the lead for a later one: the hand-off
+	// kicks the syncer, or the release of the holds that kept it back
+	// does (handedOff).
 	for _, o := range ops {
 		for !<-o.wake {
 			s.lead()
@@ -564,9 +576,11 @@ func (s *Store) leadBatches(async bool) {
 	p := &s.pipe
 	for n := 0; ; n++ {
 		p.mu.Lock()
+		p.handedOff = false
 		if len(p.pending) == 0 {
 			kicked := p.kickLocked() // written batches left by a failed one
 			p.leading = false
+			p.idle.Broadcast() // stopPipeline
 			p.mu.Unlock()
 			if kicked && async {
 				// A connection's reader that just woke the syncer gives
@@ -581,6 +595,7 @@ func (s *Store) leadBatches(async bool) {
 		}
 		if n >= maxLeadBatches {
 			p.kickLocked()
+			p.handedOff = true
 			if p.pending[0].wake != nil {
 				p.pending[0].wake <- false
 				p.mu.Unlock()

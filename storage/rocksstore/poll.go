@@ -127,36 +127,50 @@ func (s *Store) EnqueueClaim(ctx context.Context, p storage.EnqueueParams, polls
 		return nil, nil, err
 	}
 	defer s.exit()
-	res, prs, enq, ops, err := s.enqueueClaimOps(ctx, p, polls)
-	if err != nil || enq == nil {
-		return res, prs, err
+	c, err := s.enqueueClaimOps(ctx, p, polls)
+	if err != nil || c.enq == nil {
+		return c.res, c.prs, err
 	}
-	if err := s.submitGroup(p.Queue, ops); err != nil {
+	if err := s.submitGroup(p.Queue, c.ops); err != nil {
 		return nil, nil, fmt.Errorf("rocksstore: enqueue %q: %w", p.Queue, err)
 	}
-	return s.enqueueClaimDone(p, polls, res, prs, enq)
+	return s.enqueueClaimDone(p, polls, c)
 }
 
-// enqueueClaimOps returns EnqueueClaim's results (filled in when the ops
-// run) and its ops: the enqueue's (enq) first, then one claim per poll.
-// enq is nil when there is nothing to write, and so nothing to claim.
-func (s *Store) enqueueClaimOps(ctx context.Context, p storage.EnqueueParams, polls []storage.PollParams) (res []storage.EnqueueResult, prs []storage.PollResult, enq *op, ops []*op, err error) {
+// enqueueClaim is one EnqueueClaim call: its results, filled in when its
+// ops run, and its ops, the enqueue's (enq) first, then one claim per
+// poll (claims[i], nil for a poll of another queue or an invalid one).
+type enqueueClaim struct {
+	res    []storage.EnqueueResult
+	prs    []storage.PollResult
+	enq    *op
+	ops    []*op
+	claims []*op
+}
+
+// enqueueClaimOps returns EnqueueClaim's call. enq is nil when there is
+// nothing to write, and so nothing to claim.
+func (s *Store) enqueueClaimOps(ctx context.Context, p storage.EnqueueParams, polls []storage.PollParams) (c enqueueClaim, err error) {
 	res, valid, fn, err := s.enqueueOp(ctx, p)
 	if err != nil {
-		return nil, nil, nil, nil, fmt.Errorf("rocksstore: enqueue %q: %w", p.Queue, err)
+		return c, fmt.Errorf("rocksstore: enqueue %q: %w", p.Queue, err)
 	}
-	prs = make([]storage.PollResult, len(polls))
+	c.res = res
+	c.prs = make([]storage.PollResult, len(polls))
 	if fn == nil {
-		return res, prs, nil, nil, nil // nothing written, so nothing new to claim
+		return c, nil // nothing written, so nothing new to claim
 	}
-	enq = newOp(valid, fn)
-	ops = []*op{enq}
+	enq := newOp(valid, fn)
+	c.enq = enq
+	c.ops = []*op{enq}
+	c.claims = make([]*op, len(polls))
+	prs := c.prs
 	for i, pp := range polls {
 		if pp.Queue != p.Queue || pp.Validate(s.limits) != nil {
 			continue
 		}
 		now, max, lease := nanos(pp.Now), pp.Max, int64(pp.Lease)
-		ops = append(ops, newOp(max, func(o *opTx) error {
+		c.claims[i] = newOp(max, func(o *opTx) error {
 			q := s.queue(p.Queue)
 			o.op.items = 0 // what it touched, no longer what it may
 			if enq.err != nil || q == nil {
@@ -171,18 +185,27 @@ func (s *Store) enqueueClaimOps(ctx context.Context, p storage.EnqueueParams, po
 			}
 			prs[i] = r
 			return nil
-		}))
+		})
+		c.ops = append(c.ops, c.claims[i])
 	}
-	return res, prs, enq, ops, nil
+	return c, nil
 }
 
 // enqueueClaimDone returns EnqueueClaim's answer once its ops completed.
-func (s *Store) enqueueClaimDone(p storage.EnqueueParams, polls []storage.PollParams, res []storage.EnqueueResult, prs []storage.PollResult, enq *op) ([]storage.EnqueueResult, []storage.PollResult, error) {
-	if enq.err != nil {
-		return nil, nil, fmt.Errorf("rocksstore: enqueue %q: %w", p.Queue, enq.err)
+// A claim whose batch failed to commit or to fsync (in a batch after the
+// enqueue's, when the ops did not fit in one) answers its poll with
+// nothing: its lease is not durable, and the failed store hands nothing
+// out again until it is reopened.
+func (s *Store) enqueueClaimDone(p storage.EnqueueParams, polls []storage.PollParams, c enqueueClaim) ([]storage.EnqueueResult, []storage.PollResult, error) {
+	if c.enq.err != nil {
+		return nil, nil, fmt.Errorf("rocksstore: enqueue %q: %w", p.Queue, c.enq.err)
 	}
-	next := enq.next
+	prs := c.prs
+	next := c.enq.next
 	for i := range prs {
+		if o := c.claims[i]; o != nil && o.err != nil {
+			prs[i] = storage.PollResult{}
+		}
 		if prs[i].Lease.IsZero() {
 			continue
 		}
@@ -195,7 +218,7 @@ func (s *Store) enqueueClaimDone(p storage.EnqueueParams, polls []storage.PollPa
 	if !next.IsZero() && s.onDeadline != nil {
 		s.onDeadline(next)
 	}
-	return res, prs, nil
+	return c.res, prs, nil
 }
 
 // claimedItem is one item taken by a claim.

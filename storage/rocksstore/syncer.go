@@ -26,7 +26,7 @@ func (p *pipeline) breakHolds() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.holdsOff = true
-	if !p.leading {
+	if !p.leading || p.handedOff {
 		p.kickLocked()
 	}
 }
