@@ -75,7 +75,8 @@ type Client struct {
 // Dial connects to addr ("host:port" or "unix:/path") and checks that a
 // leaseq node answers. A node at its connection limit makes Dial fail with
 // ErrTooManyConns; a TLS failure (say, a missing client certificate) also
-// fails Dial.
+// fails Dial. ctx bounds the connect and the first exchange: its deadline,
+// or its cancellation, ends a Dial to a peer that does not answer.
 func Dial(ctx context.Context, addr string, opts ClientOptions) (*Client, error) {
 	switch opts.Engine {
 	case "", ClientEngineLean, ClientEngineGoCapnp:

@@ -52,6 +52,16 @@
 //     before it could wait (its next read, the reply or flow budget).
 //     Replies are coalesced into one write per batch of ready replies, and
 //     plain sockets are read and written with raw system calls (rawio.go).
+//     The reader writes what is ready before its next decode could wait
+//     (no whole message buffered, part of one included) and before it
+//     waits for the reply budget. A goroutine that serves every
+//     connection (the store's syncer) never waits for one socket: the
+//     Returns it sends, the Releases of the capabilities a call's params
+//     carried and the Finishes of calls given up are written "shared"
+//     (what the socket takes at once; a goroutine of the connection
+//     writes the rest). The node's calls to a client's capabilities
+//     (Consumer.deliver, Consumer.done) end with their context: rejected,
+//     and a Finish sent, the client's later Return is dropped.
 //     StartBootstrap listeners (Queueber) stay on go-capnp.
 //
 // Why lean, by measurement: one call at a time over TCP loopback to a

@@ -115,7 +115,8 @@ type leanConn struct {
 		nextExport uint32
 		bootID     uint32
 		hasBoot    bool
-		questions  map[uint32]*capnp.Promise // our calls to the client's capabilities
+		questions  map[uint32]*capnp.Promise // our calls to the client's capabilities (canceledQuestion: given up, Finish sent)
+		qstops     map[uint32]func() bool    // stops the watch on a question's ctx (leanImport.Send)
 		nextQ      uint32
 	}
 
@@ -238,6 +239,7 @@ func (s *Server) serveLean(ctx context.Context, cancel context.CancelFunc, conn 
 	c.mu.answers = make(map[uint32]*leanAnswer)
 	c.mu.exports = make(map[uint32]*leanExport)
 	c.mu.questions = make(map[uint32]*capnp.Promise)
+	c.mu.qstops = make(map[uint32]func() bool)
 	if gate != nil {
 		c.armWatchdog()
 	}
@@ -259,13 +261,15 @@ func (s *Server) serveLean(ctx context.Context, cancel context.CancelFunc, conn 
 // message breaks the protocol; it returns why it stopped.
 func (c *leanConn) readLoop() error {
 	for {
-		if c.holding && !c.frameBuffered() {
-			c.unhold() // the next read may wait
+		if !c.frameBuffered() {
+			// The next decode may wait for the socket (nothing buffered,
+			// or part of a message): end the hold on the store's fsyncs
+			// and write what is ready first.
+			c.idle()
 		}
-		if c.br.Buffered() == 0 || c.gate.over() {
-			c.idle() // about to wait: write what is ready first
-		}
-		if err := c.gate.wait(); err != nil {
+		// A full gate waits for answers to be written, this reader's
+		// queued ones among them: it writes them before it waits.
+		if err := c.gate.wait(c.idle); err != nil {
 			return err
 		}
 		if c.first == nil {

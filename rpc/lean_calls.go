@@ -180,6 +180,13 @@ func (c *leanConn) dispatch(lc *leanCall, queue bool, cl capnp.Client) {
 		return
 	}
 	meth := &leanMethods[lc.method]
+	if meth.op != OpSubscribe && lc.in != nil && lc.in.CapTable().Len() > 0 {
+		// Only subscribe takes a capability. The ones another call
+		// carries are released here, and not by whoever completes the
+		// call: a store's syncer, which serves every connection, would
+		// send a Release for each.
+		lc.in.CapTable().Reset()
+	}
 	if meth.op == OpPoll && (c.async != nil || schema.Queue_poll_Params(lc.args).WaitMs() > 0) {
 		c.longPoll(lc)
 		return
@@ -440,6 +447,9 @@ func (c *leanConn) settle(qid uint32, a *leanAnswer, err error, content capnp.Pt
 		queue, cl, err := c.resolveLocked(a, p.transform)
 		c.mu.Unlock()
 		if err != nil {
+			// Failed on this goroutine, which may serve other
+			// connections (a's shared).
+			p.ans.shared = p.ans.shared || a.shared
 			c.fail(p, err)
 			continue
 		}

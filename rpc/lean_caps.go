@@ -49,12 +49,12 @@ func (c *leanConn) handleReturn(m rpccp.Message) (keep bool, err error) {
 		return false, protoErrf("read return: %v", err)
 	}
 	id := r.AnswerId()
-	c.mu.Lock()
-	p := c.mu.questions[id]
-	delete(c.mu.questions, id)
-	c.mu.Unlock()
+	p := c.takeQuestion(id)
 	if p == nil {
 		return false, protoErrf("return for unknown question id %d", id)
+	}
+	if p == canceledQuestion {
+		return false, nil // its Finish was sent when the call was given up
 	}
 	switch r.Which() {
 	case rpccp.Return_Which_results:
@@ -82,7 +82,7 @@ func (c *leanConn) handleReturn(m rpccp.Message) (keep bool, err error) {
 		p.Reject(exc.New(exc.Unimplemented, "", "return "+r.Which().String()+" not supported"))
 	}
 	// Capabilities in the results are released by the Finish's flag.
-	c.sendSmall(func(m rpccp.Message) error {
+	c.sendSmall(false, func(m rpccp.Message) error {
 		f, err := m.NewFinish()
 		if err != nil {
 			return err
@@ -134,7 +134,7 @@ func (c *leanConn) handleDisembargo(m rpccp.Message) error {
 		return protoErrf("read disembargo: %v", err)
 	}
 	embargo := d.Context().SenderLoopback()
-	c.sendSmall(func(m rpccp.Message) error {
+	c.sendSmall(false, func(m rpccp.Message) error {
 		out, err := m.NewDisembargo()
 		if err != nil {
 			return err
@@ -159,23 +159,69 @@ func (c *leanConn) handleUnimplemented(m rpccp.Message) error {
 	if err != nil {
 		return nil
 	}
-	c.mu.Lock()
-	p := c.mu.questions[call.QuestionId()]
-	delete(c.mu.questions, call.QuestionId())
-	c.mu.Unlock()
-	if p != nil {
+	p := c.takeQuestion(call.QuestionId())
+	if p != nil && p != canceledQuestion {
 		p.Reject(exc.New(exc.Unimplemented, "", "call not implemented by the client"))
 	}
 	return nil
 }
 
+// canceledQuestion stands in the question table for a call the node gave
+// up (its ctx ended): the id stays taken until the client's Return.
+var canceledQuestion = new(capnp.Promise)
+
+// takeQuestion removes question id from the table and returns it (nil if
+// there is none), and stops the watch on its ctx.
+func (c *leanConn) takeQuestion(id uint32) *capnp.Promise {
+	c.mu.Lock()
+	p := c.mu.questions[id]
+	delete(c.mu.questions, id)
+	stop := c.mu.qstops[id]
+	delete(c.mu.qstops, id)
+	c.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	return p
+}
+
+// giveUpQuestion rejects question qid, if it still waits as p, with the
+// ctx's error and tells the client with a Finish; its id stays taken
+// until the client's Return.
+func (c *leanConn) giveUpQuestion(ctx context.Context, qid uint32, p *capnp.Promise) {
+	c.mu.Lock()
+	mine := c.mu.questions != nil && c.mu.questions[qid] == p
+	if mine {
+		c.mu.questions[qid] = canceledQuestion
+		delete(c.mu.qstops, qid)
+	}
+	c.mu.Unlock()
+	if !mine {
+		return
+	}
+	p.Reject(context.Cause(ctx))
+	// Shared: ctx may end on any goroutine.
+	c.sendSmall(true, func(m rpccp.Message) error {
+		f, err := m.NewFinish()
+		if err != nil {
+			return err
+		}
+		f.SetQuestionId(qid)
+		f.SetReleaseResultCaps(true)
+		return nil
+	})
+}
+
 func (c *leanConn) sendUnimplemented(m rpccp.Message) error {
-	c.sendSmall(func(out rpccp.Message) error { return out.SetUnimplemented(m) })
+	c.sendSmall(false, func(out rpccp.Message) error { return out.SetUnimplemented(m) })
 	return nil
 }
 
 func (c *leanConn) sendRelease(id, n uint32) {
-	c.sendSmall(func(m rpccp.Message) error {
+	// Shared: the last reference may be dropped on any goroutine, a
+	// store's syncer completing the call that carried the capability
+	// among them, which must not wait for this client's socket.
+	c.sendSmall(true, func(m rpccp.Message) error {
 		r, err := m.NewRelease()
 		if err != nil {
 			return err
@@ -254,6 +300,16 @@ func (h *leanImport) Send(ctx context.Context, s capnp.Send) (*capnp.Answer, cap
 	c.mu.Unlock()
 	call.SetQuestionId(qid)
 	c.send(msg, false)
+	if ctx.Done() != nil {
+		// The caller may give up (a Consumer.done with a timeout, at
+		// Stop): the call is rejected then, not at the client's Return.
+		// Watched once the Call is queued, so that its Finish follows it.
+		c.mu.Lock()
+		if c.mu.questions != nil && c.mu.questions[qid] == p {
+			c.mu.qstops[qid] = context.AfterFunc(ctx, func() { c.giveUpQuestion(ctx, qid, p) })
+		}
+		c.mu.Unlock()
+	}
 	// The results alias the Return message, which is not reused.
 	return p.Answer(), func() {}
 }

@@ -8,9 +8,9 @@ import (
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 )
 
-// sendSmall builds a message with build and sends it; a build failure
-// (out of memory) is logged.
-func (c *leanConn) sendSmall(build func(rpccp.Message) error) {
+// sendSmall builds a message with build and sends it (shared: as
+// sendFrom); a build failure (out of memory) is logged.
+func (c *leanConn) sendSmall(shared bool, build func(rpccp.Message) error) {
 	msg, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
 	if err != nil {
 		c.s.log.Warn("rpc: cannot build a message", "remote", c.remote, "err", err)
@@ -25,7 +25,7 @@ func (c *leanConn) sendSmall(build func(rpccp.Message) error) {
 		c.s.log.Warn("rpc: cannot build a message", "remote", c.remote, "err", err)
 		return
 	}
-	c.send(msg, false)
+	c.sendFrom(msg, false, shared)
 }
 
 // send queues msg to be written. It writes the queue itself unless
@@ -251,7 +251,7 @@ func (c *leanConn) shutdown(why error) {
 	var pe *protocolError
 	if errors.As(why, &pe) {
 		c.s.log.Warn("connection aborted", "remote", c.remote, "reason", pe.reason)
-		c.sendSmall(func(m rpccp.Message) error {
+		c.sendSmall(false, func(m rpccp.Message) error {
 			ab, err := m.NewAbort()
 			if err != nil {
 				return err
@@ -267,7 +267,7 @@ func (c *leanConn) shutdown(why error) {
 		// Not a protocol message at all (garbage, a giant header): the
 		// reason goes to the log and, as an abort, to the peer.
 		c.s.log.Debug("connection ended", "remote", c.remote, "err", why)
-		c.sendSmall(func(m rpccp.Message) error {
+		c.sendSmall(false, func(m rpccp.Message) error {
 			ab, err := m.NewAbort()
 			if err != nil {
 				return err
@@ -282,11 +282,16 @@ func (c *leanConn) shutdown(why error) {
 	_ = c.conn.Close()
 	c.mu.Lock()
 	c.mu.closed = true
-	questions := c.mu.questions
-	c.mu.questions = nil
+	questions, qstops := c.mu.questions, c.mu.qstops
+	c.mu.questions, c.mu.qstops = nil, nil
 	c.mu.Unlock()
+	for _, stop := range qstops {
+		stop()
+	}
 	for _, p := range questions {
-		p.Reject(exc.New(exc.Disconnected, "", "rpc: connection closed"))
+		if p != canceledQuestion {
+			p.Reject(exc.New(exc.Disconnected, "", "rpc: connection closed"))
+		}
 	}
 	c.calls.Wait()
 	c.mu.Lock()

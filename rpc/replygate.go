@@ -81,16 +81,6 @@ func (g *replyGate) Pending() int64 {
 	return g.pending
 }
 
-// over reports whether more than limit bytes of answers are pending.
-func (g *replyGate) over() bool {
-	if g == nil {
-		return false
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.pending > g.limit
-}
-
 // maxBuilding is how many listing answers (peek, dead list) one
 // connection may have in the making at once: admission looks at the bytes
 // already pending, so without this bound a burst of calls would all be
@@ -98,9 +88,12 @@ func (g *replyGate) over() bool {
 const maxBuilding = 4
 
 // wait returns once pending answers are within the limit (the reader
-// calls it before taking the next call).
-func (g *replyGate) wait() error {
-	return g.await(func() bool { return g.pending <= g.limit })
+// calls it before taking the next call). Before it first blocks it calls
+// before (if not nil) without the gate's lock, then looks again: the
+// lean reader writes its queued answers there, which may be what keeps
+// the gate shut.
+func (g *replyGate) wait(before func()) error {
+	return g.await(func() bool { return g.pending <= g.limit }, before)
 }
 
 // acquire admits one listing answer to be built: pending answers within
@@ -115,7 +108,7 @@ func (g *replyGate) acquire() error {
 		}
 		g.building++
 		return true
-	})
+	}, nil)
 }
 
 func (g *replyGate) release() {
@@ -139,10 +132,11 @@ func (g *replyGate) signalLocked() {
 	g.changed = make(chan struct{})
 }
 
-// await waits until ok (called with g.mu held) holds. It fails when the
+// await waits until ok (called with g.mu held) holds; before, if not
+// nil, runs once before the first wait (see wait). It fails when the
 // connection ends, or after stall: then the client is not reading its
 // answers, and the connection is closed.
-func (g *replyGate) await(ok func() bool) error {
+func (g *replyGate) await(ok func() bool, before func()) error {
 	if g == nil {
 		return nil
 	}
@@ -150,12 +144,17 @@ func (g *replyGate) await(ok func() bool) error {
 	for {
 		g.mu.Lock()
 		fine, pending, changed := ok(), g.pending, g.changed
-		if !fine {
+		if !fine && before == nil {
 			g.waiting++ // from here signalLocked closes changed
 		}
 		g.mu.Unlock()
 		if fine {
 			return nil
+		}
+		if before != nil {
+			before()
+			before = nil
+			continue
 		}
 		if stalled == nil {
 			// A function timer, not a channel one: a mock clock advanced
@@ -206,7 +205,7 @@ func (t *gatedTransport) NewMessage() (transport.OutgoingMessage, error) {
 }
 
 func (t *gatedTransport) RecvMessage() (transport.IncomingMessage, error) {
-	if err := t.gate.wait(); err != nil {
+	if err := t.gate.wait(nil); err != nil {
 		return nil, err
 	}
 	return t.Transport.RecvMessage()
