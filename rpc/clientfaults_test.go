@@ -175,8 +175,9 @@ func TestLeanClient_CallPairTakesFlowInOneStep(t *testing.T) {
 }
 
 // fakeNode plays a node on conn: it answers the bootstrap, then
-// answers every Call with results whose content reply builds.
-func fakeNode(t *testing.T, conn net.Conn, reply func(method uint16, seg *capnp.Segment) (capnp.Ptr, error)) {
+// answers every Call with results whose content reply builds (twice
+// with dup: a node that breaks the protocol).
+func fakeNode(t *testing.T, conn net.Conn, dup bool, reply func(method uint16, seg *capnp.Segment) (capnp.Ptr, error)) {
 	dec := capnp.NewDecoder(conn)
 	for {
 		msg, err := dec.Decode()
@@ -230,7 +231,11 @@ func fakeNode(t *testing.T, conn net.Conn, reply func(method uint16, seg *capnp.
 				return p.SetContent(content)
 			})
 		}
+		isCall := m.Which() == rpccp.Message_Which_call
 		msg.Release()
+		if out != nil && dup && isCall {
+			out = append(out, out...)
+		}
 		if out != nil {
 			if _, err := conn.Write(out); err != nil {
 				return
@@ -246,7 +251,7 @@ func TestConsume_NackAnswerWithoutCodes(t *testing.T) {
 	cc, sc := connPair(t, "tcp")
 	defer cc.Close()
 	defer sc.Close()
-	go fakeNode(t, sc, func(method uint16, seg *capnp.Segment) (capnp.Ptr, error) {
+	go fakeNode(t, sc, false, func(method uint16, seg *capnp.Segment) (capnp.Ptr, error) {
 		switch method {
 		case mNack.id:
 			r, err := schema.NewQueue_nack_Results(seg) // status none, no codes
@@ -277,4 +282,51 @@ func TestConsume_NackAnswerWithoutCodes(t *testing.T) {
 	require.Nil(t, panicked, "handleBatch panicked on a nack answer without codes")
 	_, err = c.Nack(ctx, "q", pr.Lease, []storage.ItemID{{2}}, nil, "boom")
 	require.ErrorIs(t, err, storage.ErrCorrupt)
+}
+
+// TestLeanClient_DuplicateReturnEndsConnection: a node that sends a
+// second Return for a question whose first its caller has not taken yet
+// breaks the protocol: handling it fails (the connection ends) instead of
+// blocking on the caller's full reply slot with the client's lock held.
+func TestLeanClient_DuplicateReturnEndsConnection(t *testing.T) {
+	cc, sc := connPair(t, "tcp")
+	defer cc.Close()
+	defer sc.Close()
+	go fakeNode(t, sc, false, func(method uint16, seg *capnp.Segment) (capnp.Ptr, error) {
+		return capnp.Ptr{}, errors.New("unexpected call")
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := newLeanClient(ctx, cc, DefaultMaxMessageBytes, clock.New())
+	require.NoError(t, err)
+	defer l.close()
+	lc, err := l.prepare(ctx, mQueues.id, leanBuild(mQueues, func(schema.Queue_queues_Params) error { return nil }))
+	require.NoError(t, err)
+	lc.msg.Release()
+	ret := func() *capnp.Message {
+		b := rpcMessageBytes(t, func(m rpccp.Message) error {
+			r, err := m.NewReturn()
+			if err != nil {
+				return err
+			}
+			r.SetAnswerId(lc.qid)
+			_, err = r.NewResults()
+			return err
+		})
+		msg, err := capnp.Unmarshal(b)
+		require.NoError(t, err)
+		return msg
+	}
+	handled := make(chan error, 2)
+	go func() {
+		handled <- l.handle(ret())
+		handled <- l.handle(ret())
+	}()
+	require.NoError(t, <-handled, "the first Return")
+	select {
+	case err := <-handled:
+		require.Error(t, err, "the second Return")
+	case <-time.After(5 * time.Second):
+		t.Fatal("handling a second Return for an answered question blocked")
+	}
 }

@@ -133,6 +133,11 @@ func (c *Client) Consume(ctx context.Context, cfg ConsumerConfig) error {
 	if cfg.Batch <= 0 {
 		cfg.Batch = 1
 	}
+	if cfg.Lease > 0 && cfg.Lease < time.Millisecond {
+		// The wire counts milliseconds: it would go as 0, the queue's
+		// default, and be extended every Lease/3 against another lease.
+		return fmt.Errorf("leaseq consume: %w: Lease %v is under 1ms", storage.ErrInvalidArgument, cfg.Lease)
+	}
 	if cfg.Lease <= 0 {
 		cfg.Lease = storage.DefaultLeaseDuration
 	}

@@ -353,5 +353,10 @@ func TestConsume(t *testing.T) {
 		require.ErrorIs(t, c.Consume(context.Background(), ConsumerConfig{Queue: "q"}), storage.ErrInvalidArgument)
 		err := c.Consume(context.Background(), ConsumerConfig{Queue: "bad/name", Clock: b.clock, Handler: func(context.Context, storage.Item) error { return nil }})
 		require.ErrorIs(t, err, storage.ErrInvalidArgument)
+		// Under the wire's millisecond (and under 3 ns, a Ticker panic).
+		for _, lease := range []time.Duration{1, 999 * time.Microsecond} {
+			err = c.Consume(context.Background(), ConsumerConfig{Queue: "q", Lease: lease, Clock: b.clock, Handler: func(context.Context, storage.Item) error { return nil }})
+			require.ErrorIs(t, err, storage.ErrInvalidArgument, "lease %v", lease)
+		}
 	})
 }

@@ -237,13 +237,17 @@ func writeItems(l schema.Item_List, items []storage.Item) error {
 }
 
 func readItems(l schema.Item_List) ([]storage.Item, error) {
-	out := make([]storage.Item, l.Len())
-	ir := itemReader{left: l.Len()}
-	for i := range out {
-		var err error
-		if out[i], err = ir.read(l.At(i)); err != nil {
+	// Grown as items prove valid: a malformed answer can declare a list
+	// of millions of empty elements in a few bytes.
+	n := l.Len()
+	out := make([]storage.Item, 0, min(n, 1024))
+	ir := itemReader{left: n}
+	for i := range n {
+		it, err := ir.read(l.At(i))
+		if err != nil {
 			return nil, fmt.Errorf("items[%d]: %w", i, err)
 		}
+		out = append(out, it)
 	}
 	return out, nil
 }

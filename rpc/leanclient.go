@@ -786,7 +786,9 @@ func (l *leanClient) handle(msg *capnp.Message) error {
 		l.mu.Lock()
 		qid := ret.AnswerId()
 		q := l.qs[qid]
-		if q == nil {
+		if q == nil || q.answered {
+			// A second Return for one question: the node broke the
+			// protocol, and the connection ends.
 			l.mu.Unlock()
 			msg.Release()
 			return fmt.Errorf("return for unknown question %d", qid)
