@@ -18,7 +18,7 @@ type ConsumerConfig struct {
 	Queue   string
 	Workers int           // concurrent pollers, each handling its batch in order (0: 1)
 	Batch   int           // items per poll (0: 1)
-	Lease   time.Duration // per poll (0: storage.DefaultLeaseDuration); extended every Lease/3 while handlers run
+	Lease   time.Duration // per poll, at least 1ms (0: storage.DefaultLeaseDuration); extended every Lease/3 while handlers run
 	Wait    time.Duration // long-poll wait (0: DefaultConsumerWait)
 	// Handler processes one item. nil error acks it; an error or a panic
 	// nacks it with the error text or "panic: <value>" as the reason. Its
