@@ -311,7 +311,11 @@ func (c *leanConn) forward(lc *leanCall, cl capnp.Client) {
 	ctx, cancel := context.WithCancel(c.ctx)
 	c.mu.Lock()
 	lc.ans.cancel = cancel
+	finished := lc.ans.finished // before cancel was set: finish missed it
 	c.mu.Unlock()
+	if finished {
+		cancel()
+	}
 	c.calls.Add(1)
 	go func() {
 		defer c.calls.Done()
