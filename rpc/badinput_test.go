@@ -52,6 +52,34 @@ func rpcMessageBytes(t testing.TB, build func(rpccp.Message) error) []byte {
 	return b
 }
 
+// returnBytes is a Return of question qid whose results fill completes.
+func returnBytes(t testing.TB, qid uint32, fill func(rpccp.Payload) error) []byte {
+	return rpcMessageBytes(t, func(m rpccp.Message) error {
+		r, err := m.NewReturn()
+		if err != nil {
+			return err
+		}
+		r.SetAnswerId(qid)
+		p, err := r.NewResults()
+		if err != nil {
+			return err
+		}
+		return fill(p)
+	})
+}
+
+// bootstrapReturnBytes answers bootstrap question qid with export 0.
+func bootstrapReturnBytes(t testing.TB, qid uint32) []byte {
+	return returnBytes(t, qid, func(p rpccp.Payload) error {
+		caps, err := p.NewCapTable(1)
+		if err != nil {
+			return err
+		}
+		caps.At(0).SetSenderHosted(0)
+		return p.SetContent(capnp.NewInterface(p.Segment(), 0).ToPtr())
+	})
+}
+
 // bootstrapMsg is the framed Bootstrap message of question 0.
 func bootstrapMsg(t testing.TB) []byte {
 	return rpcMessageBytes(t, func(m rpccp.Message) error {

@@ -193,37 +193,11 @@ func fakeNode(t *testing.T, conn net.Conn, dup bool, reply func(method uint16, s
 		switch m.Which() {
 		case rpccp.Message_Which_bootstrap:
 			bs, _ := m.Bootstrap()
-			qid := bs.QuestionId()
-			out = rpcMessageBytes(t, func(m rpccp.Message) error {
-				r, err := m.NewReturn()
-				if err != nil {
-					return err
-				}
-				r.SetAnswerId(qid)
-				p, err := r.NewResults()
-				if err != nil {
-					return err
-				}
-				caps, err := p.NewCapTable(1)
-				if err != nil {
-					return err
-				}
-				caps.At(0).SetSenderHosted(0)
-				return p.SetContent(capnp.NewInterface(p.Segment(), 0).ToPtr())
-			})
+			out = bootstrapReturnBytes(t, bs.QuestionId())
 		case rpccp.Message_Which_call:
 			call, _ := m.Call()
 			qid, method := call.QuestionId(), call.MethodId()
-			out = rpcMessageBytes(t, func(m rpccp.Message) error {
-				r, err := m.NewReturn()
-				if err != nil {
-					return err
-				}
-				r.SetAnswerId(qid)
-				p, err := r.NewResults()
-				if err != nil {
-					return err
-				}
+			out = returnBytes(t, qid, func(p rpccp.Payload) error {
 				content, err := reply(method, p.Segment())
 				if err != nil {
 					return err
@@ -304,15 +278,7 @@ func TestLeanClient_DuplicateReturnEndsConnection(t *testing.T) {
 	require.NoError(t, err)
 	lc.msg.Release()
 	ret := func() *capnp.Message {
-		b := rpcMessageBytes(t, func(m rpccp.Message) error {
-			r, err := m.NewReturn()
-			if err != nil {
-				return err
-			}
-			r.SetAnswerId(lc.qid)
-			_, err = r.NewResults()
-			return err
-		})
+		b := returnBytes(t, lc.qid, func(rpccp.Payload) error { return nil })
 		msg, err := capnp.Unmarshal(b)
 		require.NoError(t, err)
 		return msg

@@ -82,16 +82,22 @@ func (c *leanConn) handleReturn(m rpccp.Message) (keep bool, err error) {
 		p.Reject(exc.New(exc.Unimplemented, "", "return "+r.Which().String()+" not supported"))
 	}
 	// Capabilities in the results are released by the Finish's flag.
-	c.sendSmall(false, func(m rpccp.Message) error {
+	c.sendFinish(id, false)
+	return keep, nil
+}
+
+// sendFinish ends question qid, releasing its results' capabilities
+// (shared: as sendFrom).
+func (c *leanConn) sendFinish(qid uint32, shared bool) {
+	c.sendSmall(shared, func(m rpccp.Message) error {
 		f, err := m.NewFinish()
 		if err != nil {
 			return err
 		}
-		f.SetQuestionId(id)
+		f.SetQuestionId(qid)
 		f.SetReleaseResultCaps(true)
 		return nil
 	})
-	return keep, nil
 }
 
 // handleResolve takes the resolution of a promise the client passed in.
@@ -200,16 +206,7 @@ func (c *leanConn) giveUpQuestion(ctx context.Context, qid uint32, p *capnp.Prom
 		return
 	}
 	p.Reject(context.Cause(ctx))
-	// Shared: ctx may end on any goroutine.
-	c.sendSmall(true, func(m rpccp.Message) error {
-		f, err := m.NewFinish()
-		if err != nil {
-			return err
-		}
-		f.SetQuestionId(qid)
-		f.SetReleaseResultCaps(true)
-		return nil
-	})
+	c.sendFinish(qid, true) // shared: ctx may end on any goroutine
 }
 
 func (c *leanConn) sendUnimplemented(m rpccp.Message) error {

@@ -115,23 +115,7 @@ func fakeBootstrap(t *testing.T, conn net.Conn) {
 	msg, err := dec.Decode()
 	require.NoError(t, err)
 	msg.Release()
-	_, err = conn.Write(rpcMessageBytes(t, func(m rpccp.Message) error {
-		r, err := m.NewReturn()
-		if err != nil {
-			return err
-		}
-		r.SetAnswerId(0)
-		p, err := r.NewResults()
-		if err != nil {
-			return err
-		}
-		caps, err := p.NewCapTable(1)
-		if err != nil {
-			return err
-		}
-		caps.At(0).SetSenderHosted(0)
-		return p.SetContent(capnp.NewInterface(p.Segment(), 0).ToPtr())
-	}))
+	_, err = conn.Write(bootstrapReturnBytes(t, 0))
 	require.NoError(t, err)
 	msg, err = dec.Decode() // the Finish
 	require.NoError(t, err)

@@ -188,11 +188,7 @@ func TestRocksStore_AsyncFsyncFailure(t *testing.T) {
 	require.ErrorIs(t, got, storage.ErrUnavailable, "answered before AckAsync returned")
 
 	// Reopen (the failing hook gone): the cleanup's check must pass.
-	require.NoError(t, b.s.Close())
-	b.opts.syncHook = nil
-	s, err := Open(b.dir, b.opts)
-	require.NoError(t, err)
-	b.s = s
+	b.reopenWithoutSyncHook()
 }
 
 // TestRocksStore_AsyncClosed: an asynchronous call on a closed store is

@@ -152,11 +152,7 @@ func TestRocksStore_FsyncFailureInWindow(t *testing.T) {
 	require.Error(t, b.s.Failed())
 
 	// Reopen without the failing hook: the database decides.
-	require.NoError(t, b.s.Close())
-	b.opts.syncHook = nil
-	s, err := Open(b.dir, b.opts)
-	require.NoError(t, err)
-	b.s = s
+	b.reopenWithoutSyncHook()
 	b.check()
 	st := b.stats("q", at(time.Second))
 	require.Equal(t, int64(1), st.Ready+st.Inflight, "the item survives the process (its writes reached the WAL)")
@@ -664,6 +660,16 @@ func (b *testBundle) leased(q string, n int) storage.PollResult {
 
 // indexedKeys is how many keys the last batch put into its overlay's
 // index (the overlay is reset when the next batch starts).
+// reopenWithoutSyncHook closes the store and opens it again without its
+// sync hook (one that failed fsyncs), so that the database decides.
+func (b *testBundle) reopenWithoutSyncHook() {
+	require.NoError(b.t, b.s.Close())
+	b.opts.syncHook = nil
+	s, err := Open(b.dir, b.opts)
+	require.NoError(b.t, err)
+	b.s = s
+}
+
 func (b *testBundle) indexedKeys() int { return len(b.s.pipe.slot.ov.idx) }
 
 // Claims of items that an earlier batch enqueued, and acks under leases an

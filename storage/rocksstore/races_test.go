@@ -114,11 +114,7 @@ func TestEnqueueClaim_ClaimWhoseFsyncFailedAnswersNothing(t *testing.T) {
 
 	// Reopen without the hook for the cleanup's check.
 	h.free.Store(true)
-	require.NoError(t, b.s.Close())
-	b.opts.syncHook = nil
-	s, err := Open(b.dir, b.opts)
-	require.NoError(t, err)
-	b.s = s
+	b.reopenWithoutSyncHook()
 }
 
 // An asynchronous leader completes its ops (their done callbacks let go
