@@ -418,6 +418,9 @@ func (s *Store) PurgeDead(ctx context.Context, p storage.RedriveParams) (storage
 	return s.deadOp(ctx, p, false)
 }
 
+// deadOp redrives or purges p's dead items in as many transactions as
+// their records need: each one (deadChunk) takes items until its estimated
+// size would pass its budget, and the next goes on from there.
 func (s *Store) deadOp(ctx context.Context, p storage.RedriveParams, redrive bool) (storage.RedriveResult, error) {
 	if err := s.checkOpen(); err != nil {
 		return storage.RedriveResult{}, err
@@ -425,25 +428,64 @@ func (s *Store) deadOp(ctx context.Context, p storage.RedriveParams, redrive boo
 	if err := p.Validate(s.limits); err != nil {
 		return storage.RedriveResult{}, err
 	}
+	var out storage.RedriveResult
+	part := p
+	for {
+		res, used, more, err := s.deadChunk(ctx, part, redrive)
+		if err != nil {
+			return storage.RedriveResult{}, fmt.Errorf("fdbsync: dead-letter %q: %w", p.Queue, err)
+		}
+		out.Moved += res.Moved
+		if len(p.IDs) > 0 {
+			out.Codes = append(out.Codes, res.Codes...)
+			part.IDs = part.IDs[used:]
+			if len(part.IDs) == 0 {
+				return out, nil
+			}
+		} else {
+			part.Limit -= used
+			if !more || part.Limit == 0 {
+				return out, nil
+			}
+		}
+	}
+}
+
+// deadBudget caps one deadOp transaction's estimated size: a purge only
+// clears keys, so its records' estimates (payloads included) overstate it.
+const deadBudget = 4 * txnBudget
+
+// deadChunk is one transaction of deadOp: it takes p.IDs from the first,
+// or the first dead items up to p.Limit, until the next record would pass
+// deadBudget (always at least one). used counts the ids (or items) it
+// took; more reports, for a page, that it stopped at the budget.
+func (s *Store) deadChunk(ctx context.Context, p storage.RedriveParams, redrive bool) (res storage.RedriveResult, used int, more bool, err error) {
 	q := p.Queue
+	type chunk struct {
+		res  storage.RedriveResult
+		used int
+		more bool
+	}
 	v, _, _, err := s.mutate(ctx, p.Now, func(tx kv.Tx, c *call) (any, error) {
-		var res storage.RedriveResult
+		var out chunk
 		if c.prior != nil {
 			b, err := c.result()
-			if err != nil || len(b) < 4 {
+			if err != nil || len(b) < 9 {
 				return nil, errBadValue
 			}
-			res.Moved = int(uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3]))
+			out.res.Moved = int(binary.BigEndian.Uint32(b))
+			out.used = int(binary.BigEndian.Uint32(b[4:]))
+			out.more = b[8] == 1
 			if len(p.IDs) > 0 {
-				if len(b[4:]) != len(p.IDs) {
+				if len(b[9:]) != out.used {
 					return nil, errBadValue
 				}
-				res.Codes = make([]storage.Code, len(p.IDs))
-				for i, x := range b[4:] {
-					res.Codes[i] = storage.Code(x)
+				out.res.Codes = make([]storage.Code, out.used)
+				for i, x := range b[9:] {
+					out.res.Codes[i] = storage.Code(x)
 				}
 			}
-			return res, nil
+			return out, nil
 		}
 		var ids []storage.ItemID
 		var vals [][]byte
@@ -457,7 +499,6 @@ func (s *Store) deadOp(ctx context.Context, p storage.RedriveParams, redrive boo
 			if vals, err = tx.GetMany(keys, false); err != nil {
 				return nil, err
 			}
-			res.Codes = make([]storage.Code, len(ids))
 		} else {
 			pre := s.k.deadPrefix(q)
 			rows, err := tx.GetRange(pre, kv.PrefixEnd(pre), kv.RangeOptions{Limit: p.Limit})
@@ -474,20 +515,23 @@ func (s *Store) deadOp(ctx context.Context, p storage.RedriveParams, redrive boo
 		size := 0
 		for i, val := range vals {
 			if val == nil || seen[ids[i]] {
-				if res.Codes != nil {
-					res.Codes[i] = storage.CodeNotFound
-				}
+				out.res.Codes = append(out.res.Codes, storage.CodeNotFound)
+				out.used++
 				continue
 			}
-			seen[ids[i]] = true
 			r, err := decodeRecord(val)
 			if err != nil {
 				return nil, err
 			}
-			size += recordSize(&r, 64)
-			if size > 4*txnBudget {
-				return nil, fmt.Errorf("%w: fdbsync: batch too large for one transaction", storage.ErrInvalidArgument)
+			if sz := recordSize(&r, 64); out.used > 0 && size+sz > deadBudget {
+				out.more = true
+				break
+			} else {
+				size += sz
 			}
+			seen[ids[i]] = true
+			out.res.Codes = append(out.res.Codes, storage.CodeOK)
+			out.used++
 			tx.Clear(s.k.dead(q, ids[i]))
 			s.add(tx, q, ctrDead, -1)
 			if redrive {
@@ -499,21 +543,31 @@ func (s *Store) deadOp(ctx context.Context, p storage.RedriveParams, redrive boo
 				s.clearPayload(tx, &r)
 				s.add(tx, q, ctrPurged, 1)
 			}
-			res.Moved++
+			out.res.Moved++
 		}
-		if res.Moved > 0 {
+		if len(p.IDs) == 0 {
+			out.res.Codes = nil
+		}
+		if out.res.Moved > 0 {
 			if redrive {
 				s.wakeQueue(tx, q)
 			}
-			b := []byte{byte(res.Moved >> 24), byte(res.Moved >> 16), byte(res.Moved >> 8), byte(res.Moved)}
-			c.set(tx, append(b, codesBytes(res.Codes)...))
+			b := binary.BigEndian.AppendUint32(nil, uint32(out.res.Moved))
+			b = binary.BigEndian.AppendUint32(b, uint32(out.used))
+			more := byte(0)
+			if out.more {
+				more = 1
+			}
+			b = append(b, more)
+			c.set(tx, append(b, codesBytes(out.res.Codes)...))
 		}
-		return res, nil
+		return out, nil
 	})
 	if err != nil {
-		return storage.RedriveResult{}, fmt.Errorf("fdbsync: dead-letter %q: %w", q, err)
+		return res, 0, false, err
 	}
-	return as[storage.RedriveResult](v)
+	out := v.(chunk)
+	return out.res, out.used, out.more, nil
 }
 
 // QueueConfig implements storage.Store.

@@ -100,7 +100,12 @@
 // 256 KiB budget of mutation and conflict-range bytes (enqueue groups, poll
 // batches, sweeps) and a poll reads at most 8 MiB of payload, far below
 // FDB's 10 MB and 5 s limits; the model records the largest transaction and
-// the tests assert none exceeds 1 MB.
+// the tests assert none exceeds 1 MB. Redrive and PurgeDead take as many
+// transactions as their records need, four budgets each. One exception
+// is known: a nack rewrites each item with its reason (up to 4 KiB, twice
+// for an item it buries), and the poll that sized the batch left no room
+// for it, so a nack of a large batch with a long reason can pass 1 MB
+// (never 10 MB: at most MaxBatch items).
 //
 // # Safe to apply twice
 //
@@ -166,5 +171,15 @@
 // A real cluster adds latency (so longer conflict windows; the benchmark
 // simulates it), commits that land after commit_unknown_result was
 // returned (the marker read conflict covers them), shard moves, throttling,
-// and the 5 s limit on wall time. docs/FDB.md says how to run a cluster.
+// and the 5 s limit on wall time. Two differences of the model matter
+// here and are not yet modelled: FDB gives a versionstamped key's write a
+// conflict range from the transaction's read version to the largest
+// stamp, not the one key it becomes, so on a cluster an enqueue can
+// conflict with a poll that claimed an item committed after the enqueue's
+// read version (retried, never lost or doubled; a risk to "claims without
+// conflict storms" with producers and consumers in step, which the
+// benchmark's pre-filled queue does not show); and FDB allows 10,000
+// watches per database handle, past which a parked poll's watch fails and
+// it wakes only on its own node's notices or at its wait's end.
+// docs/FDB.md says how to run a cluster.
 package fdbsync
