@@ -174,7 +174,11 @@ func (s *Store) Ack(ctx context.Context, p storage.AckParams) ([]storage.Code, e
 	return as[[]storage.Code](v)
 }
 
-// Nack implements storage.Store.
+// Nack implements storage.Store. The records a poll leased fit one
+// transaction's budget, but a nack writes its reason into each (twice for
+// an item it buries): the ids go in groups whose reasons add at most
+// nackReasonBudget, one transaction each, as so many nacks of part of the
+// lease would.
 func (s *Store) Nack(ctx context.Context, p storage.NackParams) ([]storage.Code, error) {
 	if err := s.checkOpen(); err != nil {
 		return nil, err
@@ -182,7 +186,6 @@ func (s *Store) Nack(ctx context.Context, p storage.NackParams) ([]storage.Code,
 	if err := p.Validate(s.limits); err != nil {
 		return nil, err
 	}
-	q := p.Queue
 	reason := s.limits.TruncateReason(p.Reason)
 	// Backoff draws are made once per call, outside the retry loop, so a
 	// retried attempt writes the same visibility times.
@@ -190,6 +193,30 @@ func (s *Store) Nack(ctx context.Context, p storage.NackParams) ([]storage.Code,
 	for i := range draws {
 		draws[i] = s.float()
 	}
+	per := max(1, nackReasonBudget/(2*len(reason)+len("nack: ")+64))
+	if per >= len(p.IDs) {
+		return s.nackGroup(ctx, p, reason, draws)
+	}
+	codes := make([]storage.Code, 0, len(p.IDs))
+	for i := 0; i < len(p.IDs); i += per {
+		part := p
+		part.IDs = p.IDs[i:min(i+per, len(p.IDs))]
+		c, err := s.nackGroup(ctx, part, reason, draws[i:])
+		if err != nil {
+			return nil, err
+		}
+		codes = append(codes, c...)
+	}
+	return codes, nil
+}
+
+// nackReasonBudget bounds the reason bytes one nack transaction writes.
+const nackReasonBudget = 2 * txnBudget
+
+// nackGroup nacks p.IDs, whose backoff draws are draws, in one
+// transaction.
+func (s *Store) nackGroup(ctx context.Context, p storage.NackParams, reason string, draws []float64) ([]storage.Code, error) {
+	q := p.Queue
 	var earliest time.Time
 	v, _, _, err := s.mutate(ctx, p.Now, func(tx kv.Tx, c *call) (any, error) {
 		earliest = time.Time{}

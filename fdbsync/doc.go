@@ -101,11 +101,9 @@
 // batches, sweeps) and a poll reads at most 8 MiB of payload, far below
 // FDB's 10 MB and 5 s limits; the model records the largest transaction and
 // the tests assert none exceeds 1 MB. Redrive and PurgeDead take as many
-// transactions as their records need, four budgets each. One exception
-// is known: a nack rewrites each item with its reason (up to 4 KiB, twice
-// for an item it buries), and the poll that sized the batch left no room
-// for it, so a nack of a large batch with a long reason can pass 1 MB
-// (never 10 MB: at most MaxBatch items).
+// transactions as their records need, four budgets each; a nack, which
+// writes its reason (up to 4 KiB) into each item the poll sized its batch
+// by, goes in groups of ids whose reasons add at most two budgets.
 //
 // # Safe to apply twice
 //
