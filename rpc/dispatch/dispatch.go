@@ -93,7 +93,8 @@ type Dispatcher struct {
 	mu struct {
 		sync.Mutex
 		queues  map[string]*queueState
-		waiters int // total parked, for metrics
+		waiters int    // total parked, for metrics
+		arrived uint64 // numbers polls as they first park (waiter.seq)
 	}
 }
 
@@ -109,6 +110,7 @@ type queueState struct {
 type waiter struct {
 	a    *asyncPoll
 	elem *list.Element // nil when not parked; REQUIRES: d.mu to read or write
+	seq  uint64        // its place in line, from its first park; REQUIRES: d.mu
 }
 
 // New returns a Dispatcher. Store and Clock are required.
@@ -184,6 +186,10 @@ type asyncPoll struct {
 	stopWatch  func()       // ends a ReadyWatcher watch (shared stores)
 
 	expired bool // REQUIRES: d.mu; the timer fired
+	// watchFired: a watch fired while the poll was not parked (before it
+	// parked, or while it ran again): its next park polls again instead.
+	// REQUIRES: d.mu.
+	watchFired bool
 }
 
 // run makes attempts until the poll completes or parks. woken: a Notify
@@ -294,7 +300,8 @@ func (a *asyncPoll) park(gen uint64) (parked, again bool, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	switch {
-	case qs.gen != gen:
+	case qs.gen != gen || a.watchFired:
+		a.watchFired = false
 		return false, true, nil
 	case a.ctx.Err() != nil:
 		return false, false, a.ctx.Err()
@@ -308,9 +315,21 @@ func (a *asyncPoll) park(gen uint64) (parked, again bool, err error) {
 		return false, false, fmt.Errorf("%w: the node holds %d parked polls and subscriptions (node limit %d)", ErrTooManyWaiters, d.maxTotal, d.maxTotal)
 	}
 	if a.parkedOnce {
-		// Woken but found nothing: keep our place at the head.
-		a.w.elem = qs.waiters.PushFront(&a.w)
+		// Woken or handed back, and found nothing: back to its place in
+		// line (the head, unless older polls were handed back too).
+		a.w.elem = nil
+		for e := qs.waiters.Front(); e != nil; e = e.Next() {
+			if e.Value.(*waiter).seq > a.w.seq {
+				a.w.elem = qs.waiters.InsertBefore(&a.w, e)
+				break
+			}
+		}
+		if a.w.elem == nil {
+			a.w.elem = qs.waiters.PushBack(&a.w)
+		}
 	} else {
+		d.mu.arrived++
+		a.w.seq = d.mu.arrived
 		a.w.elem = qs.waiters.PushBack(&a.w)
 	}
 	d.mu.waiters++
@@ -321,7 +340,8 @@ func (a *asyncPoll) park(gen uint64) (parked, again bool, err error) {
 // watch starts, for a store shared with other nodes (fdbsync), a watch
 // that resumes the parked poll when another node makes the queue ready.
 // It runs before the poll parks, so the watch cannot miss a change made
-// while parked; its goroutine is the one such polls keep.
+// while parked; one that fires before the poll parks makes the park poll
+// again (watchFired). Its goroutine is the one such polls keep.
 func (a *asyncPoll) watch() {
 	a.stopWatch = func() {}
 	if a.d.watcher == nil {
@@ -338,7 +358,7 @@ func (a *asyncPoll) watch() {
 		select {
 		case <-ch:
 			cancel()
-			if a.unpark() {
+			if a.unparkOrNote() {
 				a.run(false)
 			}
 		case <-wctx.Done():
@@ -359,6 +379,22 @@ func (a *asyncPoll) unpark() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if a.w.elem == nil {
+		return false
+	}
+	a.qs.waiters.Remove(a.w.elem)
+	a.w.elem = nil
+	d.mu.waiters--
+	return true
+}
+
+// unparkOrNote is unpark for a watch that fired: when the poll is not
+// parked, the next park polls again instead of waiting.
+func (a *asyncPoll) unparkOrNote() bool {
+	d := a.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if a.w.elem == nil {
+		a.watchFired = true
 		return false
 	}
 	a.qs.waiters.Remove(a.w.elem)
