@@ -259,6 +259,22 @@ func positiveDuration(s string) (time.Duration, error) {
 	return d, nil
 }
 
+// longestLimit bounds the duration limits a node takes (--max-lease,
+// --max-delay): item times are Unix nanoseconds, which end in 2262.
+const longestLimit = 100 * 365 * 24 * time.Hour
+
+// limitDuration parses a positive duration of at most longestLimit.
+func limitDuration(s string) (time.Duration, error) {
+	d, err := positiveDuration(s)
+	if err != nil {
+		return 0, err
+	}
+	if d > longestLimit {
+		return 0, fmt.Errorf("want at most %v (100 years), got %q", longestLimit, s)
+	}
+	return d, nil
+}
+
 // nonNegDuration parses a duration that must be >= 0.
 func nonNegDuration(s string) (time.Duration, error) {
 	d, err := time.ParseDuration(s)

@@ -105,6 +105,10 @@ section has the details.`,
 			if err := f.check(); err != nil {
 				return err
 			}
+			c, err := f.config(e.stderr) // reads the TLS files
+			if err != nil {
+				return err
+			}
 			if *f.checkConfig {
 				fs.VisitAll(func(fl *flag.Flag) {
 					if fl.Name != "check-config" {
@@ -112,10 +116,6 @@ section has the details.`,
 					}
 				})
 				return nil
-			}
-			c, err := f.config(e.stderr)
-			if err != nil {
-				return err
 			}
 			return serve(ctx, e, c)
 		}

@@ -378,9 +378,22 @@ func (c *Client) Poll(ctx context.Context, queue string, max int, lease, wait ti
 	if max < 0 || lease < 0 || wait < 0 {
 		return storage.PollResult{}, fmt.Errorf("leaseq poll: %w: negative max, lease or wait", storage.ErrInvalidArgument)
 	}
+	if err := checkLeaseMs("poll", lease); err != nil {
+		return storage.PollResult{}, err
+	}
 	f, release := invoke(ctx, c, mPoll, pollParams(queue, max, lease, wait))
 	defer release()
 	return pollAnswer(f)
+}
+
+// checkLeaseMs refuses a lease the wire cannot carry: it counts
+// milliseconds, and 0 means the queue's default, so a lease under 1ms
+// would silently become that.
+func checkLeaseMs(op string, d time.Duration) error {
+	if d > 0 && d < time.Millisecond {
+		return fmt.Errorf("leaseq %s: %w: lease %v is under 1ms", op, storage.ErrInvalidArgument, d)
+	}
+	return nil
 }
 
 func pollParams(queue string, max int, lease, wait time.Duration) func(schema.Queue_poll_Params) error {
@@ -500,6 +513,9 @@ func (c *Client) ackPoll(ctx context.Context, queue string, lease storage.LeaseI
 	if max < 0 || leaseDur < 0 || wait < 0 {
 		return nil, fmt.Errorf("leaseq poll: %w: negative max, lease or wait", storage.ErrInvalidArgument), storage.PollResult{}, nil
 	}
+	if err := checkLeaseMs("poll", leaseDur); err != nil {
+		return nil, err, storage.PollResult{}, nil
+	}
 	fa, releaseA, fp, releaseP := invokePair(ctx, c, mAck, ackParams(queue, lease, ids), mPoll, pollParams(queue, max, leaseDur, wait))
 	defer releaseA()
 	defer releaseP()
@@ -544,6 +560,9 @@ func (c *Client) Nack(ctx context.Context, queue string, lease storage.LeaseID, 
 // Extend sets a live lease's expiry to now + d and returns it. Errors wrap
 // storage.ErrLeaseExpired or storage.ErrLeaseMismatch when it cannot.
 func (c *Client) Extend(ctx context.Context, queue string, lease storage.LeaseID, d time.Duration) (time.Time, error) {
+	if err := checkLeaseMs("extend", d); err != nil {
+		return time.Time{}, err
+	}
 	f, release := invoke(ctx, c, mExtend, func(p schema.Queue_extend_Params) error {
 		p.SetLeaseMs(msDur(d))
 		if err := p.SetLease(lease[:]); err != nil {

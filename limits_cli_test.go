@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/rpc/rpctest"
+)
+
+// startServeInProcess runs `leaseq serve` in-process with extra flags and
+// returns its --addr and a stop function.
+func startServeInProcess(t *testing.T, extra ...string) (addr string, stop func()) {
+	t.Helper()
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "s.sock")
+	te := newTestEnv(map[string]string{"LEASEQ_SYNC": "none"})
+	codes := make(chan int, 1)
+	args := append([]string{"serve", "--data", filepath.Join(dir, "data"), "--log-format", "json", "--listen", "unix:" + sock}, extra...)
+	go func() { codes <- run(context.Background(), args, &te.env) }()
+	var sigc chan<- os.Signal
+	select {
+	case sigc = <-te.sigs:
+	case code := <-codes:
+		t.Fatalf("serve exited with %d: %s", code, te.errOut)
+	case <-time.After(time.Minute):
+		t.Fatal("serve never registered for signals")
+	}
+	rpctest.Eventually(t, time.Minute, func() bool { return strings.Contains(te.errOut.String(), `"msg":"leaseq serving"`) },
+		"no startup log: %s", te.errOut)
+	return "unix:" + sock, func() {
+		sigc <- syscall.SIGINT
+		select {
+		case <-codes:
+		case <-time.After(time.Minute):
+			t.Error("serve did not stop")
+		}
+	}
+}
+
+func runCmd(t *testing.T, args ...string) (int, string, string) {
+	te := newTestEnv(nil)
+	code := run(context.Background(), args, &te.env)
+	return code, te.out.String(), te.errOut.String()
+}
+
+// TestServe_DurationLimitsEndBefore2262: item times are Unix
+// nanoseconds, which end in 2262, so serve refuses a --max-delay or
+// --max-lease over 100 years (a delay or lease within a larger limit
+// would wrap and make its item ready at once) and takes 100 years.
+func TestServe_DurationLimitsEndBefore2262(t *testing.T) {
+	dir := t.TempDir()
+	for _, flag := range []string{"--max-delay", "--max-lease"} {
+		code, _, errOut := runCmd(t, "serve", "--data", filepath.Join(dir, "data"), flag, "2200000h", "--check-config")
+		require.Equal(t, exitUsage, code, "%s 2200000h: %s", flag, errOut)
+		require.Contains(t, errOut, "100 years")
+		code, out, errOut := runCmd(t, "serve", "--data", filepath.Join(dir, "data"), flag, "876000h", "--check-config")
+		require.Equal(t, exitOK, code, "%s 876000h: %s", flag, errOut)
+		require.Contains(t, out, strings.TrimPrefix(flag, "--")+"=876000h")
+	}
+}
+
+// TestServe_CheckConfigReadsTLSFiles: --check-config "validates flags
+// and environment", TLS files included: it refuses what serve refuses.
+func TestServe_CheckConfigReadsTLSFiles(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "nope.pem")
+	code, _, errOut := runCmd(t, "serve", "--data", filepath.Join(dir, "data"), "--tls-cert", missing, "--tls-key", missing, "--check-config")
+	require.NotEqual(t, exitOK, code, "check-config accepted a TLS certificate that does not exist: %s", errOut)
+}
+
+// TestPoll_SubMillisecondLeaseRefused: poll --lease 500us would go over
+// the wire as 0 ms, "the queue's default lease" (30 s): it is refused, as
+// in rpc.Consume, and nothing is leased.
+func TestPoll_SubMillisecondLeaseRefused(t *testing.T) {
+	addr, stop := startServeInProcess(t)
+	defer stop()
+	code, _, errOut := runCmd(t, "enqueue", "--addr", addr, "q", "x")
+	require.Equal(t, exitOK, code, errOut)
+	code, out, errOut := runCmd(t, "poll", "--addr", addr, "--lease", "500us", "q")
+	require.NotEqual(t, exitOK, code, "poll --lease 500us succeeded with the queue's default lease instead: %s", out)
+	require.Contains(t, errOut, "under 1ms")
+	code, out, errOut = runCmd(t, "poll", "--addr", addr, "q")
+	require.Equal(t, exitOK, code, errOut)
+	require.NotEmpty(t, out, "the refused poll leased the item")
+}
