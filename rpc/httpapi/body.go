@@ -59,6 +59,18 @@ func (c *call) readBody(limit int64) ([]byte, error) {
 	}
 	body := http.MaxBytesReader(c.w, c.r.Body, limit)
 	var buf []byte
+	// spare is what the request holds of the budget for bytes not read
+	// yet: a short read keeps it for the next, so a known length is
+	// drawn from the budget once. Given back and drawn again, it would
+	// queue behind a larger request waiting for bytes this one holds,
+	// and both would wait for ever.
+	var spare int64
+	defer func() {
+		if spare > 0 {
+			c.s.cfg.Inflight.Release(spare)
+			c.held -= spare
+		}
+	}()
 	for {
 		// A known length is read in one step (+1: room to see EOF),
 		// after the budget admitted it.
@@ -66,17 +78,17 @@ func (c *call) readBody(limit int64) ([]byte, error) {
 		if c.r.ContentLength >= 0 {
 			step = max(c.r.ContentLength+1-int64(len(buf)), 1)
 		}
-		took, err := c.take(step)
-		if err != nil {
-			return nil, err
+		if need := step - spare; need > 0 {
+			took, err := c.take(need)
+			if err != nil {
+				return nil, err
+			}
+			spare += took
 		}
 		buf = slices.Grow(buf, int(step))
 		n, err := body.Read(buf[len(buf) : len(buf)+int(step)])
 		buf = buf[:len(buf)+n]
-		if unused := took - min(int64(n), took); unused > 0 {
-			c.s.cfg.Inflight.Release(unused)
-			c.held -= unused
-		}
+		spare -= min(int64(n), spare)
 		if errors.Is(err, io.EOF) {
 			return buf, nil
 		}

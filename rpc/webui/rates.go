@@ -110,13 +110,16 @@ func (r *rates) observe(now time.Time, st []storage.QueueStats, all bool) []rate
 		out[i] = r.rateLocked(rg, now, q)
 		if l := rg.last(); l == nil || now.Sub(l.at) >= r.spacing {
 			rg.push(sample{at: now, enqueued: q.Enqueued, acked: q.Acked})
-		} else if now.Before(l.at) {
+		} else if now.Before(l.at.Add(-r.window)) {
 			// The clock went back (a mock clock set by a test, or a
 			// wall-clock step): start over rather than divide by a
 			// negative span.
 			rg.n, rg.start = 0, 0
 			rg.push(sample{at: now, enqueued: q.Enqueued, acked: q.Acked})
 		}
+		// A reading a little older than the last sample (the sampler and
+		// a page read the clock, then the slow Stats, and finished out of
+		// order) is not recorded: the window stays.
 	}
 	if all {
 		for name, rg := range r.mu.queues {
