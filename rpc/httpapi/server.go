@@ -46,12 +46,11 @@ const (
 	readTimeout = 5 * time.Minute
 	// idleTimeout closes keep-alive connections nobody uses.
 	idleTimeout = 2 * time.Minute
-	// writeSlack bounds writing an answer once it is made (writeJSON sets
-	// the deadline then). The server's WriteTimeout, which net/http
-	// counts from the request's headers, covers the whole request as
-	// ReadTimeout does, plus this: a body that took minutes to arrive, or
-	// a wait for the in-flight budget, must not lose the answer to a
-	// call already carried out.
+	// writeSlack is added to the whole request's bound (readTimeout and
+	// the longest wait) to bound writing its answer: net/http counts the
+	// server's WriteTimeout from the request's headers, so a body that
+	// took minutes to arrive, or a wait for the in-flight budget, must
+	// not lose the answer to a call already carried out.
 	writeSlack = 30 * time.Second
 	// shutdownTimeout bounds how long Stop waits for running requests
 	// (parked polls end at once; an enqueue waits for its fsync) before it
@@ -427,7 +426,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	// A known length: no chunked encoding, and the answer goes out in the
 	// write that ends the request.
 	h.Set("Content-Length", strconv.Itoa(buf.Len()))
-	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(writeSlack))
 	w.WriteHeader(status)
 	_, _ = w.Write(buf.Bytes())
 }
