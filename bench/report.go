@@ -134,7 +134,9 @@ func goals(byRow map[string][]Result) []Goal {
 		}
 	}
 	for _, l := range byRow["latency-max"] {
-		if !isLeaseq(l) || l.Class != string(target.ClassDurable) || l.Enqueue == nil {
+		// In process, an enqueue is a call, not a round trip over the wire
+		// as the peers' are: no goal (speedGoals leaves them out too).
+		if !isLeaseq(l) || l.InProcess || l.Class != string(target.ClassDurable) || l.Enqueue == nil {
 			continue
 		}
 		var best Result

@@ -144,7 +144,7 @@ func medianIntervals(rs []Result) []float64 {
 }
 
 // medianExtra takes each extra figure's median over the rounds that
-// report it.
+// report it, a counter that did not move in a round counting 0 there.
 func medianExtra(rs []Result) map[string]float64 {
 	vals := make(map[string][]float64)
 	for _, r := range rs {
@@ -154,6 +154,13 @@ func medianExtra(rs []Result) map[string]float64 {
 	}
 	if len(vals) == 0 {
 		return nil
+	}
+	for k := range vals {
+		for _, r := range rs {
+			if _, has := r.Extra[k]; !has && r.still[k] {
+				vals[k] = append(vals[k], 0)
+			}
+		}
 	}
 	out := make(map[string]float64, len(vals))
 	for k, xs := range vals {

@@ -49,9 +49,13 @@ type Result struct {
 	// virtual machine, how much of the row ran on CPUs it did not have.
 	Steal float64 `json:"steal_share,omitempty"`
 	// Intervals are items/s per equal interval (churn).
-	Intervals   []float64          `json:"intervals,omitempty"`
-	Extra       map[string]float64 `json:"extra,omitempty"`
-	Interrupted bool               `json:"interrupted,omitempty"`
+	Intervals []float64          `json:"intervals,omitempty"`
+	Extra     map[string]float64 `json:"extra,omitempty"`
+	// still are an instance's counters that did not move over the row
+	// (addCounters leaves them out of Extra): a round's median counts
+	// them as 0 (medianExtra).
+	still       map[string]bool
+	Interrupted bool `json:"interrupted,omitempty"`
 	// Incomplete says why a row that ran to its end did not complete its
 	// work (a system that did not redeliver in time); it is reported and
 	// never compared.
@@ -652,6 +656,10 @@ func addCounters(r *Result, before, after map[string]float64) {
 		}
 		d := v - b
 		if d <= 0 {
+			if r.still == nil {
+				r.still = map[string]bool{}
+			}
+			r.still[k] = true
 			continue
 		}
 		if r.Extra == nil {
