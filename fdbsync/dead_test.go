@@ -14,6 +14,17 @@ import (
 	"github.com/leaseq/leaseq/storage"
 )
 
+// modelStore opens a store on a fresh model of FDB (closed at the end
+// of the test) and returns it with the model.
+func modelStore(t *testing.T) (*fdbsync.Store, *fdbmodel.DB) {
+	t.Helper()
+	db := fdbmodel.New(fdbmodel.Options{Clock: clock.NewMock()})
+	s, err := fdbsync.New(db, fdbsync.Options{Seed: 1})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s, db
+}
+
 // makeDeadItems makes n dead items of payload bytes each in queue q
 // (max attempts 1, one delivery, nacked).
 func makeDeadItems(t *testing.T, s *fdbsync.Store, q string, n, payload int, now time.Time) {
@@ -52,10 +63,7 @@ func makeDeadItems(t *testing.T, s *fdbsync.Store, q string, n, payload int, now
 // transactions, all of it.
 func TestPurgeDead_PageLargerThanOneTransaction(t *testing.T) {
 	ctx := context.Background()
-	db := fdbmodel.New(fdbmodel.Options{Clock: clock.NewMock()})
-	s, err := fdbsync.New(db, fdbsync.Options{Seed: 1})
-	require.NoError(t, err)
-	defer s.Close()
+	s, _ := modelStore(t)
 	now := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
 	makeDeadItems(t, s, "dlq", 80, 16<<10, now)
 
@@ -67,10 +75,7 @@ func TestPurgeDead_PageLargerThanOneTransaction(t *testing.T) {
 // DeleteQueue with Force purges such a dead-letter queue too.
 func TestDeleteQueue_ForceWithLargeDeadItems(t *testing.T) {
 	ctx := context.Background()
-	db := fdbmodel.New(fdbmodel.Options{Clock: clock.NewMock()})
-	s, err := fdbsync.New(db, fdbsync.Options{Seed: 1})
-	require.NoError(t, err)
-	defer s.Close()
+	s, _ := modelStore(t)
 	now := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
 	makeDeadItems(t, s, "dlq", 80, 16<<10, now)
 
@@ -84,10 +89,7 @@ func TestDeleteQueue_ForceWithLargeDeadItems(t *testing.T) {
 // dead item is ready again.
 func TestRedrive_IDsLargerThanOneTransaction(t *testing.T) {
 	ctx := context.Background()
-	db := fdbmodel.New(fdbmodel.Options{Clock: clock.NewMock()})
-	s, err := fdbsync.New(db, fdbsync.Options{Seed: 1})
-	require.NoError(t, err)
-	defer s.Close()
+	s, _ := modelStore(t)
 	now := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
 	makeDeadItems(t, s, "dlq", 80, 16<<10, now)
 	dead, err := s.DeadList(ctx, storage.DeadListParams{Queue: "dlq", Limit: 100})

@@ -6,11 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/require"
 
-	"github.com/leaseq/leaseq/fdbsync"
-	"github.com/leaseq/leaseq/fdbsync/fdbmodel"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -19,16 +16,13 @@ import (
 // that no transaction passes 1 MB, and every item is nacked.
 func TestNack_LongReasonStaysUnder1MB(t *testing.T) {
 	ctx := context.Background()
-	db := fdbmodel.New(fdbmodel.Options{Clock: clock.NewMock()})
-	s, err := fdbsync.New(db, fdbsync.Options{Seed: 1})
-	require.NoError(t, err)
-	defer s.Close()
+	s, db := modelStore(t)
 	now := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
 	items := make([]storage.EnqueueItem, 1000)
 	for i := range items {
 		items[i] = storage.EnqueueItem{Payload: []byte{'x'}}
 	}
-	_, err = s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: now})
+	_, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: now})
 	require.NoError(t, err)
 	p, err := s.Poll(ctx, storage.PollParams{Queue: "q", Max: 1000, Lease: time.Minute, Now: now})
 	require.NoError(t, err)
