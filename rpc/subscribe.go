@@ -359,6 +359,11 @@ func (sub *subscription) loop() error {
 		if len(pr.Items) == 0 {
 			continue
 		}
+		if sub.ctx.Err() != nil {
+			// Cancelled while the batch was claimed: nobody will see it.
+			sub.giveBack(pr)
+			return sub.endReason()
+		}
 		s.tracker.add(sub, pr.Lease, len(pr.Items), pr.ExpiresAt)
 		s.pushed.Add(uint64(len(pr.Items)))
 		err = sub.consumer.Deliver(sub.ctx, func(p schema.Consumer_deliver_Params) error {
@@ -373,7 +378,11 @@ func (sub *subscription) loop() error {
 			return writeItems(l, pr.Items)
 		})
 		if err != nil {
-			// The items stay leased and come back when the lease expires.
+			// Deliver is a streaming call: its error may be an earlier
+			// delivery's, which the consumer may hold (those items stay
+			// leased until their lease expires); this batch was not
+			// delivered, or ended with the subscription: it goes back.
+			sub.giveBack(pr)
 			if sub.ctx.Err() != nil {
 				return sub.endReason()
 			}
@@ -381,6 +390,28 @@ func (sub *subscription) loop() error {
 		}
 	}
 }
+
+// giveBack returns a batch claimed for the subscription that no consumer
+// received: its items are ready again at once (a nack without delay; the
+// attempt the claim counted stays counted).
+func (sub *subscription) giveBack(pr storage.PollResult) {
+	s := sub.s
+	ids := make([]storage.ItemID, len(pr.Items))
+	for i := range pr.Items {
+		ids[i] = pr.Items[i].ID
+	}
+	zero := time.Duration(0)
+	ctx, cancel := context.WithTimeout(context.Background(), subGiveBackTimeout)
+	defer cancel()
+	codes, err := s.cfg.Store.Nack(ctx, storage.NackParams{Queue: sub.queue, Lease: pr.Lease, IDs: ids, Delay: &zero,
+		Reason: "subscription ended before delivery", Now: s.cfg.Clock.Now()})
+	if err == nil {
+		s.tracker.settled(pr.Lease, codes)
+	}
+}
+
+// subGiveBackTimeout bounds giving back an undelivered batch.
+const subGiveBackTimeout = 10 * time.Second
 
 // endReason distinguishes a client cancel (nil) from a server stop.
 func (sub *subscription) endReason() error {
