@@ -116,7 +116,7 @@ func addServeFlags(fs *flag.FlagSet) *serveFlags {
 	f.maxQueues = fs.Int("max-queues", storage.DefaultLimits.MaxQueues, "most queues the node holds; creating one more (by enqueue or config) fails, existing queues keep working")
 	f.maxNodeWaiters = fs.Int("max-node-waiters", defaultNodeWaiters(), "maximum parked long polls plus subscriptions on the node (per queue: --max-waiters); each costs about 16 KiB (default: what fits in an eighth of the machine's memory, 1000-100000)")
 	f.maxConnsPerIP = fs.Int("max-conns-per-ip", rpc.DefaultMaxConnsPerAddr, "maximum open TCP connections from one IP address (0: no per-address limit)")
-	f.maxWaiters = fs.Int("max-waiters", rpc.DefaultMaxWaitersPerQueue, "maximum parked long polls plus subscriptions per queue (0 means the default)")
+	f.maxWaiters = fs.Int("max-waiters", rpc.DefaultMaxWaitersPerQueue, "maximum parked long polls per queue, a subscribe refused too at it (0 means the default)")
 	d := storage.DefaultLimits
 	f.maxPayload = newChoice(strconv.Itoa(d.MaxPayload), parseSize)
 	fs.Var(f.maxPayload, "max-payload", "largest item payload, in `bytes` (KiB/MiB suffixes allowed)")
