@@ -348,7 +348,8 @@
 // finds due) and Close give them back first. A poll
 // answered from one is promised an expiry counted from its own instant
 // (leaseState.promised, read through deadline), which the database learns
-// only when the lease is next written. The conformance suites run with it
+// only when the lease is next written (a partial ack or nack, an extend,
+// or a clean Close: keepPromise). The conformance suites run with it
 // on (the SyncAlways ones); prefetch_test.go tests what it does.
 //
 // # RocksDB operations per item life

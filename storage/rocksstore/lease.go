@@ -74,10 +74,44 @@ func (s *Store) finishLease(o *opTx, l *leaseState) {
 	l.ids, l.released = kept, 0
 	o.onUndo(func() { l.ids, l.released = oldIDs, oldReleased })
 	if len(kept) > 0 {
+		s.keepPromise(o, l)
 		o.putAs(o.settleNew, dbkeys.LeaseKey(l.token), dbkeys.EncodeLease(leaseRecord(l)))
 		return
 	}
 	s.dropLease(o, l)
+}
+
+// keepPromise makes the expiry a poll was promised for lease l (taken
+// from a batch claimed ahead: leaseState.promised) its expiry in memory
+// and in lease_expiry; the caller writes the lease record, which then
+// carries it too. REQUIRES: on the committer.
+func (s *Store) keepPromise(o *opTx, l *leaseState) {
+	p := l.promised.Load()
+	if p <= l.exp {
+		return
+	}
+	o.delAs(o.settleNew, dbkeys.LeaseExpiryKey(l.exp, l.token))
+	o.putAs(o.settleNew, dbkeys.LeaseExpiryKey(p, l.token), dbkeys.Marker())
+	old := l.exp
+	l.exp = p
+	l.promised.Store(0)
+	o.onUndo(func() { l.exp = old; l.promised.Store(p) })
+	s.expiry.push(timed{at: p, token: l.token})
+}
+
+// keepPromises writes every promised expiry (keepPromise) not written
+// yet, so that a clean close and reopen keeps what polls were told.
+func (s *Store) keepPromises() error {
+	_, err := s.submit("", 0, func(o *opTx) error {
+		for _, l := range s.leases {
+			if l.promised.Load() > l.exp {
+				s.keepPromise(o, l)
+				o.put(dbkeys.LeaseKey(l.token), dbkeys.EncodeLease(leaseRecord(l)))
+			}
+		}
+		return nil
+	})
+	return err
 }
 
 // dropLease deletes lease l's record and expiry entry and forgets it.

@@ -32,7 +32,8 @@ import (
 // ordinary lease in the database, whose items come back when it expires
 // with one attempt counted that no consumer saw; and the database keeps
 // a taken lease's claim-time expiry, up to the hold before the one its
-// poll was promised, until the lease is next written. Measured:
+// poll was promised, until the lease is next written (a partial ack or
+// nack, an extend, or a clean Close: keepPromise). Measured:
 // docs/BENCHMARKS.md, "Claims ahead".
 
 // DefaultPrefetchHold is how long a batch claimed ahead waits for a poll

@@ -310,6 +310,7 @@ func (s *Store) Close() error {
 	// no lease that no consumer holds (prefetch.go).
 	if s.enter("close") == nil {
 		_ = s.giveBackAll(s.queuesWithPrefetch()...)
+		_ = s.keepPromises()
 		s.exit()
 	}
 	s.life.Lock()
