@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"capnproto.org/go/capnp/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -39,23 +40,11 @@ func TestSubscribe_UndeliveredBatchGoesBack(t *testing.T) {
 	b := setup(t, bundleOpts{})
 	c := b.dial()
 	ctx := ctxT(t)
-	q, _, err := c.capnpConn(ctx)
-	require.NoError(t, err)
 	fc := &failingConsumer{}
-	consumer := schema.Consumer_ServerToClient(fc)
-	f, release := q.Subscribe(ctx, func(p schema.Queue_subscribe_Params) error {
-		p.SetPrefetch(10)
-		p.SetLeaseMs(uint64(time.Hour / time.Millisecond))
-		if err := p.SetConsumer(consumer); err != nil {
-			return err
-		}
-		return p.SetQueue("q")
-	})
+	_, release := subscribeHourLeases(t, ctx, c, schema.Consumer_ServerToClient(fc))
 	defer release()
-	_, err = f.Struct()
-	require.NoError(t, err)
 
-	_, err = c.Enqueue(ctx, "q", payloads(1, 8))
+	_, err := c.Enqueue(ctx, "q", payloads(1, 8))
 	require.NoError(t, err)
 	rpctest.Eventually(t, 10*time.Second, func() bool { return fc.delivers.Load() == 1 })
 	time.Sleep(300 * time.Millisecond) // the failed Return reaches the node
@@ -116,22 +105,10 @@ func TestSubscribe_NoDeliveryAfterCancel(t *testing.T) {
 	}}})
 	c := b.dial()
 	ctx := ctxT(t)
-	q, _, err := c.capnpConn(ctx)
-	require.NoError(t, err)
 	cc := &countingConsumer{}
-	consumer := schema.Consumer_ServerToClient(cc)
-	f, release := q.Subscribe(ctx, func(p schema.Queue_subscribe_Params) error {
-		p.SetPrefetch(10)
-		p.SetLeaseMs(uint64(time.Hour / time.Millisecond))
-		if err := p.SetConsumer(consumer); err != nil {
-			return err
-		}
-		return p.SetQueue("q")
-	})
+	f, release := subscribeHourLeases(t, ctx, c, schema.Consumer_ServerToClient(cc))
 	defer release()
-	_, err = f.Struct()
-	require.NoError(t, err)
-	_, err = c.Enqueue(ctx, "q", payloads(1, 8))
+	_, err := c.Enqueue(ctx, "q", payloads(1, 8))
 	require.NoError(t, err)
 	<-g.claimed
 	cf, crel := f.Subscription().Cancel(ctx, nil)
@@ -146,4 +123,24 @@ func TestSubscribe_NoDeliveryAfterCancel(t *testing.T) {
 	t.Logf("delivers after cancel=%d inflight=%d ready=%d", cc.delivers.Load(), st[0].Inflight, st[0].Ready)
 	assert.Zero(t, cc.delivers.Load(), "Consumer.deliver after cancel returned")
 	assert.EqualValues(t, 0, st[0].Inflight, "the undelivered batch stays leased after cancel")
+}
+
+// subscribeHourLeases subscribes consumer to queue "q" (prefetch 10,
+// leases of an hour) over c's go-capnp connection and waits for the
+// answer.
+func subscribeHourLeases(t *testing.T, ctx context.Context, c *Client, consumer schema.Consumer) (schema.Queue_subscribe_Results_Future, capnp.ReleaseFunc) {
+	t.Helper()
+	q, _, err := c.capnpConn(ctx)
+	require.NoError(t, err)
+	f, release := q.Subscribe(ctx, func(p schema.Queue_subscribe_Params) error {
+		p.SetPrefetch(10)
+		p.SetLeaseMs(uint64(time.Hour / time.Millisecond))
+		if err := p.SetConsumer(consumer); err != nil {
+			return err
+		}
+		return p.SetQueue("q")
+	})
+	_, err = f.Struct()
+	require.NoError(t, err)
+	return f, release
 }
