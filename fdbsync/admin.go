@@ -453,7 +453,12 @@ func (s *Store) deadOp(ctx context.Context, p storage.RedriveParams, redrive boo
 
 // deadBudget caps one deadOp transaction's estimated size: a purge only
 // clears keys, so its records' estimates (payloads included) overstate it.
-const deadBudget = 4 * txnBudget
+// deadChunkKeys caps the dead items one reads, so that the ids or rows a
+// transaction leaves to the next are not read by both.
+const (
+	deadBudget    = 4 * txnBudget
+	deadChunkKeys = 256
+)
 
 // deadChunk is one transaction of deadOp: it takes p.IDs from the first,
 // or the first dead items up to p.Limit, until the next record would pass
@@ -490,7 +495,7 @@ func (s *Store) deadChunk(ctx context.Context, p storage.RedriveParams, redrive 
 		var ids []storage.ItemID
 		var vals [][]byte
 		if len(p.IDs) > 0 {
-			ids = p.IDs
+			ids = p.IDs[:min(len(p.IDs), deadChunkKeys)]
 			keys := make([][]byte, len(ids))
 			for i, id := range ids {
 				keys[i] = s.k.dead(q, id)
@@ -501,10 +506,13 @@ func (s *Store) deadChunk(ctx context.Context, p storage.RedriveParams, redrive 
 			}
 		} else {
 			pre := s.k.deadPrefix(q)
-			rows, err := tx.GetRange(pre, kv.PrefixEnd(pre), kv.RangeOptions{Limit: p.Limit})
+			limit := min(p.Limit, deadChunkKeys)
+			rows, err := tx.GetRange(pre, kv.PrefixEnd(pre), kv.RangeOptions{Limit: limit})
 			if err != nil {
 				return nil, err
 			}
+			// A full read short of the page: more may follow.
+			out.more = len(rows) == limit && limit < p.Limit
 			for _, row := range rows {
 				id, _ := idFromTail(row.Key)
 				ids = append(ids, id)

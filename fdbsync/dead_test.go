@@ -113,3 +113,32 @@ func TestRedrive_IDsLargerThanOneTransaction(t *testing.T) {
 	require.EqualValues(t, 80, st[0].Ready)
 	require.EqualValues(t, 0, st[0].Dead)
 }
+
+// Pages and id lists longer than one transaction reads (deadChunkKeys)
+// go on in the next: every item is moved.
+func TestDeadOps_MoreItemsThanOneTransactionReads(t *testing.T) {
+	ctx := context.Background()
+	s, _ := modelStore(t)
+	now := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
+	makeDeadItems(t, s, "a", 300, 8, now)
+	res, err := s.PurgeDead(ctx, storage.RedriveParams{Queue: "a", Limit: 1000, Now: now})
+	require.NoError(t, err)
+	require.Equal(t, 300, res.Moved)
+
+	makeDeadItems(t, s, "b", 300, 8, now)
+	dead, err := s.DeadList(ctx, storage.DeadListParams{Queue: "b", Limit: 1000})
+	require.NoError(t, err)
+	ids := make([]storage.ItemID, len(dead))
+	for i, d := range dead {
+		ids[i] = d.ID
+	}
+	res, err = s.Redrive(ctx, storage.RedriveParams{Queue: "b", IDs: ids, Now: now})
+	require.NoError(t, err)
+	require.Equal(t, 300, res.Moved)
+	require.Len(t, res.Codes, 300)
+	st, err := s.Stats(ctx, storage.StatsParams{Now: now})
+	require.NoError(t, err)
+	for _, q := range st {
+		require.EqualValues(t, 0, q.Dead, q.Queue)
+	}
+}

@@ -134,7 +134,7 @@ func newLeanClient(ctx context.Context, conn net.Conn, limit int64, clk clock.Cl
 	}
 	// A ctx cancelled during the bootstrap ends it too: a deadline in
 	// the past wakes the read.
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(aLongTimeAgo) })
 	target, err := l.bootstrap()
 	if !stop() {
 		return nil, fmt.Errorf("rpc: bootstrap: %w", context.Cause(ctx))

@@ -401,17 +401,14 @@ func (sub *subscription) giveBack(pr storage.PollResult) {
 		ids[i] = pr.Items[i].ID
 	}
 	zero := time.Duration(0)
-	ctx, cancel := context.WithTimeout(context.Background(), subGiveBackTimeout)
-	defer cancel()
-	codes, err := s.cfg.Store.Nack(ctx, storage.NackParams{Queue: sub.queue, Lease: pr.Lease, IDs: ids, Delay: &zero,
+	// Not the subscription's ctx, which may have ended: the store bounds
+	// a nack itself.
+	codes, err := s.cfg.Store.Nack(context.Background(), storage.NackParams{Queue: sub.queue, Lease: pr.Lease, IDs: ids, Delay: &zero,
 		Reason: "subscription ended before delivery", Now: s.cfg.Clock.Now()})
 	if err == nil {
 		s.tracker.settled(pr.Lease, codes)
 	}
 }
-
-// subGiveBackTimeout bounds giving back an undelivered batch.
-const subGiveBackTimeout = 10 * time.Second
 
 // endReason distinguishes a client cancel (nil) from a server stop.
 func (sub *subscription) endReason() error {

@@ -375,31 +375,29 @@ func (a *asyncPoll) endWatch() {
 // unpark takes the poll off its line if it is parked, and reports whether
 // it did (the caller then owns its completion).
 func (a *asyncPoll) unpark() bool {
-	d := a.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	a.d.mu.Lock()
+	defer a.d.mu.Unlock()
+	return a.unparkLocked()
+}
+
+// unparkLocked is unpark. REQUIRES: d.mu held.
+func (a *asyncPoll) unparkLocked() bool {
 	if a.w.elem == nil {
 		return false
 	}
-	a.qs.waiters.Remove(a.w.elem)
-	a.w.elem = nil
-	d.mu.waiters--
+	a.d.removeLocked(a.qs, &a.w)
 	return true
 }
 
 // unparkOrNote is unpark for a watch that fired: when the poll is not
 // parked, the next park polls again instead of waiting.
 func (a *asyncPoll) unparkOrNote() bool {
-	d := a.d
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if a.w.elem == nil {
+	a.d.mu.Lock()
+	defer a.d.mu.Unlock()
+	if !a.unparkLocked() {
 		a.watchFired = true
 		return false
 	}
-	a.qs.waiters.Remove(a.w.elem)
-	a.w.elem = nil
-	d.mu.waiters--
 	return true
 }
 

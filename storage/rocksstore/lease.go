@@ -86,17 +86,22 @@ func (s *Store) finishLease(o *opTx, l *leaseState) {
 // and in lease_expiry; the caller writes the lease record, which then
 // carries it too. REQUIRES: on the committer.
 func (s *Store) keepPromise(o *opTx, l *leaseState) {
-	p := l.promised.Load()
-	if p <= l.exp {
-		return
+	if p := l.promised.Load(); p > l.exp {
+		s.moveExpiry(o, l, p, o.settleNew)
 	}
-	o.delAs(o.settleNew, dbkeys.LeaseExpiryKey(l.exp, l.token))
-	o.putAs(o.settleNew, dbkeys.LeaseExpiryKey(p, l.token), dbkeys.Marker())
-	old := l.exp
-	l.exp = p
+}
+
+// moveExpiry makes exp lease l's expiry, in memory (any promise made
+// for it ends) and in lease_expiry (fresh: as putAs); the caller writes
+// the lease record. REQUIRES: on the committer.
+func (s *Store) moveExpiry(o *opTx, l *leaseState, exp int64, fresh bool) {
+	o.delAs(fresh, dbkeys.LeaseExpiryKey(l.exp, l.token))
+	o.putAs(fresh, dbkeys.LeaseExpiryKey(exp, l.token), dbkeys.Marker())
+	old, promised := l.exp, l.promised.Load()
+	l.exp = exp
 	l.promised.Store(0)
-	o.onUndo(func() { l.exp = old; l.promised.Store(p) })
-	s.expiry.push(timed{at: p, token: l.token})
+	o.onUndo(func() { l.exp = old; l.promised.Store(promised) })
+	s.expiry.push(timed{at: exp, token: l.token})
 }
 
 // keepPromises writes every promised expiry (keepPromise) not written
@@ -376,14 +381,8 @@ func (s *Store) extend(ctx context.Context, p storage.ExtendParams) (time.Time, 
 			d = l.q.config().LeaseDuration
 		}
 		exp = now + int64(d)
-		o.del(dbkeys.LeaseExpiryKey(l.exp, l.token))
-		o.put(dbkeys.LeaseExpiryKey(exp, l.token), dbkeys.Marker())
-		old, promised := l.exp, l.promised.Load()
-		l.exp = exp
-		l.promised.Store(0)
-		o.onUndo(func() { l.exp = old; l.promised.Store(promised) })
+		s.moveExpiry(o, l, exp, false)
 		o.put(dbkeys.LeaseKey(l.token), dbkeys.EncodeLease(leaseRecord(l)))
-		s.expiry.push(timed{at: exp, token: l.token})
 		return nil
 	})
 	if err != nil {
