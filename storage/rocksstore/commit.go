@@ -860,8 +860,9 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 	}()
 	for _, o := range ops {
 		ot := &slot.ot
+		clear(ot.returned)
 		*ot = opTx{b: b, op: o, entsAt: int32(len(slot.ov.ents)), undo: slot.undo[:0], undoFn: slot.undoFn[:0],
-			deltas: ot.deltas[:0], notes: ot.notes[:0], rewrittenLen: len(b.rewritten)}
+			deltas: ot.deltas[:0], notes: ot.notes[:0], returned: ot.returned[:0], rewrittenLen: len(b.rewritten)}
 		if err := o.apply(ot); err != nil {
 			ot.rollback()
 			o.err = err

@@ -32,11 +32,15 @@ type opTx struct {
 	keepClaimed *[]claimedItem
 	// ahead is the batch the op claimed ahead (claimAhead): finish puts
 	// it in its queue's list together with the claim's counters.
-	ahead  *prefetched
-	undo   []undoWrite
-	undoFn []undoStep
-	deltas []queueDelta
-	notes  []noteRef
+	ahead *prefetched
+	// returned are the batches claimed ahead the op gives back or ends
+	// (leaveAheadLocked): finish takes them out of their queues' returning
+	// lists together with the counters.
+	returned []*prefetched
+	undo     []undoWrite
+	undoFn   []undoStep
+	deltas   []queueDelta
+	notes    []noteRef
 }
 
 // undoWrite puts overlay entry i, older than the op, back to what it was
@@ -365,6 +369,7 @@ func (o *opTx) finish() {
 		}
 		d.q.mu.Lock()
 		d.q.counters = d.q.counters.Add(d.d)
+		d.q.landReturnedLocked(o.returned)
 		if e := o.ahead; e != nil && e.l.q == d.q {
 			// In the same step as its counters: Stats, which counts a
 			// held batch's items as available, never sees one without
@@ -387,6 +392,12 @@ func (o *opTx) finish() {
 	}
 	if e := o.ahead; e != nil && !held {
 		e.l.q.holdAhead(e)
+	}
+	for _, e := range o.returned { // those whose queue's counters did not change
+		q := e.l.q
+		q.mu.Lock()
+		q.landReturnedLocked(o.returned)
+		q.mu.Unlock()
 	}
 	b.notes = append(b.notes, o.notes...)
 }

@@ -175,7 +175,8 @@ func (s *Store) prefetchDone(plan *prefetchPlan, ok bool) {
 // take: nothing ready now comes before its last item in serve order (an
 // item ready since the claim may: one whose lease expired, ready again as
 // of its expiry, or one enqueued at an earlier instant by a racing
-// caller), and it is full or nothing else is ready. Off the committer
+// caller), nor an item of another held batch (heldBefore), and it is
+// full or nothing else is ready. Off the committer
 // (inOp false) only a durable batch answers, at once; a poll's op (inOp)
 // takes any, since its own fsync covers the batch that claimed it. The answer's
 // lease counts from now, as a claim's at now would: the lease is
@@ -197,7 +198,8 @@ func (s *Store) takePrefetched(q *queueState, max int, lease, now int64, inOp bo
 	prio, first, anyReady := q.ready.firstReady(now)
 	for i, e := range q.prefetch {
 		match := e.max == max && e.dur == lease && now >= e.now && now-e.now <= hold &&
-			!(anyReady && (len(e.recs) < e.max || e.sortsAfter(prio, first)))
+			!(anyReady && (len(e.recs) < e.max || e.sortsAfter(prio, first))) &&
+			!q.heldBefore(e)
 		if !match || !e.ready && !inOp {
 			continue // off the committer, a batch whose commit is not durable yet is not taken
 		}
@@ -210,6 +212,24 @@ func (s *Store) takePrefetched(q *queueState, max int, lease, now int64, inOp bo
 		return res, e
 	}
 	return storage.PollResult{}, nil
+}
+
+// heldBefore reports whether another batch q holds claimed ahead has an
+// item that comes before e's last one in serve order. Held items count as
+// available, so a poll that took e would be served behind them: the
+// earliest held batch answers first (with consumers alike, the next
+// poll gets it whichever consumer's ack claimed it), and a held batch
+// that cannot answer (stale, or claimed for another max or lease) keeps
+// the ones behind it until a poll's op gives every batch back. A batch's
+// items are in serve order, so its first is its earliest. REQUIRES: q.mu
+// held.
+func (q *queueState) heldBefore(e *prefetched) bool {
+	for _, f := range q.prefetch {
+		if f != e && e.sortsAfter(f.prios[0], readyEntry{vis: f.recs[0].VisibleAt, id: f.res.Items[0].ID}) {
+			return true
+		}
+	}
+	return false
 }
 
 // sortsAfter reports whether the ready entry first, of priority prio,
@@ -238,22 +258,32 @@ func heldAhead(l *leaseState) bool {
 // adjustStats makes st count q's batches claimed ahead as the available
 // items they were: Stats shows no trace of them. A batch is in the list
 // from the moment its claim's counters are (opTx.finish), durable or
-// not. REQUIRES: q.mu held.
+// not, and in the list or returning until the counters of the op that
+// gives it back or ends it are. REQUIRES: q.mu held.
 func (q *queueState) adjustStats(st *storage.QueueStats, now int64, oldest int64, found bool) (int64, bool) {
 	for _, e := range q.prefetch {
-		n := int64(len(e.recs))
-		st.Inflight -= n
-		st.Leases--
-		st.Delivered -= uint64(n)
-		for _, r := range e.recs {
-			if r.Delayed {
-				st.Delayed++
-			} else {
-				st.Ready++
-			}
-			if r.VisibleAt <= now && (!found || r.VisibleAt < oldest) {
-				oldest, found = r.VisibleAt, true
-			}
+		oldest, found = e.adjustStats(st, now, oldest, found)
+	}
+	for _, e := range q.returning {
+		oldest, found = e.adjustStats(st, now, oldest, found)
+	}
+	return oldest, found
+}
+
+// adjustStats is queueState.adjustStats for one batch.
+func (e *prefetched) adjustStats(st *storage.QueueStats, now int64, oldest int64, found bool) (int64, bool) {
+	n := int64(len(e.recs))
+	st.Inflight -= n
+	st.Leases--
+	st.Delivered -= uint64(n)
+	for _, r := range e.recs {
+		if r.Delayed {
+			st.Delayed++
+		} else {
+			st.Ready++
+		}
+		if r.VisibleAt <= now && (!found || r.VisibleAt < oldest) {
+			oldest, found = r.VisibleAt, true
 		}
 	}
 	return oldest, found
@@ -300,15 +330,13 @@ func (s *Store) releaseAhead(o *opTx, q *queueState, drop func(e *prefetched) bo
 		return 0
 	}
 	var out []*prefetched
-	q.prefetch = slices.DeleteFunc(q.prefetch, func(e *prefetched) bool {
+	for _, e := range q.prefetch {
 		if drop(e) {
 			out = append(out, e)
-			return true
 		}
-		return false
-	})
+	}
 	for _, e := range out {
-		e.released = true
+		q.leaveAheadLocked(o, e)
 	}
 	q.mu.Unlock()
 	for _, e := range out {
@@ -350,9 +378,36 @@ func (s *Store) unprefetch(o *opTx, e *prefetched) {
 	if e.released {
 		return
 	}
+	q.leaveAheadLocked(o, e)
+	o.onUndo(func() { q.holdAhead(e) })
+}
+
+// leaveAheadLocked takes batch e out of q's list for op o, which gives
+// it back or ends its lease: until o's counters land (finish), e waits
+// in q.returning, where Stats still hides it, so that Stats never sees
+// its items inflight under a lease nobody was given. If o fails, its undo
+// holds e again (holdAheadLocked takes it out of returning) or, when
+// nothing undoes the give-back, drops it from returning.
+// REQUIRES: q.mu held; on the committer.
+func (q *queueState) leaveAheadLocked(o *opTx, e *prefetched) {
 	q.dropAheadLocked(e)
 	e.released = true
-	o.onUndo(func() { q.holdAhead(e) })
+	q.returning = append(q.returning, e)
+	o.returned = append(o.returned, e)
+	o.onUndo(func() {
+		q.mu.Lock()
+		q.landReturnedLocked([]*prefetched{e})
+		q.mu.Unlock()
+	})
+}
+
+// landReturnedLocked takes the batches es out of q's returning list.
+// REQUIRES: q.mu held.
+func (q *queueState) landReturnedLocked(es []*prefetched) {
+	if len(q.returning) == 0 {
+		return
+	}
+	q.returning = slices.DeleteFunc(q.returning, func(x *prefetched) bool { return slices.Contains(es, x) })
 }
 
 // holdAhead puts batch e (back) at the end of q's list of batches
@@ -366,6 +421,7 @@ func (q *queueState) holdAhead(e *prefetched) {
 // holdAheadLocked is holdAhead with q.mu held.
 func (q *queueState) holdAheadLocked(e *prefetched) {
 	e.released = false
+	q.landReturnedLocked([]*prefetched{e})
 	q.prefetch = append(q.prefetch, e)
 }
 

@@ -592,6 +592,11 @@ type queueState struct {
 	// prefetch holds the batches claimed ahead (prefetch.go), oldest
 	// first. REQUIRES: mu held.
 	prefetch []*prefetched
+	// returning holds the batches an op still being applied took out of
+	// prefetch to give back or end (leaveAheadLocked): Stats hides them
+	// until the op's counters land with them (opTx.finish), or the op
+	// fails and they go back to prefetch. REQUIRES: mu held.
+	returning []*prefetched
 	// prefetchSkip counts down the ends of leases that claim nothing
 	// ahead. Committer only.
 	prefetchSkip int
