@@ -97,6 +97,27 @@ func (s *Store) pageRecords(prefix []byte, after storage.ItemID, limit int, fn f
 
 func (s *Store) rawGetter(k []byte) ([]byte, bool, error) { return s.getRaw(k) }
 
+// pagePayload returns the payload of item id, whose record a page read
+// under key prefix+id, or ok false when the item is gone: a page reads
+// records from its iterator's snapshot but external payloads from the
+// latest state, so an item acked or purged in between has no payload
+// left, and no record either. A record still there without its payload
+// is damage.
+func (s *Store) pagePayload(prefix []byte, q string, id storage.ItemID, rec *dbkeys.ItemRecord) (payload []byte, ok bool, err error) {
+	payload, err = s.payloadOf(s.rawGetter, q, id, rec)
+	if err == nil || !rec.PayloadExternal {
+		return payload, err == nil, err
+	}
+	_, still, gerr := s.getRaw(append(bytes.Clone(prefix), id[:]...))
+	if gerr != nil {
+		return nil, false, gerr
+	}
+	if !still {
+		return nil, false, nil
+	}
+	return nil, false, err
+}
+
 // Peek implements storage.Store.
 func (s *Store) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item, error) {
 	if err := s.enter("peek"); err != nil {
@@ -119,9 +140,9 @@ func (s *Store) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item,
 	}
 	var out []storage.Item
 	err := s.pageRecords(prefix, p.After, p.Limit, func(id storage.ItemID, rec *dbkeys.ItemRecord) error {
-		payload, err := s.payloadOf(s.rawGetter, p.Queue, id, rec)
-		if err != nil {
-			return err
+		payload, ok, err := s.pagePayload(prefix, p.Queue, id, rec)
+		if !ok {
+			return err // nil: acked or purged since the page's snapshot
 		}
 		state := storage.StateInflight
 		if !p.Inflight {
@@ -149,10 +170,11 @@ func (s *Store) DeadList(ctx context.Context, p storage.DeadListParams) ([]stora
 		return nil, nil
 	}
 	var out []storage.DeadItem
-	err := s.pageRecords(dbkeys.DLQPrefix(p.Queue), p.After, p.Limit, func(id storage.ItemID, rec *dbkeys.ItemRecord) error {
-		payload, err := s.payloadOf(s.rawGetter, p.Queue, id, rec)
-		if err != nil {
-			return err
+	prefix := dbkeys.DLQPrefix(p.Queue)
+	err := s.pageRecords(prefix, p.After, p.Limit, func(id storage.ItemID, rec *dbkeys.ItemRecord) error {
+		payload, ok, err := s.pagePayload(prefix, p.Queue, id, rec)
+		if !ok {
+			return err // nil: redriven or purged since the page's snapshot
 		}
 		out = append(out, storage.DeadItem{
 			Item:   itemOut(p.Queue, id, rec, payload, storage.StateDead),

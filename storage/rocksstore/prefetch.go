@@ -110,7 +110,7 @@ func (s *Store) withPrefetch(q *queueState, token storage.LeaseID, now int64, ac
 func (s *Store) claimAhead(o *opTx, plan *prefetchPlan) error {
 	q := plan.q
 	o.op.items = 0
-	if !plan.ended {
+	if !plan.ended || s.closing.Load() {
 		return nil
 	}
 	hold := s.prefetchHold()
@@ -380,6 +380,9 @@ func (s *Store) unprefetch(o *opTx, e *prefetched) {
 	}
 	q.leaveAheadLocked(o, e)
 	o.onUndo(func() { q.holdAhead(e) })
+	// Nobody was given its items: the claim's deliveries are taken back,
+	// as a give-back does.
+	o.delta(q).Delivered -= int64(len(e.recs))
 }
 
 // leaveAheadLocked takes batch e out of q's list for op o, which gives

@@ -45,6 +45,9 @@ type Store struct {
 		closed bool
 		down   error // set when Recover failed to reopen: no database open
 	}
+	// closing is set when Close begins: acks claim nothing ahead from
+	// then on, so the batches Close gives back are all there are.
+	closing atomic.Bool
 
 	// space caches the free-space check of Enqueue (MinFreeDisk).
 	space struct {
@@ -307,7 +310,10 @@ func (s *Store) readCounters(name string) (dbkeys.Counters, error) {
 func (s *Store) Close() error {
 	s.pipe.breakHolds()
 	// Batches claimed ahead go back first, so that a clean close leaves
-	// no lease that no consumer holds (prefetch.go).
+	// no lease that no consumer holds (prefetch.go). Calls still in
+	// flight claim none after this (closing): an op behind the give-back
+	// sees the flag, one ahead of it claimed a batch the give-back finds.
+	s.closing.Store(true)
 	if s.enter("close") == nil {
 		_ = s.giveBackAll(s.queuesWithPrefetch()...)
 		_ = s.keepPromises()
