@@ -199,7 +199,13 @@
 // log is made over zeros only while RocksDB syncs at least every 16 KiB of
 // it; a crash then leaves zeros after the last record, and Open cuts a
 // torn last record followed by zeros off the log (walTornTail,
-// cutTornTail) and replays up to it, as it would to one at the file's end. A batch's writes are visible
+// cutTornTail) and replays up to it, as it would to one at the file's end.
+// The torn log need not be the newest: RocksDB starts a new log at a
+// memtable switch without syncing the one before it, so Open also drops
+// the records that newer logs hold after the tear, none of them
+// acknowledged (the fsync that would have answered them syncs the older
+// log too), unless their sequence numbers show them written after a
+// recovery that stopped at the tear. A batch's writes are visible
 // to later batches before its fsync (see storage.Store for why that is
 // safe); a batch that wrote nothing still waits for the fsync of earlier
 // batches, since its answers may rest on their writes. A failed write or
@@ -340,12 +346,16 @@
 // held batch is an ordinary lease, hidden from every caller: Stats counts
 // its items as available, checkItem answers for them as for available
 // items, a poll that does not match (another max or lease, or a ready
-// item that comes before the batch's last one in serve order) gives every
-// held batch back in its op before it claims (so it takes the head, as
-// the model says; claimHead, also for the claim an enqueue makes for a
-// parked poll), and Peek, Purge, Check, a sweep (for stale batches and
-// those holding unpromoted delayed items; at its expiry step, any it
-// finds due) and Close give them back first. A poll
+// item, or another held batch's item, that comes before the batch's last
+// one in serve order: the earliest held batch answers first, whichever
+// consumer's ack claimed it) gives every held batch back in its op
+// before it claims (so it takes the head, as the model says; claimHead,
+// also for the claim an enqueue makes for a parked poll), and Peek,
+// Purge, Check, a sweep (for stale batches and those holding unpromoted
+// delayed items; at its expiry step, any it finds due) and Close give
+// them back first (from the moment Close begins, acks claim nothing
+// ahead). Until the op that gives a batch back lands its counters, Stats
+// still hides it (queueState.returning). A poll
 // answered from one is promised an expiry counted from its own instant
 // (leaseState.promised, read through deadline), which the database learns
 // only when the lease is next written (a partial ack or nack, an extend,

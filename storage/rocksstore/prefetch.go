@@ -16,7 +16,8 @@ import (
 // commit (and fsync): an ordinary claim under an ordinary lease, kept in
 // the queue's prefetch list instead of being answered. A poll that
 // matches one (same max and lease, within PrefetchHold after the claim,
-// and nothing now ready that a claim would take first) is answered with
+// and nothing now ready, nor held in another batch, that a claim would
+// take first) is answered with
 // it at once: its lease is already durable, so no batch and no fsync, and
 // the lease is promised the expiry a claim at the poll would have had.
 // Any other poll (and the claim an enqueue makes for a parked poll), and
