@@ -227,3 +227,33 @@ func TestStats_QueueDeletedWhileListed(t *testing.T) {
 		require.Empty(t, st)
 	}()
 }
+
+// Failed (what /readyz asks) may run while Recover resets the pipeline:
+// under -race, both touch the pipeline's failure only under its lock.
+func TestRecover_FailedReadDuringReset(t *testing.T) {
+	b := setup(t)
+	s := b.s
+	for round := 0; round < 20; round++ {
+		s.fail(errors.New("injected: write failed"))
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					_ = s.Failed()
+				}
+			}
+		}()
+		ok, err := s.Recover()
+		close(stop)
+		<-done
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.NoError(t, s.Failed())
+	}
+	b.enqueue("q", at(0), storage.EnqueueItem{Payload: []byte("after")})
+}

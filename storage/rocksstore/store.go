@@ -447,15 +447,21 @@ func (s *Store) Recover() (bool, error) {
 	if s.life.closed {
 		return false, fmt.Errorf("rocksstore: recover: %w", storage.ErrClosed)
 	}
+	p := &s.pipe
 	if s.life.down == nil {
-		if s.pipe.failed == nil {
+		p.mu.Lock()
+		failed := p.failed
+		p.mu.Unlock()
+		if failed == nil {
 			return false, nil // recovered meanwhile
 		}
 		s.stopPipeline()
 		s.closeDB()
 	}
-	p := &s.pipe
+	// Under p.mu: Failed (/readyz) reads p.failed without s.life.
+	p.mu.Lock()
 	p.failed, p.pending, p.leading, p.buf, p.slot = nil, nil, false, nil, nil
+	p.mu.Unlock()
 	if err := s.openDB(); err != nil {
 		s.life.down = fmt.Errorf("%w: the database could not be reopened after a failed write (%v)", storage.ErrUnavailable, err)
 		s.log.Error("rocksstore reopen failed; retrying later", "err", err)
