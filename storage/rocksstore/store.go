@@ -201,7 +201,7 @@ func (s *Store) openDBOnce(migrated bool) error {
 	}
 	db, torn, err := openRDBPastTornTail(s.dir, o, names)
 	if torn != nil {
-		s.log.Warn("the newest write-ahead log ended in a record torn by a crash mid-write; cut it off, replaying up to it",
+		s.log.Warn("a write-ahead log ended in a record torn by a crash mid-write; cut it off there, with any newer log written after it, replaying up to it",
 			"file", torn.File, "offset", torn.Offset)
 	}
 	if err != nil {

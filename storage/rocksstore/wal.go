@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
 
 	"github.com/leaseq/leaseq/storage"
 )
@@ -20,17 +22,40 @@ import (
 // then names the file and the byte range that would be lost, found by
 // walDamage below, and Options.RecoverPointInTime accepts the loss.
 //
-// walDamage reads RocksDB's log format (db/log_format.h, documented in
-// RocksDB's wiki "Write Ahead Log File Format"): 32 KiB blocks of physical
-// records, each with a 7-byte header (masked CRC32C of type and payload, 2
-// bytes little-endian length, 1 byte type); a block tail shorter than a
-// header is zero padding. It only locates damage for the message: RocksDB
-// decides whether the log is usable.
+// scanLog reads RocksDB's log format (db/log_format.h and db/log_reader.cc
+// of 7.8.3, documented in RocksDB's wiki "Write Ahead Log File Format"):
+// 32 KiB blocks of physical records, each with a 7-byte header (masked
+// CRC32C of type and payload, 2 bytes little-endian length, 1 byte type);
+// a block tail shorter than a header is padding. A logical record (one
+// write batch) that fits the rest of its block is one kFullType record;
+// a longer one is a kFirstType record at the end of its block, kMiddleType
+// records filling whole blocks, and a kLastType record. scanLog follows
+// the reader of TolerateCorruptedTailRecords: what it stops at, the
+// fragments it expects, and what it reads as the log's end. It only
+// locates damage and tears: RocksDB decides whether a log is usable.
 
 const (
 	walBlockSize  = 32 << 10
 	walHeaderSize = 7
-	walMaxType    = 10 // highest physical record type RocksDB 7.x-8.x writes
+	// A recyclable record's header also holds the log's number. leaseq
+	// never recycles logs (RocksDB 7.8.3 turns recycling off under
+	// TolerateCorruptedTailRecords and point-in-time recovery alike); the
+	// types are read so that such a record is not taken for damage.
+	walRecyclableHeaderSize = 11
+	// The types of RocksDB 7.8.3's physical records.
+	walZeroType            = 0 // preallocated space, zeros
+	walFullType            = 1
+	walFirstType           = 2
+	walMiddleType          = 3
+	walLastType            = 4
+	walRecyclableFullType  = 5
+	walRecyclableLastType  = 8
+	walSetCompressionType  = 9
+	walRecyclableTypeDelta = walRecyclableFullType - walFullType
+	// walBatchHeader is the size of a write batch's header: its first
+	// sequence number (8 bytes) and its count of entries (4 bytes), both
+	// little-endian (WriteBatchInternal::kHeader).
+	walBatchHeader = 12
 )
 
 // ErrWALDamaged marks an Open or CheckDir refused because a WAL record
@@ -63,15 +88,42 @@ func recordCRC(typ byte, payload []byte) uint32 {
 	return crc32.Update(crc32.Checksum([]byte{typ}, castagnoli), castagnoli, payload)
 }
 
+// walFiles returns the WAL files in dir, oldest first. RocksDB names them
+// by number, "%06llu.log", so past 999999 the names grow a digit and only
+// the number orders them. Other names ending in .log are not RocksDB's
+// logs, and RocksDB ignores them too.
+func walFiles(dir string) ([]string, error) {
+	paths, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	if err != nil {
+		return nil, err
+	}
+	type log struct {
+		path string
+		num  uint64
+	}
+	logs := make([]log, 0, len(paths))
+	for _, p := range paths {
+		num, err := strconv.ParseUint(strings.TrimSuffix(filepath.Base(p), ".log"), 10, 64)
+		if err == nil {
+			logs = append(logs, log{p, num})
+		}
+	}
+	sort.Slice(logs, func(i, j int) bool { return logs[i].num < logs[j].num })
+	files := make([]string, len(logs))
+	for i, l := range logs {
+		files[i] = l.path
+	}
+	return files, nil
+}
+
 // walDamage returns the first WAL file in dir (oldest first) that has an
 // unreadable record followed by a readable one, or nil when every file is
 // whole or only its tail is torn.
 func walDamage(dir string) (*WALDamage, error) {
-	files, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	files, err := walFiles(dir)
 	if err != nil {
 		return nil, err
 	}
-	sort.Strings(files) // zero-padded numbers: oldest first
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -85,7 +137,7 @@ func walDamage(dir string) (*WALDamage, error) {
 }
 
 // firstDamage scans one WAL file's bytes and reports the offset of the
-// first bad physical record if a good one follows it somewhere later.
+// first unreadable record if a readable one follows it somewhere later.
 func firstDamage(b []byte) (int64, bool) {
 	if bad, goodAfter := scanWAL(b); goodAfter {
 		return bad, true
@@ -93,109 +145,258 @@ func firstDamage(b []byte) (int64, bool) {
 	return 0, false
 }
 
-// scanWAL returns the offset of the first bad physical record of a WAL
-// file (-1: none) and whether a good one follows it.
+// scanWAL returns where the first unreadable record of a WAL file starts
+// (-1: none) and whether a whole record follows it.
 func scanWAL(b []byte) (bad int64, goodAfter bool) {
-	bad = -1
+	l := scanLog(b)
+	return l.bad, l.goodAfter
+}
+
+// walLog is what scanLog finds in one log file.
+type walLog struct {
+	// bad is where the first record that TolerateCorruptedTailRecords
+	// fails on starts (-1: none): the end of the last whole record before
+	// it, so a record whose first fragment is whole and whose next
+	// fragment is not counts from its first fragment.
+	bad int64
+	// goodAfter: a whole record follows bad. Without one the log ends in
+	// a tear; with one it is damaged.
+	goodAfter bool
+	// records counts the whole records before bad; firstSeq is the
+	// sequence number of the first, nextSeq the one after the last (its
+	// sequence number plus its count).
+	records           int
+	firstSeq, nextSeq uint64
+}
+
+// scanLog reads one WAL file's bytes as RocksDB 7.8.3's log reader does
+// under TolerateCorruptedTailRecords (log::Reader::ReadRecord), and goes
+// on past the first failure to see whether a whole record follows it.
+//
+// The reader fails on a record that fails its checksum, a length that runs
+// past its block, a type it does not know, a kMiddleType or kLastType
+// fragment with no kFirstType before it, and zeros or a new record where
+// a started record's next fragment should be. It skips the rest of a block
+// at zeros between records (preallocated space), and reads a record or
+// header cut short by the file's end as the log's end, as it does a file
+// that ends inside a fragmented record. After a failure it starts again at
+// the next block, as RocksDB's own reader does.
+func scanLog(b []byte) walLog {
+	l := walLog{bad: -1}
+	var (
+		end       int // the end of the last whole record before l.bad
+		inRecord  bool
+		fragBytes int    // payload bytes of the started record so far
+		head      []byte // its first walBatchHeader bytes
+		headBuf   [walBatchHeader]byte
+	)
+	fail := func() {
+		if l.bad < 0 {
+			l.bad = int64(end)
+		}
+		inRecord = false
+	}
+	whole := func(recordEnd int, batch []byte) {
+		switch {
+		case l.bad >= 0:
+			l.goodAfter = true
+		case len(batch) < walBatchHeader:
+			fail() // RocksDB: "log record too small"
+		default:
+			seq := binary.LittleEndian.Uint64(batch)
+			if l.records == 0 {
+				l.firstSeq = seq
+			}
+			l.records++
+			l.nextSeq = seq + uint64(binary.LittleEndian.Uint32(batch[8:]))
+			end = recordEnd
+		}
+	}
 	for off := 0; off < len(b); {
-		blockLeft := walBlockSize - off%walBlockSize
-		if blockLeft < walHeaderSize {
-			off += blockLeft
+		blockEnd := (off/walBlockSize + 1) * walBlockSize
+		// The reader reads a block at a time; a short read (the file's
+		// last, partial block) sets its end of file.
+		atEOF := blockEnd > len(b)
+		left := min(blockEnd, len(b)) - off
+		if left < walHeaderSize {
+			if atEOF {
+				break // a header cut short by the file's end
+			}
+			off = blockEnd // block padding
 			continue
 		}
-		good, n := walRecordAt(b, off, blockLeft)
+		length, typ := walHeader(b[off:])
+		hs := walHeaderSize
+		kind := typ
+		if typ >= walRecyclableFullType && typ <= walRecyclableLastType {
+			hs, kind = walRecyclableHeaderSize, typ-walRecyclableTypeDelta
+			if left < hs {
+				if atEOF {
+					break
+				}
+				off = blockEnd
+				continue
+			}
+		}
+		n := hs + length
 		switch {
-		case good:
-			if bad >= 0 {
-				return bad, true
+		case typ == walZeroType && length == 0:
+			// Zeros: the reader drops the rest of the block, and fails
+			// only if a started record's next fragment should be there.
+			if inRecord {
+				fail()
 			}
-			off += n
-		case n == 0:
-			// Zero padding or preallocated space: this block is done.
-			off += blockLeft
+			off = blockEnd
+			continue
+		case n > left && atEOF:
+			// A record cut short by the file's end: the log ends here.
+			off = len(b)
+			continue
+		case n > left:
+			fail()
+			off = blockEnd
+			continue
+		}
+		crc := crc32.Checksum(b[off+walHeaderSize-1:off+n], castagnoli)
+		if crc != unmaskCRC(binary.LittleEndian.Uint32(b[off:])) {
+			fail()
+			off = blockEnd // the length may be what is damaged
+			continue
+		}
+		payload := b[off+hs : off+n]
+		off += n
+		switch kind {
+		case walFullType:
+			if inRecord && fragBytes > 0 {
+				fail() // "partial record without end"
+			}
+			inRecord = false
+			whole(off, payload)
+		case walFirstType:
+			if inRecord && fragBytes > 0 {
+				fail()
+			}
+			inRecord, fragBytes = true, len(payload)
+			head = append(headBuf[:0], payload[:min(len(payload), walBatchHeader)]...)
+		case walMiddleType, walLastType:
+			if !inRecord {
+				fail() // "missing start of fragmented record"
+				continue
+			}
+			fragBytes += len(payload)
+			if len(head) < walBatchHeader {
+				head = append(head, payload[:min(len(payload), walBatchHeader-len(head))]...)
+			}
+			if kind == walLastType {
+				inRecord = false
+				whole(off, head)
+			}
+		case walSetCompressionType:
+			// Only at a log's start, and only with WAL compression, which
+			// leaseq does not turn on.
+			if l.bad < 0 && !inRecord {
+				end = off
+			}
 		default:
-			if bad < 0 {
-				bad = int64(off)
-			}
-			// Resynchronize at the next block, as RocksDB's reader does.
-			off += blockLeft
+			fail() // "unknown record type"
 		}
 	}
-	return bad, false
+	return l
 }
 
-// walRecordAt checks the physical record at off. It returns whether its
-// checksum holds and its length (header included); n == 0 marks zero
-// padding.
-func walRecordAt(b []byte, off, blockLeft int) (good bool, n int) {
-	if len(b)-off < walHeaderSize {
-		return false, len(b) - off
-	}
-	length, typ := walHeader(b[off:])
-	if typ == 0 && length == 0 {
-		return false, 0
-	}
-	n = walHeaderSize + length
-	if typ > walMaxType || n > blockLeft || off+n > len(b) {
-		return false, min(blockLeft, len(b)-off)
-	}
-	crc := recordCRC(typ, b[off+walHeaderSize:off+n])
-	want := unmaskCRC(binary.LittleEndian.Uint32(b[off:]))
-	return crc == want, n
+// walTear is what a read-write Open cuts off the WAL before it replays up
+// to a tear: the first torn record (for the log message) and every cut.
+type walTear struct {
+	WALDamage
+	// cuts lists the files to truncate and where, oldest first: each torn
+	// log at its tear, and every newer log written after a tear in full.
+	cuts []walCut
 }
 
-// walTornTail reports the torn record at the end of the newest WAL file in
-// dir: a record that fails its checksum with no readable record after it,
-// in a WAL followed by no other, and every older WAL whole or ending in a
-// record cut short by its file's end (endsCutShort). A crash mid
-// write leaves one; RocksDB's TolerateCorruptedTailRecords accepts it only
-// where the file ends with it, and a log made over zeros (zerowal.h) ends
-// with zeros after it instead. Nothing in a torn record was acknowledged
-// (its write had not returned), so point-in-time recovery, which stops
-// there, loses nothing that TolerateCorruptedTailRecords would keep.
-func walTornTail(dir string) (*WALDamage, error) {
-	files, err := filepath.Glob(filepath.Join(dir, "*.log"))
+type walCut struct {
+	file string
+	at   int64
+}
+
+// walTornTail finds the records torn by a crash mid-write in the WAL
+// files of dir: a log in which TolerateCorruptedTailRecords fails on a
+// record that no whole record follows. A crash leaves one where the file
+// ends, which RocksDB accepts as the log's end, but a log made over zeros
+// (zerowal.h) has zeros after it instead, and it is not only the newest
+// log that can end so: RocksDB starts a new log at a memtable switch
+// without syncing the one before it, and the pipeline writes a batch
+// before the fsync of the batch before it, so a crash can tear the last
+// record of a log while newer logs hold records written after it, or only
+// zeros. It returns nil when the WAL holds no tear, or damage: a whole
+// record after an unreadable one in any log.
+//
+// Nothing written after a torn record was acknowledged: a batch is
+// answered only after an fsync that began after its record was written,
+// and that fsync (SyncWAL) syncs every live log up to the newest, so it
+// would have made the torn record whole. Records of newer logs that follow
+// a tear are therefore dropped with it, as point-in-time recovery drops
+// them (replaying them past the hole would apply batches without the one
+// they were built on). Unless they continue the sequence numbers where the
+// last whole record before the tear left them: then RocksDB wrote them
+// after a recovery that stopped at the tear and kept its log (an open with
+// Options.RecoverPointInTime, whose DB::Open writes an empty batch of the
+// next sequence number to its new log for this very distinction), they
+// may be acknowledged, and they stay. A newer log whose records start
+// before that sequence number is not a crash's doing, and one after a tear
+// with no whole record before it anywhere cannot be told apart from one
+// written after a recovery: either leaves the WAL to be refused. One case
+// this cannot see: a log left torn by a point-in-time recovery that is
+// still on disk after RocksDB deleted the newer log continuing it (a crash
+// inside its purge of obsolete files, between the two deletes) makes the
+// next tear's log look written after it, and it is dropped although its
+// records may have been acknowledged.
+func walTornTail(dir string) (*walTear, error) {
+	files, err := walFiles(dir)
 	if err != nil || len(files) == 0 {
 		return nil, err
 	}
-	sort.Strings(files) // zero-padded numbers: oldest first
-	var torn *WALDamage
-	for i, f := range files {
+	var (
+		tear    *walTear
+		pending bool   // a tear that no newer log has continued yet
+		next    uint64 // the sequence number after the last whole record
+		known   bool   // next is known: a whole record was read
+	)
+	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			return nil, err
 		}
-		off, goodAfter := scanWAL(b)
-		if goodAfter {
+		l := scanLog(b)
+		if l.goodAfter {
 			return nil, nil
 		}
-		if off >= 0 {
-			if i != len(files)-1 {
-				// Only the newest log can end in a torn record over
-				// zeros. An older log may end in one cut short by the
-				// file's end, torn by an earlier crash and kept by
-				// RocksDB after it recovered from it: both recovery
-				// modes read that as the log's end.
-				if !endsCutShort(b, off) {
-					return nil, nil
+		if pending {
+			switch {
+			case l.records > 0 && known && l.firstSeq == next:
+				pending = false // written after a recovery from the tear
+			case l.records > 0 && !(known && l.firstSeq > next):
+				return nil, nil
+			default:
+				// Written after the torn record by the same process, or
+				// no record at all: nothing in it was acknowledged.
+				if l.records > 0 || l.bad >= 0 {
+					tear.cuts = append(tear.cuts, walCut{file: f, at: 0})
 				}
 				continue
 			}
-			torn = &WALDamage{File: f, Offset: off, Size: int64(len(b))}
+		}
+		if l.records > 0 {
+			next, known = l.nextSeq, true
+		}
+		if l.bad >= 0 {
+			if tear == nil {
+				tear = &walTear{WALDamage: WALDamage{File: f, Offset: l.bad, Size: int64(len(b))}}
+			}
+			tear.cuts = append(tear.cuts, walCut{file: f, at: l.bad})
+			pending = true
 		}
 	}
-	return torn, nil
-}
-
-// endsCutShort reports whether the bad record at off is the log's last and
-// runs past the file's end (a write cut short, with no zeros after it).
-func endsCutShort(b []byte, off int64) bool {
-	rest := len(b) - int(off)
-	if rest < walHeaderSize {
-		return true
-	}
-	length, typ := walHeader(b[off:])
-	return typ != 0 && typ <= walMaxType && walHeaderSize+length > rest
+	return tear, nil
 }
 
 // walHeader decodes the payload length and type of the physical record
@@ -205,56 +406,70 @@ func walHeader(b []byte) (length int, typ byte) {
 }
 
 // openRDBPastTornTail opens the database as openRDB does. If that fails
-// on a WAL whose only damage is a torn last record followed by zeros
-// (walTornTail), it opens again past the torn record and returns it too.
-// Damage anywhere else still fails.
+// on a WAL whose only damage is records torn by a crash, with nothing
+// whole after them (walTornTail), it opens again past the tear and
+// returns the first torn record too. Damage anywhere else still fails.
 //
-// A read-write open first cuts the torn record and the zeros after it off
-// the log (cutTornTail), then opens as before, so the log ends with its
-// last whole record. RocksDB may keep a log it recovered from (the
-// TransactionDB did), and a log left torn would make the next crash's
-// torn tail, in the log the reopened database writes, one torn record
-// too many for walTornTail: the database would not open again
+// A read-write open first cuts the torn records, and every newer log's
+// records written after them, off the logs (cutTornTail), then opens as
+// before, so every log ends with its last whole record. RocksDB may keep
+// a log it recovered from (the TransactionDB did), and a log left torn
+// would make the next crash's torn tail, in the log the reopened database
+// writes, fail the next open on the older tear again
 // (TestZeroedWAL_TornTwice; found by the crash test). A read-only open
 // (CheckDir) changes nothing on disk and replays to the tear with
-// point-in-time recovery instead, which stops at the same place.
+// point-in-time recovery instead, which stops at the same place and drops
+// the same newer logs (it keeps a newer log only where its sequence
+// numbers continue from the tear, as walTornTail does).
 func openRDBPastTornTail(dir string, o rdbOptions, names []string) (*rdb, *WALDamage, error) {
 	db, err := openRDB(dir, o, names)
 	if err == nil || o.pointInTime || !errors.Is(translate("", err), storage.ErrCorrupt) {
 		return db, nil, err
 	}
-	torn, _ := walTornTail(dir)
-	if torn == nil {
+	tear, _ := walTornTail(dir)
+	if tear == nil {
 		return nil, nil, err
 	}
 	if o.mode == readOnly {
 		o.pointInTime = true
-	} else if err := cutTornTail(*torn); err != nil {
-		return nil, torn, err
+	} else if err := cutTornTail(tear); err != nil {
+		return nil, &tear.WALDamage, err
 	}
 	db, err = openRDB(dir, o, names)
-	return db, torn, err
+	return db, &tear.WALDamage, err
 }
 
-// cutTornTail truncates a log at its torn record, durably. Nothing in the
-// record was acknowledged (see walTornTail), so this drops only what
-// point-in-time recovery would not replay either.
-func cutTornTail(torn WALDamage) error {
-	f, err := os.OpenFile(torn.File, os.O_WRONLY, 0)
-	if err != nil {
-		return fmt.Errorf("rocksstore: cut the torn record off %s: %w", torn.File, err)
+// cutTornTail truncates the logs at their tears, and the newer logs
+// written after a tear to nothing, durably. Nothing it drops was
+// acknowledged (see walTornTail), and point-in-time recovery would not
+// replay it either. The newest log is cut first: a crash part way leaves
+// every tear it has not cut yet with the same newer logs after it, so the
+// next open cuts the rest. Cut oldest first, a torn log could end whole
+// while a newer log still held records written after its tear, and
+// RocksDB would replay them past the hole.
+func cutTornTail(tear *walTear) error {
+	for i := len(tear.cuts) - 1; i >= 0; i-- {
+		if err := truncateSynced(tear.cuts[i].file, tear.cuts[i].at); err != nil {
+			return fmt.Errorf("rocksstore: cut the torn write-ahead log records off %s: %w", tear.cuts[i].file, err)
+		}
 	}
-	err = f.Truncate(torn.Offset)
+	return nil
+}
+
+// truncateSynced truncates the file at path to size and fsyncs it.
+func truncateSynced(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	err = f.Truncate(size)
 	if err == nil {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return fmt.Errorf("rocksstore: cut the torn record off %s: %w", torn.File, err)
-	}
-	return nil
+	return err
 }
 
 // walOpenError turns a failed Open under TolerateCorruptedTailRecords into

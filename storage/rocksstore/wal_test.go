@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -31,10 +30,9 @@ func synced(t *testing.T, dir string, n int) string {
 		require.NoError(t, err)
 	}
 	require.NoError(t, s.Close())
-	logs, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	logs, err := walFiles(dir)
 	require.NoError(t, err)
 	require.NotEmpty(t, logs)
-	sort.Strings(logs)
 	return logs[len(logs)-1]
 }
 
@@ -159,9 +157,10 @@ func TestRocksStore_CheckDirNeverWrites(t *testing.T) {
 
 func TestFirstDamage(t *testing.T) {
 	t.Parallel()
-	// Three records in one block, built the way RocksDB writes them.
+	// Three records in one block, built the way RocksDB writes them: each
+	// a write batch, whose header comes first.
 	rec := func(payload string) []byte {
-		return walRecord(1, []byte(payload))
+		return walRecord(walFullType, append(batchRecord(1, 1, 0), payload...))
 	}
 	var b []byte
 	for _, p := range []string{"first", "second", "third"} {

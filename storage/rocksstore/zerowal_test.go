@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"sort"
 	"testing"
 	"time"
 
@@ -243,10 +242,9 @@ func TestWALProgress_MarkedCommitsAreToldOnceLogged(t *testing.T) {
 // newestLog returns the newest WAL file in dir and its bytes.
 func newestLog(t *testing.T, dir string) (string, []byte) {
 	t.Helper()
-	logs, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	logs, err := walFiles(dir)
 	require.NoError(t, err)
 	require.NotEmpty(t, logs)
-	sort.Strings(logs) // zero-padded numbers: oldest first
 	log := logs[len(logs)-1]
 	wal, err := os.ReadFile(log)
 	require.NoError(t, err)
