@@ -27,7 +27,9 @@ type ClientOptions struct {
 	Logger *slog.Logger // nil: discard
 	// FlowLimitBytes bounds the bytes of calls in flight on the connection
 	// (0: DefaultMaxMessageBytes). A single call larger than it fails with
-	// ErrInvalidArgument before it is sent.
+	// ErrInvalidArgument before it is sent. It bounds what the client
+	// sends; what it reads, a reply or a subscription's push, may be up
+	// to DefaultMaxReplyBytes (1 GiB).
 	FlowLimitBytes int64
 	// Engine is how Dial's connection runs the protocol: "lean" (the
 	// default: the client's own connection loop, see leanclient.go) or
@@ -38,6 +40,10 @@ type ClientOptions struct {
 	// Clock times the lean engine's idle watch (leanclient.go); nil: the
 	// real clock.
 	Clock clock.Clock
+
+	// maxReplyBytes bounds one message the client reads (0:
+	// DefaultMaxReplyBytes); tests lower it to see a reply refused.
+	maxReplyBytes int64
 }
 
 // Client engines (ClientOptions.Engine).
@@ -57,16 +63,18 @@ type Client struct {
 	// go-capnp engine; with the lean engine opened by capnpConn for
 	// Subscribe and Queue, and nil until then. REQUIRES: gcMu held to
 	// read them when lean is set.
-	conn net.Conn
-	rc   *capnprpc.Conn
-	q    schema.Queue
-	gcMu sync.Mutex
+	conn  net.Conn
+	rc    *capnprpc.Conn
+	q     schema.Queue
+	codec *limitedCodec // rc's (newClientCodec)
+	gcMu  sync.Mutex
 
 	lean   *leanClient                             // the lean engine's connection, or nil
 	redial func(context.Context) (net.Conn, error) // a new connection like the first (lean engine)
 
-	log   *slog.Logger
-	limit int64
+	log       *slog.Logger
+	limit     int64  // bytes of calls in flight (flowLimit)
+	readLimit uint64 // bytes of one incoming message (replyLimit)
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -100,12 +108,13 @@ func Dial(ctx context.Context, addr string, opts ClientOptions) (*Client, error)
 	if clk == nil {
 		clk = clock.New()
 	}
-	l, err := newLeanClient(ctx, conn, limit, clk)
+	readLimit := replyLimit(opts)
+	l, err := newLeanClient(ctx, conn, limit, readLimit, clk)
 	if err != nil {
 		_ = conn.Close()
 		return nil, fmt.Errorf("rpc: dial %s: %w", addr, err)
 	}
-	return &Client{lean: l, redial: redial, log: clientLogger(opts), limit: limit, closed: make(chan struct{})}, nil
+	return &Client{lean: l, redial: redial, log: clientLogger(opts), limit: limit, readLimit: readLimit, closed: make(chan struct{})}, nil
 }
 
 // dialConn opens a connection to addr, with TLS when opts asks for it.
@@ -150,22 +159,38 @@ func flowLimit(opts ClientOptions) int64 {
 	return opts.FlowLimitBytes
 }
 
+// replyLimit is the largest message the client reads: DefaultMaxReplyBytes
+// unless a test lowered it.
+func replyLimit(opts ClientOptions) uint64 {
+	if opts.maxReplyBytes <= 0 {
+		return DefaultMaxReplyBytes
+	}
+	return uint64(opts.maxReplyBytes)
+}
+
 // NewClient runs the protocol over an established connection (for example
 // one end of net.Pipe) and takes ownership of it. opts.TLS is ignored.
 func NewClient(ctx context.Context, conn net.Conn, opts ClientOptions) (*Client, error) {
 	log := clientLogger(opts)
 	limit := flowLimit(opts)
-	rc, q, err := startCapnp(ctx, conn, log, limit)
+	readLimit := replyLimit(opts)
+	rc, q, codec, err := startCapnp(ctx, conn, log, limit, readLimit)
 	if err != nil {
 		return nil, err
 	}
-	return &Client{conn: conn, rc: rc, q: q, log: log, limit: limit, closed: make(chan struct{})}, nil
+	return &Client{conn: conn, rc: rc, q: q, codec: codec, log: log, limit: limit, readLimit: readLimit, closed: make(chan struct{})}, nil
 }
 
 // startCapnp runs go-capnp's rpc.Conn over conn and bootstraps the node's
-// Queue capability.
-func startCapnp(ctx context.Context, conn net.Conn, log *slog.Logger, limit int64) (*capnprpc.Conn, schema.Queue, error) {
-	aw := &abortWatch{Transport: transport.NewStream(conn)}
+// Queue capability. limit bounds the bytes of calls in flight, readLimit
+// one incoming message (go-capnp's own stream transport reads 64 MiB at
+// most, too few for the replies and pushes the node's limits allow).
+func startCapnp(ctx context.Context, conn net.Conn, log *slog.Logger, limit int64, readLimit uint64) (*capnprpc.Conn, schema.Queue, *limitedCodec, error) {
+	if readLimit == 0 {
+		readLimit = DefaultMaxReplyBytes
+	}
+	codec := newClientCodec(conn, readLimit)
+	aw := &abortWatch{Transport: transport.New(codec)}
 	rc := capnprpc.NewConn(aw, &capnprpc.Options{Logger: capnpLogger(log)})
 	q := schema.Queue(rc.Bootstrap(ctx))
 	err := q.Resolve(ctx)
@@ -183,14 +208,14 @@ func startCapnp(ctx context.Context, conn net.Conn, log *slog.Logger, limit int6
 		_ = rc.Close()
 		if reason, overloaded, ok := aw.aborted(); ok {
 			if overloaded {
-				return nil, schema.Queue{}, fmt.Errorf("%w: %s", ErrTooManyConns, reason)
+				return nil, schema.Queue{}, nil, fmt.Errorf("%w: %s", ErrTooManyConns, reason)
 			}
-			return nil, schema.Queue{}, fmt.Errorf("rpc: bootstrap: node aborted the session: %s", reason)
+			return nil, schema.Queue{}, nil, fmt.Errorf("rpc: bootstrap: node aborted the session: %s", reason)
 		}
-		return nil, schema.Queue{}, fmt.Errorf("rpc: bootstrap: %w", err)
+		return nil, schema.Queue{}, nil, fmt.Errorf("rpc: bootstrap: %w", err)
 	}
 	q.SetFlowLimiter(newWindowLimiter(limit))
-	return rc, q, nil
+	return rc, q, codec, nil
 }
 
 // capnpConn returns the go-capnp connection's Queue capability and its
@@ -212,7 +237,7 @@ func (c *Client) capnpConn(ctx context.Context) (schema.Queue, <-chan struct{}, 
 		if err != nil {
 			return schema.Queue{}, nil, err
 		}
-		rc, q, err := startCapnp(ctx, conn, c.log, c.limit)
+		rc, q, _, err := startCapnp(ctx, conn, c.log, c.limit, c.readLimit)
 		if err != nil {
 			_ = conn.Close()
 			return schema.Queue{}, nil, err
@@ -371,7 +396,9 @@ func (c *Client) Enqueue(ctx context.Context, queue string, items []storage.Enqu
 
 // Poll claims up to max ready items under one new lease of the given
 // duration (0: the queue's default), waiting up to wait for the first one.
-// No items is not an error: the result is empty with a zero lease. The
+// No items is not an error: the result is empty with a zero lease. A node
+// whose limits allow items too large for max of them to fit in one reply
+// (DefaultMaxReplyBytes) returns fewer. The
 // items' payloads are the caller's; when they total at most 256 KiB they
 // share one buffer, so keeping one payload keeps that buffer alive.
 func (c *Client) Poll(ctx context.Context, queue string, max int, lease, wait time.Duration) (storage.PollResult, error) {
@@ -651,7 +678,9 @@ func (c *Client) NodeInfo(ctx context.Context) (NodeInfo, error) {
 }
 
 // Peek lists items without leasing them (p.Now is ignored: the node's
-// clock decides). p.Limit 0 means DefaultPageLimit.
+// clock decides). p.Limit 0 means DefaultPageLimit. A page may hold fewer
+// items than the limit before the end (those that fit in one reply,
+// DefaultMaxReplyBytes): page on from the last item's ID.
 func (c *Client) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item, error) {
 	f, release := invoke(ctx, c, mPeek, func(a schema.Queue_peek_Params) error {
 		a.SetInflight(p.Inflight)
@@ -707,6 +736,7 @@ func (c *Client) DeleteQueue(ctx context.Context, queue string, force bool) (int
 }
 
 // DeadList pages through dead items after p.After (p.Limit 0: DefaultPageLimit).
+// A page may hold fewer items than the limit before the end, as Peek's.
 func (c *Client) DeadList(ctx context.Context, p storage.DeadListParams) ([]storage.DeadItem, error) {
 	f, release := invoke(ctx, c, mDeadList, func(a schema.Queue_deadList_Params) error {
 		a.SetLimit(uint32(max(p.Limit, 0)))

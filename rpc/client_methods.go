@@ -32,7 +32,7 @@ func (f qfuture[R]) Struct() (R, error) { return f.get() }
 func invoke[P interface{ ToPtr() capnp.Ptr }, R any](ctx context.Context, c *Client, m qmethod[P, R], build func(P) error) (qfuture[R], func()) {
 	if c.lean == nil {
 		get, release := m.capnp(c.q, ctx, build)
-		return qfuture[R]{get: get}, release
+		return qfuture[R]{get: refusedReply(c, get)}, release
 	}
 	res, release, err := c.lean.call(ctx, m.id, leanBuild(m, build))
 	return leanFuture(m, leanResult{res: res, release: release, err: err})
@@ -194,7 +194,7 @@ func invokePair[P1 interface{ ToPtr() capnp.Ptr }, R1 any, P2 interface{ ToPtr()
 	if c.lean == nil {
 		get1, release1 := m1.capnp(c.q, ctx, build1)
 		get2, release2 := m2.capnp(c.q, ctx, build2)
-		return qfuture[R1]{get: get1}, release1, qfuture[R2]{get: get2}, release2
+		return qfuture[R1]{get: refusedReply(c, get1)}, release1, qfuture[R2]{get: refusedReply(c, get2)}, release2
 	}
 	r1, r2 := c.lean.callPair(ctx, m1.id, leanBuild(m1, build1), m2.id, leanBuild(m2, build2))
 	f1, rel1 := leanFuture(m1, r1)
@@ -229,4 +229,25 @@ func leanFuture[P interface{ ToPtr() capnp.Ptr }, R any](m qmethod[P, R], r lean
 	}
 	res := m.toR(r.res)
 	return qfuture[R]{get: func() (R, error) { return res, nil }}, r.release
+}
+
+// refusedReply wraps the result getter of a call made through go-capnp:
+// go-capnp fails the calls open on a connection whose codec refused a
+// message over the client's read limit with a plain "connection closed",
+// so a call that was open when that happened gets the codec's
+// ErrReplyTooLarge instead, as on the lean engine. Calls made after it
+// fail as disconnected.
+func refusedReply[R any](c *Client, get func() (R, error)) func() (R, error) {
+	if c.codec == nil || c.codec.refused.Load() != nil {
+		return get
+	}
+	return func() (R, error) {
+		r, err := get()
+		if err != nil && isDisconnect(err) {
+			if e := c.codec.refused.Load(); e != nil {
+				err = e
+			}
+		}
+		return r, err
+	}
 }

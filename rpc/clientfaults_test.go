@@ -236,9 +236,9 @@ func TestConsume_NackAnswerWithoutCodes(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	l, err := newLeanClient(ctx, cc, DefaultMaxMessageBytes, clock.New())
+	l, err := newLeanClient(ctx, cc, DefaultMaxMessageBytes, DefaultMaxReplyBytes, clock.New())
 	require.NoError(t, err)
-	c := &Client{lean: l, log: discardLogger(), limit: DefaultMaxMessageBytes, closed: make(chan struct{})}
+	c := &Client{lean: l, log: discardLogger(), limit: DefaultMaxMessageBytes, readLimit: DefaultMaxReplyBytes, closed: make(chan struct{})}
 	defer c.Close()
 
 	cfg := ConsumerConfig{
@@ -271,7 +271,7 @@ func TestLeanClient_DuplicateReturnEndsConnection(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	l, err := newLeanClient(ctx, cc, DefaultMaxMessageBytes, clock.New())
+	l, err := newLeanClient(ctx, cc, DefaultMaxMessageBytes, DefaultMaxReplyBytes, clock.New())
 	require.NoError(t, err)
 	defer l.close()
 	lc, err := l.prepare(ctx, mQueues.id, leanBuild(mQueues, func(schema.Queue_queues_Params) error { return nil }))

@@ -156,6 +156,27 @@
 // is spent), MaxConns (an excess connection receives an RPC Abort saying
 // why), and MaxWaitersPerQueue.
 //
+// Replies have a bound of their own (replylimit.go): a reply can be far
+// larger than the call that asked for it (a poll of MaxBatch items of
+// MaxPayload is a GiB with the default limits), so what a node sends and
+// the client reads is bounded by DefaultMaxReplyBytes (1 GiB, the largest
+// reply storage.DefaultLimits allow), not by the 64 MiB
+// (DefaultMaxMessageBytes, --max-message) that bounds each side's incoming
+// calls. The Go client, on either engine and on the go-capnp connection
+// that carries a subscription's pushes, reads messages up to it, through a
+// frameReader whose buffer grows as a message's bytes arrive (a header that
+// claims a GiB costs nothing until the bytes come), with a traversal limit
+// of four times it. A node whose limits allow larger items (a raised
+// --max-payload, --max-batch, --max-dedup-key or --max-reason) cuts polls,
+// subscription pushes and peek and dead-letter pages to the items that fit
+// (Server.replyItems: polls claim no more than that, so no item is leased
+// and then lost in a reply nobody can read; pages are also cut by the
+// sizes of the items read, which may have been stored under larger
+// limits): fewer items than asked for, never an error. A message over the
+// client's bound (a node of another version) fails the calls open on the
+// connection with ErrReplyTooLarge, which is not IsDisconnected: the
+// reply, not a request over the node's --max-message, is at fault.
+//
 // Long polls and subscriptions go through rpc/dispatch, which parks them in
 // a per-queue FIFO woken by enqueue, nack, redrive and Wake. On a store
 // whose commits wait for an fsync and that can claim inside an enqueue's

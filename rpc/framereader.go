@@ -16,7 +16,7 @@ type frameReader struct {
 	src   io.Reader
 	buf   []byte
 	r, w  int    // unread bytes: buf[r:w]
-	limit uint64 // largest message fill waits for; a larger one is left to the Decoder to refuse
+	limit uint64 // largest message fill waits for; a larger one is reported by tooLarge once its header is read
 	size  int    // the buffer's usual size, returned to once a large message is read
 }
 
@@ -82,7 +82,10 @@ func (f *frameReader) fill() error {
 }
 
 // room makes space for a message of n bytes from f.r, growing the buffer
-// only for a message larger than it.
+// only for a message larger than it. It grows the buffer only once it is
+// full, at most doubling it: memory follows the bytes that arrived, not
+// the size a header claims (up to limit, which may be a GiB), so a peer
+// that announces a large message and sends nothing costs nothing.
 func (f *frameReader) room(n int) {
 	if f.r == f.w {
 		f.r, f.w = 0, 0
@@ -93,15 +96,38 @@ func (f *frameReader) room(n int) {
 	if len(f.buf)-f.r >= n {
 		return
 	}
-	if n <= len(f.buf) {
+	if f.r > 0 {
 		f.w = copy(f.buf, f.buf[f.r:f.w])
 		f.r = 0
-		return
 	}
-	nb := make([]byte, max(n, 2*len(f.buf)))
-	f.w = copy(nb, f.buf[f.r:f.w])
-	f.r = 0
+	if n <= len(f.buf) || f.w < len(f.buf) {
+		return // room for the message, or for more of its bytes
+	}
+	nb := make([]byte, min(n, 2*len(f.buf)))
+	f.w = copy(nb, f.buf[:f.w])
 	f.buf = nb
+}
+
+// tooLarge reports whether the message at the head of the buffer, whose
+// header fill has read, is over limit, and its size (header included).
+func (f *frameReader) tooLarge() (uint64, bool) {
+	b := f.buf[f.r:f.w]
+	if len(b) < 8 {
+		return 0, false
+	}
+	maxSeg := uint64(binary.LittleEndian.Uint32(b))
+	if maxSeg >= maxFrameSegments {
+		return 0, false // not a size matter: the Decoder refuses it
+	}
+	hdr := ((maxSeg+2)*4 + 7) &^ 7
+	if uint64(len(b)) < hdr {
+		return 0, false
+	}
+	total := hdr
+	for i := uint64(0); i <= maxSeg; i++ {
+		total += 8 * uint64(binary.LittleEndian.Uint32(b[4+4*i:]))
+	}
+	return total, total > f.limit
 }
 
 // Read hands out buffered bytes only; it never reads the source, so a
@@ -113,5 +139,10 @@ func (f *frameReader) Read(p []byte) (int, error) {
 	}
 	n := copy(p, f.buf[f.r:f.w])
 	f.r += n
+	if f.r == f.w && len(f.buf) > f.size {
+		// A large message was read out: do not keep its buffer (up to
+		// a GiB for a reply) while the connection waits for the next.
+		f.buf, f.r, f.w = make([]byte, f.size), 0, 0
+	}
 	return n, nil
 }

@@ -144,6 +144,16 @@ func pageLimit(n uint32) int {
 	return int(n)
 }
 
+// pageItems is a peek or dead-letter page's limit cut to what fits in one
+// reply (replyItems). A limit over MaxBatch is left for the store to
+// refuse.
+func (s *Server) pageItems(limit int) int {
+	if limit > s.limits.MaxBatch {
+		return limit
+	}
+	return min(limit, s.replyItems)
+}
+
 func (q *queueServer) leaseDur(ms uint64, what string, allowZero bool) (time.Duration, error) {
 	d := durMs(ms)
 	if d == 0 && !allowZero {
@@ -350,7 +360,11 @@ func (q *queueServer) pollArgs(args schema.Queue_poll_Params) (storage.PollParam
 	}
 	p := storage.PollParams{Queue: queue, Max: int(args.Max()), Lease: durMs(args.LeaseMs())}
 	wait := durMs(args.WaitMs())
-	return p, wait, q.s.checkPoll(p, wait)
+	if err := q.s.checkPoll(p, wait); err != nil {
+		return p, wait, err
+	}
+	p.Max = min(p.Max, q.s.replyItems) // what fits in one reply (replyItems)
+	return p, wait, nil
 }
 
 func writePoll(res schema.Queue_poll_Results, pr storage.PollResult) error {
@@ -600,11 +614,12 @@ func (q *queueServer) peek(ctx context.Context, args schema.Queue_peek_Params, r
 	if err != nil {
 		return err
 	}
-	limit := pageLimit(args.Limit())
+	limit := q.s.pageItems(pageLimit(args.Limit()))
 	items, err := q.s.cfg.Store.Peek(ctx, storage.PeekParams{Queue: queue, Inflight: args.Inflight(), After: aft, Limit: limit, Now: q.s.cfg.Clock.Now()})
 	if err != nil {
 		return err
 	}
+	items = items[:fitReply(len(items), func(i int) int64 { return storedItemBytes(&items[i]) }, q.s.cfg.maxReplyBytes)]
 	l, err := res.NewItems(int32(len(items)))
 	if err != nil {
 		return err
@@ -671,11 +686,12 @@ func (q *queueServer) deadList(ctx context.Context, args schema.Queue_deadList_P
 	if err != nil {
 		return err
 	}
-	limit := pageLimit(args.Limit())
+	limit := q.s.pageItems(pageLimit(args.Limit()))
 	dead, err := q.s.cfg.Store.DeadList(ctx, storage.DeadListParams{Queue: queue, After: aft, Limit: limit})
 	if err != nil {
 		return err
 	}
+	dead = dead[:fitReply(len(dead), func(i int) int64 { return storedItemBytes(&dead[i].Item) + int64(len(dead[i].Reason)) }, q.s.cfg.maxReplyBytes)]
 	l, err := res.NewItems(int32(len(dead)))
 	if err != nil {
 		return err

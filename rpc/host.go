@@ -149,13 +149,16 @@ func enqueueOut(p storage.EnqueueParams, out []storage.EnqueueResult, err error)
 // in the server's long-poll dispatcher: the same per-queue line of waiters
 // as the Queue interface's polls, woken by enqueues on any listener, nacks,
 // redrives and Wake. The queue name, p.Max (1..MaxBatch), the lease and the
-// wait are checked against the limits first. Nothing ready by the end of
+// wait are checked against the limits first; p.Max is then cut to the
+// items that fit in one reply (DefaultMaxReplyBytes; no cut with the
+// default limits). Nothing ready by the end of
 // the wait (or at Stop) is an empty result, not an error. Errors: the
 // limits' and the store's, ErrTooManyWaiters, ctx.Err().
 func (s *Server) Poll(ctx context.Context, p storage.PollParams, wait time.Duration) (storage.PollResult, error) {
 	if err := s.checkPoll(p, wait); err != nil {
 		return storage.PollResult{}, err
 	}
+	p.Max = min(p.Max, s.replyItems) // what fits in one reply (replyItems)
 	return s.disp.Poll(ctx, p, wait)
 }
 

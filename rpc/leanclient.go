@@ -47,7 +47,14 @@ import (
 type leanClient struct {
 	conn net.Conn
 	dec  *capnp.Decoder // the read side's holder's
-	fr   *frameReader   // under dec on plain sockets; nil: callers never read
+	fr   *frameReader   // under dec: a whole message is read before it decodes
+	// callersRead: callers read their own Returns (plain sockets, whose
+	// reads an interrupt can stop without losing half a message); else
+	// the reader goroutine reads everything.
+	callersRead bool
+	// readLimit bounds one incoming message (DefaultMaxReplyBytes), and
+	// 4 times it the traversal of one.
+	readLimit uint64
 
 	wmu      sync.Mutex // serializes writes
 	bw       *bufio.Writer
@@ -99,8 +106,10 @@ type leanReply struct {
 	err error
 }
 
-// newLeanClient runs the bootstrap over conn and starts the reader.
-func newLeanClient(ctx context.Context, conn net.Conn, limit int64, clk clock.Clock) (*leanClient, error) {
+// newLeanClient runs the bootstrap over conn and starts the reader. limit
+// bounds the bytes of calls in flight (FlowLimitBytes), readLimit one
+// incoming message (DefaultMaxReplyBytes).
+func newLeanClient(ctx context.Context, conn net.Conn, limit int64, readLimit uint64, clk clock.Clock) (*leanClient, error) {
 	// Plain sockets are read and written with raw system calls, as the
 	// server's (rawio.go): Go's system-call bookkeeping woke the sysmon
 	// thread at every read and write (12 % of a producer's CPU).
@@ -118,16 +127,21 @@ func newLeanClient(ctx context.Context, conn net.Conn, limit int64, clk clock.Cl
 		quit:  make(chan struct{}),
 		wake:  make(chan struct{}, 1),
 		done:  make(chan struct{}),
+
+		readLimit: readLimit,
 	}
+	// The frameReader grows its buffer as a message's bytes arrive, so a
+	// header that claims a large message (up to readLimit, a GiB) costs
+	// memory only once the node has sent that much.
+	l.fr = newFrameReader(rw, 64<<10, readLimit)
+	l.dec = capnp.NewDecoder(l.fr)
+	l.dec.MaxMessageSize = readLimit
 	if raw != nil {
-		l.fr = newFrameReader(raw, 64<<10, uint64(DefaultMaxMessageBytes))
-		l.dec = capnp.NewDecoder(l.fr)
+		l.callersRead = true
 	} else {
-		l.dec = capnp.NewDecoder(bufio.NewReaderSize(rw, 64<<10))
 		l.reading = true // the reader goroutine's, always
 	}
 	l.intr.conn = conn
-	l.dec.MaxMessageSize = uint64(DefaultMaxMessageBytes)
 	l.enc = capnp.NewEncoder(l.bw)
 	if d, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(d)
@@ -144,7 +158,7 @@ func newLeanClient(ctx context.Context, conn net.Conn, limit int64, clk clock.Cl
 		return nil, err
 	}
 	l.target = target
-	if l.fr != nil {
+	if l.callersRead {
 		l.idle = clk.AfterFunc(idleWatch, l.watchIdle)
 	}
 	go l.readLoop()
@@ -730,7 +744,7 @@ func (l *leanClient) writeFinish(qid uint32, releaseCaps, flush bool) error {
 func (l *leanClient) readLoop() {
 	defer close(l.done)
 	for {
-		if l.fr != nil {
+		if l.callersRead {
 			select {
 			case <-l.wake:
 			case <-l.quit:
@@ -742,7 +756,7 @@ func (l *leanClient) readLoop() {
 				l.lost(err)
 				return
 			}
-			if l.fr != nil && l.dropRead() {
+			if l.callersRead && l.dropRead() {
 				break
 			}
 		}
@@ -750,11 +764,14 @@ func (l *leanClient) readLoop() {
 }
 
 // decode reads the next message; only the read side's holder calls it.
+// A message over readLimit is refused with a *replyTooLargeError before
+// its body is read.
 func (l *leanClient) decode() (*capnp.Message, error) {
-	if l.fr != nil {
-		if err := l.fr.fill(); err != nil {
-			return nil, err
-		}
+	if err := l.fr.fill(); err != nil {
+		return nil, err
+	}
+	if size, over := l.fr.tooLarge(); over {
+		return nil, &replyTooLargeError{size: size, limit: l.readLimit}
 	}
 	return l.dec.Decode()
 }
@@ -765,7 +782,7 @@ func (l *leanClient) readOne() error {
 	if err != nil {
 		return err
 	}
-	msg.ResetReadLimit(4 * uint64(DefaultMaxMessageBytes))
+	msg.ResetReadLimit(4 * l.readLimit)
 	return l.handle(msg)
 }
 
@@ -821,9 +838,13 @@ func (l *leanClient) handle(msg *capnp.Message) error {
 }
 
 // lost ends the connection: every waiting call fails with a disconnected
-// error (capnp.IsDisconnected).
+// error (capnp.IsDisconnected), or, when the connection ends because the
+// node sent a message over readLimit, with that error (ErrReplyTooLarge:
+// the node did not go away, and nothing broke its --max-message); later
+// calls fail as disconnected.
 func (l *leanClient) lost(cause error) {
 	l.mu.Lock()
+	err := cause
 	if l.err == nil {
 		if !capnp.IsDisconnected(cause) {
 			cause = exc.New(exc.Disconnected, "", "connection lost: "+cause.Error())
@@ -834,7 +855,9 @@ func (l *leanClient) lost(cause error) {
 			l.idle.Stop()
 		}
 	}
-	err := l.err
+	if !errors.Is(err, ErrReplyTooLarge) {
+		err = l.err
+	}
 	for qid, q := range l.qs {
 		if q.held > 0 {
 			l.flow.Release(q.held)

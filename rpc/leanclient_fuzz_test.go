@@ -60,10 +60,10 @@ func FuzzLeanClientReplies(f *testing.F) {
 				_, _ = sc.Write(reply)
 			}()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			l, err := newLeanClient(ctx, cc, DefaultMaxMessageBytes, clock.New())
+			l, err := newLeanClient(ctx, cc, DefaultMaxMessageBytes, DefaultMaxReplyBytes, clock.New())
 			require.NoError(t, err)
-			require.Equal(t, transport == "tcp", l.fr != nil)
-			c := &Client{lean: l, log: discardLogger(), limit: DefaultMaxMessageBytes, closed: make(chan struct{})}
+			require.Equal(t, transport == "tcp", l.callersRead)
+			c := &Client{lean: l, log: discardLogger(), limit: DefaultMaxMessageBytes, readLimit: DefaultMaxReplyBytes, closed: make(chan struct{})}
 			done := make(chan struct{})
 			go func() {
 				defer close(done)

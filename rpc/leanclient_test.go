@@ -183,7 +183,7 @@ func TestLeanClient_CallersShareTheReadSide(t *testing.T) {
 	t.Parallel()
 	b := setup(t, bundleOpts{})
 	c := b.dial()
-	require.NotNil(t, c.lean.fr, "a TCP connection is read by its callers")
+	require.True(t, c.lean.callersRead, "a TCP connection is read by its callers")
 	const producers, perProducer = 4, 50
 	want := make(map[string]bool)
 	var mu sync.Mutex

@@ -39,9 +39,11 @@ const (
 	// DefaultMaxInflightBytes bounds the incoming bytes of unanswered calls
 	// on a node (main sizes its default from the machine's memory).
 	DefaultMaxInflightBytes = 1 << 30
-	// DefaultMaxMessageBytes bounds one incoming capnp message. A batch of
-	// 1000 items of 64 KiB fits; a batch of 1 MiB payloads must be split
-	// into calls of at most ~60 items.
+	// DefaultMaxMessageBytes bounds one incoming capnp message: on the
+	// node, a client's call; on the client, what it sends (FlowLimitBytes).
+	// A batch of 1000 items of 64 KiB fits; a batch of 1 MiB payloads must
+	// be split into calls of at most ~60 items. Replies are bounded by
+	// DefaultMaxReplyBytes instead.
 	DefaultMaxMessageBytes = 64 << 20
 	// DefaultHandshakeTimeout bounds a TLS handshake so a silent peer cannot
 	// hold a connection slot.
@@ -119,6 +121,9 @@ type ServerConfig struct {
 	// maxOpenQuestions bounds a lean connection's questions without a
 	// Finish (0: leanMaxOpenQuestions); tests lower it.
 	maxOpenQuestions int
+	// maxReplyBytes bounds one reply (0: DefaultMaxReplyBytes, what
+	// clients read); tests lower it to see polls and pages cut short.
+	maxReplyBytes int64
 }
 
 // NodeInfo describes a node to its clients (Client.NodeInfo).
@@ -138,10 +143,14 @@ type NodeInfo struct {
 // safe for concurrent use. Lifecycle: NewServer, then Serve (blocking) or
 // Start (background) on one or more listeners, then Stop.
 type Server struct {
-	cfg        ServerConfig
-	log        *slog.Logger
-	capnpLog   *slog.Logger
-	limits     storage.Limits
+	cfg      ServerConfig
+	log      *slog.Logger
+	capnpLog *slog.Logger
+	limits   storage.Limits
+	// replyItems is the most items a poll, push or page returns: as many
+	// of the largest the limits allow as fit in one reply
+	// (DefaultMaxReplyBytes); MaxBatch with the default limits.
+	replyItems int
 	disp       *dispatch.Dispatcher
 	tracker    *leaseTracker
 	subCtx     context.Context // cancelled by Stop: ends every subscription
@@ -228,6 +237,9 @@ func NewServer(c ServerConfig) (*Server, error) {
 	if c.MaxInflightBytes == 0 {
 		c.MaxInflightBytes = DefaultMaxInflightBytes
 	}
+	if c.maxReplyBytes <= 0 {
+		c.maxReplyBytes = DefaultMaxReplyBytes
+	}
 	s := &Server{}
 	disp, err := dispatch.New(dispatch.Config{Store: c.Store, Clock: c.Clock, MaxWaitersPerQueue: c.MaxWaitersPerQueue,
 		MaxWaiters: c.MaxWaiters, Extra: func() int { return s.subscriptions() }})
@@ -236,13 +248,14 @@ func NewServer(c ServerConfig) (*Server, error) {
 	}
 	log := c.Logger.With("svc", "rpc")
 	*s = Server{
-		cfg:      c,
-		log:      log,
-		capnpLog: capnpLogger(c.Logger),
-		limits:   limits,
-		disp:     disp,
-		tracker:  newLeaseTracker(),
-		closeAll: make(chan struct{}),
+		cfg:        c,
+		log:        log,
+		capnpLog:   capnpLogger(c.Logger),
+		limits:     limits,
+		disp:       disp,
+		replyItems: replyItems(limits, c.maxReplyBytes),
+		tracker:    newLeaseTracker(),
+		closeAll:   make(chan struct{}),
 	}
 	s.workers = newWorkerPool(s.closeAll)
 	if c.MaxInflightBytes > 0 {

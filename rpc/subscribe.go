@@ -346,9 +346,7 @@ func (sub *subscription) loop() error {
 			}
 			continue
 		}
-		if avail > s.limits.MaxBatch {
-			avail = s.limits.MaxBatch
-		}
+		avail = min(avail, s.replyItems) // what fits in one push (replyItems)
 		pr, err := s.disp.Poll(sub.ctx, storage.PollParams{Queue: sub.queue, Max: avail, Lease: sub.lease}, s.limits.MaxWait)
 		if err != nil {
 			if sub.ctx.Err() != nil {

@@ -30,12 +30,31 @@ type limitedCodec struct {
 	c        io.Closer
 	maxBytes uint64
 	first    func() // called once, after the first message decodes (nil: none)
+	// fr, when set, is under dec: a message is read whole before it
+	// decodes, and one over maxBytes is refused with a
+	// *replyTooLargeError (the client's codec, newClientCodec), kept in
+	// refused.
+	fr      *frameReader
+	refused atomic.Pointer[replyTooLargeError]
 }
 
 func newLimitedCodec(rwc io.ReadWriteCloser, maxBytes uint64) *limitedCodec {
 	dec := capnp.NewDecoder(rwc)
 	dec.MaxMessageSize = maxBytes
 	return &limitedCodec{dec: dec, enc: capnp.NewEncoder(rwc), c: rwc, maxBytes: maxBytes}
+}
+
+// newClientCodec is the codec of the client's go-capnp connections: it
+// reads what the node sends (Returns, and the pushes of a subscription to
+// the client's Consumer) up to readLimit (DefaultMaxReplyBytes) a
+// message. The decoder reads a frameReader, whose buffer grows as a
+// message's bytes arrive: a header that claims a GiB does not make the
+// client allocate one.
+func newClientCodec(rwc io.ReadWriteCloser, readLimit uint64) *limitedCodec {
+	fr := newFrameReader(rwc, 64<<10, readLimit)
+	dec := capnp.NewDecoder(fr)
+	dec.MaxMessageSize = readLimit
+	return &limitedCodec{dec: dec, enc: capnp.NewEncoder(rwc), c: rwc, maxBytes: readLimit, fr: fr}
 }
 
 // errNotAStruct ends a connection whose peer sent a message whose root is
@@ -45,6 +64,16 @@ var errNotAStruct = errors.New("rpc: message root is not a struct")
 func (c *limitedCodec) Encode(m *capnp.Message) error { return c.enc.Encode(m) }
 
 func (c *limitedCodec) Decode() (*capnp.Message, error) {
+	if c.fr != nil {
+		if err := c.fr.fill(); err != nil {
+			return nil, err
+		}
+		if size, over := c.fr.tooLarge(); over {
+			e := &replyTooLargeError{size: size, limit: c.maxBytes}
+			c.refused.Store(e)
+			return nil, e
+		}
+	}
 	m, err := c.dec.Decode()
 	if err != nil {
 		return nil, err
