@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/rpc/rpctest"
+	"github.com/leaseq/leaseq/storage"
 )
 
 // TestCLI_EnqueuePollAck walks one item through enqueue, poll and ack with
@@ -658,4 +661,68 @@ func TestCLI_Format1Upgrade(t *testing.T) {
 	n = startNode(t, data)
 	require.NotContains(t, n.logs.String(), "moved the database", "moved once only")
 	require.Equal(t, jobs, n.stats("jobs"))
+}
+
+// TestCLI_EnqueueLinesBatchedByBytes: enqueue --lines sends at most about
+// 1 MiB of payload per call as well as at most 500 items, so 500 lines of
+// 140 KB (70 MB, over the client's 64 MiB message limit were they one
+// call), each within --max-payload, are all enqueued, one id per line.
+func TestCLI_EnqueueLinesBatchedByBytes(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--sync", "none")
+	line := strings.Repeat("x", 140_000) + "\n"
+	r := runCLI(t, []string{"LEASEQ_ADDR=" + n.addr}, strings.Repeat(line, 500), "enqueue", "bigl", "--lines")
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	require.Len(t, r.lines(), 500)
+	require.Equal(t, uint64(500), n.stats("bigl").Enqueued)
+}
+
+// TestEnqueueCallItems: a call of enqueue --lines takes up to the item
+// limit and the byte budget (64 bytes of framing counted per item), and
+// always at least one item, however large.
+func TestEnqueueCallItems(t *testing.T) {
+	t.Parallel()
+	lines := func(sizes ...int) [][]byte {
+		var out [][]byte
+		for _, s := range sizes {
+			out = append(out, make([]byte, s))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name     string
+		payloads [][]byte
+		batch    int
+		want     int
+	}{
+		{"ItemLimit", lines(1, 1, 1, 1), 3, 3},
+		{"AllFit", lines(100, 100), 500, 2},
+		{"ByteBudget", lines(400, 400, 400), 500, 2}, // 2*464 <= 1000 < 3*464
+		{"BigFirstAlone", lines(5000, 1), 500, 1},
+		{"BigSecondWaits", lines(1, 5000), 500, 1},
+		{"Empty", nil, 500, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, enqueueCallItems(tc.payloads, tc.batch, 1000))
+		})
+	}
+}
+
+// TestCLI_ErrorPrefixOnce: an error that already starts with the command's
+// "leaseq NAME: " (as rpc.Client's do) is printed with that prefix once.
+func TestCLI_ErrorPrefixOnce(t *testing.T) {
+	t.Parallel()
+	err := fmt.Errorf("leaseq enqueue: %w: request of about 70000000 bytes exceeds the client's flow limit", storage.ErrInvalidArgument)
+	require.Equal(t, "storage: invalid argument: request of about 70000000 bytes exceeds the client's flow limit", errorLine("enqueue", err))
+	require.Equal(t, "leaseq poll: connection lost", errorLine("work", errors.New("leaseq poll: connection lost")), "another command's prefix is kept")
+
+	// End to end: a payload over the client's 64 MiB limit is refused
+	// before anything is sent, in one line with one prefix.
+	te := newTestEnv(nil)
+	te.env.stdin = bytes.NewReader(make([]byte, 65<<20))
+	addr, stop := startServeInProcess(t)
+	defer stop()
+	require.Equal(t, exitFailure, run(context.Background(), []string{"enqueue", "--addr", addr, "q", "-"}, &te.env))
+	require.True(t, strings.HasPrefix(te.errOut.String(), "leaseq enqueue: storage: invalid argument"), "%q", te.errOut)
+	require.Equal(t, 1, strings.Count(te.errOut.String(), "leaseq enqueue:"), "%q", te.errOut)
 }

@@ -24,8 +24,10 @@ var enqueueCommand = &command{
 Enqueue one item into QUEUE (created on first use) and print its id (32 hex
 digits). PAYLOAD is taken literally; "-" reads the payload from stdin (raw
 bytes, up to the node's --max-payload); no PAYLOAD enqueues an empty one.
-With --lines, every line of stdin becomes one item (sent in batches) and one
-id is printed per line. When --key matches an item enqueued within the
+With --lines, every line of stdin becomes one item and one id is printed
+per line; lines are sent in calls of at most 500 items and about 1 MiB of
+payload (a longer line goes alone), so any number of lines, each within
+--max-payload, fits. When --key matches an item enqueued within the
 queue's dedup window, nothing is written and the first item's id is printed
 followed by "duplicate".`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
@@ -79,7 +81,7 @@ followed by "duplicate".`,
 					return err
 				}
 				for len(payloads) > 0 {
-					n := min(batch, len(payloads))
+					n := enqueueCallItems(payloads, batch, enqueueCallBytes)
 					items := make([]storage.EnqueueItem, n)
 					for i := range items {
 						items[i] = base
@@ -105,6 +107,28 @@ followed by "duplicate".`,
 			})
 		}
 	},
+}
+
+// enqueueCallBytes is about how many payload bytes one call of enqueue
+// --lines carries: far under the client's 64 MiB message limit and a
+// node's --max-message (64 MiB by default), and the size rpc.Producer
+// sends per call.
+const enqueueCallBytes = rpc.DefaultProducerBytes
+
+// enqueueCallItems is how many of payloads the next enqueue call takes: at
+// most batch, and no more than maxBytes of payload unless the first alone
+// is larger (it then goes on its own). Each item also counts 64 bytes for
+// its framing, as rpc.Client.Enqueue counts it.
+func enqueueCallItems(payloads [][]byte, batch, maxBytes int) int {
+	n, size := 0, 0
+	for n < len(payloads) && n < batch {
+		size += len(payloads[n]) + 64
+		if n > 0 && size > maxBytes {
+			break
+		}
+		n++
+	}
+	return n
 }
 
 var pollCommand = &command{

@@ -71,9 +71,10 @@ type env struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 	lookupEnv      func(string) (string, bool)
-	// notifySignals delivers SIGINT/SIGTERM to c until the returned stop
-	// func is called.
-	notifySignals func(c chan<- os.Signal) (stop func())
+	// notifySignals delivers SIGINT, SIGTERM and the extra signals given
+	// to c until the returned stop func is called. An extra signal the
+	// process was started with ignored (SIGHUP under nohup) stays ignored.
+	notifySignals func(c chan<- os.Signal, extra ...os.Signal) (stop func())
 	// exit ends the process at once (second signal during shutdown).
 	exit func(code int)
 	// shutdownStarted, when set, runs after the first signal is handled
@@ -89,8 +90,14 @@ func newEnv() *env {
 		stdout:    os.Stdout,
 		stderr:    os.Stderr,
 		lookupEnv: os.LookupEnv,
-		notifySignals: func(c chan<- os.Signal) func() {
-			signal.Notify(c, os.Interrupt, syscall.SIGTERM)
+		notifySignals: func(c chan<- os.Signal, extra ...os.Signal) func() {
+			sigs := []os.Signal{os.Interrupt, syscall.SIGTERM}
+			for _, sig := range extra {
+				if !signal.Ignored(sig) {
+					sigs = append(sigs, sig)
+				}
+			}
+			signal.Notify(c, sigs...)
 			return func() { signal.Stop(c) }
 		},
 		exit: os.Exit,
@@ -206,15 +213,27 @@ func run(ctx context.Context, args []string, e *env) int {
 	case cmd.raw && errors.Is(err, flag.ErrHelp):
 		return exitOK
 	case errors.As(err, &ue):
-		fmt.Fprintf(e.stderr, "leaseq %s: %s (run 'leaseq help %s')\n", cmd.name, oneLine(err), cmd.name)
+		fmt.Fprintf(e.stderr, "leaseq %s: %s (run 'leaseq help %s')\n", cmd.name, errorLine(cmd.name, err), cmd.name)
 		return exitUsage
 	case errors.As(err, &xe):
-		fmt.Fprintf(e.stderr, "leaseq %s: %s\n", cmd.name, oneLine(err))
+		fmt.Fprintf(e.stderr, "leaseq %s: %s\n", cmd.name, errorLine(cmd.name, err))
 		return xe.code
 	default:
-		fmt.Fprintf(e.stderr, "leaseq %s: %s\n", cmd.name, oneLine(err))
+		fmt.Fprintf(e.stderr, "leaseq %s: %s\n", cmd.name, errorLine(cmd.name, err))
 		return exitFailure
 	}
+}
+
+// errorLine is oneLine(err) for the line "leaseq NAME: ..." that run
+// prints, without a "leaseq NAME: " of its own at the start: rpc.Client's
+// errors begin with "leaseq <op>: ", which for enqueue, poll, ack and the
+// like is the command's name already printed.
+func errorLine(name string, err error) string {
+	msg := oneLine(err)
+	if rest, ok := strings.CutPrefix(msg, "leaseq "+name+": "); ok && rest != "" {
+		return rest
+	}
+	return msg
 }
 
 // oneLine renders err for the one stderr line every failure gets. A

@@ -54,7 +54,7 @@ func newTestEnv(vars map[string]string) *testEnv {
 			v, ok := te.vars[k]
 			return v, ok
 		},
-		notifySignals: func(c chan<- os.Signal) func() {
+		notifySignals: func(c chan<- os.Signal, _ ...os.Signal) func() {
 			te.sigs <- c
 			return func() {}
 		},

@@ -1,6 +1,6 @@
 // The work command: run a program once per item of a queue, as a
-// supervised worker on top of rpc.Client.Consume. workchild.go runs one
-// child process.
+// supervised worker: a consumer loop like rpc.Client.Consume's that acks
+// and nacks each item itself. workchild.go runs one child process.
 
 package main
 
@@ -15,6 +15,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/benbjohnson/clock"
@@ -54,27 +55,32 @@ Exit 0 acks the item. Any other exit nacks it, with "exit status N: " and
 the last 1 KiB of CMD's stderr as the reason, so 'leaseq peek' (last_error)
 and 'leaseq dlq ls' (reason) show why; it is retried after the queue's
 backoff, or dead-lettered after its max attempts. Exit 75 (EX_TEMPFAIL)
-nacks it with --retry-delay when given. After --timeout, CMD's process
-group gets SIGTERM, then SIGKILL after --kill-grace, and the item is nacked
-with "timed out after D". If the lease is lost (the node was unreachable
+nacks it with --retry-delay when given (with the queue's backoff should
+the node refuse it, being over its --max-delay). After --timeout, CMD's
+process group gets SIGTERM, then SIGKILL after --kill-grace, and the item
+is nacked with "timed out after D". If the lease is lost (the node was unreachable
 for a whole lease), CMD is killed the same way: the item will be delivered
 again.
 
 CMD runs in a process group of its own, with its stdout and stderr passed
-through. With --concurrency above 1, up to that many run at once and each
-line they print is prefixed with "[ID] " (whole lines: lines of different
-items never mix).
+through; if leaseq work itself dies (SIGKILL), CMD gets SIGKILL (the
+processes CMD started do not). With --concurrency above 1, up to that many
+run at once and each line they print is prefixed with "[ID] " and written
+whole, so lines of different items never mix (a line over 1 MiB is
+written in pieces of 1 MiB, each prefixed and ended with a newline).
 
-SIGINT or SIGTERM stops taking items and lets the running ones finish (at
-most --drain-timeout, then they are killed as on --timeout and nacked for
-immediate redelivery); a second signal SIGKILLs their process groups at
-once and nacks their items the same way (a third signal exits without
-waiting for the node).
+SIGINT, SIGTERM or SIGHUP stops taking items and lets the running ones
+finish (at most --drain-timeout, then they are killed as on --timeout and
+nacked for immediate redelivery); a second signal SIGKILLs their process
+groups at once and nacks their items the same way (a third signal exits
+without waiting for the node).
 
 Exit codes: 0 after a signal, or with --max-items once that many items
-were handled and all succeeded; 3 with --max-items if any item's command
-failed; 1 if leaseq work failed (lost the node, a bad queue name or lease)
-or was stopped by a second signal; 2 for a bad command line.
+were handled and all succeeded, provided every ack and nack reached the
+node; 3 with --max-items if any item's command failed; 1 if leaseq work
+failed (lost the node, a bad queue name or lease), an item's ack or nack
+failed (the item comes back once its lease runs out), or a second signal
+stopped it; 2 for a bad command line.
 
 Example:
   leaseq work thumbnails --concurrency 4 --timeout 5m -- ./make-thumbnail.sh`,
@@ -88,11 +94,11 @@ Example:
 		timeout := newChoice("0s", nonNegDuration)
 		fs.Var(timeout, "timeout", "kill CMD and nack its item after this `duration` (0: no limit)")
 		retryDelay := &optDuration{}
-		fs.Var(retryDelay, "retry-delay", "redeliver an item whose CMD exits 75 (EX_TEMPFAIL) after this `duration` (default: the queue's backoff)")
+		fs.Var(retryDelay, "retry-delay", "redeliver an item whose CMD exits 75 (EX_TEMPFAIL) after this `duration`, at most the node's --max-delay (default: the queue's backoff)")
 		grace := newChoice("10s", positiveDuration)
 		fs.Var(grace, "kill-grace", "`duration` between SIGTERM and SIGKILL when CMD is killed")
 		drain := newChoice("0s", nonNegDuration)
-		fs.Var(drain, "drain-timeout", "after SIGINT/SIGTERM, kill running commands after this `duration` (0: wait for them)")
+		fs.Var(drain, "drain-timeout", "after SIGINT/SIGTERM/SIGHUP, kill running commands after this `duration` (0: wait for them)")
 		maxItems := newChoice("0", intRange(0, 1<<31-1))
 		fs.Var(maxItems, "max-items", "exit after handling this many `items` (0: run until stopped)")
 		// --timeout and --max-items change what happens to every item,
@@ -108,6 +114,13 @@ Example:
 			w.concurrency, w.lease, w.timeout = conc.val, lease.val, timeout.val
 			w.killGrace, w.drainTimeout, w.maxItems = grace.val, drain.val, maxItems.val
 			if retryDelay.set {
+				// The node's --max-delay is not known to the client: a
+				// value over it is found at the first nack (which then
+				// uses the queue's backoff); one over the most any node
+				// takes is refused here.
+				if retryDelay.d > longestLimit {
+					return usagef("--retry-delay %v is over %v (100 years), the longest --max-delay a node takes", retryDelay.d, longestLimit)
+				}
 				w.retryDelay = &retryDelay.d
 			}
 			stderr := &lockedWriter{w: e.stderr}
@@ -182,7 +195,11 @@ func runWork(ctx context.Context, e *env, c *rpc.Client, w workConfig, stderr *l
 	s := newSupervisor(w, clk, e.stdout, stderr, log)
 
 	sigs := make(chan os.Signal, 3)
-	stopSignals := e.notifySignals(sigs)
+	// SIGHUP (the terminal closed) drains like SIGTERM: left to its
+	// default action it would end leaseq work at once, while CMD, in a
+	// process group of its own, never gets it and runs on beside its
+	// item's redelivery.
+	stopSignals := e.notifySignals(sigs, syscall.SIGHUP)
 	defer stopSignals()
 	takeCtx, stopTaking := context.WithCancel(ctx)
 	defer stopTaking()
@@ -192,27 +209,202 @@ func runWork(ctx context.Context, e *env, c *rpc.Client, w workConfig, stderr *l
 	wg.Go(func() { s.watchSignals(e, sigs, done, stopTaking, &second) })
 
 	log.Info("leaseq work started", "command", w.argv[0], "concurrency", w.concurrency, "lease", w.lease, "timeout", w.timeout)
-	err := c.Consume(takeCtx, rpc.ConsumerConfig{
-		Queue:    w.queue,
-		Workers:  w.concurrency,
-		Batch:    1, // one item per run of CMD; a batch would hold its later items unstarted
-		Lease:    w.lease,
-		Clock:    clk,
-		Logger:   logger, // Consume adds its own svc and queue
-		MaxItems: w.maxItems,
-		Handler:  s.handle,
-	})
+	err := s.consume(takeCtx, c)
 	close(done)
 	wg.Wait()
-	handled, failed := s.handled.Load(), s.failed.Load()
-	log.Info("leaseq work stopped", "handled", handled, "failed", failed)
+	handled, failed, unsettled := s.handled.Load(), s.failed.Load(), s.unsettled.Load()
+	log.Info("leaseq work stopped", "handled", handled, "failed", failed, "not_settled", unsettled)
 	switch {
 	case err != nil:
 		return err
 	case second.Load():
 		return exitError{exitFailure, fmt.Errorf("stopped by a second signal (%d items handled, %d failed)", handled, failed)}
+	case unsettled > 0:
+		return exitError{exitFailure, fmt.Errorf("%d of %d items could not be acked or nacked (see the log): they will be delivered again once their lease runs out", unsettled, handled)}
 	case w.maxItems > 0 && failed > 0:
-		return exitError{exitItemsFailed, fmt.Errorf("%d of %d items failed (nacked)", failed, handled)}
+		msg := fmt.Sprintf("%d of %d items failed (nacked)", failed, handled)
+		if n := s.backoffNacks.Load(); n > 0 {
+			msg += fmt.Sprintf("; %d of them with the queue's backoff, as the node refused --retry-delay %v", n, *w.retryDelay)
+		}
+		return exitError{exitItemsFailed, errors.New(msg)}
+	}
+	return nil
+}
+
+// consume is work's consumer loop: --concurrency workers, each taking one
+// item per poll (a batch would hold its later items unstarted) and running
+// CMD for it (work). It is rpc.Client.Consume's loop, except that it acks
+// and nacks every item itself, so that an ack or nack that fails is known
+// and counted (exit 1) rather than only logged. Once ctx is cancelled no
+// new item is taken and the running ones finish; with --max-items it
+// returns once that many were taken and settled. A poll that fails stops
+// every worker after its item and is returned.
+func (s *supervisor) consume(ctx context.Context, c *rpc.Client) error {
+	budget := &itemBudget{left: s.cfg.maxItems, unlimited: s.cfg.maxItems == 0}
+	pollCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	// Items taken are run, extended and settled even after ctx ends.
+	settleCtx := context.WithoutCancel(ctx)
+	var (
+		wg       sync.WaitGroup
+		errOnce  sync.Once
+		firstErr error
+	)
+	for range s.cfg.concurrency {
+		wg.Go(func() {
+			if err := s.consumeLoop(pollCtx, settleCtx, c, budget); err != nil {
+				errOnce.Do(func() { firstErr = err })
+				stop()
+			}
+		})
+	}
+	wg.Wait()
+	return firstErr
+}
+
+// consumeLoop is one worker: poll one item, work on it, until pollCtx
+// ends, the item budget is spent or a poll fails.
+func (s *supervisor) consumeLoop(pollCtx, ctx context.Context, c *rpc.Client, budget *itemBudget) error {
+	for pollCtx.Err() == nil {
+		if !budget.take() {
+			return nil // the items left are reserved by workers still polling
+		}
+		pr, err := c.Poll(pollCtx, s.cfg.queue, 1, s.cfg.lease, rpc.DefaultConsumerWait)
+		if len(pr.Items) == 0 {
+			budget.give()
+		}
+		for _, it := range pr.Items { // leased even when the call also failed
+			s.work(ctx, c, pr, it)
+		}
+		if err != nil {
+			if pollCtx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// itemBudget counts the items a --max-items run may still take: a worker
+// reserves one before it polls and gives it back when the poll was empty,
+// so the workers together never take more than --max-items.
+type itemBudget struct {
+	mu        sync.Mutex
+	left      int
+	unlimited bool // --max-items 0
+}
+
+func (b *itemBudget) take() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.unlimited {
+		return true
+	}
+	if b.left == 0 {
+		return false
+	}
+	b.left--
+	return true
+}
+
+func (b *itemBudget) give() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.left++
+}
+
+// work runs CMD for it, leased under pr, extending the lease every third
+// of --lease meanwhile (a lease found gone cancels the handler's ctx,
+// which kills CMD), then acks or nacks it.
+func (s *supervisor) work(ctx context.Context, c *rpc.Client, pr storage.PollResult, it storage.Item) {
+	hctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var lost atomic.Bool
+	stopExtend := make(chan struct{})
+	var ext sync.WaitGroup
+	ext.Go(func() {
+		tick := s.clk.Ticker(s.cfg.lease / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopExtend:
+				return
+			case <-tick.C:
+				_, err := c.Extend(ctx, s.cfg.queue, pr.Lease, s.cfg.lease)
+				switch {
+				case errors.Is(err, storage.ErrLeaseExpired) || errors.Is(err, storage.ErrLeaseMismatch):
+					s.log.Warn("lease lost while the command runs", "job_id", it.ID.String(), "lease_id", pr.Lease.String(), "err", err)
+					lost.Store(true)
+					cancel()
+					return
+				case err != nil:
+					s.log.Warn("extend failed", "job_id", it.ID.String(), "lease_id", pr.Lease.String(), "err", err)
+				}
+			}
+		}
+	})
+	reason, delay := s.handle(hctx, it, rpc.HandlerLease{Lease: pr.Lease, ExpiresAt: pr.ExpiresAt})
+	close(stopExtend)
+	ext.Wait()
+	switch {
+	case reason == nil:
+		s.ack(ctx, c, pr.Lease, it)
+	case lost.Load():
+		// The node expired the lease and delivers the item again: a
+		// nack would be refused, and there is nothing left to settle.
+	default:
+		s.nack(ctx, c, pr.Lease, it, reason, delay)
+	}
+}
+
+// ack acks it; an ack that fails (the node unreachable, the lease gone)
+// is counted in unsettled: the item will be delivered again.
+func (s *supervisor) ack(ctx context.Context, c *rpc.Client, lease storage.LeaseID, it storage.Item) {
+	codes, err := c.Ack(ctx, s.cfg.queue, lease, []storage.ItemID{it.ID})
+	if err = settleErr(codes, err); err != nil {
+		s.unsettled.Add(1)
+		s.log.Warn("ack failed: the item will be delivered again", "job_id", it.ID.String(), "err", err)
+	}
+}
+
+// nack nacks it with reason and delay (nil: the queue's backoff). A
+// --retry-delay the node refuses (over its --max-delay) is dropped for
+// the queue's backoff, for this item and every later one, so the item is
+// nacked all the same; a nack that fails otherwise is counted in
+// unsettled.
+func (s *supervisor) nack(ctx context.Context, c *rpc.Client, lease storage.LeaseID, it storage.Item, reason error, delay *time.Duration) {
+	retryDelay := s.cfg.retryDelay != nil && delay == s.cfg.retryDelay // verdict's after exit 75
+	if retryDelay && s.retryDelayRefused.Load() {
+		delay = nil
+		s.backoffNacks.Add(1)
+	}
+	ids := []storage.ItemID{it.ID}
+	codes, err := c.Nack(ctx, s.cfg.queue, lease, ids, delay, reason.Error())
+	if retryDelay && delay != nil && errors.Is(err, storage.ErrInvalidArgument) {
+		if !s.retryDelayRefused.Swap(true) {
+			s.log.Warn("the node refused --retry-delay (over its --max-delay): items are nacked with the queue's backoff instead",
+				"retry_delay", *delay, "err", err)
+		}
+		s.backoffNacks.Add(1)
+		codes, err = c.Nack(ctx, s.cfg.queue, lease, ids, nil, reason.Error())
+	}
+	if err = settleErr(codes, err); err != nil {
+		s.unsettled.Add(1)
+		s.log.Warn("nack failed: the item will be delivered again once its lease runs out", "job_id", it.ID.String(), "err", err)
+	}
+}
+
+// settleErr is the outcome of acking or nacking one item: the call's error,
+// or its code when not ok.
+func settleErr(codes []storage.Code, err error) error {
+	switch {
+	case err != nil:
+		return err
+	case len(codes) != 1:
+		return fmt.Errorf("the node answered %d codes for one item", len(codes))
+	case codes[0] != storage.CodeOK:
+		return fmt.Errorf("the node answered %s", codes[0])
 	}
 	return nil
 }

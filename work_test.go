@@ -559,7 +559,10 @@ func TestLinePrefixer(t *testing.T) {
 		{"SplitLine", []string{"a", "b", "c\nd", "\n"}, "[p] abc\n[p] d\n"},
 		{"PartialAtEndIsFlushed", []string{"a\nno newline"}, "[p] a\n[p] no newline\n"},
 		{"EmptyLine", []string{"\n"}, "[p] \n"},
-		{"LongLineInPieces", []string{strings.Repeat("x", maxPrefixedLine+1), "y\n"}, "[p] " + strings.Repeat("x", maxPrefixedLine+1) + "\n[p] y\n"},
+		{"LongLineWhole", []string{strings.Repeat("x", maxPrefixedLine-1), "y\n"}, "[p] " + strings.Repeat("x", maxPrefixedLine-1) + "y\n"},
+		// A line over the cap is written in pieces of maxPrefixedLine
+		// bytes, each prefixed and ended with a newline.
+		{"OverCapInPieces", []string{strings.Repeat("x", 2*maxPrefixedLine+1), "y\n"}, strings.Repeat("[p] "+strings.Repeat("x", maxPrefixedLine)+"\n", 2) + "[p] xy\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -612,4 +615,120 @@ func TestTailBuffer(t *testing.T) {
 			require.LessOrEqual(t, len(tb.b), 8)
 		})
 	}
+}
+
+// TestWork_RetryDelayOverNodeMaxDelay: a --retry-delay over the node's
+// --max-delay (168h by default, which the client cannot learn) is refused
+// by the node at the first nack; leaseq work then nacks the item with the
+// queue's backoff instead, so the item is not left in flight, keeps its
+// last_error, and the run says what happened. A --retry-delay over what
+// any node takes (100 years) is a bad command line.
+func TestWork_RetryDelayOverNodeMaxDelay(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--sync", "none")
+	dir := t.TempDir()
+	job := script(t, dir, "temp.sh", "echo later >&2\nexit 75\n")
+	n.cli("enqueue", "rdq", "x")
+	n.cli("enqueue", "rdq", "y")
+	w := n.startWork(t, nil, "rdq", "--max-items", "2", "--retry-delay", "200h", "--", job)
+	require.Equal(t, exitItemsFailed, w.wait(time.Minute))
+	s := withoutDelayed(n.stats("rdq"))
+	require.Equal(t, queueStats{Ready: 2, Enqueued: 2, Delivered: 2, Nacked: 2}, s, "both items nacked, none left in flight")
+	for _, it := range parsePolled(t, n.cli("peek", "rdq")) {
+		require.Equal(t, "exit status 75 (EX_TEMPFAIL): later", it.LastError)
+		require.True(t, visibleAt(t, it).Before(time.Now().Add(time.Minute)), "the queue's backoff (at most 30 s)")
+	}
+	stderr := w.stderr.String()
+	require.Contains(t, stderr, "leaseq work: 2 of 2 items failed (nacked); 2 of them with the queue's backoff, as the node refused --retry-delay 200h0m0s\n")
+	require.Equal(t, 1, strings.Count(stderr, "the node refused --retry-delay (over its --max-delay)"), "warned once:\n%s", stderr)
+	require.NotContains(t, stderr, "nack failed")
+
+	te := newTestEnv(nil)
+	require.Equal(t, exitUsage, run(context.Background(), []string{"work", "q", "--retry-delay", "900000h", "--", "true"}, &te.env))
+	require.Contains(t, te.errOut.String(), "--retry-delay 900000h0m0s is over 876000h0m0s (100 years)")
+}
+
+// TestWork_MaxItemsAckLostExitsFailure: when the ack of a successful item
+// cannot be made (the node went away while the command ran), the item
+// will be delivered again, and the run exits 1 saying so rather than 0
+// ("handled and all acked").
+func TestWork_MaxItemsAckLostExitsFailure(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--sync", "none")
+	dir := t.TempDir()
+	job := script(t, dir, "slow.sh", "touch \"$OUT/started\"\nsleep 2\n")
+	n.cli("enqueue", "ackq", "x")
+	w := n.startWork(t, []string{"OUT=" + dir}, "ackq", "--max-items", "1", "--", job)
+	waitExists(t, filepath.Join(dir, "started"))
+	n.kill() // gone before the command ends: the ack cannot be made
+	require.Equal(t, exitFailure, w.wait(time.Minute))
+	require.Contains(t, w.stderr.String(), `msg="ack failed: the item will be delivered again"`)
+	require.Contains(t, w.stderr.String(), "leaseq work: 1 of 1 items could not be acked or nacked (see the log): they will be delivered again once their lease runs out\n")
+}
+
+// TestWork_SIGHUPDrainsLikeSIGTERM: SIGHUP (the terminal closed) stops
+// leaseq work as SIGTERM does: no new items, the running command is
+// waited for up to --drain-timeout, then killed and its item nacked for
+// redelivery at once; the command, in a process group of its own that the
+// hangup does not reach, never outlives leaseq work.
+func TestWork_SIGHUPDrainsLikeSIGTERM(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--sync", "none")
+	dir := t.TempDir()
+	job := script(t, dir, "hang.sh", "echo $$ > \"$OUT/pid\"\nexec sleep 60\n")
+	n.cli("enqueue", "hupq", "x")
+	w := n.startWork(t, []string{"OUT=" + dir}, "hupq", "--lease", "1s", "--drain-timeout", "1s", "--kill-grace", "1s", "--", job)
+	pid := readPID(t, filepath.Join(dir, "pid"))
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	w.signal(syscall.SIGHUP)
+	require.Equal(t, exitOK, w.wait(time.Minute))
+	require.Contains(t, w.stderr.String(), `msg="stopping: no new items, waiting for the running ones" svc=work queue=hupq signal=hangup`)
+	require.True(t, processGone(pid), "CMD (pid %d) outlived leaseq work", pid)
+	it := n.peekOne("hupq")
+	require.Equal(t, "interrupted: leaseq work stopped and its --drain-timeout ran out (process group killed)", it.LastError)
+	require.Equal(t, queueStats{Ready: 1, Enqueued: 1, Delivered: 1, Nacked: 1}, n.stats("hupq"))
+}
+
+// TestWork_CommandDiesWithLeaseqWork: if leaseq work itself dies (here
+// SIGKILL, which it cannot handle), the kernel SIGKILLs the commands it
+// was running, rather than leave them running beside their items'
+// redelivery.
+func TestWork_CommandDiesWithLeaseqWork(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--sync", "none")
+	dir := t.TempDir()
+	job := script(t, dir, "hang.sh", "echo $$ > \"$OUT/pid.$LEASEQ_ID\"\nexec sleep 60\n")
+	// Two at once: each command is started from a thread of its own.
+	ids := []string{strings.TrimSpace(n.cli("enqueue", "killq", "x").stdout), strings.TrimSpace(n.cli("enqueue", "killq", "y").stdout)}
+	w := n.startWork(t, []string{"OUT=" + dir}, "killq", "--concurrency", "2", "--", job)
+	var pids []int
+	for _, id := range ids {
+		pid := readPID(t, filepath.Join(dir, "pid."+id))
+		t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+		pids = append(pids, pid)
+	}
+	w.signal(syscall.SIGKILL)
+	w.wait(time.Minute)
+	for _, pid := range pids {
+		rpctest.Eventually(t, 10*time.Second, func() bool { return processGone(pid) }, "CMD (pid %d) outlived leaseq work", pid)
+	}
+}
+
+// TestWork_LongLinesWrittenWhole: with --concurrency above 1, a line of
+// 100,000 bytes (under the 1 MiB cap) is written as one prefixed line.
+func TestWork_LongLinesWrittenWhole(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--sync", "none")
+	dir := t.TempDir()
+	job := script(t, dir, "long.sh", "head -c 100000 /dev/zero | tr '\\0' x; echo\n")
+	id := strings.TrimSpace(n.cli("enqueue", "longlq", "x").stdout)
+	// Run directly (not startWork) so a failure does not dump 100 KB.
+	cmd := exec.Command(leaseqBin, "work", "longlq", "--concurrency", "2", "--max-items", "1", "--", job)
+	cmd.Env = cleanEnv("LEASEQ_ADDR=" + n.addr)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	require.NoError(t, cmd.Run(), errOut.String())
+	want := "[" + id + "] " + strings.Repeat("x", 100_000) + "\n"
+	got := out.String()
+	require.True(t, got == want, "stdout has %d lines (want 1 line of %d bytes): %d bytes", strings.Count(got, "\n"), len(want), len(got))
 }

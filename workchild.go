@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,12 +39,14 @@ const (
 	// for being gone during --kill-grace, so a command that exits on
 	// SIGTERM is settled at once, not after the whole grace period.
 	groupPollInterval = 20 * time.Millisecond
-	// maxPrefixedLine is the longest partial line held back for its
-	// prefix; a longer one is written in pieces, each with the prefix.
-	maxPrefixedLine = 64 << 10
+	// maxPrefixedLine bounds the line a linePrefixer holds back to
+	// write it whole: a longer line is written in pieces of this size,
+	// each with the prefix and a newline. Each run of CMD has two (stdout
+	// and stderr), so --concurrency N holds at most 2N MiB this way.
+	maxPrefixedLine = 1 << 20
 )
 
-// supervisor runs CMD for each item Consume hands it.
+// supervisor runs CMD for each item its consumer loop (consume) takes.
 type supervisor struct {
 	cfg         workConfig
 	clk         clock.Clock
@@ -56,7 +59,12 @@ type supervisor struct {
 	// SIGKILL); killed SIGKILLs them at once.
 	interrupted, killed *stopper
 
-	running, handled, failed atomic.Int64
+	// handled: items CMD ran for (or failed to start for); failed: those
+	// whose run failed; unsettled: those whose ack or nack failed (they
+	// come back once their lease runs out); backoffNacks: nacks made with
+	// the queue's backoff because the node refused --retry-delay.
+	running, handled, failed, unsettled, backoffNacks atomic.Int64
+	retryDelayRefused                                 atomic.Bool
 }
 
 func newSupervisor(w workConfig, clk clock.Clock, stdout io.Writer, stderr *lockedWriter, log *slog.Logger) *supervisor {
@@ -75,23 +83,23 @@ func (s *supervisor) interrupt(why error) { s.interrupted.stop(why) }
 // reason why.
 func (s *supervisor) killNow(why error) { s.killed.stop(why) }
 
-// handle is the Consume handler: it runs CMD for it and returns nil (ack)
-// or the nack reason.
-func (s *supervisor) handle(ctx context.Context, it storage.Item) error {
+// handle runs CMD for it, held under hl, and returns nil (ack) or the nack
+// reason and delay (nil: the queue's backoff). ctx is cancelled when the
+// lease is lost.
+func (s *supervisor) handle(ctx context.Context, it storage.Item, hl rpc.HandlerLease) (reason error, delay *time.Duration) {
 	s.running.Add(1)
 	defer s.running.Add(-1)
-	hl, _ := rpc.HandlerLeaseFrom(ctx)
 	s.log.Debug("item started", "job_id", it.ID.String(), "attempts", it.Attempts)
 	o := s.runChild(ctx, it, hl)
-	what, err := s.verdict(o)
+	what, reason, delay := s.verdict(o)
 	s.handled.Add(1)
-	if err != nil {
+	if reason != nil {
 		s.failed.Add(1)
 		s.log.Info("item failed", "job_id", it.ID.String(), "attempts", it.Attempts, "outcome", what)
-		return err
+		return reason, delay
 	}
 	s.log.Debug("item done", "job_id", it.ID.String())
-	return nil
+	return nil, nil
 }
 
 // childOutcome is how one run of CMD ended.
@@ -111,8 +119,12 @@ func (s *supervisor) runChild(ctx context.Context, it storage.Item, hl rpc.Handl
 	cmd.Stdin = bytes.NewReader(it.Payload)
 	cmd.Env = append(os.Environ(), childEnv(s.cfg.queue, it, hl)...)
 	// Its own group: a terminal's Ctrl-C reaches leaseq work only (which
-	// drains), and a kill reaches whatever CMD started.
+	// drains), and a kill reaches whatever CMD started. Should leaseq work
+	// itself die (SIGKILL, a crash), the kernel SIGKILLs CMD (not the
+	// processes CMD started), rather than leave it running beside its
+	// item's redelivery.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	setParentDeathSignal(cmd.SysProcAttr)
 	cmd.WaitDelay = outputWaitDelay
 	tail := &tailBuffer{max: stderrTailSize}
 	if s.cfg.concurrency == 1 {
@@ -127,10 +139,10 @@ func (s *supervisor) runChild(ctx context.Context, it storage.Item, hl rpc.Handl
 		cmd.Stdout = out
 		cmd.Stderr = io.MultiWriter(tail, errOut)
 	}
-	if err := cmd.Start(); err != nil {
+	exited := make(chan struct{})
+	if err := startLocked(cmd, exited); err != nil {
 		return childOutcome{startErr: err}
 	}
-	exited := make(chan struct{})
 	go func() {
 		// Joined below: every path waits for exited. The error is
 		// ProcessState's, or ErrWaitDelay (output held open by a
@@ -163,6 +175,31 @@ func (s *supervisor) runChild(ctx context.Context, it storage.Item, hl rpc.Handl
 		<-exited
 	}
 	return childOutcome{killed: killed, state: cmd.ProcessState, stderr: tail.String()}
+}
+
+// setParentDeathSignal has the kernel SIGKILL the child once its parent
+// dies (Linux's PR_SET_PDEATHSIG). The parent, for the kernel, is the
+// thread that forked the child: start it with startLocked.
+func setParentDeathSignal(a *syscall.SysProcAttr) { a.Pdeathsig = syscall.SIGKILL }
+
+// startLocked starts cmd from a goroutine locked to its OS thread until
+// exited is closed (after cmd was waited for). The parent-death signal
+// fires when the forking thread exits, not the process (golang/go#27505),
+// and the Go runtime ends a thread whose locked goroutine exits, so the
+// thread must not be handed back to the runtime while the child lives.
+// The cost is one parked thread per running child.
+func startLocked(cmd *exec.Cmd, exited <-chan struct{}) error {
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		err := cmd.Start()
+		started <- err
+		if err == nil {
+			<-exited
+		}
+	}()
+	return <-started
 }
 
 // killGroup sends SIGTERM to process group pgid, then SIGKILL once grace
@@ -203,11 +240,11 @@ func groupGone(pgid int, exited <-chan struct{}) bool {
 	return errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH)
 }
 
-// verdict turns an outcome into the handler's result: nil acks; an error
-// nacks with its text as the reason (a RetryAfter error with its delay).
-// what is the outcome without the stderr tail, for the log.
-func (s *supervisor) verdict(o childOutcome) (what string, err error) {
-	var delay *time.Duration
+// verdict turns an outcome into the handler's result: a nil reason acks;
+// a reason nacks with its text, after delay (nil: the queue's backoff;
+// s.cfg.retryDelay itself after exit 75). what is the outcome without the
+// stderr tail, for the log.
+func (s *supervisor) verdict(o childOutcome) (what string, reason error, delay *time.Duration) {
 	switch {
 	case o.startErr != nil:
 		what = "cannot start the command: " + unwrapExecError(o.startErr).Error()
@@ -218,21 +255,18 @@ func (s *supervisor) verdict(o childOutcome) (what string, err error) {
 			delay = &now
 		}
 	case o.state.Success():
-		return "exit status 0", nil
+		return "exit status 0", nil, nil
 	case o.state.ExitCode() == exTempFail:
 		what = "exit status 75 (EX_TEMPFAIL)"
 		delay = s.cfg.retryDelay
 	default:
 		what = o.state.String() // "exit status N" or "signal: killed"
 	}
-	err = errors.New(what)
+	reason = errors.New(what)
 	if o.stderr != "" {
-		err = fmt.Errorf("%s: %s", what, o.stderr)
+		reason = fmt.Errorf("%s: %s", what, o.stderr)
 	}
-	if delay != nil {
-		err = rpc.RetryAfter(*delay, err)
-	}
-	return what, err
+	return what, reason, delay
 }
 
 // childEnv is the LEASEQ_* environment of CMD for one item. The formats
@@ -278,9 +312,12 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-// linePrefixer writes whole lines to w, each starting with prefix; a
-// partial line waits for its end (or flush). One per stream of one child,
-// so exec's copying goroutine is its only writer.
+// linePrefixer writes whole lines to w, each starting with prefix, in one
+// Write each; a partial line waits for its end (or flush). A line longer
+// than maxPrefixedLine is written in pieces of that size, each prefixed
+// and ended with a newline, so that a child printing without newlines
+// cannot make leaseq work hold unbounded memory. One per stream of one
+// child, so exec's copying goroutine is its only writer.
 type linePrefixer struct {
 	prefix string
 	w      io.Writer
@@ -299,9 +336,9 @@ func (p *linePrefixer) Write(b []byte) (int, error) {
 		out = append(append(out, p.prefix...), p.buf[start:start+i+1]...)
 		start += i + 1
 	}
-	if len(p.buf)-start >= maxPrefixedLine {
-		out = append(append(append(out, p.prefix...), p.buf[start:]...), '\n')
-		start = len(p.buf)
+	for len(p.buf)-start > maxPrefixedLine {
+		out = append(append(append(out, p.prefix...), p.buf[start:start+maxPrefixedLine]...), '\n')
+		start += maxPrefixedLine
 	}
 	p.buf = p.buf[:copy(p.buf, p.buf[start:])]
 	if len(out) == 0 {
