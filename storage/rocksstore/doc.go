@@ -346,9 +346,11 @@
 // held batch is an ordinary lease, hidden from every caller: Stats counts
 // its items as available, checkItem answers for them as for available
 // items, a poll that does not match (another max or lease, or a ready
-// item, or another held batch's item, that comes before the batch's last
-// one in serve order: the earliest held batch answers first, whichever
-// consumer's ack claimed it) gives every held batch back in its op
+// item, or an item of a held batch that cannot answer it, stale or
+// claimed for another max or lease, that comes before the batch's last
+// one in serve order; of several that match, the one whose first item
+// comes first answers, whichever consumer's ack claimed it) gives every
+// held batch back in its op
 // before it claims (so it takes the head, as the model says; claimHead,
 // also for the claim an enqueue makes for a parked poll), and Peek,
 // Purge, Check, a sweep (for stale batches and those holding unpromoted

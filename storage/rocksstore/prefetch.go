@@ -16,8 +16,8 @@ import (
 // commit (and fsync): an ordinary claim under an ordinary lease, kept in
 // the queue's prefetch list instead of being answered. A poll that
 // matches one (same max and lease, within PrefetchHold after the claim,
-// and nothing now ready, nor held in another batch, that a claim would
-// take first) is answered with
+// and nothing now ready, nor held in a batch that cannot answer it, that
+// a claim would take first) is answered with
 // it at once: its lease is already durable, so no batch and no fsync, and
 // the lease is promised the expiry a claim at the poll would have had.
 // Any other poll (and the claim an enqueue makes for a parked poll), and
@@ -176,8 +176,9 @@ func (s *Store) prefetchDone(plan *prefetchPlan, ok bool) {
 // take: nothing ready now comes before its last item in serve order (an
 // item ready since the claim may: one whose lease expired, ready again as
 // of its expiry, or one enqueued at an earlier instant by a racing
-// caller), nor an item of another held batch (heldBefore), and it is
-// full or nothing else is ready. Off the committer
+// caller), nor an item of a held batch that cannot answer the poll
+// (heldBefore), and it is full or nothing else is ready; of several, the
+// one whose first item comes first. Off the committer
 // (inOp false) only a durable batch answers, at once; a poll's op (inOp)
 // takes any, since its own fsync covers the batch that claimed it. The answer's
 // lease counts from now, as a claim's at now would: the lease is
@@ -197,40 +198,70 @@ func (s *Store) takePrefetched(q *queueState, max int, lease, now int64, inOp bo
 		return storage.PollResult{}, nil
 	}
 	prio, first, anyReady := q.ready.firstReady(now)
+	best := -1
 	for i, e := range q.prefetch {
-		match := e.max == max && e.dur == lease && now >= e.now && now-e.now <= hold &&
+		match := e.answers(max, lease, now, hold) &&
 			!(anyReady && (len(e.recs) < e.max || e.sortsAfter(prio, first))) &&
-			!q.heldBefore(e)
+			!q.heldBefore(e, max, lease, now, hold)
 		if !match || !e.ready && !inOp {
 			continue // off the committer, a batch whose commit is not durable yet is not taken
 		}
-		q.prefetch = slices.Delete(q.prefetch, i, i+1)
-		e.released = true
-		s.m.prefetchHits.Add(1)
-		res = e.res
-		res.ExpiresAt = instant(now + lease)
-		e.l.promised.Store(now + lease)
-		return res, e
+		if best < 0 || e.firstBefore(q.prefetch[best]) {
+			best = i
+		}
 	}
-	return storage.PollResult{}, nil
+	if best < 0 {
+		return storage.PollResult{}, nil
+	}
+	e = q.prefetch[best]
+	q.prefetch = slices.Delete(q.prefetch, best, best+1)
+	e.released = true
+	s.m.prefetchHits.Add(1)
+	res = e.res
+	res.ExpiresAt = instant(now + lease)
+	e.l.promised.Store(now + lease)
+	return res, e
 }
 
-// heldBefore reports whether another batch q holds claimed ahead has an
-// item that comes before e's last one in serve order. Held items count as
-// available, so a poll that took e would be served behind them: the
-// earliest held batch answers first (with consumers alike, the next
-// poll gets it whichever consumer's ack claimed it), and a held batch
-// that cannot answer (stale, or claimed for another max or lease) keeps
-// the ones behind it until a poll's op gives every batch back. A batch's
-// items are in serve order, so its first is its earliest. REQUIRES: q.mu
-// held.
-func (q *queueState) heldBefore(e *prefetched) bool {
+// answers reports whether e may answer a poll of max items leased for
+// lease ns at now: claimed for the same max and lease, within the hold.
+func (e *prefetched) answers(max int, lease, now, hold int64) bool {
+	return e.max == max && e.dur == lease && now >= e.now && now-e.now <= hold
+}
+
+// heldBefore reports whether a batch q holds claimed ahead that cannot
+// answer a poll of max items leased for lease ns at now (stale, or
+// claimed for another max or lease) has an item that comes before e's
+// last one in serve order. Held items count as available, so a poll
+// answered with e would be served behind it: such a batch keeps the ones
+// behind it back, and the poll's op gives every batch back and claims
+// the head. Among batches that can answer, the one whose first item
+// comes first does (takePrefetched): they are the next polls' batches,
+// claimed for consumers polling alike at once, whose items may
+// interleave when racing producers' instants do, and whose order among
+// themselves is that of concurrent polls. A batch's items are in serve
+// order, so its first is its earliest. REQUIRES: q.mu held.
+func (q *queueState) heldBefore(e *prefetched, max int, lease, now, hold int64) bool {
 	for _, f := range q.prefetch {
-		if f != e && e.sortsAfter(f.prios[0], readyEntry{vis: f.recs[0].VisibleAt, id: f.res.Items[0].ID}) {
+		if f != e && !f.answers(max, lease, now, hold) && e.sortsAfter(f.prios[0], f.firstEntry()) {
 			return true
 		}
 	}
 	return false
+}
+
+// firstEntry is e's first item as a serve-order entry.
+func (e *prefetched) firstEntry() readyEntry {
+	return readyEntry{vis: e.recs[0].VisibleAt, id: e.res.Items[0].ID}
+}
+
+// firstBefore reports whether e's first item comes before f's in serve
+// order.
+func (e *prefetched) firstBefore(f *prefetched) bool {
+	if e.prios[0] != f.prios[0] {
+		return e.prios[0] < f.prios[0]
+	}
+	return e.firstEntry().less(f.firstEntry())
 }
 
 // sortsAfter reports whether the ready entry first, of priority prio,
