@@ -3,7 +3,6 @@ package rocksstore
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,26 +11,13 @@ import (
 	"github.com/leaseq/leaseq/storage"
 )
 
-// ctxHook runs fn the first time Err is called: a hook into a call
-// that checks its ctx between steps.
-type ctxHook struct {
-	context.Context
-	once sync.Once
-	fn   func()
-}
-
-func (c *ctxHook) Err() error {
-	c.once.Do(c.fn)
-	return c.Context.Err()
-}
-
 // Purge gives back the batches claimed ahead before it deletes. A batch
 // an ack claims ahead after that give-back and before Purge's first
 // delete (Purge checks its ctx there) is purged with its lease, and its
 // items count as never delivered: no consumer got them.
 func TestPurge_BatchClaimedAheadMeanwhileCountsNoDelivery(t *testing.T) {
 	b, _, _ := prefetchSetup(t, 8)
-	ctx := &ctxHook{Context: context.Background(), fn: func() {
+	ctx := &hookCtx{Context: context.Background(), fn: func() {
 		b.pollAck(2, at(time.Second)) // delivers 2, and claims 2 ahead
 	}}
 	n, err := b.s.Purge(ctx, storage.PurgeParams{Queue: "q", Now: at(time.Second)})
@@ -44,77 +30,66 @@ func TestPurge_BatchClaimedAheadMeanwhileCountsNoDelivery(t *testing.T) {
 	require.EqualValues(t, 2, st.Delivered, "only the polled items count as delivered")
 }
 
-// Peek reads each listed record from its iterator's snapshot and the
-// record's external payload (over 4 KiB) from the latest state: an item
-// acked between the two is left out of the page, not reported as
-// damaged data.
-func TestPeek_ItemsAckedMeanwhileAreLeftOut(t *testing.T) {
-	b := setup(t)
-	ctx := context.Background()
+// pageWhileDeleting runs rounds of 64 items with external payloads (over
+// 4 KiB), enqueued and polled; in each, prepare runs, then page runs 20
+// times while del deletes the items. It returns page's first error.
+func pageWhileDeleting(b *testBundle, maxAttempts uint32, page func(n int) error, prepare, del func(now time.Time, r storage.PollResult)) error {
 	big := make([]byte, 5000)
 	const n = 64
 	items := make([]storage.EnqueueItem, n)
 	for i := range items {
-		items[i] = storage.EnqueueItem{Payload: big}
+		items[i] = storage.EnqueueItem{Payload: big, MaxAttempts: maxAttempts}
 	}
-	var peekErr error
-	for round := 0; round < 100 && peekErr == nil; round++ {
+	var pageErr error
+	for round := 0; round < 100 && pageErr == nil; round++ {
 		now := at(time.Duration(round) * time.Second)
 		b.enqueue("q", now, items...)
 		r := b.poll("q", n, time.Minute, now)
-		require.Len(t, r.Items, n)
+		require.Len(b.t, r.Items, n)
+		prepare(now, r)
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			for i := 0; i < 20 && peekErr == nil; i++ {
-				_, err := b.s.Peek(ctx, storage.PeekParams{Queue: "q", Inflight: true, Limit: n, Now: now})
-				if err != nil {
-					peekErr = err
-				}
+			for i := 0; i < 20 && pageErr == nil; i++ {
+				pageErr = page(n)
 			}
 		}()
 		time.Sleep(time.Duration(round%5) * 50 * time.Microsecond)
-		b.ack("q", r.Lease, now, itemIDs(r.Items)...)
+		del(now, r)
 		<-done
 	}
-	require.NoError(t, peekErr, "Peek of inflight items failed while they were acked")
+	return pageErr
+}
+
+// Peek reads each listed record from its iterator's snapshot and the
+// record's external payload from the latest state: an item acked between
+// the two is left out of the page, not reported as damaged data.
+func TestPeek_ItemsAckedMeanwhileAreLeftOut(t *testing.T) {
+	b := setup(t)
+	err := pageWhileDeleting(b, 0, func(n int) error {
+		_, err := b.s.Peek(context.Background(), storage.PeekParams{Queue: "q", Inflight: true, Limit: n, Now: at(0)})
+		return err
+	}, func(time.Time, storage.PollResult) {}, func(now time.Time, r storage.PollResult) {
+		b.ack("q", r.Lease, now, itemIDs(r.Items)...)
+	})
+	require.NoError(t, err, "Peek of inflight items failed while they were acked")
 }
 
 // DeadList leaves out dead items that PurgeDead deletes while it pages,
 // as Peek does acked ones.
 func TestDeadList_ItemsPurgedMeanwhileAreLeftOut(t *testing.T) {
 	b := setup(t)
-	ctx := context.Background()
-	big := make([]byte, 5000)
-	const n = 64
-	items := make([]storage.EnqueueItem, n)
-	for i := range items {
-		items[i] = storage.EnqueueItem{Payload: big, MaxAttempts: 1}
-	}
-	var listErr error
-	for round := 0; round < 100 && listErr == nil; round++ {
-		now := at(time.Duration(round) * time.Second)
-		b.enqueue("q", now, items...)
-		r := b.poll("q", n, time.Minute, now)
-		require.Len(t, r.Items, n)
+	err := pageWhileDeleting(b, 1, func(n int) error {
+		_, err := b.s.DeadList(context.Background(), storage.DeadListParams{Queue: "q", Limit: n})
+		return err
+	}, func(now time.Time, r storage.PollResult) {
 		b.nack("q", r.Lease, nil, now, itemIDs(r.Items)...) // out of attempts: dead
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			for i := 0; i < 20 && listErr == nil; i++ {
-				_, err := b.s.DeadList(ctx, storage.DeadListParams{Queue: "q", Limit: n})
-				if err != nil {
-					listErr = err
-				}
-			}
-		}()
-		time.Sleep(time.Duration(round%5) * 50 * time.Microsecond)
-		res, err := b.s.PurgeDead(ctx, storage.RedriveParams{Queue: "q", Limit: n, Now: now})
-		require.NoError(t, err)
-		require.Equal(t, n, res.Moved)
-		<-done
-	}
-	require.NoError(t, listErr, "DeadList failed while the dead items were purged")
+	}, func(now time.Time, r storage.PollResult) {
+		res, err := b.s.PurgeDead(context.Background(), storage.RedriveParams{Queue: "q", Limit: len(r.Items), Now: now})
+		require.NoError(b.t, err)
+		require.Equal(b.t, len(r.Items), res.Moved)
+	})
+	require.NoError(t, err, "DeadList failed while the dead items were purged")
 }
 
 // waitUnsynced waits until n batches wait for an fsync.

@@ -74,6 +74,27 @@ func requireCheckDir(t *testing.T, dir string, items int) {
 	require.Equal(t, items, rep.Items)
 }
 
+// requireOpens requires the database in dir, after a crash, to be
+// consistent with items ready items when checked read-only, opened, and
+// opened again.
+func requireOpens(t *testing.T, dir string, items int) {
+	t.Helper()
+	requireCheckDir(t, dir, items)
+	c := setupDir(t, dir, zeroedWALOptions)
+	require.Equal(t, int64(items), c.stats("q", at(time.Second)).Ready)
+	c.reopen()
+	require.Equal(t, int64(items), c.stats("q", at(time.Second)).Ready)
+}
+
+// requireTornAt requires walTornTail to find the tear of dir's log at off.
+func requireTornAt(t *testing.T, dir string, off int) {
+	t.Helper()
+	torn, err := walTornTail(dir)
+	require.NoError(t, err)
+	require.NotNil(t, torn)
+	require.Equal(t, int64(off), torn.Offset, "cut where the torn record starts")
+}
+
 // A record that crosses a block boundary is written as a first fragment
 // at the end of one block and a last fragment at the start of the next.
 // A crash before its fsync, over a zero-filled spare, can leave the first
@@ -94,16 +115,8 @@ func TestOpen_TornFirstFragmentAtBlockBoundary(t *testing.T) {
 	clear(wal[walBlockSize:])
 	require.NoError(t, os.WriteFile(log, wal, 0o600))
 
-	torn, err := walTornTail(crashed)
-	require.NoError(t, err)
-	require.NotNil(t, torn)
-	require.Equal(t, int64(first.off), torn.Offset, "cut where the torn record starts")
-	requireCheckDir(t, crashed, n-1)
-
-	c := setupDir(t, crashed, zeroedWALOptions)
-	require.Equal(t, int64(n-1), c.stats("q", at(time.Second)).Ready)
-	c.reopen()
-	require.Equal(t, int64(n-1), c.stats("q", at(time.Second)).Ready)
+	requireTornAt(t, crashed, first.off)
+	requireOpens(t, crashed, n-1)
 }
 
 // The same record across blocks 0 and 1, with the other page lost: the
@@ -125,16 +138,8 @@ func TestOpen_TornRecordWithoutItsFirstFragment(t *testing.T) {
 	clear(wal[first.off:walBlockSize])
 	require.NoError(t, os.WriteFile(log, wal, 0o600))
 
-	torn, err := walTornTail(crashed)
-	require.NoError(t, err)
-	require.NotNil(t, torn)
-	require.Equal(t, int64(first.off), torn.Offset, "cut where the torn record starts")
-	requireCheckDir(t, crashed, n-1)
-
-	c := setupDir(t, crashed, zeroedWALOptions)
-	require.Equal(t, int64(n-1), c.stats("q", at(time.Second)).Ready)
-	c.reopen()
-	require.Equal(t, int64(n-1), c.stats("q", at(time.Second)).Ready)
+	requireTornAt(t, crashed, first.off)
+	requireOpens(t, crashed, n-1)
 }
 
 // RocksDB creates the next log (here: renames the zero-filled spare) at a
@@ -150,12 +155,7 @@ func TestOpen_TornOlderLogBeforeEmptyNewerLog(t *testing.T) {
 	crashed, log, _ := crashCopy(t, b.dir)
 	tearNewestLog(t, crashed)
 	require.NoError(t, os.WriteFile(nextLogName(t, log), make([]byte, testSpare), 0o600))
-	requireCheckDir(t, crashed, 99)
-
-	c := setupDir(t, crashed, zeroedWALOptions)
-	require.Equal(t, int64(99), c.stats("q", at(time.Second)).Ready)
-	c.reopen()
-	require.Equal(t, int64(99), c.stats("q", at(time.Second)).Ready)
+	requireOpens(t, crashed, 99)
 }
 
 // As above, but the batch after the torn one reached the newer log whole.
