@@ -180,6 +180,9 @@ func DefaultQueueConfig() QueueConfig {
 // random number in [0, 1). Every Store uses this function so the bound is
 // the same everywhere.
 func Backoff(c QueueConfig, attempts uint32, r float64) time.Duration {
+	if c.BackoffBase <= 0 {
+		return 0 // min(0*2^attempts, max): a queue that retries at once
+	}
 	ceil := c.BackoffMax
 	if attempts < 62 {
 		if d := c.BackoffBase << attempts; d > 0 && d < ceil && d>>attempts == c.BackoffBase {

@@ -233,7 +233,15 @@ func (r *run) checkItems() {
 		func(first, again *Item) {
 			r.add(KindItemDuplicate, "%s is both %s and %s", ref{first.Queue, first.ID}, first.State, again.State)
 		})
+	// Ids are unique per node, not per queue (DESIGN.md): an id under two
+	// queues is one item in two states.
+	queueOf := make(map[storage.ItemID]string, len(r.items))
 	r.eachItem(func(k ref, it *Item) {
+		if q, ok := queueOf[it.ID]; ok {
+			r.add(KindItemDuplicate, "item %s is in queue %s and in queue %s (%s)", it.ID, q, it.Queue, it.State)
+		} else {
+			queueOf[it.ID] = it.Queue
+		}
 		if !r.queues[it.Queue] {
 			r.add(KindUnknownQueue, "%s: the queue has no config", k)
 		}

@@ -467,9 +467,9 @@ func testExtendRejections(t *testing.T, f *fixture) {
 	p := f.poll("q", 1, 10*time.Second, at(0))
 	_, err := f.extend("other", p.Lease, time.Minute, at(time.Second))
 	requireIs(t, err, storage.ErrLeaseMismatch, "a live lease presented for another queue")
-	_, err = f.extend("q", p.Lease, storage.DefaultLimits.MinLease-1, at(time.Second))
+	_, err = f.extend("q", p.Lease, f.h.limits().MinLease-1, at(time.Second))
 	requireIs(t, err, storage.ErrInvalidArgument, "duration below the minimum lease")
-	_, err = f.extend("q", p.Lease, storage.DefaultLimits.MaxLease+1, at(time.Second))
+	_, err = f.extend("q", p.Lease, f.h.limits().MaxLease+1, at(time.Second))
 	requireIs(t, err, storage.ErrInvalidArgument, "duration above the maximum lease")
 	_, err = f.extend("q", p.Lease, time.Minute, at(10*time.Second))
 	requireIs(t, err, storage.ErrLeaseExpired, "at its expiry the lease is no longer live")
@@ -524,12 +524,12 @@ func testNackWithZeroDelayIsReadyAtOnce(t *testing.T, f *fixture) {
 func testNackDelayOutOfRange(t *testing.T, f *fixture) {
 	id := f.enqueueN("q", at(0), 1)[0]
 	p := f.poll("q", 1, time.Minute, at(0))
-	for _, d := range []time.Duration{-1, storage.DefaultLimits.MaxDelay + 1} {
+	for _, d := range []time.Duration{-1, f.h.limits().MaxDelay + 1} {
 		_, err := f.s.Nack(f.ctx, storage.NackParams{Queue: "q", Lease: p.Lease, IDs: []storage.ItemID{id}, Delay: &d, Now: at(0)})
 		requireIs(t, err, storage.ErrInvalidArgument, "delay %v", d)
 	}
 	require.Equal(t, counts{Inflight: 1, Leases: 1}, gauges(f.stats("q", at(0))), "nothing changed")
-	maxDelay := storage.DefaultLimits.MaxDelay
+	maxDelay := f.h.limits().MaxDelay
 	require.Equal(t, codes(storage.CodeOK), f.nack("q", p.Lease, &maxDelay, "", at(0), id), "the maximum delay itself is fine")
 }
 
@@ -547,12 +547,23 @@ func testNackBackoffBounds(t *testing.T, f *fixture) {
 		require.Len(t, p.Items, n, "attempt %d", attempt)
 		require.Equal(t, n, len(f.nack("q", p.Lease, nil, "backoff", now, ids(p.Items)...)))
 		ceiling := min(c.BackoffBase<<attempt, c.BackoffMax)
+		var waiting int
+		var longest time.Duration
 		for _, it := range f.peek("q", false, storage.ItemID{}, n, now) {
 			require.Equal(t, attempt, it.Attempts)
 			d := it.VisibleAt.Sub(now)
 			require.GreaterOrEqual(t, d, time.Duration(0), "attempt %d", attempt)
 			require.LessOrEqual(t, d, ceiling, "attempt %d: backoff within [0, min(base*2^attempts, max)]", attempt)
+			if d > 0 {
+				waiting++
+			}
+			longest = max(longest, d)
 		}
+		// The delays are drawn uniformly from the whole range: with 40
+		// items, all of them at 0, or all in its lower half (a lower
+		// ceiling than base*2^attempts), would be a 2^-40 chance.
+		require.Greater(t, waiting, n/2, "attempt %d: a nack without a delay backs off", attempt)
+		require.Greater(t, longest, ceiling/2, "attempt %d: backoff drawn up to min(base*2^attempts, max)", attempt)
 		now = now.Add(c.BackoffMax)
 	}
 }
@@ -877,7 +888,7 @@ func testSweepLimitPerKind(t *testing.T, f *fixture) {
 	}
 	f.enqueueN("q", at(0), 3)
 	for i := 0; i < 3; i++ {
-		p := f.poll("q", 1, storage.DefaultLimits.MinLease, at(0))
+		p := f.poll("q", 1, f.h.limits().MinLease, at(0))
 		require.Len(t, p.Items, 1)
 	}
 	res := f.sweep(at(time.Second), 2)
@@ -921,7 +932,7 @@ func testDeadlinesBehindSweep(t *testing.T, f *fixture) {
 		storage.EnqueueItem{Payload: []byte("y")},
 		storage.EnqueueItem{Payload: []byte("z"), Delay: 50 * time.Millisecond, DedupKey: "k2"},
 	)
-	late := f.poll("q", 1, storage.DefaultLimits.MinLease, at(0))
+	late := f.poll("q", 1, f.h.limits().MinLease, at(0))
 	require.Len(t, late.Items, 1)
 	res = f.sweep(at(6*time.Second), 100)
 	require.Equal(t, 1, res.LeasesExpired, "a lease that expired before the last sweep's instant")

@@ -29,12 +29,9 @@ type Harness struct {
 	DataDir func(s storage.Store) string
 }
 
-func (h Harness) limits() storage.Limits {
-	if h.Limits == (storage.Limits{}) {
-		return storage.DefaultLimits
-	}
-	return h.Limits
-}
+// limits is h.Limits with storage.DefaultLimits for every field left
+// zero, as the stores fill them.
+func (h Harness) limits() storage.Limits { return h.Limits.WithDefaults() }
 
 // base is the instant every test starts at: far from the Unix epoch and with
 // a nanosecond part, so an encoding that drops precision shows up.

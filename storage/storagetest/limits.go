@@ -27,7 +27,7 @@ func testQueueConfigDefaultsAndValidation(t *testing.T, f *fixture) {
 	require.Equal(t, storage.DefaultQueueConfig(), cfg, "created on first enqueue with the defaults")
 
 	good := storage.QueueConfig{MaxAttempts: 9, LeaseDuration: time.Minute, DedupWindow: time.Hour, BackoffBase: time.Second, BackoffMax: time.Minute}
-	lim := storage.DefaultLimits
+	lim := f.h.limits()
 	for name, mut := range map[string]func(*storage.QueueConfig){
 		"zero max attempts":    func(c *storage.QueueConfig) { c.MaxAttempts = 0 },
 		"lease below minimum":  func(c *storage.QueueConfig) { c.LeaseDuration = lim.MinLease - 1 },
@@ -62,7 +62,7 @@ func testQueueConfigDefaultsAndValidation(t *testing.T, f *fixture) {
 func testBadQueueNames(t *testing.T, f *fixture) {
 	f.enqueueN("q", at(0), 1)
 	p := f.poll("q", 1, time.Minute, at(0))
-	lim := storage.DefaultLimits
+	lim := f.h.limits()
 	ok := string(bytes.Repeat([]byte("n"), lim.MaxQueueName))
 	f.enqueueN(ok, at(0), 1) // the longest name is fine
 	for _, name := range []string{"", ok + "n", "a/b", "a b", "ä", "q\x00", "q:1"} {
@@ -101,7 +101,7 @@ func testBadQueueNames(t *testing.T, f *fixture) {
 }
 
 func testBatchAndRangeLimits(t *testing.T, f *fixture) {
-	lim := storage.DefaultLimits
+	lim := f.h.limits()
 	f.enqueueN("q", at(0), 1)
 	_, err := f.s.Enqueue(f.ctx, storage.EnqueueParams{Queue: "q", Items: make([]storage.EnqueueItem, lim.MaxBatch+1), Now: at(0)})
 	requireIs(t, err, storage.ErrInvalidArgument, "enqueue batch too large")
@@ -140,7 +140,7 @@ func testBatchAndRangeLimits(t *testing.T, f *fixture) {
 }
 
 func testPerItemLimits(t *testing.T, f *fixture) {
-	lim := storage.DefaultLimits
+	lim := f.h.limits()
 	res := f.enqueue("q", at(0),
 		storage.EnqueueItem{Payload: make([]byte, lim.MaxPayload+1)},
 		storage.EnqueueItem{Payload: make([]byte, lim.MaxPayload)},
@@ -170,7 +170,7 @@ func testPerItemLimits(t *testing.T, f *fixture) {
 }
 
 func testReasonIsTruncated(t *testing.T, f *fixture) {
-	lim := storage.DefaultLimits
+	lim := f.h.limits()
 	id := f.enqueueN("q", at(0), 1)[0]
 	p := f.poll("q", 1, time.Minute, at(0))
 	long := string(bytes.Repeat([]byte("r"), lim.MaxReason+10))
