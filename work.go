@@ -1,6 +1,6 @@
 // The work command: run a program once per item of a queue, as a
-// supervised worker: a consumer loop like rpc.Client.Consume's that acks
-// and nacks each item itself. workchild.go runs one child process.
+// supervised worker on top of rpc.Client.Consume. workchild.go runs one
+// child process.
 
 package main
 
@@ -209,7 +209,20 @@ func runWork(ctx context.Context, e *env, c *rpc.Client, w workConfig, stderr *l
 	wg.Go(func() { s.watchSignals(e, sigs, done, stopTaking, &second) })
 
 	log.Info("leaseq work started", "command", w.argv[0], "concurrency", w.concurrency, "lease", w.lease, "timeout", w.timeout)
-	err := s.consume(takeCtx, c)
+	err := c.Consume(takeCtx, rpc.ConsumerConfig{
+		Queue:    w.queue,
+		Workers:  w.concurrency,
+		Batch:    1, // one item per run of CMD; a batch would hold its later items unstarted
+		Lease:    w.lease,
+		Clock:    clk,
+		Logger:   logger, // Consume adds its own svc and queue
+		MaxItems: w.maxItems,
+		Handler:  s.handle,
+		// A failed ack or nack is counted and makes the run exit 1: the
+		// item comes back although it was handled.
+		OnSettleFailed: s.settleFailed,
+		OnBackoffNack:  s.backoffNack,
+	})
 	close(done)
 	wg.Wait()
 	handled, failed, unsettled := s.handled.Load(), s.failed.Load(), s.unsettled.Load()
@@ -231,182 +244,28 @@ func runWork(ctx context.Context, e *env, c *rpc.Client, w workConfig, stderr *l
 	return nil
 }
 
-// consume is work's consumer loop: --concurrency workers, each taking one
-// item per poll (a batch would hold its later items unstarted) and running
-// CMD for it (work). It is rpc.Client.Consume's loop, except that it acks
-// and nacks every item itself, so that an ack or nack that fails is known
-// and counted (exit 1) rather than only logged. Once ctx is cancelled no
-// new item is taken and the running ones finish; with --max-items it
-// returns once that many were taken and settled. A poll that fails stops
-// every worker after its item and is returned.
-func (s *supervisor) consume(ctx context.Context, c *rpc.Client) error {
-	budget := &itemBudget{left: s.cfg.maxItems, unlimited: s.cfg.maxItems == 0}
-	pollCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	// Items taken are run, extended and settled even after ctx ends.
-	settleCtx := context.WithoutCancel(ctx)
-	var (
-		wg       sync.WaitGroup
-		errOnce  sync.Once
-		firstErr error
-	)
-	for range s.cfg.concurrency {
-		wg.Go(func() {
-			if err := s.consumeLoop(pollCtx, settleCtx, c, budget); err != nil {
-				errOnce.Do(func() { firstErr = err })
-				stop()
-			}
-		})
+// settleFailed counts an item whose ack or nack failed (Consume's
+// OnSettleFailed): the node delivers it again once its lease runs out, so
+// the run must not say all went well.
+func (s *supervisor) settleFailed(id storage.ItemID, ack bool, err error) {
+	s.unsettled.Add(1)
+	if ack {
+		s.log.Warn("ack failed: the item will be delivered again", "job_id", id.String(), "err", err)
+		return
 	}
-	wg.Wait()
-	return firstErr
+	s.log.Warn("nack failed: the item will be delivered again once its lease runs out", "job_id", id.String(), "err", err)
 }
 
-// consumeLoop is one worker: poll one item, work on it, until pollCtx
-// ends, the item budget is spent or a poll fails.
-func (s *supervisor) consumeLoop(pollCtx, ctx context.Context, c *rpc.Client, budget *itemBudget) error {
-	for pollCtx.Err() == nil {
-		if !budget.take() {
-			return nil // the items left are reserved by workers still polling
-		}
-		pr, err := c.Poll(pollCtx, s.cfg.queue, 1, s.cfg.lease, rpc.DefaultConsumerWait)
-		if len(pr.Items) == 0 {
-			budget.give()
-		}
-		for _, it := range pr.Items { // leased even when the call also failed
-			s.work(ctx, c, pr, it)
-		}
-		if err != nil {
-			if pollCtx.Err() != nil {
-				return nil
-			}
-			return err
-		}
+// backoffNack counts an item nacked with the queue's backoff because the
+// node refused its delay (Consume's OnBackoffNack): only --retry-delay can
+// be over the node's --max-delay, which the client cannot learn. The
+// first one is said in the log in terms of the flag.
+func (s *supervisor) backoffNack(_ storage.ItemID, delay time.Duration, err error) {
+	s.backoffNacks.Add(1)
+	if !s.retryDelayRefused.Swap(true) {
+		s.log.Warn("the node refused --retry-delay (over its --max-delay): items are nacked with the queue's backoff instead",
+			"retry_delay", delay, "err", err)
 	}
-	return nil
-}
-
-// itemBudget counts the items a --max-items run may still take: a worker
-// reserves one before it polls and gives it back when the poll was empty,
-// so the workers together never take more than --max-items.
-type itemBudget struct {
-	mu        sync.Mutex
-	left      int
-	unlimited bool // --max-items 0
-}
-
-func (b *itemBudget) take() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.unlimited {
-		return true
-	}
-	if b.left == 0 {
-		return false
-	}
-	b.left--
-	return true
-}
-
-func (b *itemBudget) give() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.left++
-}
-
-// work runs CMD for it, leased under pr, extending the lease every third
-// of --lease meanwhile (a lease found gone cancels the handler's ctx,
-// which kills CMD), then acks or nacks it.
-func (s *supervisor) work(ctx context.Context, c *rpc.Client, pr storage.PollResult, it storage.Item) {
-	hctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var lost atomic.Bool
-	stopExtend := make(chan struct{})
-	var ext sync.WaitGroup
-	ext.Go(func() {
-		tick := s.clk.Ticker(s.cfg.lease / 3)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stopExtend:
-				return
-			case <-tick.C:
-				_, err := c.Extend(ctx, s.cfg.queue, pr.Lease, s.cfg.lease)
-				switch {
-				case errors.Is(err, storage.ErrLeaseExpired) || errors.Is(err, storage.ErrLeaseMismatch):
-					s.log.Warn("lease lost while the command runs", "job_id", it.ID.String(), "lease_id", pr.Lease.String(), "err", err)
-					lost.Store(true)
-					cancel()
-					return
-				case err != nil:
-					s.log.Warn("extend failed", "job_id", it.ID.String(), "lease_id", pr.Lease.String(), "err", err)
-				}
-			}
-		}
-	})
-	reason, delay := s.handle(hctx, it, rpc.HandlerLease{Lease: pr.Lease, ExpiresAt: pr.ExpiresAt})
-	close(stopExtend)
-	ext.Wait()
-	switch {
-	case reason == nil:
-		s.ack(ctx, c, pr.Lease, it)
-	case lost.Load():
-		// The node expired the lease and delivers the item again: a
-		// nack would be refused, and there is nothing left to settle.
-	default:
-		s.nack(ctx, c, pr.Lease, it, reason, delay)
-	}
-}
-
-// ack acks it; an ack that fails (the node unreachable, the lease gone)
-// is counted in unsettled: the item will be delivered again.
-func (s *supervisor) ack(ctx context.Context, c *rpc.Client, lease storage.LeaseID, it storage.Item) {
-	codes, err := c.Ack(ctx, s.cfg.queue, lease, []storage.ItemID{it.ID})
-	if err = settleErr(codes, err); err != nil {
-		s.unsettled.Add(1)
-		s.log.Warn("ack failed: the item will be delivered again", "job_id", it.ID.String(), "err", err)
-	}
-}
-
-// nack nacks it with reason and delay (nil: the queue's backoff). A
-// --retry-delay the node refuses (over its --max-delay) is dropped for
-// the queue's backoff, for this item and every later one, so the item is
-// nacked all the same; a nack that fails otherwise is counted in
-// unsettled.
-func (s *supervisor) nack(ctx context.Context, c *rpc.Client, lease storage.LeaseID, it storage.Item, reason error, delay *time.Duration) {
-	retryDelay := s.cfg.retryDelay != nil && delay == s.cfg.retryDelay // verdict's after exit 75
-	if retryDelay && s.retryDelayRefused.Load() {
-		delay = nil
-		s.backoffNacks.Add(1)
-	}
-	ids := []storage.ItemID{it.ID}
-	codes, err := c.Nack(ctx, s.cfg.queue, lease, ids, delay, reason.Error())
-	if retryDelay && delay != nil && errors.Is(err, storage.ErrInvalidArgument) {
-		if !s.retryDelayRefused.Swap(true) {
-			s.log.Warn("the node refused --retry-delay (over its --max-delay): items are nacked with the queue's backoff instead",
-				"retry_delay", *delay, "err", err)
-		}
-		s.backoffNacks.Add(1)
-		codes, err = c.Nack(ctx, s.cfg.queue, lease, ids, nil, reason.Error())
-	}
-	if err = settleErr(codes, err); err != nil {
-		s.unsettled.Add(1)
-		s.log.Warn("nack failed: the item will be delivered again once its lease runs out", "job_id", it.ID.String(), "err", err)
-	}
-}
-
-// settleErr is the outcome of acking or nacking one item: the call's error,
-// or its code when not ok.
-func settleErr(codes []storage.Code, err error) error {
-	switch {
-	case err != nil:
-		return err
-	case len(codes) != 1:
-		return fmt.Errorf("the node answered %d codes for one item", len(codes))
-	case codes[0] != storage.CodeOK:
-		return fmt.Errorf("the node answered %s", codes[0])
-	}
-	return nil
 }
 
 // watchSignals turns the first signal into a drain (stopTaking), and the

@@ -46,7 +46,7 @@ const (
 	maxPrefixedLine = 1 << 20
 )
 
-// supervisor runs CMD for each item its consumer loop (consume) takes.
+// supervisor runs CMD for each item Consume hands it.
 type supervisor struct {
 	cfg         workConfig
 	clk         clock.Clock
@@ -62,7 +62,8 @@ type supervisor struct {
 	// handled: items CMD ran for (or failed to start for); failed: those
 	// whose run failed; unsettled: those whose ack or nack failed (they
 	// come back once their lease runs out); backoffNacks: nacks made with
-	// the queue's backoff because the node refused --retry-delay.
+	// the queue's backoff because the node refused --retry-delay;
+	// retryDelayRefused: that refusal was logged.
 	running, handled, failed, unsettled, backoffNacks atomic.Int64
 	retryDelayRefused                                 atomic.Bool
 }
@@ -83,23 +84,24 @@ func (s *supervisor) interrupt(why error) { s.interrupted.stop(why) }
 // reason why.
 func (s *supervisor) killNow(why error) { s.killed.stop(why) }
 
-// handle runs CMD for it, held under hl, and returns nil (ack) or the nack
-// reason and delay (nil: the queue's backoff). ctx is cancelled when the
-// lease is lost.
-func (s *supervisor) handle(ctx context.Context, it storage.Item, hl rpc.HandlerLease) (reason error, delay *time.Duration) {
+// handle is the Consume handler: it runs CMD for it and returns nil (ack)
+// or the nack reason (a RetryAfter error for a delay of its own). ctx is
+// cancelled when the lease is lost.
+func (s *supervisor) handle(ctx context.Context, it storage.Item) error {
 	s.running.Add(1)
 	defer s.running.Add(-1)
+	hl, _ := rpc.HandlerLeaseFrom(ctx)
 	s.log.Debug("item started", "job_id", it.ID.String(), "attempts", it.Attempts)
 	o := s.runChild(ctx, it, hl)
-	what, reason, delay := s.verdict(o)
+	what, err := s.verdict(o)
 	s.handled.Add(1)
-	if reason != nil {
+	if err != nil {
 		s.failed.Add(1)
 		s.log.Info("item failed", "job_id", it.ID.String(), "attempts", it.Attempts, "outcome", what)
-		return reason, delay
+		return err
 	}
 	s.log.Debug("item done", "job_id", it.ID.String())
-	return nil, nil
+	return nil
 }
 
 // childOutcome is how one run of CMD ended.
@@ -240,11 +242,13 @@ func groupGone(pgid int, exited <-chan struct{}) bool {
 	return errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH)
 }
 
-// verdict turns an outcome into the handler's result: a nil reason acks;
-// a reason nacks with its text, after delay (nil: the queue's backoff;
-// s.cfg.retryDelay itself after exit 75). what is the outcome without the
-// stderr tail, for the log.
-func (s *supervisor) verdict(o childOutcome) (what string, reason error, delay *time.Duration) {
+// verdict turns an outcome into the handler's result: nil acks; an error
+// nacks with its text as the reason, after the queue's backoff, or after
+// a delay of its own when made by RetryAfter (s.cfg.retryDelay after exit
+// 75, none after an interrupt). what is the outcome without the stderr
+// tail, for the log.
+func (s *supervisor) verdict(o childOutcome) (what string, err error) {
+	var delay *time.Duration
 	switch {
 	case o.startErr != nil:
 		what = "cannot start the command: " + unwrapExecError(o.startErr).Error()
@@ -255,18 +259,21 @@ func (s *supervisor) verdict(o childOutcome) (what string, reason error, delay *
 			delay = &now
 		}
 	case o.state.Success():
-		return "exit status 0", nil, nil
+		return "exit status 0", nil
 	case o.state.ExitCode() == exTempFail:
 		what = "exit status 75 (EX_TEMPFAIL)"
 		delay = s.cfg.retryDelay
 	default:
 		what = o.state.String() // "exit status N" or "signal: killed"
 	}
-	reason = errors.New(what)
+	err = errors.New(what)
 	if o.stderr != "" {
-		reason = fmt.Errorf("%s: %s", what, o.stderr)
+		err = fmt.Errorf("%s: %s", what, o.stderr)
 	}
-	return what, reason, delay
+	if delay != nil {
+		err = rpc.RetryAfter(*delay, err)
+	}
+	return what, err
 }
 
 // childEnv is the LEASEQ_* environment of CMD for one item. The formats

@@ -241,19 +241,28 @@ func TestConsume_NackAnswerWithoutCodes(t *testing.T) {
 	c := &Client{lean: l, log: discardLogger(), limit: DefaultMaxMessageBytes, readLimit: DefaultMaxReplyBytes, closed: make(chan struct{})}
 	defer c.Close()
 
+	var failed []error
 	cfg := ConsumerConfig{
 		Queue:   "q",
 		Lease:   time.Minute,
 		Clock:   clock.NewMock(),
+		Logger:  discardLogger(),
 		Handler: func(context.Context, storage.Item) error { return errors.New("boom") },
+		OnSettleFailed: func(id storage.ItemID, ack bool, err error) {
+			require.Equal(t, storage.ItemID{2}, id)
+			require.False(t, ack)
+			failed = append(failed, err)
+		},
 	}
 	pr := storage.PollResult{Lease: storage.LeaseID{1}, ExpiresAt: testStart.Add(time.Minute), Items: []storage.Item{{ID: storage.ItemID{2}, Queue: "q"}}}
 	var panicked any
 	func() {
 		defer func() { panicked = recover() }()
-		c.handleBatch(ctx, cfg, discardLogger(), pr)
+		newConsumer(c, cfg).handleBatch(ctx, pr)
 	}()
 	require.Nil(t, panicked, "handleBatch panicked on a nack answer without codes")
+	require.Len(t, failed, 1, "the failed nack is reported")
+	require.ErrorIs(t, failed[0], storage.ErrCorrupt)
 	_, err = c.Nack(ctx, "q", pr.Lease, []storage.ItemID{{2}}, nil, "boom")
 	require.ErrorIs(t, err, storage.ErrCorrupt)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/benbjohnson/clock"
@@ -23,7 +24,8 @@ type ConsumerConfig struct {
 	// Handler processes one item. nil error acks it; an error or a panic
 	// nacks it with the error text or "panic: <value>" as the reason. Its
 	// ctx is cancelled if the lease is lost (the item may be redelivered
-	// elsewhere), not when Consume's ctx is: in-flight items finish.
+	// elsewhere; an error returned after that is not nacked), not when
+	// Consume's ctx is: in-flight items finish.
 	Handler func(ctx context.Context, it storage.Item) error
 	Clock   clock.Clock  // required: extend timers run on it
 	Logger  *slog.Logger // nil: discard
@@ -38,6 +40,29 @@ type ConsumerConfig struct {
 	// OnExtend, if set, is called after every automatic extend with its
 	// outcome (for metrics and tests).
 	OnExtend func(lease storage.LeaseID, expiresAt time.Time, err error)
+	// OnSettleFailed, if set, is called for each item whose ack (ack
+	// true) or nack did not succeed: err is the call's error, or, when
+	// the node answered the item with a code other than ok, an error
+	// saying so that wraps the code's storage error (ErrLeaseExpired and
+	// the like). The item comes back once its lease runs out; Consume
+	// logs it either way. A batch's ack rides the poll for the next
+	// batch, so it is reported once that poll ends (at most Wait later);
+	// one whose outcome is unknown (the call failed) is made again on its
+	// own, and only that one's outcome counts: not found from it means
+	// the first one was applied, and is no failure. An item whose handler failed
+	// after Consume found its lease lost is not nacked (the node delivers
+	// it again; the nack could only be refused) and not reported; a
+	// success is acked all the same, and reported if that fails. Called
+	// from the workers, concurrently.
+	OnSettleFailed func(id storage.ItemID, ack bool, err error)
+	// OnBackoffNack, if set, is called for each item nacked with the
+	// queue's backoff instead of its delay (NackDelay or a RetryAfter
+	// error's) because the node refused that delay as an invalid
+	// argument (over the node's --max-delay, which the client cannot
+	// learn); err is the node's refusal. Consume logs the first refusal
+	// and nacks items with a delay at least as long with the backoff
+	// straight away thereafter. Called from the workers, concurrently.
+	OnBackoffNack func(id storage.ItemID, delay time.Duration, err error)
 }
 
 // HandlerLease is what a Consume handler may learn about its item's lease
@@ -123,6 +148,8 @@ const DefaultConsumerWait = 20 * time.Second
 // returns nil. With MaxItems it also returns nil once that many items have
 // been taken and settled. If polling fails (connection lost, bad config),
 // the other workers drain the same way and Consume returns the first error.
+// An ack or nack that fails does not stop Consume: it is logged, and
+// reported to cfg.OnSettleFailed.
 func (c *Client) Consume(ctx context.Context, cfg ConsumerConfig) error {
 	if cfg.Handler == nil || cfg.Clock == nil {
 		return fmt.Errorf("leaseq consume: %w: Handler and Clock are required", storage.ErrInvalidArgument)
@@ -147,11 +174,9 @@ func (c *Client) Consume(ctx context.Context, cfg ConsumerConfig) error {
 	if cfg.Logger == nil {
 		cfg.Logger = discardLogger()
 	}
-	log := cfg.Logger.With("svc", "consumer", "queue", cfg.Queue)
-
-	var budget *itemBudget
+	cs := newConsumer(c, cfg)
 	if cfg.MaxItems > 0 {
-		budget = &itemBudget{left: cfg.MaxItems}
+		cs.budget = &itemBudget{left: cfg.MaxItems}
 	}
 
 	pollCtx, stop := context.WithCancel(ctx)
@@ -165,7 +190,7 @@ func (c *Client) Consume(ctx context.Context, cfg ConsumerConfig) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := c.consumeLoop(pollCtx, ctx, cfg, budget, log); err != nil {
+			if err := cs.loop(pollCtx, ctx); err != nil {
 				errOnce.Do(func() { firstErr = err })
 				stop()
 			}
@@ -175,19 +200,42 @@ func (c *Client) Consume(ctx context.Context, cfg ConsumerConfig) error {
 	return firstErr
 }
 
-// consumeLoop is one worker. pollCtx stops polling; parent carries values
-// for the handlers and settles (its cancellation does not cut them short).
-// A worker that finds budget spent ends: the items left are reserved by
+// consumer is what the workers of one Consume call share.
+type consumer struct {
+	c      *Client
+	cfg    ConsumerConfig // defaults filled in
+	log    *slog.Logger
+	budget *itemBudget // nil: no MaxItems
+
+	// refusedDelay is the shortest nack delay the node refused while it
+	// took the same nack with the queue's backoff, and refusedErr its
+	// refusal: a delay at least as long is refused as well, so such
+	// nacks go with the backoff straight away (one call, not two).
+	// refusedDelay 0: none refused yet.
+	mu           sync.Mutex
+	refusedDelay time.Duration
+	refusedErr   error
+	warned       bool // the refusal was logged
+}
+
+func newConsumer(c *Client, cfg ConsumerConfig) *consumer {
+	return &consumer{c: c, cfg: cfg, log: cfg.Logger.With("svc", "consumer", "queue", cfg.Queue)}
+}
+
+// loop is one worker. pollCtx stops polling; parent carries values for
+// the handlers and settles (its cancellation does not cut them short). A
+// worker that finds budget spent ends: the items left are reserved by
 // workers still polling, which handle them. The successes of a batch are
 // acked with the poll for the next (Client.ackPoll: one round trip, and
 // on a --sync=always node one fsync, for both); the last batch's when the
 // worker ends.
-func (c *Client) consumeLoop(pollCtx, parent context.Context, cfg ConsumerConfig, budget *itemBudget, log *slog.Logger) error {
+func (cs *consumer) loop(pollCtx, parent context.Context) error {
+	cfg := cs.cfg
 	settleCtx := context.WithoutCancel(parent)
 	var held settle // the last batch's successes, not yet acked
-	defer func() { c.ackNow(settleCtx, cfg, log, held) }()
+	defer func() { cs.ackNow(settleCtx, held, false) }()
 	for pollCtx.Err() == nil {
-		n := budget.take(cfg.Batch)
+		n := cs.budget.take(cfg.Batch)
 		if n == 0 {
 			return nil
 		}
@@ -196,22 +244,22 @@ func (c *Client) consumeLoop(pollCtx, parent context.Context, cfg ConsumerConfig
 		if len(held.ids) > 0 {
 			var codes []storage.Code
 			var errA error
-			codes, errA, pr, err = c.ackPoll(pollCtx, cfg.Queue, held.lease, held.ids, n, cfg.Lease, cfg.Wait)
+			codes, errA, pr, err = cs.c.ackPoll(pollCtx, cfg.Queue, held.lease, held.ids, n, cfg.Lease, cfg.Wait)
 			if errA != nil {
 				// The ack's outcome is unknown: ack again on its own (an
 				// item acked already answers notFound).
-				c.ackNow(settleCtx, cfg, log, held)
+				cs.ackNow(settleCtx, held, true)
 			} else {
-				logAckCodes(log, held, codes)
+				cs.ackCodes(held, codes, false)
 			}
 			held = settle{}
 		} else {
-			pr, err = c.Poll(pollCtx, cfg.Queue, n, cfg.Lease, cfg.Wait)
+			pr, err = cs.c.Poll(pollCtx, cfg.Queue, n, cfg.Lease, cfg.Wait)
 		}
-		budget.give(n - len(pr.Items))
+		cs.budget.give(n - len(pr.Items))
 		if len(pr.Items) > 0 {
 			// Leased even when the call also failed: handle them.
-			held = c.handleBatch(settleCtx, cfg, log, pr)
+			held = cs.handleBatch(settleCtx, pr)
 		}
 		if err != nil {
 			if pollCtx.Err() != nil {
@@ -229,25 +277,43 @@ type settle struct {
 	ids   []storage.ItemID
 }
 
-// ackNow acks s on its own, if it holds anything.
-func (c *Client) ackNow(ctx context.Context, cfg ConsumerConfig, log *slog.Logger, s settle) {
+// ackNow acks s on its own, if it holds anything. retry says an ack of s
+// was sent before with an unknown outcome: notFound then means it was
+// applied.
+func (cs *consumer) ackNow(ctx context.Context, s settle, retry bool) {
 	if len(s.ids) == 0 {
 		return
 	}
-	codes, err := c.Ack(ctx, cfg.Queue, s.lease, s.ids)
+	codes, err := cs.c.Ack(ctx, cs.cfg.Queue, s.lease, s.ids)
 	if err != nil {
-		log.Warn("ack failed", "lease_id", s.lease.String(), "err", err)
+		cs.log.Warn("ack failed", "lease_id", s.lease.String(), "err", err)
+		for _, id := range s.ids {
+			cs.settleFailed(id, true, err)
+		}
 		return
 	}
-	logAckCodes(log, s, codes)
+	cs.ackCodes(s, codes, retry)
 }
 
-// logAckCodes warns of every item the node did not ack.
-func logAckCodes(log *slog.Logger, s settle, codes []storage.Code) {
+// ackCodes warns of, and reports, every item of s the node did not ack
+// (codes has one code per id: codesResult checked).
+func (cs *consumer) ackCodes(s settle, codes []storage.Code, retry bool) {
 	for i, code := range codes {
-		if code != storage.CodeOK && i < len(s.ids) {
-			log.Warn("ack rejected", "job_id", s.ids[i].String(), "code", code.String())
+		if code == storage.CodeOK || i >= len(s.ids) {
+			continue
 		}
+		if retry && code == storage.CodeNotFound {
+			cs.log.Debug("ack made by the first try", "job_id", s.ids[i].String())
+			continue
+		}
+		cs.log.Warn("ack rejected", "job_id", s.ids[i].String(), "code", code.String())
+		cs.settleFailed(s.ids[i], true, codeError{code})
+	}
+}
+
+func (cs *consumer) settleFailed(id storage.ItemID, ack bool, err error) {
+	if cs.cfg.OnSettleFailed != nil {
+		cs.cfg.OnSettleFailed(id, ack, err)
 	}
 }
 
@@ -255,10 +321,14 @@ func logAckCodes(log *slog.Logger, s settle, codes []storage.Code) {
 // lease every Lease/3 meanwhile: failures are nacked as they happen (so
 // they are not held back by the rest of the batch); the successes are
 // returned, for the caller to ack together.
-func (c *Client) handleBatch(ctx context.Context, cfg ConsumerConfig, log *slog.Logger, pr storage.PollResult) settle {
+func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult) settle {
+	cfg, log := cs.cfg, cs.log
 	hctx, cancel := context.WithCancel(context.WithValue(ctx, handlerLeaseKey{}, HandlerLease{Lease: pr.Lease, ExpiresAt: pr.ExpiresAt}))
 	defer cancel()
 
+	// lost is set before the handlers' ctx is cancelled for a lost lease,
+	// so a handler that returns on that cancel finds it set.
+	var lost atomic.Bool
 	ticker := cfg.Clock.Ticker(cfg.Lease / 3)
 	extDone := make(chan struct{})
 	var extWG sync.WaitGroup
@@ -271,13 +341,14 @@ func (c *Client) handleBatch(ctx context.Context, cfg ConsumerConfig, log *slog.
 			case <-extDone:
 				return
 			case <-ticker.C:
-				exp, err := c.Extend(ctx, cfg.Queue, pr.Lease, cfg.Lease)
+				exp, err := cs.c.Extend(ctx, cfg.Queue, pr.Lease, cfg.Lease)
 				if cfg.OnExtend != nil {
 					cfg.OnExtend(pr.Lease, exp, err)
 				}
 				if err != nil {
 					if errors.Is(err, storage.ErrLeaseExpired) || errors.Is(err, storage.ErrLeaseMismatch) {
 						log.Warn("lease lost while handling", "lease_id", pr.Lease.String(), "err", err)
+						lost.Store(true)
 						cancel()
 						return
 					}
@@ -296,14 +367,123 @@ func (c *Client) handleBatch(ctx context.Context, cfg ConsumerConfig, log *slog.
 			continue
 		}
 		log.Debug("handler failed", "job_id", it.ID.String(), "err", err)
-		codes, nerr := c.Nack(ctx, cfg.Queue, pr.Lease, []storage.ItemID{it.ID}, nackDelay(cfg, err), err.Error())
-		if nerr != nil || codes[0] != storage.CodeOK {
-			log.Warn("nack failed", "job_id", it.ID.String(), "err", nerr, "code", codeString(codes))
+		if lost.Load() {
+			// The node expired the lease and delivers the item again: a
+			// nack would be refused, and there is nothing to settle.
+			continue
 		}
+		cs.nack(ctx, pr.Lease, it.ID, err)
 	}
 	close(extDone)
 	extWG.Wait()
 	return settle{lease: pr.Lease, ids: ok}
+}
+
+// nack nacks one item whose handler failed with herr, after herr's delay
+// (nackDelay). A delay the node refuses as an invalid argument (over its
+// --max-delay) is dropped for the queue's backoff, so that the item is
+// nacked all the same rather than left in flight without its reason.
+func (cs *consumer) nack(ctx context.Context, lease storage.LeaseID, id storage.ItemID, herr error) {
+	ids := []storage.ItemID{id}
+	reason := herr.Error()
+	delay := nackDelay(cs.cfg, herr)
+	if delay != nil {
+		if refusal := cs.refusedFor(*delay); refusal != nil {
+			cs.backoffNack(id, *delay, refusal)
+			delay = nil
+		}
+	}
+	codes, err := cs.c.Nack(ctx, cs.cfg.Queue, lease, ids, delay, reason)
+	if delay != nil && errors.Is(err, storage.ErrInvalidArgument) {
+		refused, refusal := *delay, err
+		cs.backoffNack(id, refused, refusal)
+		codes, err = cs.c.Nack(ctx, cs.cfg.Queue, lease, ids, nil, reason)
+		if err == nil {
+			// The same nack without the delay was taken: the delay was
+			// what the node refused.
+			cs.noteRefused(refused, refusal)
+		}
+	}
+	if err := itemErr(codes, err); err != nil {
+		cs.log.Warn("nack failed", "job_id", id.String(), "err", err, "code", codeString(codes))
+		cs.settleFailed(id, false, err)
+	}
+}
+
+// backoffNack logs the first refused delay and reports that id is nacked
+// with the queue's backoff instead of delay.
+func (cs *consumer) backoffNack(id storage.ItemID, delay time.Duration, refusal error) {
+	cs.mu.Lock()
+	first := !cs.warned
+	cs.warned = true
+	cs.mu.Unlock()
+	if first {
+		cs.log.Warn("the node refused a nack delay: nacking with the queue's backoff instead",
+			"delay", delay, "err", refusal)
+	}
+	if cs.cfg.OnBackoffNack != nil {
+		cs.cfg.OnBackoffNack(id, delay, refusal)
+	}
+}
+
+// refusedFor returns the node's refusal of a delay no longer than d, or
+// nil when none was refused.
+func (cs *consumer) refusedFor(d time.Duration) error {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.refusedDelay > 0 && d >= cs.refusedDelay {
+		return cs.refusedErr
+	}
+	return nil
+}
+
+// noteRefused records that the node refused delay d with refusal. Only a
+// positive d counts: the node refuses delays over its maximum, and a
+// negative one is refused by the client, which says nothing of longer
+// ones.
+func (cs *consumer) noteRefused(d time.Duration, refusal error) {
+	if d <= 0 {
+		return
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.refusedDelay == 0 || d < cs.refusedDelay {
+		cs.refusedDelay, cs.refusedErr = d, refusal
+	}
+}
+
+// itemErr is the outcome of settling one item: the call's error, or its
+// code when not ok.
+func itemErr(codes []storage.Code, err error) error {
+	switch {
+	case err != nil:
+		return err
+	case len(codes) != 1:
+		return fmt.Errorf("%w: %d codes for one item", storage.ErrCorrupt, len(codes))
+	case codes[0] != storage.CodeOK:
+		return codeError{codes[0]}
+	}
+	return nil
+}
+
+// codeError is an item's code other than ok, as an error that wraps the
+// matching storage error.
+type codeError struct{ code storage.Code }
+
+func (e codeError) Error() string { return "the node answered " + e.code.String() }
+
+func (e codeError) Unwrap() error {
+	switch e.code {
+	case storage.CodeNotFound:
+		return storage.ErrNotFound
+	case storage.CodeLeaseMismatch:
+		return storage.ErrLeaseMismatch
+	case storage.CodeLeaseExpired:
+		return storage.ErrLeaseExpired
+	case storage.CodeInvalid:
+		return storage.ErrInvalidArgument
+	}
+	return nil
 }
 
 func codeString(codes []storage.Code) string {
