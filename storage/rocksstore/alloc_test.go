@@ -51,7 +51,8 @@ func runAllocProbe(t *testing.T, mode string) int64 {
 
 // TestKeepFreedMemory_KeepsMemtableBlocks: with glibc's own settings the
 // freed blocks go back to the kernel (the next memtable faults its pages in
-// again); after KeepFreedMemory malloc keeps them all. Where the C library
+// again); after KeepFreedMemory malloc keeps them (all but what the churn
+// took from free chunks already there). Where the C library
 // is not glibc, KeepFreedMemory has nothing to set and says so.
 func TestKeepFreedMemory_KeepsMemtableBlocks(t *testing.T) {
 	if mallocChurnKept(0, 0) < 0 {
@@ -62,7 +63,11 @@ func TestKeepFreedMemory_KeepsMemtableBlocks(t *testing.T) {
 	kept := runAllocProbe(t, "default")
 	require.Less(t, kept, total/4, "glibc's defaults kept %d of %d freed bytes", kept, total)
 	kept = runAllocProbe(t, "keep")
-	require.GreaterOrEqual(t, kept, total, "KeepFreedMemory kept %d of %d freed bytes", kept, total)
+	// The probe counts malloc's free bytes after the churn less those
+	// before it; free chunks the churn's first blocks reused (left by the
+	// process's start) come off the count, so "all" is all but a little
+	// (25,034,752 of 25,165,824 seen once under a busy make test).
+	require.GreaterOrEqual(t, kept, total-total/16, "KeepFreedMemory kept %d of %d freed bytes", kept, total)
 }
 
 // TestKeepFreedMemory_OperatorTunablesWin: malloc settings an operator
