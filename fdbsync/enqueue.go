@@ -133,7 +133,7 @@ func (s *Store) enqueueTxn(ctx context.Context, p storage.EnqueueParams, items [
 			if err := s.checkNewQueue(tx); err != nil {
 				return nil, err
 			}
-			cfg = storage.DefaultQueueConfig()
+			cfg = s.limits.DefaultQueueConfig()
 			tx.Set(s.k.queue(q), encodeConfig(cfg))
 		}
 		// Dedup lookups, one batched read; a read conflict on each key

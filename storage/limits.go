@@ -193,6 +193,22 @@ func (l Limits) ValidateQueueConfig(c QueueConfig) error {
 	return nil
 }
 
+// DefaultQueueConfig is the configuration of a queue created by its
+// first enqueue on a store with limits l: DefaultQueueConfig() with its
+// lease, dedup window and backoff brought within l (a node started with
+// --max-lease 10s gives new queues a 10 s lease, not 30 s), so that
+// ValidateQueueConfig accepts it and a poll asking for the queue's lease
+// gets one the limits allow. Every backend creates queues with it.
+func (l Limits) DefaultQueueConfig() QueueConfig {
+	l = l.WithDefaults()
+	c := DefaultQueueConfig()
+	c.LeaseDuration = min(max(c.LeaseDuration, l.MinLease), l.MaxLease)
+	c.DedupWindow = min(c.DedupWindow, l.MaxDelay)
+	c.BackoffMax = min(c.BackoffMax, l.MaxDelay)
+	c.BackoffBase = min(c.BackoffBase, c.BackoffMax)
+	return c
+}
+
 // TruncateReason cuts a nack reason to at most l.MaxReason bytes on a rune
 // boundary, so a valid UTF-8 reason stays valid. Every backend and the rpc
 // layer truncate with it.

@@ -395,7 +395,7 @@ func (s *Server) setConfig(c *call) (any, error) {
 	// updates of different fields may lose one.
 	cur, err := s.cfg.Store.QueueConfig(c.r.Context(), queue)
 	if errors.Is(err, storage.ErrNotFound) {
-		cur, err = storage.DefaultQueueConfig(), nil
+		cur, err = s.limits.DefaultQueueConfig(), nil
 	}
 	if err != nil {
 		return nil, err

@@ -192,7 +192,7 @@ func (s *Store) queueLocked(name string, create bool) *queue {
 	if q == nil && create {
 		q = &queue{
 			name:  name,
-			cfg:   storage.DefaultQueueConfig(),
+			cfg:   s.limits.DefaultQueueConfig(),
 			items: make(map[storage.ItemID]*entry),
 			dedup: make(map[string]*dedupEntry),
 		}

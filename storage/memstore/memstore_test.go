@@ -56,4 +56,5 @@ func TestMemstore_Limits(t *testing.T) {
 	}
 	t.Run("MaxQueues", func(t *testing.T) { storagetest.RunMaxQueues(t, open) })
 	t.Run("PartialLimits", func(t *testing.T) { storagetest.RunPartialLimits(t, open) })
+	t.Run("NewQueueWithinLimits", func(t *testing.T) { storagetest.RunNewQueueWithinLimits(t, open) })
 }

@@ -637,4 +637,5 @@ func TestRocksStore_Limits(t *testing.T) {
 	}
 	t.Run("MaxQueues", func(t *testing.T) { storagetest.RunMaxQueues(t, open) })
 	t.Run("PartialLimits", func(t *testing.T) { storagetest.RunPartialLimits(t, open) })
+	t.Run("NewQueueWithinLimits", func(t *testing.T) { storagetest.RunNewQueueWithinLimits(t, open) })
 }

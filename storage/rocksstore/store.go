@@ -657,7 +657,7 @@ func (s *Store) ensureQueue(o *opTx, name string, cfg *storage.QueueConfig) (*qu
 	if err := s.limits.CheckNewQueue(len(s.mu.queues)); err != nil {
 		return nil, err
 	}
-	c := storage.DefaultQueueConfig()
+	c := s.limits.DefaultQueueConfig()
 	if cfg != nil {
 		c = *cfg
 	}

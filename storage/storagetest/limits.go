@@ -24,7 +24,7 @@ func testQueueConfigDefaultsAndValidation(t *testing.T, f *fixture) {
 	f.enqueueN("q", at(0), 1)
 	cfg, err := f.s.QueueConfig(f.ctx, "q")
 	require.NoError(t, err)
-	require.Equal(t, storage.DefaultQueueConfig(), cfg, "created on first enqueue with the defaults")
+	require.Equal(t, f.h.limits().DefaultQueueConfig(), cfg, "created on first enqueue with the defaults")
 
 	good := storage.QueueConfig{MaxAttempts: 9, LeaseDuration: time.Minute, DedupWindow: time.Hour, BackoffBase: time.Second, BackoffMax: time.Minute}
 	lim := f.h.limits()
@@ -46,7 +46,7 @@ func testQueueConfigDefaultsAndValidation(t *testing.T, f *fixture) {
 	}
 	cfg, err = f.s.QueueConfig(f.ctx, "q")
 	require.NoError(t, err)
-	require.Equal(t, storage.DefaultQueueConfig(), cfg, "rejected configs changed nothing")
+	require.Equal(t, f.h.limits().DefaultQueueConfig(), cfg, "rejected configs changed nothing")
 	_, err = f.s.QueueConfig(f.ctx, "fresh")
 	requireIs(t, err, storage.ErrNotFound, "a rejected config does not create the queue")
 
@@ -246,4 +246,31 @@ func RunMaxQueues(t *testing.T, open func(t *testing.T, lim storage.Limits) stor
 	require.NoError(t, err)
 	require.NoError(t, s.SetQueueConfig(ctx, "q0", storage.DefaultQueueConfig()))
 	deleteFreesQueueSlot(t, ctx, s, now)
+}
+
+// RunNewQueueWithinLimits checks that a queue created by its first
+// enqueue on a store with limits narrower than its defaults gets a config
+// within them: opened with a 10 s MaxLease and a 1 min MaxDelay, the new
+// queue's lease is 10 s and its dedup window 1 min, so a poll that asks
+// for the queue's lease is leased for 10 s, and the config is one
+// SetQueueConfig accepts.
+func RunNewQueueWithinLimits(t *testing.T, open func(t *testing.T, lim storage.Limits) storage.Store) {
+	t.Helper()
+	lim := storage.Limits{MaxLease: 10 * time.Second, MaxDelay: time.Minute}
+	s := open(t, lim)
+	ctx := context.Background()
+	now := time.Unix(1_700_000_000, 0)
+	_, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: []byte("p")}}, Now: now})
+	require.NoError(t, err)
+	cfg, err := s.QueueConfig(ctx, "q")
+	require.NoError(t, err)
+	want := storage.DefaultQueueConfig()
+	want.LeaseDuration, want.DedupWindow = 10*time.Second, time.Minute
+	require.Equal(t, want, cfg)
+	require.NoError(t, lim.WithDefaults().ValidateQueueConfig(cfg))
+	require.NoError(t, s.SetQueueConfig(ctx, "q", cfg))
+	p, err := s.Poll(ctx, storage.PollParams{Queue: "q", Max: 1, Now: now})
+	require.NoError(t, err)
+	require.Len(t, p.Items, 1)
+	require.Equal(t, now.Add(10*time.Second).UnixNano(), p.ExpiresAt.UnixNano(), "the queue's lease, within MaxLease")
 }

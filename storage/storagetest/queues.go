@@ -52,7 +52,7 @@ func testDeleteQueueRefusesItemsUnlessForced(t *testing.T, f *fixture) {
 	st := f.stats("q", at(2*time.Hour))
 	require.Equal(t, counts{Ready: 1}, gauges(st))
 	require.Equal(t, uint64(1), st.Enqueued)
-	require.Equal(t, storage.DefaultQueueConfig(), st.Config)
+	require.Equal(t, f.h.limits().DefaultQueueConfig(), st.Config)
 	require.Equal(t, counts{Ready: 1}, gauges(f.stats("other", at(2*time.Hour))), "other queues are untouched")
 }
 
