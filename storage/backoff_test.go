@@ -41,23 +41,3 @@ func TestBackoff_ZeroBaseRetriesAtOnce(t *testing.T) {
 		}
 	}
 }
-
-// A new queue's config is brought within the store's limits: the default
-// lease into [MinLease, MaxLease], the dedup window and backoff under
-// MaxDelay.
-func TestLimits_DefaultQueueConfig(t *testing.T) {
-	t.Parallel()
-	if got := DefaultLimits.DefaultQueueConfig(); got != DefaultQueueConfig() {
-		t.Errorf("default limits: %+v, want %+v", got, DefaultQueueConfig())
-	}
-	l := Limits{MinLease: time.Minute, MaxLease: time.Hour, MaxDelay: 200 * time.Millisecond}
-	c := l.DefaultQueueConfig()
-	want := DefaultQueueConfig()
-	want.LeaseDuration, want.DedupWindow, want.BackoffBase, want.BackoffMax = time.Minute, 200*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
-	if c != want {
-		t.Errorf("narrow limits: %+v, want %+v", c, want)
-	}
-	if err := l.WithDefaults().ValidateQueueConfig(c); err != nil {
-		t.Errorf("the config is refused: %v", err)
-	}
-}
