@@ -174,10 +174,10 @@ func TestLeanClient_CallPairTakesFlowInOneStep(t *testing.T) {
 	require.NoError(t, r2.err, "poll of the pair")
 }
 
-// fakeNode plays a node on conn: it answers the bootstrap, then
-// answers every Call with results whose content reply builds (twice
-// with dup: a node that breaks the protocol).
-func fakeNode(t *testing.T, conn net.Conn, dup bool, reply func(method uint16, seg *capnp.Segment) (capnp.Ptr, error)) {
+// nodeLoop plays a node on conn: it answers the bootstrap, and writes
+// what onCall returns for each Call (nothing for nil); onCall's stop ends
+// the loop, as does a read or write that fails.
+func nodeLoop(t *testing.T, conn net.Conn, onCall func(call rpccp.Call) (out []byte, stop bool)) {
 	dec := capnp.NewDecoder(conn)
 	for {
 		msg, err := dec.Decode()
@@ -190,25 +190,18 @@ func fakeNode(t *testing.T, conn net.Conn, dup bool, reply func(method uint16, s
 			return
 		}
 		var out []byte
+		stop := false
 		switch m.Which() {
 		case rpccp.Message_Which_bootstrap:
 			bs, _ := m.Bootstrap()
 			out = bootstrapReturnBytes(t, bs.QuestionId())
 		case rpccp.Message_Which_call:
 			call, _ := m.Call()
-			qid, method := call.QuestionId(), call.MethodId()
-			out = returnBytes(t, qid, func(p rpccp.Payload) error {
-				content, err := reply(method, p.Segment())
-				if err != nil {
-					return err
-				}
-				return p.SetContent(content)
-			})
+			out, stop = onCall(call)
 		}
-		isCall := m.Which() == rpccp.Message_Which_call
 		msg.Release()
-		if out != nil && dup && isCall {
-			out = append(out, out...)
+		if stop {
+			return
 		}
 		if out != nil {
 			if _, err := conn.Write(out); err != nil {
@@ -216,6 +209,26 @@ func fakeNode(t *testing.T, conn net.Conn, dup bool, reply func(method uint16, s
 			}
 		}
 	}
+}
+
+// fakeNode plays a node on conn: it answers the bootstrap, then
+// answers every Call with results whose content reply builds (twice
+// with dup: a node that breaks the protocol).
+func fakeNode(t *testing.T, conn net.Conn, dup bool, reply func(method uint16, seg *capnp.Segment) (capnp.Ptr, error)) {
+	nodeLoop(t, conn, func(call rpccp.Call) ([]byte, bool) {
+		qid, method := call.QuestionId(), call.MethodId()
+		out := returnBytes(t, qid, func(p rpccp.Payload) error {
+			content, err := reply(method, p.Segment())
+			if err != nil {
+				return err
+			}
+			return p.SetContent(content)
+		})
+		if dup {
+			out = append(out, out...)
+		}
+		return out, false
+	})
 }
 
 // TestConsume_NackAnswerWithoutCodes: a node that answers a nack with

@@ -299,70 +299,43 @@ type nodeStep struct {
 // fails the test and closes conn, so that the client's calls end.
 func scriptedNode(t *testing.T, conn net.Conn, steps []nodeStep, acks chan<- []storage.ItemID) {
 	defer conn.Close()
-	dec := capnp.NewDecoder(conn)
 	var pending []byte
-	for next := 0; ; {
-		msg, err := dec.Decode()
-		if err != nil {
-			return
+	next := 0
+	nodeLoop(t, conn, func(call rpccp.Call) ([]byte, bool) {
+		if next == len(steps) {
+			t.Errorf("call of method %d after the script's end", call.MethodId())
+			return nil, true
 		}
-		m, err := rpccp.ReadRootMessage(msg)
-		if err != nil {
-			msg.Release()
-			return
+		st := steps[next]
+		next++
+		if call.MethodId() != st.method {
+			t.Errorf("call %d: method %d, want %d", next, call.MethodId(), st.method)
+			return nil, true
 		}
-		var out []byte
-		paired := false
-		switch m.Which() {
-		case rpccp.Message_Which_bootstrap:
-			bs, _ := m.Bootstrap()
-			out = bootstrapReturnBytes(t, bs.QuestionId())
-		case rpccp.Message_Which_call:
-			call, _ := m.Call()
-			if next == len(steps) {
-				t.Errorf("call of method %d after the script's end", call.MethodId())
-				msg.Release()
-				return
+		p, _ := call.Params()
+		params, _ := p.Content()
+		if st.method == mAck.id {
+			l, _ := schema.Queue_ack_Params(params.Struct()).Ids()
+			ids, err := readIDs(l, storage.DefaultLimits)
+			if err != nil {
+				t.Errorf("ack ids: %v", err)
 			}
-			st := steps[next]
-			next++
-			if call.MethodId() != st.method {
-				t.Errorf("call %d: method %d, want %d", next, call.MethodId(), st.method)
-				msg.Release()
-				return
-			}
-			p, _ := call.Params()
-			params, _ := p.Content()
-			if st.method == mAck.id {
-				l, _ := schema.Queue_ack_Params(params.Struct()).Ids()
-				ids, err := readIDs(l, storage.DefaultLimits)
-				if err != nil {
-					t.Errorf("ack ids: %v", err)
-				}
-				acks <- ids
-			}
-			out = returnBytes(t, call.QuestionId(), func(rp rpccp.Payload) error {
-				content, err := st.reply(t, params, rp.Segment())
-				if err != nil {
-					return err
-				}
-				return rp.SetContent(content)
-			})
-			paired = st.paired
+			acks <- ids
 		}
-		msg.Release()
-		if out == nil {
-			continue
-		}
-		if paired {
+		out := returnBytes(t, call.QuestionId(), func(rp rpccp.Payload) error {
+			content, err := st.reply(t, params, rp.Segment())
+			if err != nil {
+				return err
+			}
+			return rp.SetContent(content)
+		})
+		if st.paired {
 			pending = out
-			continue
+			return nil, false
 		}
-		if _, err := conn.Write(append(pending, out...)); err != nil {
-			return
-		}
-		pending = nil
-	}
+		out, pending = append(pending, out...), nil
+		return out, false
+	})
 }
 
 // pollReply answers a poll with ids leased under lease.

@@ -74,6 +74,21 @@ func requireCheckDir(t *testing.T, dir string, items int) {
 	require.Equal(t, items, rep.Items)
 }
 
+// crashAcrossBlock enqueues n items until a record crosses the WAL's
+// first block boundary and copies the data directory as a crash would
+// leave it: crashed, its log's path and content, and the log's last two
+// physical records, the first fragment ending block 0 and the one after.
+func crashAcrossBlock(t *testing.T) (n int, crashed, log string, wal []byte, first, last physRecord) {
+	t.Helper()
+	b := setup(t, zeroedWALOptions)
+	n = enqueuePastBlock(b)
+	crashed, log, wal = crashCopy(t, b.dir)
+	rs := physicalRecords(wal)
+	first, last = rs[len(rs)-2], rs[len(rs)-1]
+	require.Equal(t, byte(walFirstType), first.typ, "the last record of block 0 is a first fragment")
+	return n, crashed, log, wal, first, last
+}
+
 // requireOpens requires the database in dir, after a crash, to be
 // consistent with items ready items when checked read-only, opened, and
 // opened again.
@@ -104,12 +119,7 @@ func requireTornAt(t *testing.T, dir string, off int) {
 // it, as for any torn last record.
 func TestOpen_TornFirstFragmentAtBlockBoundary(t *testing.T) {
 	t.Parallel()
-	b := setup(t, zeroedWALOptions)
-	n := enqueuePastBlock(b)
-	crashed, log, wal := crashCopy(t, b.dir)
-	rs := physicalRecords(wal)
-	first := rs[len(rs)-2]
-	require.Equal(t, byte(walFirstType), first.typ, "the last record of block 0 is a first fragment")
+	n, crashed, log, wal, first, _ := crashAcrossBlock(t)
 	require.Equal(t, walBlockSize, first.end)
 	// The page that starts block 1 never reached the disk.
 	clear(wal[walBlockSize:])
@@ -128,12 +138,7 @@ func TestOpen_TornFirstFragmentAtBlockBoundary(t *testing.T) {
 // where the record starts.
 func TestOpen_TornRecordWithoutItsFirstFragment(t *testing.T) {
 	t.Parallel()
-	b := setup(t, zeroedWALOptions)
-	n := enqueuePastBlock(b)
-	crashed, log, wal := crashCopy(t, b.dir)
-	rs := physicalRecords(wal)
-	first, last := rs[len(rs)-2], rs[len(rs)-1]
-	require.Equal(t, byte(walFirstType), first.typ, "the last record of block 0 is a first fragment")
+	n, crashed, log, wal, first, last := crashAcrossBlock(t)
 	require.Equal(t, byte(walLastType), last.typ)
 	clear(wal[first.off:walBlockSize])
 	require.NoError(t, os.WriteFile(log, wal, 0o600))
