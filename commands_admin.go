@@ -395,10 +395,11 @@ var configCommand = &command{
 	summary: "show or change a queue's configuration",
 	help: `
 Print QUEUE's configuration. With any of the setting flags, change those
-settings first (creating the queue if needed) and print the result. The
-setting flags are read from the command line only, never from LEASEQ_*
-variables: an exported LEASEQ_MAX_ATTEMPTS must not turn a look at a
-queue into a change of it.`,
+settings first (creating the queue if needed, from what its first enqueue
+would have given it: the defaults brought within the node's --max-lease
+and --max-delay) and print the result. The setting flags are read from
+the command line only, never from LEASEQ_* variables: an exported
+LEASEQ_MAX_ATTEMPTS must not turn a look at a queue into a change of it.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 		cf := addClientFlags(fs)
 		asJSON := fs.Bool("json", false, "print JSON instead of name=value lines")
@@ -429,7 +430,14 @@ queue into a change of it.`,
 				cfg, err := c.QueueConfig(ctx, queue)
 				switch {
 				case errors.Is(err, storage.ErrNotFound) && change:
-					cfg = storage.DefaultQueueConfig()
+					// A new queue: what its first enqueue would have
+					// given it, within the node's limits (a node with
+					// --max-lease 10s gives new queues a 10 s lease).
+					ni, err := c.NodeInfo(ctx)
+					if err != nil {
+						return err
+					}
+					cfg = ni.Limits().DefaultQueueConfig()
 				case errors.Is(err, storage.ErrNotFound):
 					return fmt.Errorf("no queue %q (a queue exists after its first enqueue or config change)", queue)
 				case err != nil:

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/rpc"
 	"github.com/leaseq/leaseq/rpc/rpctest"
 )
 
@@ -89,4 +90,31 @@ func TestPoll_SubMillisecondLeaseRefused(t *testing.T) {
 	code, out, errOut = runCmd(t, "poll", "--addr", addr, "q")
 	require.Equal(t, exitOK, code, errOut)
 	require.NotEmpty(t, out, "the refused poll leased the item")
+}
+
+// TestConfig_NewQueueWithinNodeLimits: `config` of a queue not created
+// yet starts from what the queue's first enqueue would have given it,
+// the defaults brought within the node's limits: on a node with
+// --max-lease 10s and --max-delay 1m, changing only --max-attempts
+// creates the queue with a 10 s lease, a 1 m dedup window and the
+// default 30 s backoff cap, instead of failing on the fixed 30 s lease.
+// The same limits come back in rpc.NodeInfo.
+func TestConfig_NewQueueWithinNodeLimits(t *testing.T) {
+	addr, stop := startServeInProcess(t, "--min-lease", "1500us", "--max-lease", "10s", "--max-delay", "1m")
+	defer stop()
+	code, out, errOut := runCmd(t, "config", "--addr", addr, "fresh", "--max-attempts", "3")
+	require.Equal(t, exitOK, code, "config of a new queue on a node with --max-lease 10s: %s", errOut)
+	require.Contains(t, out, "max-attempts=3\n")
+	require.Contains(t, out, "lease=10s\n")
+	require.Contains(t, out, "dedup-window=1m0s\n")
+	require.Contains(t, out, "backoff-max=30s\n")
+
+	c, err := rpc.Dial(context.Background(), addr, rpc.ClientOptions{})
+	require.NoError(t, err)
+	defer c.Close()
+	ni, err := c.NodeInfo(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 2*time.Millisecond, ni.MinLease, "the shortest lease in whole milliseconds, rounded up")
+	require.Equal(t, 10*time.Second, ni.MaxLease)
+	require.Equal(t, time.Minute, ni.MaxDelay)
 }

@@ -55,8 +55,9 @@ Exit 0 acks the item. Any other exit nacks it, with "exit status N: " and
 the last 1 KiB of CMD's stderr as the reason, so 'leaseq peek' (last_error)
 and 'leaseq dlq ls' (reason) show why; it is retried after the queue's
 backoff, or dead-lettered after its max attempts. Exit 75 (EX_TEMPFAIL)
-nacks it with --retry-delay when given (with the queue's backoff should
-the node refuse it, being over its --max-delay). After --timeout, CMD's
+nacks it with --retry-delay when given (a --retry-delay over the node's
+--max-delay is refused at the start; a node too old to tell its limits
+refuses it at the nack, and then the queue's backoff is used). After --timeout, CMD's
 process group gets SIGTERM, then SIGKILL after --kill-grace, and the item
 is nacked with "timed out after D". If the lease is lost (the node was unreachable
 for a whole lease), CMD is killed the same way: the item will be delivered
@@ -114,10 +115,10 @@ Example:
 			w.concurrency, w.lease, w.timeout = conc.val, lease.val, timeout.val
 			w.killGrace, w.drainTimeout, w.maxItems = grace.val, drain.val, maxItems.val
 			if retryDelay.set {
-				// The node's --max-delay is not known to the client: a
-				// value over it is found at the first nack (which then
-				// uses the queue's backoff); one over the most any node
-				// takes is refused here.
+				// One over the most any node takes is refused here, one
+				// over the node's --max-delay once connected (a node too
+				// old to tell its --max-delay refuses it at the first
+				// nack, which then uses the queue's backoff).
 				if retryDelay.d > longestLimit {
 					return usagef("--retry-delay %v is over %v (100 years), the longest --max-delay a node takes", retryDelay.d, longestLimit)
 				}
@@ -127,6 +128,12 @@ Example:
 			log := lf.logger(stderr)
 			dctx, cancel := context.WithTimeout(ctx, *cf.timeout)
 			c, err := cf.dial(dctx)
+			if err == nil && w.retryDelay != nil {
+				err = checkRetryDelay(dctx, c, *w.retryDelay)
+				if err != nil {
+					c.Close()
+				}
+			}
 			cancel()
 			if err != nil {
 				return err
@@ -135,6 +142,20 @@ Example:
 			return runWork(ctx, e, c, w, stderr, log)
 		}
 	},
+}
+
+// checkRetryDelay refuses a --retry-delay over the node's --max-delay,
+// which the node would refuse at every nack. A node too old to report
+// its --max-delay (0) passes.
+func checkRetryDelay(ctx context.Context, c *rpc.Client, d time.Duration) error {
+	ni, err := c.NodeInfo(ctx)
+	if err != nil {
+		return err
+	}
+	if ni.MaxDelay > 0 && d > ni.MaxDelay {
+		return fmt.Errorf("--retry-delay %v is over the node's --max-delay %v", d, ni.MaxDelay)
+	}
+	return nil
 }
 
 // workConfig is a work command line, parsed.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -618,11 +619,14 @@ func TestTailBuffer(t *testing.T) {
 }
 
 // TestWork_RetryDelayOverNodeMaxDelay: a --retry-delay over the node's
-// --max-delay (168h by default, which the client cannot learn) is refused
-// by the node at the first nack; leaseq work then nacks the item with the
-// queue's backoff instead, so the item is not left in flight, keeps its
-// last_error, and the run says what happened. A --retry-delay over what
-// any node takes (100 years) is a bad command line.
+// --max-delay (168h by default) is refused once leaseq work has asked
+// the node for its limits, before anything is leased. A node too old to
+// tell its --max-delay refuses such a delay at the first nack instead;
+// leaseq work then nacks the item with the queue's backoff, so the item
+// is not left in flight, keeps its last_error, and the run says what
+// happened (runWork without the check, as against such a node). A
+// --retry-delay over what any node takes (100 years) is a bad command
+// line.
 func TestWork_RetryDelayOverNodeMaxDelay(t *testing.T) {
 	t.Parallel()
 	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--sync", "none")
@@ -631,19 +635,35 @@ func TestWork_RetryDelayOverNodeMaxDelay(t *testing.T) {
 	n.cli("enqueue", "rdq", "x")
 	n.cli("enqueue", "rdq", "y")
 	w := n.startWork(t, nil, "rdq", "--max-items", "2", "--retry-delay", "200h", "--", job)
-	require.Equal(t, exitItemsFailed, w.wait(time.Minute))
+	require.Equal(t, exitFailure, w.wait(time.Minute))
+	require.Contains(t, w.stderr.String(), "--retry-delay 200h0m0s is over the node's --max-delay 168h0m0s")
+	require.Equal(t, queueStats{Ready: 2, Enqueued: 2}, withoutDelayed(n.stats("rdq")), "nothing leased")
+
+	c, err := rpc.Dial(context.Background(), n.addr, rpc.ClientOptions{})
+	require.NoError(t, err)
+	defer c.Close()
+	wc, err := parseWorkArgs([]string{"rdq", "--", job})
+	require.NoError(t, err)
+	delay := 200 * time.Hour
+	wc.concurrency, wc.lease, wc.killGrace, wc.maxItems, wc.retryDelay = 1, storage.DefaultLeaseDuration, 10*time.Second, 2, &delay
+	te := newTestEnv(nil)
+	stderr := &lockedWriter{w: te.errOut}
+	err = runWork(context.Background(), &te.env, c, wc, stderr, slog.New(slog.NewTextHandler(stderr, nil)))
+	var ee exitError
+	require.ErrorAs(t, err, &ee)
+	require.Equal(t, exitItemsFailed, ee.code)
+	require.EqualError(t, err, "2 of 2 items failed (nacked); 2 of them with the queue's backoff, as the node refused --retry-delay 200h0m0s")
 	s := withoutDelayed(n.stats("rdq"))
 	require.Equal(t, queueStats{Ready: 2, Enqueued: 2, Delivered: 2, Nacked: 2}, s, "both items nacked, none left in flight")
 	for _, it := range parsePolled(t, n.cli("peek", "rdq")) {
 		require.Equal(t, "exit status 75 (EX_TEMPFAIL): later", it.LastError)
 		require.True(t, visibleAt(t, it).Before(time.Now().Add(time.Minute)), "the queue's backoff (at most 30 s)")
 	}
-	stderr := w.stderr.String()
-	require.Contains(t, stderr, "leaseq work: 2 of 2 items failed (nacked); 2 of them with the queue's backoff, as the node refused --retry-delay 200h0m0s\n")
-	require.Equal(t, 1, strings.Count(stderr, "the node refused --retry-delay (over its --max-delay)"), "warned once:\n%s", stderr)
-	require.NotContains(t, stderr, "nack failed")
+	log := te.errOut.String()
+	require.Equal(t, 1, strings.Count(log, "the node refused --retry-delay (over its --max-delay)"), "warned once:\n%s", log)
+	require.NotContains(t, log, "nack failed")
 
-	te := newTestEnv(nil)
+	te = newTestEnv(nil)
 	require.Equal(t, exitUsage, run(context.Background(), []string{"work", "q", "--retry-delay", "900000h", "--", "true"}, &te.env))
 	require.Contains(t, te.errOut.String(), "--retry-delay 900000h0m0s is over 876000h0m0s (100 years)")
 }

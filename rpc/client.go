@@ -665,7 +665,8 @@ func (c *Client) NodeInfo(ctx context.Context) (NodeInfo, error) {
 	if err != nil {
 		return NodeInfo{}, fmt.Errorf("leaseq node info: %w", err)
 	}
-	ni := NodeInfo{MaxBatch: int(info.MaxBatch()), MaxPayload: int(info.MaxPayload())}
+	ni := NodeInfo{MaxBatch: int(info.MaxBatch()), MaxPayload: int(info.MaxPayload()),
+		MinLease: durMs(info.MinLeaseMs()), MaxLease: durMs(info.MaxLeaseMs()), MaxDelay: durMs(info.MaxDelayMs())}
 	for _, f := range []struct {
 		dst *string
 		get func() (string, error)

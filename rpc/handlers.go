@@ -588,6 +588,11 @@ func (q *queueServer) nodeInfo(ctx context.Context, _ schema.Queue_nodeInfo_Para
 	ni := q.s.cfg.Info
 	info.SetMaxBatch(uint32(q.s.limits.MaxBatch))
 	info.SetMaxPayload(uint32(q.s.limits.MaxPayload))
+	// Whole milliseconds within the limits: the shortest lease rounded
+	// up, the longest lease and delay down.
+	info.SetMinLeaseMs(uint64((q.s.limits.MinLease + time.Millisecond - 1) / time.Millisecond))
+	info.SetMaxLeaseMs(msDur(q.s.limits.MaxLease))
+	info.SetMaxDelayMs(msDur(q.s.limits.MaxDelay))
 	if err := info.SetVersion(ni.Version); err != nil {
 		return err
 	}

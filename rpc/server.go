@@ -133,10 +133,22 @@ type NodeInfo struct {
 	// Sync is the RocksDB WAL mode, "always" or "none"; "" for backends
 	// whose commits are always durable (fdb).
 	Sync string
-	// MaxBatch and MaxPayload are the node's limits; the server fills
-	// them in from its Limits.
+	// MaxBatch, MaxPayload, MinLease, MaxLease and MaxDelay are the
+	// node's limits; the server fills them in from its Limits. A client
+	// reads 0 for each of the last three from a node older than them.
 	MaxBatch   int
 	MaxPayload int
+	MinLease   time.Duration
+	MaxLease   time.Duration
+	MaxDelay   time.Duration
+}
+
+// Limits returns the node's limits that ni carries (MaxBatch,
+// MaxPayload, MinLease, MaxLease, MaxDelay); the others, and those a node
+// older than them left 0, are storage.DefaultLimits'.
+func (ni NodeInfo) Limits() storage.Limits {
+	return storage.Limits{MaxBatch: ni.MaxBatch, MaxPayload: ni.MaxPayload,
+		MinLease: ni.MinLease, MaxLease: ni.MaxLease, MaxDelay: ni.MaxDelay}.WithDefaults()
 }
 
 // Server serves the Queue interface of schema/queue.capnp over a Store. It is

@@ -191,6 +191,10 @@ struct NodeInfo {
                       # durable when they return)
   maxBatch @3 :UInt32;   # most items or ids one call may carry (--max-batch)
   maxPayload @4 :UInt32; # largest item payload in bytes (--max-payload)
+  minLeaseMs @5 :UInt64; # shortest lease a poll or extend may ask for (--min-lease)
+  maxLeaseMs @6 :UInt64; # longest lease (--max-lease)
+  maxDelayMs @7 :UInt64; # longest delay, retry delay, dedup window or backoff (--max-delay)
+                         # (@5-@7: 0 from nodes older than these fields)
 }
 
 # Queue is the bootstrap capability of a leaseq node.
