@@ -272,8 +272,11 @@ func TestClient_NodeInfo(t *testing.T) {
 	b := setup(t, bundleOpts{mutate: func(c *ServerConfig) { c.Info = want }})
 	got, err := b.dial().NodeInfo(ctxT(t))
 	require.NoError(t, err)
-	want.MaxBatch, want.MaxPayload = storage.DefaultLimits.MaxBatch, storage.DefaultLimits.MaxPayload
+	d := storage.DefaultLimits
+	want.MaxBatch, want.MaxPayload = d.MaxBatch, d.MaxPayload
+	want.MinLease, want.MaxLease, want.MaxDelay = d.MinLease, d.MaxLease, d.MaxDelay
 	require.Equal(t, want, got)
+	require.Equal(t, d, got.Limits())
 	require.Equal(t, uint64(1), b.srv.Metrics().Ops[OpNodeInfo].Count)
 	require.Equal(t, "node_info", OpNodeInfo.String())
 }
