@@ -264,6 +264,9 @@ max attempts):
 		cf := addClientFlags(fs)
 		pf := addPageFlags(fs)
 		all := fs.Bool("all", false, "redrive or purge every dead item of the queue")
+		// An exported LEASEQ_ALL must not turn a purge of some ids (or
+		// a typo) into the loss of every dead item.
+		cliOnly(fs, "all")
 		return func(ctx context.Context, args []string) error {
 			if len(args) == 0 {
 				return usagef("missing sub-command: want ls, redrive or purge")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -117,4 +118,32 @@ func TestConfig_NewQueueWithinNodeLimits(t *testing.T) {
 	require.Equal(t, 2*time.Millisecond, ni.MinLease, "the shortest lease in whole milliseconds, rounded up")
 	require.Equal(t, 10*time.Second, ni.MaxLease)
 	require.Equal(t, time.Minute, ni.MaxDelay)
+}
+
+// TestDLQ_AllIsCommandLineOnly: an exported LEASEQ_ALL does not turn
+// `dlq purge QUEUE` (ids forgotten) into a purge of every dead item;
+// only --all on the command line does.
+func TestDLQ_AllIsCommandLineOnly(t *testing.T) {
+	addr, stop := startServeInProcess(t)
+	defer stop()
+	code, _, errOut := runCmd(t, "enqueue", "--addr", addr, "--max-attempts", "1", "dq", "x")
+	require.Equal(t, exitOK, code, errOut)
+	code, out, errOut := runCmd(t, "poll", "--addr", addr, "dq")
+	require.Equal(t, exitOK, code, errOut)
+	var polled struct {
+		Lease string `json:"lease"`
+		ID    string `json:"id"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &polled))
+	code, _, errOut = runCmd(t, "nack", "--addr", addr, "dq", polled.Lease, polled.ID)
+	require.Equal(t, exitOK, code, errOut)
+
+	te := newTestEnv(map[string]string{"LEASEQ_ALL": "true", "LEASEQ_ADDR": addr})
+	require.Equal(t, exitUsage, run(context.Background(), []string{"dlq", "purge", "dq"}, &te.env), "stdout: %s", te.out)
+	code, out, errOut = runCmd(t, "dlq", "ls", "--addr", addr, "dq")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, polled.ID, "the dead item is still there")
+	code, out, errOut = runCmd(t, "dlq", "purge", "--addr", addr, "--all", "dq")
+	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, "purged 1\n", out)
 }
