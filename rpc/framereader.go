@@ -21,7 +21,8 @@ type frameReader struct {
 }
 
 // Mirrors of go-capnp's stream format limits (codec.go): the segment
-// count is stored minus one in the first four bytes.
+// count is stored minus one in the first four bytes, and the Decoder
+// refuses a stored count over maxFrameSegments (513 segments pass).
 const maxFrameSegments = 512
 
 func newFrameReader(src io.Reader, size int, limit uint64) *frameReader {
@@ -44,7 +45,7 @@ func frameLen(b []byte, limit uint64) (n uint64, known bool) {
 		return 8, false
 	}
 	maxSeg := uint64(binary.LittleEndian.Uint32(b))
-	if maxSeg >= maxFrameSegments {
+	if maxSeg > maxFrameSegments {
 		return 8, true // the Decoder refuses it after the first word
 	}
 	hdr := ((maxSeg+2)*4 + 7) &^ 7
@@ -116,7 +117,7 @@ func (f *frameReader) tooLarge() (uint64, bool) {
 		return 0, false
 	}
 	maxSeg := uint64(binary.LittleEndian.Uint32(b))
-	if maxSeg >= maxFrameSegments {
+	if maxSeg > maxFrameSegments {
 		return 0, false // not a size matter: the Decoder refuses it
 	}
 	hdr := ((maxSeg+2)*4 + 7) &^ 7

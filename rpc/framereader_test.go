@@ -114,7 +114,7 @@ func TestFrameReader_InterruptedReads(t *testing.T) {
 // segments, larger than the limit) is refused from its header, without
 // waiting for bytes that may never come; Read with nothing buffered fails.
 func TestFrameReader_RefusedFrames(t *testing.T) {
-	tooMany := binary.LittleEndian.AppendUint32(nil, maxFrameSegments)
+	tooMany := binary.LittleEndian.AppendUint32(nil, maxFrameSegments+1)
 	tooMany = append(tooMany, 1, 0, 0, 0)
 	tooLarge := frame(0, 1<<20)[:8] // only the header: 8 MiB announced
 	for name, b := range map[string][]byte{"segments": tooMany, "size": tooLarge} {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"syscall"
 )
 
 // splitAddr maps "unix:/path" to ("unix", "/path") and anything else to
@@ -74,9 +75,18 @@ func removeStaleSocket(path string) error {
 		return fmt.Errorf("rpc: listen unix:%s: exists and is not a socket", path)
 	}
 	var d net.Dialer
-	if c, err := d.DialContext(context.Background(), "unix", path); err == nil {
+	c, err := d.DialContext(context.Background(), "unix", path)
+	switch {
+	case err == nil:
 		_ = c.Close()
 		return fmt.Errorf("rpc: listen unix:%s: a live server is listening on it", path)
+	case errors.Is(err, syscall.EAGAIN):
+		return fmt.Errorf("rpc: listen unix:%s: a live server is listening on it (its backlog is full)", path)
+	case !errors.Is(err, syscall.ECONNREFUSED):
+		// Only a refused connect says nobody listens: a permission
+		// error, say, may hide a live server, whose socket must not be
+		// taken from it.
+		return fmt.Errorf("rpc: listen unix:%s: cannot tell whether a server listens on it: %w", path, err)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("rpc: remove stale socket %s: %w", path, err)

@@ -104,30 +104,34 @@ func (m Metrics) Sub(prev Metrics) Metrics {
 	return out
 }
 
+// opCounters counts one op's calls. A call's count is its latency
+// bucket, so that a snapshot taken while calls finish is a valid
+// histogram (the buckets add up to Count); its error is counted after
+// its bucket and read before them, so Errors never exceeds Count.
 type opCounters struct {
-	count, errors atomic.Uint64
-	sum           atomic.Int64
-	buckets       [20]atomic.Uint64 // len(LatencyBounds)+1
+	errors  atomic.Uint64
+	sum     atomic.Int64
+	buckets [20]atomic.Uint64 // len(LatencyBounds)+1
 }
 
 func (c *opCounters) observe(d time.Duration, failed bool) {
-	c.count.Add(1)
-	if failed {
-		c.errors.Add(1)
-	}
 	c.sum.Add(int64(d))
 	i := 0
 	for i < len(LatencyBounds) && d > LatencyBounds[i] {
 		i++
 	}
 	c.buckets[i].Add(1)
+	if failed {
+		c.errors.Add(1)
+	}
 }
 
 func (c *opCounters) snapshot(op Op) OpMetrics {
-	m := OpMetrics{Op: op, Count: c.count.Load(), Errors: c.errors.Load(), Sum: time.Duration(c.sum.Load()),
+	m := OpMetrics{Op: op, Errors: c.errors.Load(), Sum: time.Duration(c.sum.Load()),
 		Buckets: make([]uint64, len(LatencyBounds)+1)}
 	for i := range m.Buckets {
 		m.Buckets[i] = c.buckets[i].Load()
+		m.Count += m.Buckets[i]
 	}
 	return m
 }
