@@ -320,10 +320,12 @@ func answer[R statusAnswer](op string, get func() (R, error)) (R, error) {
 	return res, nil
 }
 
-// checkSize refuses a call the flow limiter could never admit (it would
-// panic) with a clear error instead.
+// checkSize refuses a call of about n bytes over the client's flow limit
+// (FlowLimitBytes) with a clear error before it is sent. (A message a
+// little over the limit from its framing passes: both engines account it
+// as the whole limit.)
 func (c *Client) checkSize(op string, n int) error {
-	if int64(n)+64<<10 > c.limit {
+	if int64(n) > c.limit {
 		return fmt.Errorf("leaseq %s: %w: request of about %d bytes exceeds the client's flow limit of %d; split the batch",
 			op, storage.ErrInvalidArgument, n, c.limit)
 	}
@@ -335,6 +337,11 @@ func (c *Client) checkSize(op string, n int) error {
 func (c *Client) Enqueue(ctx context.Context, queue string, items []storage.EnqueueItem) ([]storage.EnqueueResult, error) {
 	size := 0
 	for i := range items {
+		if items[i].Delay < 0 {
+			// As the stores and Nack: a negative delay is refused, not
+			// sent as 0 (ready now).
+			return nil, fmt.Errorf("leaseq enqueue: %w: item %d: negative delay %v", storage.ErrInvalidArgument, i, items[i].Delay)
+		}
 		size += len(items[i].Payload) + len(items[i].DedupKey) + 64
 	}
 	if err := c.checkSize("enqueue", size); err != nil {

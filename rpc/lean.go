@@ -253,8 +253,10 @@ func (s *Server) serveLean(ctx context.Context, cancel context.CancelFunc, conn 
 	}()
 	err := c.readLoop()
 	c.unhold()
-	close(done)
+	// Server.Stop may still close the connection while shutdown writes
+	// the last answers and the Abort to a peer that reads nothing.
 	c.shutdown(err)
+	close(done)
 }
 
 // readLoop reads and handles messages until the connection fails or a

@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -110,6 +111,10 @@ func (p *Producer) Enqueue(ctx context.Context, it storage.EnqueueItem) (storage
 	if err := ctx.Err(); err != nil {
 		return storage.EnqueueResult{}, err
 	}
+	// The call is built later, on another goroutine, possibly after a
+	// caller whose ctx ended has returned and reused its buffer: the
+	// payload is copied now.
+	it.Payload = bytes.Clone(it.Payload)
 	e := &produced{item: it, size: len(it.Payload) + len(it.DedupKey), done: make(chan struct{})}
 	if p.opts.Linger > 0 {
 		e.at = p.opts.Clock.Now()
@@ -225,7 +230,11 @@ func (p *Producer) kickLocked() {
 			return
 		}
 		n, size := 0, 0
-		for n < len(p.pending) && n < p.opts.MaxBatch && (n == 0 || size+p.pending[n].size <= p.opts.MaxBytes) {
+		// Within MaxBytes, and within the client's flow limit as its
+		// Enqueue counts a call (64 bytes an item besides the payload and
+		// key), which refuses a call over it.
+		for n < len(p.pending) && n < p.opts.MaxBatch && (n == 0 ||
+			size+p.pending[n].size <= p.opts.MaxBytes && int64(size+p.pending[n].size+64*(n+1)) <= p.c.limit) {
 			size += p.pending[n].size
 			n++
 		}
