@@ -380,8 +380,9 @@ func (s *Store) add(tx kv.Tx, q string, ctr byte, d int64) {
 func (s *Store) wakeQueue(tx kv.Tx, q string) { tx.Add(s.k.wake(q), 1) }
 
 // config reads a queue's config (with a read conflict: a concurrent
-// SetQueueConfig re-runs the caller). ok is false when the queue does not
-// exist.
+// SetQueueConfig re-runs the caller), brought within this node's limits
+// (another node of the cluster may have set it under wider ones). ok is
+// false when the queue does not exist.
 func (s *Store) config(tx kv.Tx, q string) (storage.QueueConfig, bool, error) {
 	b, err := tx.Get(s.k.queue(q), false)
 	if err != nil {
@@ -394,7 +395,7 @@ func (s *Store) config(tx kv.Tx, q string) (storage.QueueConfig, bool, error) {
 	if err != nil {
 		return c, false, fmt.Errorf("fdbsync: queue %q config: %w", q, err)
 	}
-	return c, true, nil
+	return s.limits.ClampQueueConfig(c), true, nil
 }
 
 // maxAttempts is the limit that applies to r at the end of a delivery.

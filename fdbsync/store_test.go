@@ -1,8 +1,10 @@
 package fdbsync_test
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/require"
@@ -91,4 +93,31 @@ func TestFDBModel_Limits(t *testing.T) {
 	t.Run("MaxQueues", func(t *testing.T) { storagetest.RunMaxQueues(t, open) })
 	t.Run("PartialLimits", func(t *testing.T) { storagetest.RunPartialLimits(t, open) })
 	t.Run("NewQueueWithinLimits", func(t *testing.T) { storagetest.RunNewQueueWithinLimits(t, open) })
+}
+
+// TestFDBModel_ConfigWithinEachNodesLimits: nodes of one cluster may run
+// with different limits; a queue created by a node with the default
+// limits (a 30 s lease) is leased by a node with MaxLease 10s for 10 s,
+// and its config reads back within that node's limits.
+func TestFDBModel_ConfigWithinEachNodesLimits(t *testing.T) {
+	t.Parallel()
+	db := fdbmodel.New(fdbmodel.Options{Clock: clock.NewMock()})
+	wide, err := fdbsync.New(db, fdbsync.Options{})
+	require.NoError(t, err)
+	defer wide.Close()
+	narrow, err := fdbsync.New(db, fdbsync.Options{Limits: storage.Limits{MaxLease: 10 * time.Second, MaxDelay: time.Minute}})
+	require.NoError(t, err)
+	defer narrow.Close()
+	ctx := context.Background()
+	now := time.Unix(1_700_000_000, 0)
+	_, err = wide.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: []byte("p")}}, Now: now})
+	require.NoError(t, err)
+	cfg, err := narrow.QueueConfig(ctx, "q")
+	require.NoError(t, err)
+	require.Equal(t, 10*time.Second, cfg.LeaseDuration)
+	require.Equal(t, time.Minute, cfg.DedupWindow)
+	p, err := narrow.Poll(ctx, storage.PollParams{Queue: "q", Max: 1, Now: now})
+	require.NoError(t, err)
+	require.Len(t, p.Items, 1)
+	require.Equal(t, now.Add(10*time.Second).UnixNano(), p.ExpiresAt.UnixNano(), "the queue's lease within this node's MaxLease")
 }

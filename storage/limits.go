@@ -200,8 +200,16 @@ func (l Limits) ValidateQueueConfig(c QueueConfig) error {
 // ValidateQueueConfig accepts it and a poll asking for the queue's lease
 // gets one the limits allow. Every backend creates queues with it.
 func (l Limits) DefaultQueueConfig() QueueConfig {
+	return l.ClampQueueConfig(DefaultQueueConfig())
+}
+
+// ClampQueueConfig brings c's lease, dedup window and backoff within l.
+// A store applies it to the configs it reads back, so that a queue
+// configured under wider limits (a node restarted with a lower
+// --max-lease, or another node of an FDB cluster) gets no lease or delay
+// longer than this store's limits allow.
+func (l Limits) ClampQueueConfig(c QueueConfig) QueueConfig {
 	l = l.WithDefaults()
-	c := DefaultQueueConfig()
 	c.LeaseDuration = min(max(c.LeaseDuration, l.MinLease), l.MaxLease)
 	c.DedupWindow = min(c.DedupWindow, l.MaxDelay)
 	c.BackoffMax = min(c.BackoffMax, l.MaxDelay)

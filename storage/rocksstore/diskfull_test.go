@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -152,4 +153,39 @@ func ids(items []storage.Item) []storage.ItemID {
 		out[i] = it.ID
 	}
 	return out
+}
+
+// TestRecover_MetricsNeverGoBackwardsAcrossRecover: Metrics says every
+// field only increases (and Close keeps them so); a Recover after a failed
+// write reopens the database, whose RocksDB statistics start again from
+// zero, and CommitTime must not drop with them.
+func TestRecover_MetricsNeverGoBackwardsAcrossRecover(t *testing.T) {
+	var failing atomic.Bool
+	b := setup(t, func(o *Options) {
+		o.Sync = SyncAlways
+		o.syncHook = func(sync func() error) error {
+			if failing.Load() {
+				return errors.New("injected: No space left on device")
+			}
+			return sync()
+		}
+	})
+	for i := 0; i < 300; i++ {
+		b.enqueueN("q", at(0), 1)
+	}
+	before := b.s.Metrics()
+	require.Positive(t, before.CommitTime)
+
+	failing.Store(true)
+	_, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Items: []storage.EnqueueItem{{Payload: []byte("x")}}, Now: at(time.Second)})
+	require.ErrorIs(t, err, storage.ErrUnavailable)
+	failing.Store(false)
+	ok, err := b.s.Recover()
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	after := b.s.Metrics()
+	require.GreaterOrEqual(t, after.CommitTime, before.CommitTime,
+		"CommitTime went backwards across Recover: %v before, %v after", before.CommitTime, after.CommitTime)
+	require.GreaterOrEqual(t, after.Commits, before.Commits)
 }

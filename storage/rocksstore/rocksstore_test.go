@@ -639,3 +639,24 @@ func TestRocksStore_Limits(t *testing.T) {
 	t.Run("PartialLimits", func(t *testing.T) { storagetest.RunPartialLimits(t, open) })
 	t.Run("NewQueueWithinLimits", func(t *testing.T) { storagetest.RunNewQueueWithinLimits(t, open) })
 }
+
+// TestReopen_LowerMaxLeaseLeasesWithinIt: a queue created under
+// the default limits keeps its persisted config (default lease 30 s); a
+// node reopened with a lower MaxLease must not lease longer than it allows
+// when a poll asks for the queue's lease (as new queues are kept within
+// the limits, Limits.DefaultQueueConfig): Open brings configs within
+// its limits (Limits.ClampQueueConfig).
+func TestReopen_LowerMaxLeaseLeasesWithinIt(t *testing.T) {
+	b := setup(t)
+	b.enqueueN("q", at(0), 1)
+	require.NoError(t, b.s.Close())
+	b.opts.Limits = storage.Limits{MaxLease: 10 * time.Second}
+	s, err := Open(b.dir, b.opts)
+	require.NoError(t, err)
+	b.s = s
+	res, err := b.s.Poll(b.ctx, storage.PollParams{Queue: "q", Max: 1, Now: at(time.Second)})
+	require.NoError(t, err)
+	require.Len(t, res.Items, 1)
+	require.LessOrEqual(t, res.ExpiresAt.Sub(at(time.Second)), 10*time.Second,
+		"leased for %v under MaxLease 10s", res.ExpiresAt.Sub(at(time.Second)))
+}

@@ -83,6 +83,10 @@ type Store struct {
 	lastStats struct {
 		sync.Mutex
 		st rocksStatistics
+		// base sums the statistics of the databases closed before this
+		// one (Recover reopens, and a new database's statistics start
+		// from zero), so that the counters never go backwards.
+		base rocksStatistics
 	}
 
 	m struct {
@@ -275,7 +279,9 @@ func (s *Store) load() error {
 		if err != nil {
 			return false, fmt.Errorf("rocksstore: open: queue %q: %w: %v", name, storage.ErrCorrupt, err)
 		}
-		s.mu.queues[name] = newQueueState(name, configFromRecord(rec))
+		// Within this open's limits, which may be lower than those the
+		// config was set under.
+		s.mu.queues[name] = newQueueState(name, s.limits.ClampQueueConfig(configFromRecord(rec)))
 		return true, nil
 	})
 	if err != nil {
@@ -345,6 +351,10 @@ func (s *Store) Close() error {
 }
 
 func (s *Store) closeDB() {
+	s.saveStats()
+	s.lastStats.Lock()
+	s.lastStats.base = s.lastStats.st
+	s.lastStats.Unlock()
 	for _, sl := range s.slots {
 		sl.t.destroy()
 	}
@@ -510,12 +520,15 @@ func (s *Store) Metrics() Metrics {
 	return m
 }
 
-// saveStats reads RocksDB's statistics into lastStats. REQUIRES: s.life
-// held (shared or exclusive) and the database open.
+// saveStats reads RocksDB's statistics, added to those of the databases
+// closed before, into lastStats. REQUIRES: s.life held (shared or
+// exclusive) and the database open.
 func (s *Store) saveStats() {
 	st := parseStatistics(s.db.statistics())
 	st.writeStall = s.db.writeStall()
 	s.lastStats.Lock()
+	st.writeTime += s.lastStats.base.writeTime
+	st.writeStall += s.lastStats.base.writeStall
 	s.lastStats.st = st
 	s.lastStats.Unlock()
 }
