@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -282,8 +283,21 @@ func (c *leanConn) readLoop() error {
 				continue
 			}
 		}
+		// The budgets of unanswered bytes are taken for the size the
+		// header announces before the body is read: Decode allocates
+		// the whole message from its header, and a peer sending only
+		// headers must not make the node hold more than the budgets.
+		var held flowHeld
+		size, sized := c.nextFrameSize()
+		if sized {
+			var err error
+			if held, err = c.acquireFlow(size); err != nil {
+				return err
+			}
+		}
 		msg, err := c.dec.Decode()
 		if err != nil {
+			c.flow.release(held)
 			return err
 		}
 		c.busy()
@@ -294,10 +308,15 @@ func (c *leanConn) readLoop() error {
 		// As limitedCodec: the traversal limit bounds the work one
 		// message may cost.
 		msg.ResetReadLimit(4 * c.maxMsg)
-		held, err := c.acquireFlow(msg)
-		if err != nil {
-			msg.Release()
-			return err
+		if !sized {
+			size, err := msg.TotalSize()
+			if err == nil {
+				held, err = c.acquireFlow(int64(size))
+			}
+			if err != nil {
+				msg.Release()
+				return err
+			}
 		}
 		if c.holder != nil && !c.holding && c.frameBuffered() {
 			// More came in the same piece: what this message and the
@@ -327,18 +346,42 @@ func (c *leanConn) unhold() {
 	}
 }
 
-// acquireFlow takes msg's size from the connection's and the node's
-// budgets of unanswered bytes, writing out replies first if it must wait.
-func (c *leanConn) acquireFlow(msg *capnp.Message) (flowHeld, error) {
-	size, err := msg.TotalSize()
+// nextFrameSize reads the header of the next message (waiting for the
+// socket if it is not buffered yet) and returns the message's size, its
+// header included, as capnp.Message.TotalSize counts it. ok is false
+// when the header cannot be read or is one Decode refuses (too many
+// segments, over the size limit): Decode then fails on it.
+func (c *leanConn) nextFrameSize() (size int64, ok bool) {
+	b, err := c.br.Peek(8)
 	if err != nil {
-		return flowHeld{}, err
+		return 0, false
 	}
-	if h, ok := c.flow.tryAcquire(int64(size)); ok {
+	maxSeg := uint64(binary.LittleEndian.Uint32(b))
+	if maxSeg > maxFrameSegments {
+		return 0, false
+	}
+	hdr := ((maxSeg+2)*4 + 7) &^ 7
+	if b, err = c.br.Peek(int(hdr)); err != nil {
+		return 0, false
+	}
+	total := hdr
+	for i := uint64(0); i <= maxSeg; i++ {
+		total += 8 * uint64(binary.LittleEndian.Uint32(b[4+4*i:]))
+	}
+	if total > c.maxMsg {
+		return 0, false
+	}
+	return int64(total), true
+}
+
+// acquireFlow takes size bytes from the connection's and the node's
+// budgets of unanswered bytes, writing out replies first if it must wait.
+func (c *leanConn) acquireFlow(size int64) (flowHeld, error) {
+	if h, ok := c.flow.tryAcquire(size); ok {
 		return h, nil
 	}
 	c.idle()
-	h, err := c.flow.acquire(c.ctx, int64(size))
+	h, err := c.flow.acquire(c.ctx, size)
 	c.busy()
 	return h, err
 }

@@ -30,18 +30,23 @@ type limitedCodec struct {
 	c        io.Closer
 	maxBytes uint64
 	first    func() // called once, after the first message decodes (nil: none)
-	// fr, when set, is under dec: a message is read whole before it
-	// decodes, and one over maxBytes is refused with a
-	// *replyTooLargeError (the client's codec, newClientCodec), kept in
-	// refused.
+	// fr is under dec: a message is read whole before it decodes, and
+	// one over maxBytes is refused: on the client's codec
+	// (newClientCodec) with a *replyTooLargeError, kept in refused.
 	fr      *frameReader
 	refused atomic.Pointer[replyTooLargeError]
+	node    bool // the node's codec: a message over maxBytes ends the connection with a plain error
 }
 
+// newLimitedCodec is the codec of the node's go-capnp connections. As
+// the client's, it reads through a frameReader: a peer that sends only
+// the header of a large message makes the node allocate nothing for it
+// (capnp.Decoder allocates the whole message from its header).
 func newLimitedCodec(rwc io.ReadWriteCloser, maxBytes uint64) *limitedCodec {
-	dec := capnp.NewDecoder(rwc)
+	fr := newFrameReader(rwc, 64<<10, maxBytes)
+	dec := capnp.NewDecoder(fr)
 	dec.MaxMessageSize = maxBytes
-	return &limitedCodec{dec: dec, enc: capnp.NewEncoder(rwc), c: rwc, maxBytes: maxBytes}
+	return &limitedCodec{dec: dec, enc: capnp.NewEncoder(rwc), c: rwc, maxBytes: maxBytes, fr: fr, node: true}
 }
 
 // newClientCodec is the codec of the client's go-capnp connections: it
@@ -69,6 +74,9 @@ func (c *limitedCodec) Decode() (*capnp.Message, error) {
 			return nil, err
 		}
 		if size, over := c.fr.tooLarge(); over {
+			if c.node {
+				return nil, fmt.Errorf("rpc: a message of %d bytes is over the limit of %d (--max-message)", size, c.maxBytes)
+			}
 			e := &replyTooLargeError{size: size, limit: c.maxBytes}
 			c.refused.Store(e)
 			return nil, e
