@@ -233,18 +233,46 @@ func (c *Client) capnpConn(ctx context.Context) (schema.Queue, <-chan struct{}, 
 	default:
 	}
 	if c.rc == nil {
+		// Close ends the dial: it closes c.closed before it waits for
+		// gcMu (a node that accepts and never answers would hold both).
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			select {
+			case <-c.closed:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
 		conn, err := c.redial(ctx)
 		if err != nil {
-			return schema.Queue{}, nil, err
+			return schema.Queue{}, nil, c.closedOr(err)
 		}
 		rc, q, _, err := startCapnp(ctx, conn, c.log, c.limit, c.readLimit)
 		if err != nil {
 			_ = conn.Close()
-			return schema.Queue{}, nil, err
+			return schema.Queue{}, nil, c.closedOr(err)
+		}
+		select {
+		case <-c.closed:
+			q.Release()
+			_ = rc.Close()
+			return schema.Queue{}, nil, fmt.Errorf("rpc: %w", net.ErrClosed)
+		default:
 		}
 		c.conn, c.rc, c.q = conn, rc, q
 	}
 	return c.q, c.rc.Done(), nil
+}
+
+// closedOr is err, or net.ErrClosed once Close has begun.
+func (c *Client) closedOr(err error) error {
+	select {
+	case <-c.closed:
+		return fmt.Errorf("rpc: %w", net.ErrClosed)
+	default:
+		return err
+	}
 }
 
 // Close ends the connection. Leases held by this client stay valid until
@@ -252,8 +280,8 @@ func (c *Client) capnpConn(ctx context.Context) (schema.Queue, <-chan struct{}, 
 func (c *Client) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
+		close(c.closed) // before gcMu: it ends a dial in capnpConn
 		c.gcMu.Lock()
-		close(c.closed)
 		if c.rc != nil {
 			c.q.Release()
 			err = c.rc.Close()
