@@ -502,6 +502,15 @@ func TestCLI_EnvAndLines(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Equal(t, []string{items[0].ID + " ok", items[1].ID + " ok", items[2].ID + " ok"}, r.lines())
 	require.Equal(t, queueStats{Enqueued: 3, Delivered: 3, Acked: 3}, n.stats("batch"))
+	// An empty poll piped in settles nothing, and the pipeline succeeds.
+	r = runCLI(t, []string{"LEASEQ_ADDR=" + n.addr}, "", "poll", "batch", "-n", "10")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Empty(t, r.stdout)
+	for _, cmd := range []string{"ack", "nack"} {
+		r = runCLI(t, []string{"LEASEQ_ADDR=" + n.addr}, "", cmd, "batch", "-")
+		require.Equal(t, 0, r.code, "%s - of an empty poll: %s", cmd, r.stderr)
+		require.Empty(t, r.stdout)
+	}
 	r = runCLI(t, []string{"LEASEQ_ADDR=" + n.addr}, "not json", "nack", "batch", "-")
 	require.Equal(t, exitUsage, r.code)
 	require.Contains(t, r.stderr, "want poll's JSON lines")

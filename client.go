@@ -298,7 +298,8 @@ type leased struct {
 
 // parseLeased reads the "LEASE ID..." arguments of ack and nack, or, when
 // they are just "-", poll's JSON lines from stdin (so `leaseq poll q -n 10 |
-// leaseq ack q -` acks a whole poll), grouped by lease in input order.
+// leaseq ack q -` acks a whole poll, none if it was empty), grouped by
+// lease in input order.
 func parseLeased(args []string, stdin io.Reader) ([]leased, error) {
 	if len(args) == 1 && args[0] == "-" {
 		var out []leased
@@ -325,9 +326,8 @@ func parseLeased(args []string, stdin io.Reader) ([]leased, error) {
 			}
 			out[len(out)-1].ids = append(out[len(out)-1].ids, ids[0])
 		}
-		if len(out) == 0 {
-			return nil, usagef("stdin: no items (pipe in the output of poll)")
-		}
+		// An empty poll prints nothing: `poll | ack -` of an empty
+		// queue settles nothing and succeeds.
 		return out, nil
 	}
 	if len(args) < 2 {

@@ -22,7 +22,8 @@ var enqueueCommand = &command{
 	summary: "add an item to a queue and print its id",
 	help: `
 Enqueue one item into QUEUE (created on first use) and print its id (32 hex
-digits). PAYLOAD is taken literally; "-" reads the payload from stdin (raw
+digits). PAYLOAD is taken literally (after "--" when it starts with a dash:
+enqueue q -- -x); "-" reads the payload from stdin (raw
 bytes, up to the node's --max-payload); no PAYLOAD enqueues an empty one.
 With --lines, every line of stdin becomes one item and one id is printed
 per line; lines are sent in calls of at most 500 items and about 1 MiB of

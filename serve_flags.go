@@ -90,7 +90,7 @@ func addServeFlags(fs *flag.FlagSet) *serveFlags {
 		return s, nil
 	})
 	f.socketMode = newChoice("0660", parseFileMode)
-	fs.Var(f.socketMode, "socket-mode", "permission `bits` (octal) of the unix socket for --listen unix:/path; connecting needs write permission")
+	fs.Var(f.socketMode, "socket-mode", "permission `bits` (octal) of the unix sockets of --listen, --http and --queueber-listen unix:/path; connecting needs write permission")
 	fs.Var(f.recoverMode, "recover", "`point-in-time`: open a database whose write-ahead log is damaged, dropping every write after the damage (the node refuses to start on such a log otherwise; keep a copy of --data first)")
 	f.prefetchHold = newChoice(rocksstore.DefaultPrefetchHold.String(), nonNegDuration)
 	fs.Var(f.prefetchHold, "prefetch-hold", "with --sync=always, how long (a `duration`) the next batch an ack claims for its consumer waits for that consumer's next poll, which it then answers without an fsync of its own (0: off); see the README")

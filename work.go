@@ -153,7 +153,7 @@ func checkRetryDelay(ctx context.Context, c *rpc.Client, d time.Duration) error 
 		return err
 	}
 	if ni.MaxDelay > 0 && d > ni.MaxDelay {
-		return fmt.Errorf("--retry-delay %v is over the node's --max-delay %v", d, ni.MaxDelay)
+		return usagef("--retry-delay %v is over the node's --max-delay %v", d, ni.MaxDelay)
 	}
 	return nil
 }

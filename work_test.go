@@ -635,7 +635,7 @@ func TestWork_RetryDelayOverNodeMaxDelay(t *testing.T) {
 	n.cli("enqueue", "rdq", "x")
 	n.cli("enqueue", "rdq", "y")
 	w := n.startWork(t, nil, "rdq", "--max-items", "2", "--retry-delay", "200h", "--", job)
-	require.Equal(t, exitFailure, w.wait(time.Minute))
+	require.Equal(t, exitUsage, w.wait(time.Minute), "a bad flag value for this node")
 	require.Contains(t, w.stderr.String(), "--retry-delay 200h0m0s is over the node's --max-delay 168h0m0s")
 	require.Equal(t, queueStats{Ready: 2, Enqueued: 2}, withoutDelayed(n.stats("rdq")), "nothing leased")
 

@@ -30,8 +30,9 @@ const (
 	// have in calls not yet answered. It must admit at least one enqueue of
 	// a sensible batch; 64 MiB does (a lone larger message is admitted alone).
 	DefaultConnFlowLimitBytes = 64 << 20
-	// DefaultMaxWaitersPerQueue bounds parked long polls plus
-	// subscriptions per queue when ServerConfig.MaxWaitersPerQueue is 0.
+	// DefaultMaxWaitersPerQueue bounds parked long polls per queue when
+	// ServerConfig.MaxWaitersPerQueue is 0 (a subscribe is refused at it
+	// too, but subscriptions count only against MaxWaiters).
 	DefaultMaxWaitersPerQueue = dispatch.DefaultMaxWaitersPerQueue
 	// DefaultMaxWaiters bounds parked long polls plus subscriptions on a
 	// node.
@@ -75,8 +76,9 @@ type ServerConfig struct {
 	// MaxConns bounds open connections (0: DefaultMaxConns). An excess
 	// connection gets an RPC Abort "too many connections" and is closed.
 	MaxConns int
-	// MaxWaitersPerQueue bounds parked long polls plus subscriptions per
-	// queue (0: dispatch.DefaultMaxWaitersPerQueue).
+	// MaxWaitersPerQueue bounds parked long polls per queue; a subscribe
+	// is refused at it too, but subscriptions count only against
+	// MaxWaiters (0: dispatch.DefaultMaxWaitersPerQueue).
 	MaxWaitersPerQueue int
 	// MaxWaiters bounds parked long polls plus subscriptions on the node
 	// (0: DefaultMaxWaiters).

@@ -25,8 +25,10 @@
 #    them as "outcome unknown" and retry (delivery is at-least-once).
 #
 #    Batch calls (enqueue, ack, nack, redrive, purgeDead with ids) return one
-#    ResultCode per input element, in input order; a bad element gets its
-#    own code and does not fail the others.
+#    ResultCode per input element, in input order; an element the node
+#    refuses on its own (an item over a limit, an id not held) gets its own
+#    code and does not fail the others. A malformed element (an id that is
+#    not 16 bytes) fails the whole request with invalidArgument.
 #
 #    Units: every instant is a UInt64 of milliseconds since the Unix epoch
 #    (UTC, by the node's clock); every duration is milliseconds. Item ids and
