@@ -264,7 +264,8 @@ func (s *Server) serveLean(ctx context.Context, cancel context.CancelFunc, conn 
 // message breaks the protocol; it returns why it stopped.
 func (c *leanConn) readLoop() error {
 	for {
-		if !c.frameBuffered() {
+		buffered := c.frameBuffered()
+		if !buffered {
 			// The next decode may wait for the socket (nothing buffered,
 			// or part of a message): end the hold on the store's fsyncs
 			// and write what is ready first.
@@ -283,12 +284,18 @@ func (c *leanConn) readLoop() error {
 				continue
 			}
 		}
-		// The budgets of unanswered bytes are taken for the size the
-		// header announces before the body is read: Decode allocates
-		// the whole message from its header, and a peer sending only
-		// headers must not make the node hold more than the budgets.
+		// A message not yet buffered whole takes the budgets of
+		// unanswered bytes for the size its header announces before its
+		// body is read: Decode allocates the whole message from the
+		// header, and a peer sending only headers must not make the node
+		// hold more than the budgets. (One buffered whole is within the
+		// read buffer already: it takes them once decoded, as before.)
 		var held flowHeld
-		size, sized := c.nextFrameSize()
+		var size int64
+		sized := false
+		if !buffered {
+			size, sized = c.nextFrameSize()
+		}
 		if sized {
 			var err error
 			if held, err = c.acquireFlow(size); err != nil {
