@@ -688,7 +688,8 @@ func (c *Client) Queues(ctx context.Context) ([]string, error) {
 // failed. The call's outcome is then unknown.
 func IsDisconnected(err error) bool { return err != nil && isDisconnect(err) }
 
-// NodeInfo describes the node: version, backend and durability mode.
+// NodeInfo describes the node: version, backend, durability mode and its
+// limits (NodeInfo.Limits).
 func (c *Client) NodeInfo(ctx context.Context) (NodeInfo, error) {
 	f, release := invoke(ctx, c, mNodeInfo, nil)
 	defer release()

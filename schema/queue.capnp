@@ -269,7 +269,8 @@ interface Queue {
             -> (status :Status, subscription :Subscription);
 
   # nodeInfo describes the node: version, backend and durability mode
-  # (`leaseq stats` shows it).
+  # (`leaseq stats` shows them), and the limits a client needs to stay
+  # within.
   nodeInfo @15 () -> (status :Status, info :NodeInfo);
 
   # deleteQueue removes a queue: its config, counters and dedup keys; status
