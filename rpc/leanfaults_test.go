@@ -23,19 +23,10 @@ import (
 // reader waits for the second half.
 func TestLean_ReplyNotHeldByPartialFrame(t *testing.T) {
 	t.Parallel()
-	b := setup(t, bundleOpts{factory: memFactory(), mutate: func(c *ServerConfig) { c.Engine = EngineLean }})
-	conn := rawConn(t, b)
-	r := &rawRPC{t: t, conn: conn, dec: capnp.NewDecoder(conn)}
-	_, err := conn.Write(bootstrapMsg(t))
-	require.NoError(t, err)
-	r.recvReturn(0)
-
-	info := pipelinedCall(t, 1, 0, 15 /* nodeInfo */, nil)
 	next := pipelinedCall(t, 2, 0, 15 /* nodeInfo */, nil)
 	half := len(next) / 2
 	// One write: a whole call, then the first half of the next one.
-	_, err = conn.Write(slices.Concat(info, next[:half]))
-	require.NoError(t, err)
+	_, conn, r := leanCallThenPart(t, memFactory(), next[:half])
 
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(3*time.Second)))
 	msg, err := r.dec.Decode()
@@ -176,4 +167,21 @@ func TestLean_ParamCapReleasesDoNotStallSyncer(t *testing.T) {
 		}
 		require.NoError(t, err, "a syncer waits for the socket of a client that does not read")
 	}
+}
+
+// leanCallThenPart starts a lean server on factory's store, bootstraps a
+// raw connection to it and writes, in one write, a nodeInfo call
+// (question 1) followed by part, the start of a next message.
+func leanCallThenPart(t *testing.T, factory storeFactory, part []byte) (*testBundle, net.Conn, *rawRPC) {
+	t.Helper()
+	b := setup(t, bundleOpts{factory: factory, mutate: func(c *ServerConfig) { c.Engine = EngineLean }})
+	conn := rawConn(t, b)
+	r := &rawRPC{t: t, conn: conn, dec: capnp.NewDecoder(conn)}
+	_, err := conn.Write(bootstrapMsg(t))
+	require.NoError(t, err)
+	r.recvReturn(0)
+	info := pipelinedCall(t, 1, 0, 15 /* nodeInfo */, nil)
+	_, err = conn.Write(slices.Concat(info, part))
+	require.NoError(t, err)
+	return b, conn, r
 }

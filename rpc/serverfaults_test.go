@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"capnproto.org/go/capnp/v3"
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 	"github.com/stretchr/testify/require"
 
@@ -68,16 +67,7 @@ func maxSegHeader() []byte {
 // accepts (frameLen takes it for one the Decoder refuses at once).
 func TestServer_ReplyNotHeldByFirstWordOfA513SegmentFrame(t *testing.T) {
 	t.Parallel()
-	b := setup(t, bundleOpts{factory: memFactory(), mutate: func(c *ServerConfig) { c.Engine = EngineLean }})
-	conn := rawConn(t, b)
-	r := &rawRPC{t: t, conn: conn, dec: capnp.NewDecoder(conn)}
-	_, err := conn.Write(bootstrapMsg(t))
-	require.NoError(t, err)
-	r.recvReturn(0)
-
-	info := pipelinedCall(t, 1, 0, 15 /* nodeInfo */, nil)
-	_, err = conn.Write(slices.Concat(info, maxSegHeader()))
-	require.NoError(t, err)
+	_, conn, r := leanCallThenPart(t, memFactory(), maxSegHeader())
 
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(3*time.Second)))
 	msg, err := r.dec.Decode()
@@ -96,22 +86,13 @@ func TestServer_ReplyNotHeldByFirstWordOfA513SegmentFrame(t *testing.T) {
 // those calls).
 func TestServer_PartialHeaderDoesNotHoldOtherConnectionsFsyncs(t *testing.T) {
 	t.Parallel()
-	b := setup(t, bundleOpts{factory: rocksFactory(), mutate: func(c *ServerConfig) { c.Engine = EngineLean }})
-	conn := rawConn(t, b)
-	r := &rawRPC{t: t, conn: conn, dec: capnp.NewDecoder(conn)}
-	_, err := conn.Write(bootstrapMsg(t))
-	require.NoError(t, err)
-	r.recvReturn(0)
-
-	info := pipelinedCall(t, 1, 0, 15 /* nodeInfo */, nil)
-	_, err = conn.Write(slices.Concat(info, maxSegHeader()))
-	require.NoError(t, err)
+	b, _, _ := leanCallThenPart(t, rocksFactory(), maxSegHeader())
 	time.Sleep(300 * time.Millisecond) // let the node's reader take the write
 
 	other := b.dial()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err = other.Enqueue(ctx, "q", payloads(1, 8))
+	_, err := other.Enqueue(ctx, "q", payloads(1, 8))
 	require.NoError(t, err, "another connection's enqueue never became durable: the fsync is held by a reader waiting for a header")
 }
 
