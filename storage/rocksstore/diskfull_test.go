@@ -5,7 +5,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -160,16 +159,7 @@ func ids(items []storage.Item) []storage.ItemID {
 // write reopens the database, whose RocksDB statistics start again from
 // zero, and CommitTime must not drop with them.
 func TestRecover_MetricsNeverGoBackwardsAcrossRecover(t *testing.T) {
-	var failing atomic.Bool
-	b := setup(t, func(o *Options) {
-		o.Sync = SyncAlways
-		o.syncHook = func(sync func() error) error {
-			if failing.Load() {
-				return errors.New("injected: No space left on device")
-			}
-			return sync()
-		}
-	})
+	b, failing := setupFailingSync(t)
 	for i := 0; i < 300; i++ {
 		b.enqueueN("q", at(0), 1)
 	}

@@ -167,16 +167,7 @@ func TestRocksStore_FsyncFailureInWindow(t *testing.T) {
 // in place, and what was acknowledged before the failure is there.
 func TestRocksStore_RecoverAfterFailedWrite(t *testing.T) {
 	t.Parallel()
-	var failing atomic.Bool
-	b := setup(t, func(o *Options) {
-		o.Sync = SyncAlways
-		o.syncHook = func(sync func() error) error {
-			if failing.Load() {
-				return errors.New("injected: No space left on device")
-			}
-			return sync()
-		}
-	})
+	b, failing := setupFailingSync(t)
 	ok, err := b.s.Recover()
 	require.NoError(t, err)
 	require.False(t, ok, "nothing to recover")
@@ -937,4 +928,21 @@ func TestPipeline_FailedOpKeepsEarlierWrites(t *testing.T) {
 	require.Equal(t, int64(2), st.Inflight)
 	require.Equal(t, int64(2), st.Leases)
 	require.Zero(t, st.Ready)
+}
+
+// setupFailingSync opens a store with SyncAlways whose WAL fsyncs fail
+// (as on a full disk) while the returned flag is set.
+func setupFailingSync(t *testing.T) (*testBundle, *atomic.Bool) {
+	t.Helper()
+	failing := new(atomic.Bool)
+	b := setup(t, func(o *Options) {
+		o.Sync = SyncAlways
+		o.syncHook = func(sync func() error) error {
+			if failing.Load() {
+				return errors.New("injected: No space left on device")
+			}
+			return sync()
+		}
+	})
+	return b, failing
 }
