@@ -4,7 +4,10 @@ import (
 	"crypto/rand"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -178,4 +181,20 @@ func TestRecover_MetricsNeverGoBackwardsAcrossRecover(t *testing.T) {
 	require.GreaterOrEqual(t, after.CommitTime, before.CommitTime,
 		"CommitTime went backwards across Recover: %v before, %v after", before.CommitTime, after.CommitTime)
 	require.GreaterOrEqual(t, after.Commits, before.Commits)
+}
+
+// TestFreeDisk_AsDfCountsIt: the free space MinFreeDisk is checked
+// against is what df reports as available (statvfs: f_bavail in units
+// of f_frsize), within what other processes may write meanwhile.
+func TestFreeDisk_AsDfCountsIt(t *testing.T) {
+	dir := t.TempDir()
+	out, err := exec.Command("df", "-B1", "--output=avail", dir).Output()
+	require.NoError(t, err, "df (coreutils)")
+	fields := strings.Fields(string(out))
+	require.NotEmpty(t, fields)
+	df, err := strconv.ParseInt(fields[len(fields)-1], 10, 64)
+	require.NoError(t, err, "df output %q", out)
+	free, err := freeDisk(dir)
+	require.NoError(t, err)
+	require.InDelta(t, float64(df), float64(free), 64<<20, "freeDisk %d, df %d", free, df)
 }

@@ -386,7 +386,14 @@ func freeDisk(dir string) (int64, error) {
 	if err := syscall.Statfs(dir, &st); err != nil {
 		return 0, err
 	}
-	return int64(st.Bavail) * st.Bsize, nil
+	// Block counts are in fragment units (f_frsize, as statvfs and df
+	// read them); it equals f_bsize on common Linux filesystems, and
+	// Linux reports it as f_bsize when a filesystem leaves it 0.
+	unit := st.Frsize
+	if unit <= 0 {
+		unit = st.Bsize
+	}
+	return int64(st.Bavail) * unit, nil
 }
 
 // FreeDisk reports the bytes free for the node on the data directory's
