@@ -721,7 +721,7 @@ func (c *Client) NodeInfo(ctx context.Context) (NodeInfo, error) {
 func (c *Client) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item, error) {
 	f, release := invoke(ctx, c, mPeek, func(a schema.Queue_peek_Params) error {
 		a.SetInflight(p.Inflight)
-		a.SetLimit(uint32(max(p.Limit, 0)))
+		a.SetLimit(wireLimit(p.Limit))
 		if !p.After.IsZero() {
 			if err := a.SetAfter(p.After[:]); err != nil {
 				return err
@@ -776,7 +776,7 @@ func (c *Client) DeleteQueue(ctx context.Context, queue string, force bool) (int
 // A page may hold fewer items than the limit before the end, as Peek's.
 func (c *Client) DeadList(ctx context.Context, p storage.DeadListParams) ([]storage.DeadItem, error) {
 	f, release := invoke(ctx, c, mDeadList, func(a schema.Queue_deadList_Params) error {
-		a.SetLimit(uint32(max(p.Limit, 0)))
+		a.SetLimit(wireLimit(p.Limit))
 		if !p.After.IsZero() {
 			if err := a.SetAfter(p.After[:]); err != nil {
 				return err
@@ -821,7 +821,7 @@ func setDeadParams(a deadParams, p storage.RedriveParams) error {
 	if err := a.SetQueue(p.Queue); err != nil {
 		return err
 	}
-	a.SetLimit(uint32(max(p.Limit, 0)))
+	a.SetLimit(wireLimit(p.Limit))
 	if len(p.IDs) == 0 {
 		return nil
 	}

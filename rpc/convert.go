@@ -333,3 +333,11 @@ func setStatus(st schema.Status, err error) error {
 	st.SetCode(codeOf(err))
 	return st.SetDetail(err.Error())
 }
+
+// wireLimit is a page or batch limit on the wire: negative is 0 (the
+// default), and one over what a UInt32 holds is the largest it holds
+// (the node caps it to its own maximum) rather than wrapping to a small
+// number or 0.
+func wireLimit(n int) uint32 {
+	return uint32(min(max(n, 0), math.MaxUint32))
+}

@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"math"
 	"reflect"
 	"testing"
 	"time"
@@ -178,4 +179,10 @@ func TestEnqueueCall_Reuse(t *testing.T) {
 	big.release()
 	require.Nil(t, big.results)
 	require.Nil(t, big.items)
+}
+
+func TestWireLimit(t *testing.T) {
+	for n, want := range map[int]uint32{-1: 0, 0: 0, 7: 7, math.MaxUint32: math.MaxUint32, 1 << 32: math.MaxUint32, 1<<32 + 5: math.MaxUint32} {
+		require.Equal(t, want, wireLimit(n), "wireLimit(%d)", n)
+	}
 }
