@@ -298,7 +298,7 @@ func (c *leanConn) readLoop() error {
 		}
 		if sized {
 			var err error
-			if held, err = c.acquireFlow(size); err != nil {
+			if held, err = c.acquireFlow(size, false); err != nil {
 				return err
 			}
 		}
@@ -318,7 +318,7 @@ func (c *leanConn) readLoop() error {
 		if !sized {
 			size, err := msg.TotalSize()
 			if err == nil {
-				held, err = c.acquireFlow(int64(size))
+				held, err = c.acquireFlow(int64(size), true)
 			}
 			if err != nil {
 				msg.Release()
@@ -383,13 +383,18 @@ func (c *leanConn) nextFrameSize() (size int64, ok bool) {
 
 // acquireFlow takes size bytes from the connection's and the node's
 // budgets of unanswered bytes, writing out replies first if it must wait.
-func (c *leanConn) acquireFlow(size int64) (flowHeld, error) {
+// decoded: the reader has a message in hand and is busy again once it
+// has the budget; otherwise it stays idle, for it may still wait for the
+// message's body (and replies completed meanwhile must not wait for it).
+func (c *leanConn) acquireFlow(size int64, decoded bool) (flowHeld, error) {
 	if h, ok := c.flow.tryAcquire(size); ok {
 		return h, nil
 	}
 	c.idle()
 	h, err := c.flow.acquire(c.ctx, size)
-	c.busy()
+	if decoded {
+		c.busy()
+	}
 	return h, err
 }
 
