@@ -57,11 +57,11 @@ and 'leaseq dlq ls' (reason) show why; it is retried after the queue's
 backoff, or dead-lettered after its max attempts. Exit 75 (EX_TEMPFAIL)
 nacks it with --retry-delay when given (a --retry-delay over the node's
 --max-delay is refused at the start; a node too old to tell its limits
-refuses it at the nack, and then the queue's backoff is used). After --timeout, CMD's
-process group gets SIGTERM, then SIGKILL after --kill-grace, and the item
-is nacked with "timed out after D". If the lease is lost (the node was unreachable
-for a whole lease), CMD is killed the same way: the item will be delivered
-again.
+refuses it at the nack, and then the queue's backoff is used). After
+--timeout, CMD's process group gets SIGTERM, then SIGKILL after
+--kill-grace, and the item is nacked with "timed out after D". If the
+lease is lost (the node was unreachable for a whole lease), CMD is killed
+the same way: the item will be delivered again.
 
 CMD runs in a process group of its own, with its stdout and stderr passed
 through; if leaseq work itself dies (SIGKILL), CMD gets SIGKILL (the

@@ -106,7 +106,8 @@ func (c *Client) Producer(queue string, opts ProducerOptions) (*Producer, error)
 // request-level: every item of that call gets it) or when the node refused
 // this item (res.Code is not CodeOK; res.Err says why). If ctx ends before
 // the item was sent it is not sent; if it ends after, the item may have
-// been enqueued (as with any call whose answer was not seen).
+// been enqueued (as with any call whose answer was not seen). The payload
+// is copied: the caller may reuse its buffer once Enqueue returns.
 func (p *Producer) Enqueue(ctx context.Context, it storage.EnqueueItem) (storage.EnqueueResult, error) {
 	if err := ctx.Err(); err != nil {
 		return storage.EnqueueResult{}, err
