@@ -41,25 +41,40 @@ func (f *frameReader) frameLen() (n uint64, known bool) {
 // frameLen is frameReader.frameLen for the message at the head of b,
 // with limit the largest message the Decoder accepts.
 func frameLen(b []byte, limit uint64) (n uint64, known bool) {
-	if len(b) < 8 {
-		return 8, false
-	}
-	maxSeg := uint64(binary.LittleEndian.Uint32(b))
-	if maxSeg > maxFrameSegments {
+	hdr, total, refused := frameHeader(b)
+	switch {
+	case refused:
 		return 8, true // the Decoder refuses it after the first word
-	}
-	hdr := ((maxSeg+2)*4 + 7) &^ 7
-	if uint64(len(b)) < hdr {
+	case total == 0:
 		return hdr, false
-	}
-	total := hdr
-	for i := uint64(0); i <= maxSeg; i++ {
-		total += 8 * uint64(binary.LittleEndian.Uint32(b[4+4*i:]))
-	}
-	if total > limit {
+	case total > limit:
 		return hdr, true // the Decoder refuses it after the header
 	}
 	return total, true
+}
+
+// frameHeader reads the stream header at the head of b. hdr is the
+// header's length (8 while b holds less than its first word); total the
+// message's size, its header included, or 0 while b holds less than hdr
+// bytes. refused: the Decoder refuses the header at its first word (too
+// many segments).
+func frameHeader(b []byte) (hdr, total uint64, refused bool) {
+	if len(b) < 8 {
+		return 8, 0, false
+	}
+	maxSeg := uint64(binary.LittleEndian.Uint32(b))
+	if maxSeg > maxFrameSegments {
+		return 8, 0, true
+	}
+	hdr = ((maxSeg+2)*4 + 7) &^ 7
+	if uint64(len(b)) < hdr {
+		return hdr, 0, false
+	}
+	total = hdr
+	for i := uint64(0); i <= maxSeg; i++ {
+		total += 8 * uint64(binary.LittleEndian.Uint32(b[4+4*i:]))
+	}
+	return hdr, total, false
 }
 
 // fill reads until a whole message is buffered. An error from the source
@@ -112,21 +127,9 @@ func (f *frameReader) room(n int) {
 // tooLarge reports whether the message at the head of the buffer, whose
 // header fill has read, is over limit, and its size (header included).
 func (f *frameReader) tooLarge() (uint64, bool) {
-	b := f.buf[f.r:f.w]
-	if len(b) < 8 {
-		return 0, false
-	}
-	maxSeg := uint64(binary.LittleEndian.Uint32(b))
-	if maxSeg > maxFrameSegments {
-		return 0, false // not a size matter: the Decoder refuses it
-	}
-	hdr := ((maxSeg+2)*4 + 7) &^ 7
-	if uint64(len(b)) < hdr {
-		return 0, false
-	}
-	total := hdr
-	for i := uint64(0); i <= maxSeg; i++ {
-		total += 8 * uint64(binary.LittleEndian.Uint32(b[4+4*i:]))
+	_, total, refused := frameHeader(f.buf[f.r:f.w])
+	if refused || total == 0 {
+		return 0, false // not read yet, or not a size matter: the Decoder refuses it
 	}
 	return total, total > f.limit
 }

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -363,19 +362,15 @@ func (c *leanConn) nextFrameSize() (size int64, ok bool) {
 	if err != nil {
 		return 0, false
 	}
-	maxSeg := uint64(binary.LittleEndian.Uint32(b))
-	if maxSeg > maxFrameSegments {
+	hdr, _, refused := frameHeader(b)
+	if refused {
 		return 0, false
 	}
-	hdr := ((maxSeg+2)*4 + 7) &^ 7
 	if b, err = c.br.Peek(int(hdr)); err != nil {
 		return 0, false
 	}
-	total := hdr
-	for i := uint64(0); i <= maxSeg; i++ {
-		total += 8 * uint64(binary.LittleEndian.Uint32(b[4+4*i:]))
-	}
-	if total > c.maxMsg {
+	_, total, _ := frameHeader(b)
+	if total == 0 || total > c.maxMsg {
 		return 0, false
 	}
 	return int64(total), true

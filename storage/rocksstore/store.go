@@ -341,8 +341,7 @@ func (s *Store) Close() error {
 	if !s.opts.noCloseFlush {
 		err = s.db.flush()
 	}
-	s.saveStats()
-	s.closeDB()
+	s.closeDB() // keeps the last statistics (saveStats)
 	if err != nil {
 		return translate("close: flush", err)
 	}
@@ -350,6 +349,7 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// closeDB closes the database, keeping its statistics for Metrics.
 func (s *Store) closeDB() {
 	s.saveStats()
 	s.lastStats.Lock()
