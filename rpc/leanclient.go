@@ -1,7 +1,6 @@
 package rpc
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"capnproto.org/go/capnp/v3"
@@ -56,15 +56,9 @@ type leanClient struct {
 	// 4 times it the traversal of one.
 	readLimit uint64
 
-	wmu      sync.Mutex // serializes writes
-	bw       *bufio.Writer
-	enc      *capnp.Encoder
-	finishes int // Finishes written to bw and not flushed; REQUIRES: wmu
-	// finMsg is the Finish message, built once and rewritten for each
-	// question (writeFinish): a fresh message per call cost the client
-	// about 3 % of its CPU in produce-b1. REQUIRES: wmu.
-	finMsg *capnp.Message
-	fin    rpccp.Finish
+	w clientWrites // the write side (leanclient_write.go)
+	// pendN is len(pendFin), read without mu on the write path.
+	pendN atomic.Int32
 
 	flow  *semaphore.Weighted // bytes of calls in flight (FlowLimitBytes)
 	limit int64
@@ -73,16 +67,18 @@ type leanClient struct {
 	qs      map[uint32]*leanQuestion
 	free    []uint32
 	next    uint32
-	reading bool          // a goroutine holds the read side
-	pending int           // questions whose Return has not been read
-	err     error         // why the connection ended; set once
-	quit    chan struct{} // closed when err is set
-	wake    chan struct{} // hands the read side to the reader goroutine
-	done    chan struct{} // closed when the reader goroutine ends
-	target  uint32        // the bootstrap capability's import id
+	reading bool            // a goroutine holds the read side
+	pending int             // questions whose Return has not been read
+	err     error           // why the connection ended; set once
+	quit    chan struct{}   // closed when err is set
+	wake    chan struct{}   // hands the read side to the reader goroutine
+	pendFin []pendingFinish // Finishes waiting for the write lock
+	pendNow bool            // one of them is to be flushed at once
+	done    chan struct{}   // closed when the reader goroutine ends
+	target  uint32          // the bootstrap capability's import id
 
-	intr readInterrupt // how a reading caller's context ends its read
-	idle *clock.Timer  // starts watchIdle; plain sockets only
+	intr deadlineInterrupt // how a reading caller's context ends its read
+	idle *clock.Timer      // starts watchIdle; plain sockets only
 }
 
 // idleWatch is how long a connection with no question open goes unread:
@@ -120,7 +116,6 @@ func newLeanClient(ctx context.Context, conn net.Conn, limit int64, readLimit ui
 	}
 	l := &leanClient{
 		conn:  conn,
-		bw:    bufio.NewWriterSize(rw, 16<<10),
 		flow:  semaphore.NewWeighted(limit),
 		limit: limit,
 		qs:    make(map[uint32]*leanQuestion),
@@ -141,8 +136,8 @@ func newLeanClient(ctx context.Context, conn net.Conn, limit int64, readLimit ui
 	} else {
 		l.reading = true // the reader goroutine's, always
 	}
-	l.intr.conn = conn
-	l.enc = capnp.NewEncoder(l.bw)
+	l.intr.set = conn.SetReadDeadline
+	l.w.init(conn, raw)
 	if d, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(d)
 	}
@@ -214,7 +209,17 @@ func (l *leanClient) bootstrap() (uint32, error) {
 		if err != nil {
 			return 0, fmt.Errorf("rpc: bootstrap: %w", err)
 		}
-		return id, l.writeFinish(0, false, true) // we keep the capability
+		// We keep the capability: the Finish releases nothing.
+		if err := l.lockWrite(context.Background()); err != nil {
+			return 0, err
+		}
+		err = l.w.encodeFinish(0, false)
+		if err == nil {
+			l.w.writeBuf()
+			err = l.w.err
+		}
+		l.unlockWrite()
+		return id, err
 	}
 }
 
@@ -254,20 +259,8 @@ func (l *leanClient) write(fill func(rpccp.Message) error) error {
 	if err := fill(m); err != nil {
 		return err
 	}
-	return l.send(msg)
-}
-
-// send writes msgs and flushes them in one write.
-func (l *leanClient) send(msgs ...*capnp.Message) error {
-	l.wmu.Lock()
-	defer l.wmu.Unlock()
-	for _, msg := range msgs {
-		if err := l.enc.Encode(msg); err != nil {
-			return err
-		}
-	}
-	l.finishes = 0 // flushed with msgs
-	return l.bw.Flush()
+	_, err = l.send(context.Background(), msg)
+	return err
 }
 
 // call sends one Queue call whose params build fills and waits for its
@@ -278,10 +271,10 @@ func (l *leanClient) call(ctx context.Context, method uint16, build func(*capnp.
 	if err != nil {
 		return capnp.Struct{}, nil, err
 	}
-	defer lc.msg.Release()
-	if err := l.send(lc.msg); err != nil {
-		l.lost(fmt.Errorf("write: %w", err))
-		// The reader fails every question, this one included.
+	st, err := l.send(ctx, lc.msg)
+	lc.msg.Release()
+	if err := l.sendFailed(st, err, lc); err != nil {
+		return capnp.Struct{}, nil, err
 	}
 	return l.await(ctx, lc)
 }
@@ -296,11 +289,12 @@ func (l *leanClient) callPair(ctx context.Context, m1 uint16, b1 func(*capnp.Seg
 		r1.err, r2.err = err, err
 		return r1, r2
 	}
-	err = l.send(c1.msg, c2.msg)
+	st, err := l.send(ctx, c1.msg, c2.msg)
 	c1.msg.Release()
 	c2.msg.Release()
-	if err != nil {
-		l.lost(fmt.Errorf("write: %w", err))
+	if err := l.sendFailed(st, err, c1, c2); err != nil {
+		r1.err, r2.err = err, err
+		return r1, r2
 	}
 	// The second's Return usually comes last: waiting for it first reads
 	// both on this goroutine, where waiting for the first would hand the
@@ -433,9 +427,15 @@ func (l *leanClient) register(msg *capnp.Message, c rpccp.Call, held int64) (out
 	return outCall{msg: msg, q: q, qid: qid}, nil
 }
 
-// forget unregisters a prepared call that was never sent.
+// forget unregisters a prepared call that was never sent, and releases
+// its message.
 func (l *leanClient) forget(lc outCall) {
 	lc.msg.Release()
+	l.unregister(lc)
+}
+
+// unregister frees the question of a call that was never sent.
+func (l *leanClient) unregister(lc outCall) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.qs[lc.qid] != lc.q {
@@ -615,11 +615,13 @@ func (l *leanClient) answered(q *leanQuestion) bool {
 	return q.answered
 }
 
-// readInterrupt ends the read of a caller whose context ended, with a read
-// deadline in the past. Each read by a caller arms it anew (gen), so a
-// context that ends late cannot interrupt the next holder's read.
-type readInterrupt struct {
-	conn  net.Conn
+// deadlineInterrupt ends the read (or write) of a caller whose context
+// ended, with a deadline in the past (set: the connection's
+// SetReadDeadline or SetWriteDeadline). Each read or write by a caller
+// arms it anew (gen), so a context that ends late cannot interrupt the
+// next holder's.
+type deadlineInterrupt struct {
+	set   func(time.Time) error
 	mu    sync.Mutex
 	gen   uint64
 	armed bool
@@ -631,7 +633,7 @@ type readInterrupt struct {
 // which the injected clock (a mock one in tests) cannot promise.
 var aLongTimeAgo = time.Unix(1, 0)
 
-func (i *readInterrupt) arm() uint64 {
+func (i *deadlineInterrupt) arm() uint64 {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	i.gen++
@@ -639,22 +641,22 @@ func (i *readInterrupt) arm() uint64 {
 	return i.gen
 }
 
-func (i *readInterrupt) interrupt(gen uint64) {
+func (i *deadlineInterrupt) interrupt(gen uint64) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	if i.armed && i.gen == gen {
 		i.fired = true
-		_ = i.conn.SetReadDeadline(aLongTimeAgo)
+		_ = i.set(aLongTimeAgo)
 	}
 }
 
-func (i *readInterrupt) disarm() {
+func (i *deadlineInterrupt) disarm() {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	i.armed = false
 	if i.fired {
 		i.fired = false
-		_ = i.conn.SetReadDeadline(time.Time{})
+		_ = i.set(time.Time{})
 	}
 }
 
@@ -669,10 +671,29 @@ const (
 // finish writes the Finish of a question whose Return was read, and frees
 // its id. The Finish is flushed with the next call rather than in a write
 // of its own (one system call per call instead of two), unless the answer
-// was large (now) or too many Finishes wait.
+// was large (now) or too many Finishes wait. It never waits for the
+// write lock: a Finish that finds it taken is left to its holder.
 func (l *leanClient) finish(qid uint32, now bool) {
-	if err := l.writeFinish(qid, true, now); err != nil {
+	if !l.tryLockWrite() {
+		l.queueFinish(qid, true, now)
+		return
+	}
+	w := &l.w
+	err := l.writePending()
+	if err == nil {
+		err = w.encodeFinish(qid, true)
+	}
+	if err == nil && (now || w.finishes >= maxLazyFinishes) {
+		w.flushNow()
+	}
+	if err == nil {
+		err = w.err
+	}
+	if err != nil {
+		l.unlockWrite()
 		l.lost(fmt.Errorf("write: %w", err))
+	} else {
+		l.handOn()
 	}
 	l.mu.Lock()
 	delete(l.qs, qid)
@@ -682,60 +703,34 @@ func (l *leanClient) finish(qid uint32, now bool) {
 
 // giveUp cancels a question whose caller stopped waiting: the Finish tells
 // the node to cancel the call; the id stays taken until the Return comes.
-// The Finish goes out first: once the question is marked gone, the reader
-// frees its id when the Return comes, and a call that reused the id ahead
-// of the Finish would be a protocol error (the node still holds the
-// answer) and have the late Finish cancel it.
+// The Finish is queued in the same step that marks the question gone:
+// the reader frees a gone question's id when its Return comes, and a call
+// that reused the id is written after the queued Finish (the lock's
+// holder writes waiting Finishes first), never ahead of it, which would
+// be a protocol error (the node still holds the answer) and have the late
+// Finish cancel the new call.
 func (l *leanClient) giveUp(qid uint32, q *leanQuestion) {
-	if err := l.writeFinish(qid, true, true); err != nil {
-		l.lost(fmt.Errorf("write: %w", err))
-	}
 	l.mu.Lock()
 	select {
-	case r := <-q.reply: // answered meanwhile; the Finish above ends it
-		if r.err == nil {
-			delete(l.qs, qid)
-			l.free = append(l.free, qid)
-		}
+	case r := <-q.reply: // answered meanwhile; the Finish ends it
 		l.mu.Unlock()
 		if r.msg != nil {
 			r.msg.Release()
+		}
+		if r.err == nil {
+			l.queueFinish(qid, true, true)
 		}
 		return
 	default:
 	}
 	q.gone = true
+	if l.err == nil {
+		l.pendFin = append(l.pendFin, pendingFinish{qid: qid})
+		l.pendNow = true
+		l.pendN.Store(int32(len(l.pendFin)))
+	}
 	l.mu.Unlock()
-}
-
-// writeFinish writes the Finish of question qid. Unless flush is set it
-// waits in the buffer for the next call's write, up to maxLazyFinishes.
-func (l *leanClient) writeFinish(qid uint32, releaseCaps, flush bool) error {
-	l.wmu.Lock()
-	defer l.wmu.Unlock()
-	if l.finMsg == nil {
-		msg, m, err := newRPCMessage()
-		if err != nil {
-			return err
-		}
-		f, err := m.NewFinish()
-		if err != nil {
-			msg.Release()
-			return err
-		}
-		l.finMsg, l.fin = msg, f
-	}
-	l.fin.SetQuestionId(qid)
-	l.fin.SetReleaseResultCaps(releaseCaps)
-	if err := l.enc.Encode(l.finMsg); err != nil {
-		return err
-	}
-	l.finishes++
-	if flush || l.finishes >= maxLazyFinishes {
-		l.finishes = 0
-		return l.bw.Flush()
-	}
-	return nil
+	l.flushPending()
 }
 
 // readLoop is the connection's reader goroutine. On a plain socket it
@@ -858,6 +853,8 @@ func (l *leanClient) lost(cause error) {
 	if !errors.Is(err, ErrReplyTooLarge) {
 		err = l.err
 	}
+	l.pendFin, l.pendNow = nil, false
+	l.pendN.Store(0)
 	for qid, q := range l.qs {
 		if q.held > 0 {
 			l.flow.Release(q.held)

@@ -1,0 +1,252 @@
+package rpc
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"capnproto.org/go/capnp/v3"
+	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/require"
+)
+
+// bigCall is a Call's params of n bytes: more than loopback's socket
+// buffers hold, so its write waits for a node that does not read.
+func bigCall(n int) func(*capnp.Segment) (capnp.Ptr, error) {
+	return func(seg *capnp.Segment) (capnp.Ptr, error) {
+		d, err := capnp.NewData(seg, make([]byte, n))
+		if err != nil {
+			return capnp.Ptr{}, err
+		}
+		return d.ToPtr(), nil
+	}
+}
+
+func smallCall(seg *capnp.Segment) (capnp.Ptr, error) {
+	d, err := capnp.NewData(seg, []byte("x"))
+	if err != nil {
+		return capnp.Ptr{}, err
+	}
+	return d.ToPtr(), nil
+}
+
+// stallingNode plays a node on conn: it answers the bootstrap and reads
+// its Finish and then skip messages more, then reads nothing until resume
+// is closed (never, when it is nil): a partition, or a node that stopped
+// reading. After resume it answers every Call with empty results.
+func stallingNode(t *testing.T, conn net.Conn, skip int, resume <-chan struct{}) {
+	dec := capnp.NewDecoder(conn)
+	dec.MaxMessageSize = 1 << 30
+	for i := 0; i < 2+skip; i++ { // the Bootstrap, its Finish, skip more
+		msg, err := dec.Decode()
+		if err != nil {
+			return
+		}
+		msg.Release()
+		if i == 0 {
+			if _, err := conn.Write(bootstrapReturnBytes(t, 0)); err != nil {
+				return
+			}
+		}
+	}
+	if resume == nil {
+		return
+	}
+	<-resume
+	for {
+		msg, err := dec.Decode()
+		if err != nil {
+			return
+		}
+		m, err := rpccp.ReadRootMessage(msg)
+		if err == nil && m.Which() == rpccp.Message_Which_call {
+			call, _ := m.Call()
+			out := returnBytes(t, call.QuestionId(), func(rpccp.Payload) error { return nil })
+			if _, err := conn.Write(out); err != nil {
+				msg.Release()
+				return
+			}
+		}
+		msg.Release()
+	}
+}
+
+// callWithin runs a call of the client under a context that ends after
+// d, and fails the test unless it returns within 10 s.
+func callWithin(t *testing.T, l *leanClient, d time.Duration, build func(*capnp.Segment) (capnp.Ptr, error)) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, release, err := l.call(ctx, mQueues.id, build)
+		if release != nil {
+			release()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("a call under a short context had not returned after 10 s: its write waits for a node that does not read")
+		return nil
+	}
+}
+
+// TestLeanClient_CallsReturnWhenTheNodeStopsReading: on a plain socket to
+// a node that stopped reading, a call whose write fills the socket returns
+// when its context ends (the write is cut and goes on in the background),
+// and so does a call waiting for the write lock behind it. Close ends the
+// connection and the background write.
+func TestLeanClient_CallsReturnWhenTheNodeStopsReading(t *testing.T) {
+	for _, transport := range []string{"tcp", "pipe"} {
+		t.Run(transport, func(t *testing.T) {
+			cc, sc := connPair(t, transport)
+			defer sc.Close()
+			go stallingNode(t, sc, 0, nil)
+			l, err := newLeanClient(ctxT(t), cc, DefaultMaxMessageBytes, DefaultMaxReplyBytes, clock.New())
+			require.NoError(t, err)
+			closed := false
+			defer func() {
+				if !closed {
+					_ = l.close()
+				}
+			}()
+
+			err = callWithin(t, l, 300*time.Millisecond, bigCall(32<<20))
+			require.ErrorIs(t, err, context.DeadlineExceeded, "the call whose write was cut")
+			if transport == "tcp" {
+				select {
+				case <-l.quit:
+					t.Fatal("a cut write on a plain socket ended the connection; the rest is to go out once the node reads")
+				default:
+				}
+			}
+			// The lock is held by the rest of the cut write (tcp), or the
+			// connection is lost (pipe: a cut write cannot go on).
+			err = callWithin(t, l, 300*time.Millisecond, smallCall)
+			require.Error(t, err, "a call behind the cut write")
+			if transport == "tcp" {
+				require.ErrorIs(t, err, context.DeadlineExceeded)
+			}
+
+			ended := make(chan struct{})
+			go func() {
+				_ = l.close()
+				close(ended)
+			}()
+			select {
+			case <-ended:
+				closed = true
+			case <-time.After(10 * time.Second):
+				t.Fatal("close did not end a connection whose node stopped reading")
+			}
+		})
+	}
+}
+
+// TestLeanClient_CutWriteGoesOnWhenTheNodeReadsAgain: a call cut off in
+// the middle of its write leaves the stream whole: once the node reads
+// again it gets the rest of that call and its Finish, and answers the
+// next call on the same connection.
+func TestLeanClient_CutWriteGoesOnWhenTheNodeReadsAgain(t *testing.T) {
+	cc, sc := connPair(t, "tcp")
+	defer sc.Close()
+	resume := make(chan struct{})
+	go stallingNode(t, sc, 0, resume)
+	l, err := newLeanClient(ctxT(t), cc, DefaultMaxMessageBytes, DefaultMaxReplyBytes, clock.New())
+	require.NoError(t, err)
+	defer l.close()
+
+	err = callWithin(t, l, 300*time.Millisecond, bigCall(32<<20))
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	close(resume)
+
+	_, release, err := l.call(ctxT(t), mQueues.id, smallCall)
+	require.NoError(t, err, "the call after the cut one, once the node reads again")
+	release()
+	select {
+	case <-l.quit:
+		t.Fatalf("the connection was lost: %v", l.err)
+	default:
+	}
+	// Every question was settled: the cut call's by the Return its Finish
+	// could not stop (freed when it came), the second's by its Finish.
+	require.Eventually(t, func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.qs) == 0 && l.pending == 0
+	}, 10*time.Second, 10*time.Millisecond, "questions left open")
+}
+
+// TestLeanClient_GiveUpNeverWaitsForTheWriteLock: a caller whose context
+// ends while another write holds the lock returns at once, and its Finish
+// goes out with the lock's next holder, ahead of a call that reuses its
+// question id.
+func TestLeanClient_GiveUpNeverWaitsForTheWriteLock(t *testing.T) {
+	cc, sc := connPair(t, "tcp")
+	defer sc.Close()
+	resume := make(chan struct{})
+	go stallingNode(t, sc, 0, resume)
+	l, err := newLeanClient(ctxT(t), cc, DefaultMaxMessageBytes, DefaultMaxReplyBytes, clock.New())
+	require.NoError(t, err)
+	defer l.close()
+
+	// A small call the node does not answer yet.
+	err = callWithin(t, l, 100*time.Millisecond, smallCall)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	// Hold the write lock, as a write waiting on a full socket does, and
+	// give a question up meanwhile: giveUp must not wait.
+	require.True(t, l.tryLockWrite())
+	lc, err := l.prepare(ctxT(t), mQueues.id, smallCall)
+	require.NoError(t, err)
+	lc.msg.Release()
+	gaveUp := make(chan struct{})
+	go func() {
+		l.giveUp(lc.qid, lc.q)
+		close(gaveUp)
+	}()
+	select {
+	case <-gaveUp:
+	case <-time.After(10 * time.Second):
+		t.Fatal("giveUp waited for the write lock")
+	}
+	require.Equal(t, int32(1), l.pendN.Load(), "the Finish waits for the lock's holder")
+	l.unlockWrite()
+	require.Equal(t, int32(0), l.pendN.Load(), "unlocking wrote the waiting Finish")
+	close(resume)
+	_, release, err := l.call(ctxT(t), mQueues.id, smallCall)
+	require.NoError(t, err)
+	release()
+}
+
+// TestLeanClient_GiveUpDoesNotWaitOnAConnectionWithoutRawWrites: on a
+// connection that is not a plain socket (TLS, a pipe) a caller that gives
+// up a call returns although its Finish cannot be written (the node read
+// the Call, then stopped reading): the Finish's flush waits on a goroutine
+// of its own.
+func TestLeanClient_GiveUpDoesNotWaitOnAConnectionWithoutRawWrites(t *testing.T) {
+	cc, sc := connPair(t, "pipe")
+	defer sc.Close()
+	go stallingNode(t, sc, 1, nil)
+	l, err := newLeanClient(ctxT(t), cc, DefaultMaxMessageBytes, DefaultMaxReplyBytes, clock.New())
+	require.NoError(t, err)
+	require.False(t, l.callersRead, "a pipe has no raw writes")
+	err = callWithin(t, l, 200*time.Millisecond, smallCall)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	err = callWithin(t, l, 200*time.Millisecond, smallCall)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "a call behind the Finish that waits")
+	ended := make(chan struct{})
+	go func() {
+		_ = l.close()
+		close(ended)
+	}()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("close did not end the connection")
+	}
+}
