@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -686,35 +687,73 @@ func TestCLI_EnqueueLinesBatchedByBytes(t *testing.T) {
 	require.Equal(t, uint64(500), n.stats("bigl").Enqueued)
 }
 
-// TestEnqueueCallItems: a call of enqueue --lines takes up to the item
-// limit and the byte budget (64 bytes of framing counted per item), and
-// always at least one item, however large.
-func TestEnqueueCallItems(t *testing.T) {
+// TestEnqueueLines_CallSizes: a call of enqueue --lines takes up to the
+// item limit and the byte budget (64 bytes of framing counted per item),
+// and always at least one item, however large.
+func TestEnqueueLines_CallSizes(t *testing.T) {
 	t.Parallel()
-	lines := func(sizes ...int) [][]byte {
-		var out [][]byte
+	lines := func(sizes ...int) string {
+		var b strings.Builder
 		for _, s := range sizes {
-			out = append(out, make([]byte, s))
+			b.WriteString(strings.Repeat("x", s) + "\n")
 		}
-		return out
+		return b.String()
 	}
 	for _, tc := range []struct {
-		name     string
-		payloads [][]byte
-		batch    int
-		want     int
+		name  string
+		input string
+		batch int
+		want  []int
 	}{
-		{"ItemLimit", lines(1, 1, 1, 1), 3, 3},
-		{"AllFit", lines(100, 100), 500, 2},
-		{"ByteBudget", lines(400, 400, 400), 500, 2}, // 2*464 <= 1000 < 3*464
-		{"BigFirstAlone", lines(5000, 1), 500, 1},
-		{"BigSecondWaits", lines(1, 5000), 500, 1},
-		{"Empty", nil, 500, 0},
+		{"ItemLimit", lines(1, 1, 1, 1), 3, []int{3, 1}},
+		{"AllFit", lines(100, 100), 500, []int{2}},
+		{"ByteBudget", lines(400, 400, 400), 500, []int{2, 1}}, // 2*464 <= 1000 < 3*464
+		{"BigFirstAlone", lines(5000, 1), 500, []int{1, 1}},
+		{"BigSecondWaits", lines(1, 5000), 500, []int{1, 1}},
+		{"Empty", "", 500, nil},
+		{"LastLineWithoutNewline", "a\nb", 500, []int{2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, enqueueCallItems(tc.payloads, tc.batch, 1000))
+			var got []int
+			base := storage.EnqueueItem{Priority: 3}
+			err := linesInCalls(strings.NewReader(tc.input), tc.batch, 1000, base, func(items []storage.EnqueueItem) error {
+				for _, it := range items {
+					require.Equal(t, uint8(3), it.Priority, "base's settings")
+				}
+				got = append(got, len(items))
+				return nil
+			})
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
 		})
 	}
+}
+
+// TestEnqueueLines_SendsBeforeStdinEnds: a call is sent as soon as stdin
+// has filled it (a producer that keeps the pipe open gets its ids as it
+// goes, and stdin is never held in memory whole).
+func TestEnqueueLines_SendsBeforeStdinEnds(t *testing.T) {
+	t.Parallel()
+	pr, pw := io.Pipe()
+	sent := make(chan int, 4)
+	done := make(chan error, 1)
+	go func() {
+		done <- linesInCalls(pr, 2, 1<<20, storage.EnqueueItem{}, func(items []storage.EnqueueItem) error {
+			sent <- len(items)
+			return nil
+		})
+	}()
+	_, err := io.WriteString(pw, "a\nb\nc\n")
+	require.NoError(t, err)
+	select {
+	case n := <-sent:
+		require.Equal(t, 2, n)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a full call was not sent while stdin stayed open")
+	}
+	require.NoError(t, pw.Close())
+	require.NoError(t, <-done)
+	require.Equal(t, 1, <-sent, "the rest at stdin's end")
 }
 
 // TestCLI_ErrorPrefixOnce: an error that already starts with the command's

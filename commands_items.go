@@ -27,8 +27,9 @@ enqueue q -- -x); "-" reads the payload from stdin (raw
 bytes, up to the node's --max-payload); no PAYLOAD enqueues an empty one.
 With --lines, every line of stdin becomes one item and one id is printed
 per line; lines are sent in calls of at most 500 items and about 1 MiB of
-payload (a longer line goes alone), so any number of lines, each within
---max-payload, fits. When --key matches an item enqueued within the
+payload (a longer line goes alone), each call as soon as stdin has filled
+it, so any number of lines, each within --max-payload, fits, and the ids
+of a call are printed while stdin stays open. When --key matches an item enqueued within the
 queue's dedup window, nothing is written and the first item's id is printed
 followed by "duplicate".`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
@@ -48,66 +49,113 @@ followed by "duplicate".`,
 			}
 			queue := args[0]
 			base := storage.EnqueueItem{Delay: delay.val, Priority: uint8(prio.val), DedupKey: *key, MaxAttempts: uint32(maxAttempts.val)}
-			var payloads [][]byte
-			switch {
-			case *lines:
+			if *lines {
 				if len(args) > 1 {
 					return usagef("--lines reads stdin; drop the PAYLOAD argument")
 				}
 				if *key != "" {
 					return usagef("--key applies to one item; it cannot be used with --lines")
 				}
-				sc := bufio.NewScanner(e.stdin)
-				sc.Buffer(make([]byte, 64<<10), 64<<20)
-				for sc.Scan() {
-					payloads = append(payloads, bytes.Clone(sc.Bytes()))
-				}
-				if err := sc.Err(); err != nil {
-					return fmt.Errorf("read stdin: %w", err)
-				}
+				return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
+					return enqueueLines(ctx, c, e, queue, base)
+				})
+			}
+			var payload []byte
+			switch {
 			case len(args) == 2 && args[1] == "-":
 				b, err := io.ReadAll(e.stdin)
 				if err != nil {
 					return fmt.Errorf("read stdin: %w", err)
 				}
-				payloads = [][]byte{b}
+				payload = b
 			case len(args) == 2:
-				payloads = [][]byte{[]byte(args[1])}
+				payload = []byte(args[1])
 			default:
-				payloads = [][]byte{{}}
+				payload = []byte{}
 			}
 			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
-				batch, err := batchSize(ctx, c, len(payloads))
-				if err != nil {
-					return err
-				}
-				for len(payloads) > 0 {
-					n := enqueueCallItems(payloads, batch, enqueueCallBytes)
-					items := make([]storage.EnqueueItem, n)
-					for i := range items {
-						items[i] = base
-						items[i].Payload = payloads[i]
-					}
-					payloads = payloads[n:]
-					res, err := c.Enqueue(ctx, queue, items)
-					if err != nil {
-						return err
-					}
-					for _, r := range res {
-						switch {
-						case r.Code != storage.CodeOK:
-							return fmt.Errorf("item rejected: %s", r.Err)
-						case r.Duplicate:
-							fmt.Fprintf(e.stdout, "%s duplicate\n", r.ID)
-						default:
-							fmt.Fprintln(e.stdout, r.ID)
-						}
-					}
-				}
-				return nil
+				item := base
+				item.Payload = payload
+				return enqueueAndPrint(ctx, c, e, queue, []storage.EnqueueItem{item})
 			})
 		}
 	},
+}
+
+// enqueueLines enqueues every line of stdin as one item of queue (base's
+// settings), as linesInCalls groups them, printing each call's ids before
+// the next call's lines are read.
+func enqueueLines(ctx context.Context, c *rpc.Client, e *env, queue string, base storage.EnqueueItem) error {
+	batch, err := batchSize(ctx, c, 2)
+	if err != nil {
+		return err
+	}
+	return linesInCalls(e.stdin, batch, enqueueCallBytes, base, func(items []storage.EnqueueItem) error {
+		return enqueueAndPrint(ctx, c, e, queue, items)
+	})
+}
+
+// linesInCalls reads r's lines as items (base with the line as payload)
+// and hands them to send in calls of at most batch items and maxBytes of
+// payload (64 bytes of framing counted per item, as rpc.Client.Enqueue
+// counts it; a larger line goes alone). A call is sent as soon as r has
+// filled it, and the rest at r's end: memory holds one call's lines, not
+// all of r.
+func linesInCalls(r io.Reader, batch, maxBytes int, base storage.EnqueueItem, send func([]storage.EnqueueItem) error) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 64<<20)
+	var items []storage.EnqueueItem
+	size := 0
+	flush := func() error {
+		if len(items) == 0 {
+			return nil
+		}
+		err := send(items)
+		items, size = items[:0], 0
+		return err
+	}
+	for sc.Scan() {
+		n := len(sc.Bytes()) + 64
+		if len(items) > 0 && size+n > maxBytes {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		item := base
+		item.Payload = bytes.Clone(sc.Bytes())
+		items = append(items, item)
+		size += n
+		if len(items) >= batch {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("read stdin: %w", err)
+	}
+	return flush()
+}
+
+// enqueueAndPrint enqueues items in one call and prints their ids, one a
+// line ("ID duplicate" for a dedup hit); an item the node refuses ends it
+// with an error.
+func enqueueAndPrint(ctx context.Context, c *rpc.Client, e *env, queue string, items []storage.EnqueueItem) error {
+	res, err := c.Enqueue(ctx, queue, items)
+	if err != nil {
+		return err
+	}
+	for _, r := range res {
+		switch {
+		case r.Code != storage.CodeOK:
+			return fmt.Errorf("item rejected: %s", r.Err)
+		case r.Duplicate:
+			fmt.Fprintf(e.stdout, "%s duplicate\n", r.ID)
+		default:
+			fmt.Fprintln(e.stdout, r.ID)
+		}
+	}
+	return nil
 }
 
 // enqueueCallBytes is about how many payload bytes one call of enqueue
@@ -115,22 +163,6 @@ followed by "duplicate".`,
 // node's --max-message (64 MiB by default), and the size rpc.Producer
 // sends per call.
 const enqueueCallBytes = rpc.DefaultProducerBytes
-
-// enqueueCallItems is how many of payloads the next enqueue call takes: at
-// most batch, and no more than maxBytes of payload unless the first alone
-// is larger (it then goes on its own). Each item also counts 64 bytes for
-// its framing, as rpc.Client.Enqueue counts it.
-func enqueueCallItems(payloads [][]byte, batch, maxBytes int) int {
-	n, size := 0, 0
-	for n < len(payloads) && n < batch {
-		size += len(payloads[n]) + 64
-		if n > 0 && size > maxBytes {
-			break
-		}
-		n++
-	}
-	return n
-}
 
 var pollCommand = &command{
 	name:    "poll",
