@@ -356,13 +356,16 @@
 // Purge, Check, a sweep (for stale batches and those holding unpromoted
 // delayed items; at its expiry step, any it finds due) and Close give
 // them back first (from the moment Close begins, acks claim nothing
-// ahead). Until the op that gives a batch back lands its counters, Stats
-// still hides it (queueState.returning). A poll
+// ahead); Recover, which cannot write before it reopens a failed store,
+// notes them first and gives back once reopened those whose claim the
+// database holds (setAside). Until the op that gives a batch back lands
+// its counters, Stats still hides it (queueState.returning). A poll
 // answered from one is promised an expiry counted from its own instant
 // (leaseState.promised, read through deadline), which the database learns
 // only when the lease is next written (a partial ack or nack, an extend,
-// or a clean Close: keepPromise). The conformance suites run with it
-// on (the SyncAlways ones); prefetch_test.go tests what it does.
+// a clean Close: keepPromise, or a Recover). The conformance suites run
+// with it on (the SyncAlways ones); prefetch_test.go tests what it does,
+// prefetch_recover_test.go what Recover does with it.
 //
 // # RocksDB operations per item life
 //

@@ -34,8 +34,18 @@ import (
 // with one attempt counted that no consumer saw; and the database keeps
 // a taken lease's claim-time expiry, up to the hold before the one its
 // poll was promised, until the lease is next written (a partial ack or
-// nack, an extend, or a clean Close: keepPromise). Measured:
-// docs/BENCHMARKS.md, "Claims ahead".
+// nack, an extend, a clean Close: keepPromise, or a Recover). Recover
+// reopens a failed store, which cannot write first as Close does, so it
+// notes the held batches and the promises before it drops the in-memory
+// state, and once reopened gives back those whose claim the database
+// holds and writes the promises (setAside, restoreAside). What its notes
+// miss is a write of a call in flight at the failure that the database
+// lacks (its commit failed, not only its fsync): a batch that call's op
+// gave back stays held, and a promise it wrote (a partial ack) stays
+// unwritten, as after a crash. A poll answered in a failed batch with a
+// held batch (its caller was told of the failure) leaves that lease
+// nobody's until it expires, as a plain poll's claim there does.
+// Measured: docs/BENCHMARKS.md, "Claims ahead".
 
 // DefaultPrefetchHold is how long a batch claimed ahead waits for a poll
 // when Options.PrefetchHold is 0: long enough for a consumer's next poll
@@ -493,4 +503,96 @@ func (s *Store) queuesWithPrefetch() []*queueState {
 		q.mu.Unlock()
 	}
 	return qs
+}
+
+// asideNotes is what setAside notes before Recover drops the in-memory
+// state of a failed store, for restoreAside to give back and write once
+// the database is reopened: what Close does first (giveBackAll,
+// keepPromises), which a failed store cannot write.
+type asideNotes struct {
+	ahead    []heldAside               // batches claimed ahead that no poll took
+	promised map[storage.LeaseID]int64 // expiries promised to polls answered with one
+}
+
+// heldAside is a batch claimed ahead as setAside found it: what giveBack
+// needs, the items' records before the claim among it.
+type heldAside struct {
+	token storage.LeaseID
+	ids   []storage.ItemID    // in claim order
+	recs  []dbkeys.ItemRecord // as prefetched.recs
+}
+
+// setAside notes every batch claimed ahead that no poll took (heldAhead:
+// held in its queue's list, or dropped from it by prefetchDone because
+// the commit or fsync of the ack that claimed it failed, whose claim the
+// database may hold all the same) and every expiry promised to a poll
+// answered with one that the database lacks. The notes of a Recover
+// whose restoreAside failed stay, and these join them. REQUIRES:
+// s.life held exclusively; the pipeline stopped, the database not yet
+// closed.
+func (s *Store) setAside() {
+	a := &s.aside
+	for token, l := range s.leases {
+		if heldAhead(l) && !slices.ContainsFunc(a.ahead, func(h heldAside) bool { return h.token == token }) {
+			e := l.ahead
+			h := heldAside{token: token, ids: make([]storage.ItemID, len(e.res.Items)), recs: e.recs}
+			for i, it := range e.res.Items {
+				h.ids[i] = it.ID
+			}
+			a.ahead = append(a.ahead, h)
+		}
+		if p := l.promised.Load(); p > l.exp {
+			if a.promised == nil {
+				a.promised = make(map[storage.LeaseID]int64)
+			}
+			a.promised[token] = max(a.promised[token], p)
+		}
+	}
+}
+
+// restoreAside gives back, in one op, each batch setAside noted whose
+// lease the reopened database holds, and writes each promised expiry
+// later than its lease's there; it returns how many batches and
+// promises that was. The database is the truth: a claim that never
+// reached it left the items available, and a give-back that did (a
+// restoreAside whose fsync failed) ended the lease, so neither has
+// anything to give back; a lease ended meanwhile needs no promise. The
+// notes are dropped once the op is durable; if it fails (the store
+// fails again), the next Recover restores from them. REQUIRES: s.life
+// held exclusively; the database reopened.
+func (s *Store) restoreAside() (given, kept int, err error) {
+	a := &s.aside
+	if len(a.ahead) == 0 && len(a.promised) == 0 {
+		return 0, 0, nil
+	}
+	_, err = s.submit("", 0, func(o *opTx) error {
+		for _, h := range a.ahead {
+			l := s.leases[h.token]
+			if l == nil {
+				continue
+			}
+			e := &prefetched{res: storage.PollResult{Lease: h.token, Items: make([]storage.Item, len(h.ids))}, l: l, recs: h.recs, released: true}
+			for i, id := range h.ids {
+				e.res.Items[i].ID = id
+			}
+			s.giveBack(o, l.q, e)
+			given++
+		}
+		for token, p := range a.promised {
+			l := s.leases[token]
+			if l == nil || p <= l.exp {
+				continue
+			}
+			l.promised.Store(p)
+			s.keepPromise(o, l)
+			o.put(dbkeys.LeaseKey(token), dbkeys.EncodeLease(leaseRecord(l)))
+			kept++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	*a = asideNotes{}
+	return given, kept, nil
 }

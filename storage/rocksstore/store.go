@@ -48,6 +48,10 @@ type Store struct {
 	// closing is set when Close begins: acks claim nothing ahead from
 	// then on, so the batches Close gives back are all there are.
 	closing atomic.Bool
+	// aside is what Recover gives back and writes once it has reopened
+	// a failed store (prefetch.go, setAside), kept until that is
+	// durable. REQUIRES: life held exclusively.
+	aside asideNotes
 
 	// space caches the free-space check of Enqueue (MinFreeDisk).
 	space struct {
@@ -447,7 +451,11 @@ func (s *Store) Failed() error {
 // flight (which fail fast while the store is failed). It reports whether
 // it reopened; false with a nil error means there was nothing to do or
 // not yet enough space. A reopen that fails leaves the store down (every
-// call fails with storage.ErrUnavailable) for the next Recover.
+// call fails with storage.ErrUnavailable) for the next Recover. Once
+// reopened, it gives back the batches claimed ahead that no poll had
+// taken and writes the expiries polls answered with one were promised,
+// as Close does first (prefetch.go, setAside); if that write fails, the
+// store is failed again and Recover returns false with the error.
 func (s *Store) Recover() (bool, error) {
 	if s.Failed() == nil {
 		return false, nil
@@ -473,6 +481,7 @@ func (s *Store) Recover() (bool, error) {
 			return false, nil // recovered meanwhile
 		}
 		s.stopPipeline()
+		s.setAside()
 		s.closeDB()
 	}
 	// Under p.mu: Failed (/readyz) reads p.failed without s.life.
@@ -485,7 +494,14 @@ func (s *Store) Recover() (bool, error) {
 		return false, err
 	}
 	s.life.down = nil
-	s.log.Info("rocksstore recovered: reopened after a failed write", "data", s.dir, "queues", len(s.mu.queues), "leases", len(s.leases))
+	given, kept, err := s.restoreAside()
+	if err != nil {
+		// Failed again: the next Recover reopens and restores from the
+		// same notes.
+		return false, fmt.Errorf("rocksstore: recover: give back batches claimed ahead: %w", err)
+	}
+	s.log.Info("rocksstore recovered: reopened after a failed write", "data", s.dir, "queues", len(s.mu.queues), "leases", len(s.leases),
+		"ahead_given_back", given, "promises_kept", kept)
 	return true, nil
 }
 
