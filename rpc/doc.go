@@ -10,7 +10,13 @@
 // connection and waiter bounds, optional TLS). Serve or Start accept on a
 // listener from Listen ("host:port" or "unix:/path"); Stop stops accepting,
 // ends parked long polls and subscriptions, waits for running calls, then
-// closes every connection. Each connection gets its own bootstrap Queue
+// closes every connection. On the lean engine, a connection that ends
+// (Stop, the client gone, a failed write) gives back the items of its
+// poll answers not a byte of which was written (ready again at once, as
+// a subscription's undelivered batch; an answer partly written is the
+// client's), and a client is cut off for not reading its answers only
+// when the socket takes no byte of them for ReplyStallTimeout, however
+// large the answer. Each connection gets its own bootstrap Queue
 // object. On the go-capnp engine every handler calls call.Go() first so a
 // blocking call (a long poll, an fsync) never holds up the connection's
 // other calls; the lean engine (below) gets the same by running such calls

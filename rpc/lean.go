@@ -131,6 +131,9 @@ type leanConn struct {
 		writing    bool
 		readerBusy bool // the reader will write the queue before it blocks
 		dead       bool
+		// idle, when set (shutdown waits for the writer of the moment),
+		// is closed once nobody writes.
+		idle chan struct{}
 	}
 	bw   *bufio.Writer  // used by the writer of the moment only
 	enc  *capnp.Encoder // on bw
@@ -140,21 +143,45 @@ type leanConn struct {
 	// instead of waiting for it (leanWriter).
 	nonblock bool
 	spill    []byte
+	// spilled: the poll answers spill holds from their first byte on,
+	// given back if spill is never written (writer of the moment).
+	spilled []unsentPoll
+	// passed counts the bytes leanWriter took (spill included), so that
+	// passed plus what bw buffers is where the next message starts in
+	// the connection's stream (writer of the moment).
+	passed uint64
+	// sent counts the bytes the socket took, as each write returns
+	// (rawIO.sent on a plain socket): the stall checks judge by it that
+	// a client reads, however slowly, and a poll answer none of whose
+	// bytes it counts was never written.
+	sent     atomic.Uint64
 	writeSeq atomic.Uint64 // odd while a write is in progress (the stall watchdog)
 	watchdog struct {      // closes a connection whose write is stuck
 		sync.Mutex
-		t    *clock.Timer
-		last uint64
-		done bool
+		t *clock.Timer
+		// seq and sent at the last tick.
+		seq, sent uint64
+		done      bool
+	}
+	// unwritten holds the poll answers never written, not a byte of
+	// them, whose items shutdown gives back (giveBackUnwritten).
+	unwritten struct {
+		sync.Mutex
+		polls []pollGiveBack
+		done  bool // given back: nothing more may come
 	}
 }
 
 // outFrame is one message waiting to be written; keep: the message is
 // still read after it is written (an answer pipelined calls may target)
-// and is left to the garbage collector instead of its pool.
+// and is left to the garbage collector instead of its pool. poll: the
+// Return of a poll, whose items are given back if none of it is written;
+// start is where it begins in the stream (writeBatch).
 type outFrame struct {
-	m    *capnp.Message
-	keep bool
+	m     *capnp.Message
+	keep  bool
+	poll  bool
+	start uint64
 }
 
 // leanAnswer is the server's side of one question of the client (a call or
@@ -168,7 +195,9 @@ type leanAnswer struct {
 	// shared: the Return is sent by a goroutine that serves other
 	// connections too (the store's syncer, say), which must never wait
 	// for this connection's socket (see sendFrom).
-	shared  bool
+	shared bool
+	// poll: the answer of a poll, which may carry items under a lease.
+	poll    bool
 	err     error       // the exception returned
 	content capnp.Ptr   // the results, for pipelined calls (null when they hold no capability)
 	caps    []uint32    // export ids of the results' capabilities
@@ -221,6 +250,7 @@ func (s *Server) serveLean(ctx context.Context, cancel context.CancelFunc, conn 
 	}
 	var rw io.ReadWriter = conn
 	if raw := newRawIO(conn); raw != nil {
+		raw.sent = &c.sent
 		rw, c.raw = raw, raw
 	}
 	c.br = bufio.NewReaderSize(rw, leanReadBuffer)
@@ -241,6 +271,8 @@ func (s *Server) serveLean(ctx context.Context, cancel context.CancelFunc, conn 
 	c.mu.questions = make(map[uint32]*capnp.Promise)
 	c.mu.qstops = make(map[uint32]func() bool)
 	if gate != nil {
+		gate.progress = c.sent.Load
+		gate.check = s.cfg.stallCheck
 		c.armWatchdog()
 	}
 	done := make(chan struct{})

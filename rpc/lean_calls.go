@@ -180,6 +180,9 @@ func (c *leanConn) dispatch(lc *leanCall, queue bool, cl capnp.Client) {
 		return
 	}
 	meth := &leanMethods[lc.method]
+	// A poll's answer carries items under a lease: if none of it is
+	// written, shutdown gives them back.
+	lc.ans.poll = meth.op == OpPoll
 	if meth.op != OpSubscribe && lc.in != nil && lc.in.CapTable().Len() > 0 {
 		// Only subscribe takes a capability. The ones another call
 		// carries are released here, and not by whoever completes the
@@ -441,7 +444,7 @@ func (c *leanConn) settle(qid uint32, a *leanAnswer, err error, content capnp.Pt
 	if msg != nil {
 		// Keep the message when pipelined calls may still read its
 		// results (it has capabilities).
-		c.sendFrom(msg, len(caps) > 0, a.shared)
+		c.sendFrame(outFrame{m: msg, keep: len(caps) > 0, poll: a.poll && err == nil}, a.shared)
 	}
 	for _, cl := range release {
 		cl.Release()

@@ -2,10 +2,14 @@ package rpc
 
 import (
 	"errors"
+	"math"
 
 	"capnproto.org/go/capnp/v3"
 	"capnproto.org/go/capnp/v3/exc"
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
+
+	"github.com/leaseq/leaseq/schema"
+	"github.com/leaseq/leaseq/storage"
 )
 
 // sendSmall builds a message with build and sends it (shared: as
@@ -32,20 +36,26 @@ func (c *leanConn) sendSmall(shared bool, build func(rpccp.Message) error) {
 // another writer is at work or the reader will write it before it blocks.
 func (c *leanConn) send(m *capnp.Message, keep bool) { c.sendFrom(m, keep, false) }
 
-// sendFrom is send; shared: the caller serves other connections too (a
+// sendFrom is sendFrame of m.
+func (c *leanConn) sendFrom(m *capnp.Message, keep, shared bool) {
+	c.sendFrame(outFrame{m: m, keep: keep}, shared)
+}
+
+// sendFrame is send; shared: the caller serves other connections too (a
 // store's syncer completing calls of many connections), so it must not
 // wait for this socket. It writes what the socket takes at once and
 // leaves the rest, if any, to a goroutine of this connection
 // (writeQueue); on a connection that is not a plain socket it leaves the
 // whole write to one.
-func (c *leanConn) sendFrom(m *capnp.Message, keep, shared bool) {
+func (c *leanConn) sendFrame(f outFrame, shared bool) {
 	c.w.Lock()
 	if c.w.dead {
 		c.w.Unlock()
-		c.dropFrame(outFrame{m, keep})
+		c.unwrittenFrame(f)
+		c.dropFrame(f)
 		return
 	}
-	c.w.out = append(c.w.out, outFrame{m, keep})
+	c.w.out = append(c.w.out, f)
 	if c.w.writing || c.w.readerBusy {
 		c.w.Unlock()
 		return
@@ -109,6 +119,10 @@ func (c *leanConn) writeQueue(shared bool) {
 		batch := c.w.out
 		if len(batch) == 0 {
 			c.w.writing = false
+			if c.w.idle != nil {
+				close(c.w.idle) // shutdown waits for it
+				c.w.idle = nil
+			}
 			c.w.Unlock()
 			return
 		}
@@ -141,6 +155,19 @@ func (c *leanConn) writeSpill() {
 		}
 	}
 	c.writeSeq.Add(1)
+	if len(c.spilled) > 0 {
+		if c.werr != nil {
+			// The poll answers of which the socket took nothing go back.
+			sent := c.sent.Load()
+			for _, u := range c.spilled {
+				if u.start >= sent {
+					c.addUnwritten(u.items)
+				}
+			}
+		}
+		clear(c.spilled)
+		c.spilled = c.spilled[:0]
+	}
 	clear(c.spill)
 	if cap(c.spill) > leanWriteBuffer {
 		c.spill = nil
@@ -157,8 +184,15 @@ type leanWriter struct{ c *leanConn }
 
 func (w leanWriter) Write(p []byte) (int, error) {
 	c := w.c
+	n, err := w.write(p)
+	c.passed += uint64(n)
+	return n, err
+}
+
+func (w leanWriter) write(p []byte) (int, error) {
+	c := w.c
 	if c.raw == nil {
-		return c.conn.Write(p)
+		return c.writeConn(p)
 	}
 	if !c.nonblock {
 		return c.raw.Write(p)
@@ -177,26 +211,80 @@ func (w leanWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// leanConnWriteChunk is the most one write to a connection that is not a
+// plain socket (TLS, a pipe) hands over at once: the stall checks see its
+// progress chunk by chunk, and a reader slower than a chunk per
+// ReplyStallTimeout (2 KiB/s at the default 30 s) is a stalled one.
+const leanConnWriteChunk = 64 << 10
+
+// writeConn writes p to a connection that is not a plain socket, in
+// chunks, counting each in sent.
+func (c *leanConn) writeConn(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		m, err := c.conn.Write(p[n:min(len(p), n+leanConnWriteChunk)])
+		n += m
+		c.sent.Add(uint64(m))
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
 // writeBatch writes batch with one flush (one write when it fits the
 // buffer), then lets go of its messages.
 func (c *leanConn) writeBatch(batch []outFrame) {
 	c.writeSeq.Add(1) // odd: a write in progress
 	err := c.werr
-	for _, f := range batch {
-		if err == nil {
-			err = c.enc.Encode(f.m)
+	tried, polls := 0, false
+	for i := range batch {
+		if err != nil {
+			break
 		}
+		f := &batch[i]
+		if f.poll {
+			f.start = c.passed + uint64(c.bw.Buffered())
+			polls = true
+		}
+		tried++
+		err = c.enc.Encode(f.m)
 	}
 	if err == nil {
 		err = c.bw.Flush()
 	}
 	c.writeSeq.Add(1)
+	if polls || err != nil {
+		c.notWritten(batch, tried, err)
+	}
 	for _, f := range batch {
 		c.dropFrame(f)
 	}
 	if err != nil && c.werr == nil {
 		c.werr = err
 		_ = c.conn.Close() // the reader sees it and ends the connection
+	}
+}
+
+// notWritten looks, after a write of batch whose first tried frames were
+// encoded (err: its failure), for poll answers of which the socket took
+// not a byte: after a failure their items are given back at shutdown; the
+// ones spill holds are noted, to be given back if spill is never written.
+// An answer the socket took part of is the client's.
+func (c *leanConn) notWritten(batch []outFrame, tried int, err error) {
+	sent := c.sent.Load()
+	for i, f := range batch {
+		if !f.poll || (i < tried && f.start < sent) {
+			continue
+		}
+		switch {
+		case err != nil || i >= tried:
+			c.unwrittenFrame(f)
+		case len(c.spill) > 0:
+			if items, ok := readPollGiveBack(f.m); ok {
+				c.spilled = append(c.spilled, unsentPoll{start: f.start, items: items})
+			}
+		}
 	}
 }
 
@@ -210,29 +298,40 @@ func (c *leanConn) dropFrame(f outFrame) {
 	}
 }
 
-// armWatchdog closes the connection when one write stays stuck for a
-// whole ReplyStallTimeout (the client reads none of its answers): it
-// looks every ReplyStallTimeout, and closes when the write in progress is
-// the one it saw the time before.
+// armWatchdog closes the connection when a write waits a whole
+// ReplyStallTimeout with the socket taking none of its bytes (the client
+// reads none of its answers): it looks every ReplyStallTimeout, and
+// closes when the write in progress is the one it saw the time before
+// and sent has not moved since. A client that reads a large answer
+// slowly, however long it takes, is not cut off.
 func (c *leanConn) armWatchdog() {
 	c.watchdog.Lock()
 	defer c.watchdog.Unlock()
 	if c.watchdog.done {
 		return
 	}
-	c.watchdog.t = c.s.cfg.Clock.AfterFunc(c.s.cfg.ReplyStallTimeout, func() {
-		seq := c.writeSeq.Load()
-		c.watchdog.Lock()
-		stuck := seq%2 == 1 && seq == c.watchdog.last
-		c.watchdog.last = seq
-		c.watchdog.Unlock()
-		if stuck {
-			c.s.log.Warn("connection closed: the client does not read its answers", "remote", c.remote, "timeout", c.s.cfg.ReplyStallTimeout)
-			_ = c.conn.Close()
-			return
-		}
-		c.armWatchdog()
-	})
+	c.watchdog.t = c.s.cfg.Clock.AfterFunc(c.s.cfg.ReplyStallTimeout, c.watchdogTick)
+}
+
+// watchdogTick is one look of the watchdog (armWatchdog).
+func (c *leanConn) watchdogTick() {
+	c.watchdog.Lock()
+	lastSeq, lastSent := c.watchdog.seq, c.watchdog.sent
+	c.watchdog.Unlock()
+	if check := c.s.cfg.stallCheck; check != nil && c.writeSeq.Load()%2 == 1 {
+		check("watchdog", c.sent.Load, lastSent)
+	}
+	seq := c.writeSeq.Load()
+	sent := c.sent.Load()
+	c.watchdog.Lock()
+	c.watchdog.seq, c.watchdog.sent = seq, sent
+	c.watchdog.Unlock()
+	if seq%2 == 1 && seq == lastSeq && sent == lastSent {
+		c.s.log.Warn("connection closed: the client does not read its answers", "remote", c.remote, "timeout", c.s.cfg.ReplyStallTimeout)
+		_ = c.conn.Close()
+		return
+	}
+	c.armWatchdog()
 }
 
 func (c *leanConn) stopWatchdog() {
@@ -304,8 +403,16 @@ func (c *leanConn) shutdown(why error) {
 	c.w.dead = true
 	out := c.w.out
 	c.w.out = nil
+	var idle chan struct{}
+	if c.w.writing {
+		// A writer not among the calls (a subscription's push) may still
+		// hold poll answers; its write fails on the closed socket.
+		idle = make(chan struct{})
+		c.w.idle = idle
+	}
 	c.w.Unlock()
 	for _, f := range out {
+		c.unwrittenFrame(f)
 		c.dropFrame(f)
 	}
 	for _, a := range answers {
@@ -315,5 +422,111 @@ func (c *leanConn) shutdown(why error) {
 	}
 	for _, e := range exports {
 		e.client.Release()
+	}
+	if idle != nil {
+		<-idle
+	}
+	c.giveBackUnwritten()
+}
+
+// pollGiveBack is what a poll answer handed out: items under one lease.
+type pollGiveBack struct {
+	queue string
+	lease storage.LeaseID
+	ids   []storage.ItemID
+}
+
+// unsentPoll is a poll answer that spill holds from its first byte on.
+type unsentPoll struct {
+	start uint64 // where it begins in the stream
+	items pollGiveBack
+}
+
+// readPollGiveBack reads the lease and the item ids a poll's Return
+// carries; ok is false when it carries none.
+func readPollGiveBack(m *capnp.Message) (g pollGiveBack, ok bool) {
+	m.ResetReadLimit(math.MaxUint64) // the node's own message
+	root, err := rpccp.ReadRootMessage(m)
+	if err != nil || root.Which() != rpccp.Message_Which_return {
+		return g, false
+	}
+	ret, err := root.Return()
+	if err != nil || ret.Which() != rpccp.Return_Which_results {
+		return g, false
+	}
+	payload, err := ret.Results()
+	if err != nil {
+		return g, false
+	}
+	content, err := payload.Content()
+	if err != nil {
+		return g, false
+	}
+	res := schema.Queue_poll_Results(content.Struct())
+	items, err := res.Items()
+	if err != nil || items.Len() == 0 {
+		return g, false
+	}
+	b, err := res.Lease()
+	if err == nil {
+		g.lease, err = leaseID(b)
+	}
+	if err == nil {
+		g.queue, err = items.At(0).Queue()
+	}
+	if err != nil {
+		return g, false
+	}
+	g.ids = make([]storage.ItemID, items.Len())
+	for i := range g.ids {
+		if b, err = items.At(i).Id(); err == nil {
+			g.ids[i], err = itemID(b)
+		}
+		if err != nil {
+			return g, false
+		}
+	}
+	return g, true
+}
+
+// unwrittenFrame notes the items of f, a message never written, if it is
+// a poll answer that carries any.
+func (c *leanConn) unwrittenFrame(f outFrame) {
+	if !f.poll {
+		return
+	}
+	if items, ok := readPollGiveBack(f.m); ok {
+		c.addUnwritten(items)
+	}
+}
+
+// addUnwritten notes items of a poll answer never written, for shutdown
+// to give back. The writer may be a goroutine that serves every
+// connection (a store's syncer), which must not call the store; and
+// shutdown, which gives them back, comes after every write failure (a
+// failed write closes the connection).
+func (c *leanConn) addUnwritten(items pollGiveBack) {
+	c.unwritten.Lock()
+	defer c.unwritten.Unlock()
+	if c.unwritten.done {
+		// Not reached: shutdown gives back after the calls ended and the
+		// last writer let go, and no poll answer is queued after. The
+		// items would stay leased until the lease ends.
+		return
+	}
+	c.unwritten.polls = append(c.unwritten.polls, items)
+}
+
+// giveBackUnwritten gives back the items of the connection's poll answers
+// that were never written, not a byte of them (Server.giveBack): nobody
+// saw their lease, so another consumer gets them at once instead of at
+// its end.
+func (c *leanConn) giveBackUnwritten() {
+	c.unwritten.Lock()
+	polls := c.unwritten.polls
+	c.unwritten.polls, c.unwritten.done = nil, true
+	c.unwritten.Unlock()
+	for _, p := range polls {
+		c.s.giveBack(p.queue, p.lease, p.ids, "the connection ended before the poll's answer was written")
 	}
 }

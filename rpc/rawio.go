@@ -3,6 +3,7 @@ package rpc
 import (
 	"io"
 	"net"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 )
@@ -34,6 +35,10 @@ type rawIO struct {
 	// RPC call. One goroutine reads at a time, and one writes.
 	rd, wr          rawOp
 	readFn, writeFn func(fd uintptr) bool
+	// sent, when set (the node's connections), counts the bytes the
+	// socket took, as each write system call returns: what the stall
+	// checks judge a slow reader by (leanConn.sent). nil: not counted.
+	sent *atomic.Uint64
 }
 
 // rawOp is one read or write: its buffer, progress and outcome.
@@ -130,6 +135,9 @@ func (r *rawIO) write(fd uintptr) bool {
 		switch e {
 		case 0:
 			w.n += int(m)
+			if r.sent != nil {
+				r.sent.Add(uint64(m))
+			}
 		case syscall.EINTR:
 		case syscall.EAGAIN:
 			return !w.wait

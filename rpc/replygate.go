@@ -19,12 +19,21 @@ import (
 // (go-capnp queues them without bound). Handlers register each answer
 // when they finish (add); the transport drops it once it is written or
 // released (done); while more than limit bytes are pending, the
-// connection's reader stops taking new calls (wait), and if that lasts
-// stall, the connection is closed.
+// connection's reader stops taking new calls (wait), and if the client
+// reads nothing for stall meanwhile, the connection is closed. On the
+// lean engine "nothing" is no byte (progress): a client reading a large
+// answer slowly is not cut off; on go-capnp it is no whole answer.
 type replyGate struct {
 	limit int64
 	stall time.Duration
 	clk   clock.Clock
+	// progress, when set (the lean engine), counts the bytes the
+	// connection's socket took; a wait is stalled only if it stays put
+	// for stall. Set before the connection is served.
+	progress func() uint64
+	// check, when set (tests: ServerConfig.stallCheck), runs when the
+	// stall timer fires, before progress is read.
+	check func(kind string, progress func() uint64, last uint64)
 
 	total *atomic.Int64   // the server's sum over connections (Metrics)
 	ctx   context.Context // the connection's: waits end with it
@@ -134,13 +143,20 @@ func (g *replyGate) signalLocked() {
 
 // await waits until ok (called with g.mu held) holds; before, if not
 // nil, runs once before the first wait (see wait). It fails when the
-// connection ends, or after stall: then the client is not reading its
-// answers, and the connection is closed.
+// connection ends, or when the client reads nothing for stall (no byte,
+// with progress; else no answer): then the connection is closed.
 func (g *replyGate) await(ok func() bool, before func()) error {
 	if g == nil {
 		return nil
 	}
 	var stalled chan struct{}
+	var timer *clock.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	var mark uint64 // progress when the timer was armed
 	for {
 		g.mu.Lock()
 		fine, pending, changed := ok(), g.pending, g.changed
@@ -164,8 +180,10 @@ func (g *replyGate) await(ok func() bool, before func()) error {
 			// RocksDB). Once makes a second call harmless.
 			ch := make(chan struct{})
 			var once sync.Once
-			t := g.clk.AfterFunc(g.stall, func() { once.Do(func() { close(ch) }) })
-			defer t.Stop()
+			if g.progress != nil {
+				mark = g.progress()
+			}
+			timer = g.clk.AfterFunc(g.stall, func() { once.Do(func() { close(ch) }) })
 			stalled = ch
 		}
 		select {
@@ -176,6 +194,17 @@ func (g *replyGate) await(ok func() bool, before func()) error {
 			return fmt.Errorf("%w: connection closed", ErrUnavailable)
 		case <-stalled:
 			g.unwait()
+			if g.progress != nil {
+				if g.check != nil {
+					g.check("reply gate", g.progress, mark)
+				}
+				if g.progress() != mark {
+					// The socket took bytes meanwhile: the client reads,
+					// if slowly. Wait another stall from here.
+					stalled = nil
+					continue
+				}
+			}
 			g.kill()
 			return fmt.Errorf("%w: the client read none of %d bytes of answers for %v; connection closed", ErrUnavailable, pending, g.stall)
 		}

@@ -57,8 +57,10 @@ const (
 	// waiting to be written: a client that does not read cannot make the
 	// server hold more for it.
 	DefaultConnReplyLimitBytes = 32 << 20
-	// DefaultReplyStallTimeout is how long a connection may stay over its
-	// answer budget before it is closed.
+	// DefaultReplyStallTimeout is how long a client may read none of its
+	// answers (on the lean engine: not a byte of them) while they wait to
+	// be written, or over its answer budget, before its connection is
+	// closed.
 	DefaultReplyStallTimeout = 30 * time.Second
 	// DefaultMaxConnsPerAddr bounds the connections from one source IP
 	// address, so one host cannot take every slot. Unix-socket connections
@@ -104,8 +106,10 @@ type ServerConfig struct {
 	// ConnReplyLimitBytes bounds the bytes of answers one connection may
 	// have built and not yet written (0: DefaultConnReplyLimitBytes;
 	// negative: unbounded). Over it the server stops reading the
-	// connection's calls until the client reads; after ReplyStallTimeout
-	// (0: DefaultReplyStallTimeout) of that, it closes the connection.
+	// connection's calls until the client reads; once the client has read
+	// nothing for ReplyStallTimeout (0: DefaultReplyStallTimeout), it
+	// closes the connection. On the lean engine nothing is not a byte: a
+	// client reading a large answer slowly is not cut off.
 	ConnReplyLimitBytes int64
 	ReplyStallTimeout   time.Duration
 	// MaxConnsPerAddr bounds open TCP connections from one IP address (0:
@@ -126,6 +130,13 @@ type ServerConfig struct {
 	// maxReplyBytes bounds one reply (0: DefaultMaxReplyBytes, what
 	// clients read); tests lower it to see polls and pages cut short.
 	maxReplyBytes int64
+	// stallCheck, when set (tests), runs in a lean connection's check
+	// for a client that reads none of its answers (kind "watchdog": the
+	// write watchdog's tick while a write is in progress; "reply gate":
+	// a wait at the reply gate when its timer fires) before the check
+	// reads progress (the bytes the socket took) to compare it with
+	// last, its reading one check earlier.
+	stallCheck func(kind string, progress func() uint64, last uint64)
 }
 
 // NodeInfo describes a node to its clients (Client.NodeInfo).
@@ -635,8 +646,11 @@ func (s *Server) LeaseExtended(lease storage.LeaseID, expires time.Time, err err
 // Stop stops accepting, ends parked long polls (they return empty) and
 // subscriptions, waits for running calls to finish, then closes every
 // connection and waits for all goroutines. Calls arriving meanwhile are
-// answered with ErrorCode unavailable. Stop is idempotent and safe to call
-// before Serve/Start.
+// answered with ErrorCode unavailable. On the lean engine, the items of
+// poll answers still queued, not a byte of them written, are given back
+// (ready again at once, as when a connection ends); an answer partly
+// written is the client's, and its items stay leased. Stop is idempotent
+// and safe to call before Serve/Start.
 func (s *Server) Stop() {
 	s.stopOnce.Do(func() {
 		s.mu.Lock()

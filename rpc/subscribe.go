@@ -390,21 +390,37 @@ func (sub *subscription) loop() error {
 }
 
 // giveBack returns a batch claimed for the subscription that no consumer
-// received: its items are ready again at once (a nack without delay; the
-// attempt the claim counted stays counted).
+// received (Server.giveBack).
 func (sub *subscription) giveBack(pr storage.PollResult) {
-	s := sub.s
 	ids := make([]storage.ItemID, len(pr.Items))
 	for i := range pr.Items {
 		ids[i] = pr.Items[i].ID
 	}
+	sub.s.giveBack(sub.queue, pr.Lease, ids, "subscription ended before delivery")
+}
+
+// giveBack returns items claimed under lease that no client received (a
+// subscription's batch not delivered, a poll answer not written): they
+// are ready again at once, a nack without delay, and one poll parked on
+// the queue looks. The attempt the claim counted stays counted, and an
+// item at its max attempts goes to the dead letters, as at the lease's
+// expiry.
+func (s *Server) giveBack(queue string, lease storage.LeaseID, ids []storage.ItemID, reason string) {
 	zero := time.Duration(0)
-	// Not the subscription's ctx, which may have ended: the store bounds
-	// a nack itself.
-	codes, err := s.cfg.Store.Nack(context.Background(), storage.NackParams{Queue: sub.queue, Lease: pr.Lease, IDs: ids, Delay: &zero,
-		Reason: "subscription ended before delivery", Now: s.cfg.Clock.Now()})
-	if err == nil {
-		s.tracker.settled(pr.Lease, codes)
+	// Not the caller's ctx, which may have ended: the store bounds a
+	// nack itself.
+	codes, err := s.cfg.Store.Nack(context.Background(), storage.NackParams{Queue: queue, Lease: lease, IDs: ids, Delay: &zero,
+		Reason: s.limits.TruncateReason(reason), Now: s.cfg.Clock.Now()})
+	if err != nil {
+		s.log.Warn("items not received stay leased until the lease ends", "queue", queue, "items", len(ids), "err", err)
+		return
+	}
+	s.tracker.settled(lease, codes)
+	for _, c := range codes {
+		if c == storage.CodeOK {
+			s.disp.Notify(queue)
+			break
+		}
 	}
 }
 
