@@ -114,7 +114,33 @@ func Dial(ctx context.Context, addr string, opts ClientOptions) (*Client, error)
 		_ = conn.Close()
 		return nil, fmt.Errorf("rpc: dial %s: %w", addr, err)
 	}
-	return &Client{lean: l, redial: redial, log: clientLogger(opts), limit: limit, readLimit: readLimit, closed: make(chan struct{})}, nil
+	c := &Client{lean: l, redial: redial, log: clientLogger(opts), limit: limit, readLimit: readLimit, closed: make(chan struct{})}
+	l.giveBack = c.giveBackPoll(clk)
+	return c, nil
+}
+
+// abandonedPollReason is the reason of the nack that gives back a poll's
+// items when its caller gave up before reading the answer (items show it
+// as their last error).
+const abandonedPollReason = "poll given up by its caller before its answer was read"
+
+// giveBackTimeout bounds the nack of an abandoned poll's items: past it
+// they stay leased until the lease expires, as they would without it.
+const giveBackTimeout = 30 * time.Second
+
+// giveBackPoll returns the lean connection's giveBack: a nack without
+// delay of an abandoned poll's items (leanClient.abandoned).
+func (c *Client) giveBackPoll(clk clock.Clock) func(pollGiveBack) {
+	return func(g pollGiveBack) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		t := clk.AfterFunc(giveBackTimeout, cancel)
+		defer t.Stop()
+		now := time.Duration(0)
+		if _, err := c.Nack(ctx, g.queue, g.lease, g.ids, &now, abandonedPollReason); err != nil {
+			c.log.Debug("the items of an abandoned poll stay leased until the lease expires", "queue", g.queue, "items", len(g.ids), "err", err)
+		}
+	}
 }
 
 // dialConn opens a connection to addr, with TLS when opts asks for it.

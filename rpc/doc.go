@@ -124,7 +124,15 @@
 // written with raw system calls, as on the server (rawio.go): with Go's
 // system-call bookkeeping, sysmon took 12 % of a producer's CPU, and the
 // client's CPU per single-item enqueue fell from 26-29 to 20-23 µs
-// without it (Redis's Go client: 20). It hosts no capabilities, so
+// without it (Redis's Go client: 20). A caller whose context ends also
+// stops waiting for the write lock, or for a socket a partitioned node
+// no longer drains: its write is cut by a write deadline and, on a plain
+// socket, finished by a goroutine (half a message cannot be taken back;
+// on TLS the connection ends), and Finishes never wait for the lock
+// (leanclient_write.go). A poll whose caller gave up before its answer
+// was read has its items nacked at once without delay instead of
+// leaving them leased until the lease expires (leanclient_abandon.go;
+// the go-capnp engine leaves them leased). It hosts no capabilities, so
 // Subscribe and Queue open a go-capnp connection of their own on first
 // use; NewClient, over a connection the caller made, is go-capnp only.
 // go-capnp's rpc.Conn hands every call and every Finish to a sender

@@ -451,7 +451,16 @@ func readPollGiveBack(m *capnp.Message) (g pollGiveBack, ok bool) {
 		return g, false
 	}
 	ret, err := root.Return()
-	if err != nil || ret.Which() != rpccp.Return_Which_results {
+	if err != nil {
+		return g, false
+	}
+	return returnPollGiveBack(ret)
+}
+
+// returnPollGiveBack reads the lease and the item ids of ret, a poll's
+// Return; ok is false when it carries none.
+func returnPollGiveBack(ret rpccp.Return) (g pollGiveBack, ok bool) {
+	if ret.Which() != rpccp.Return_Which_results {
 		return g, false
 	}
 	payload, err := ret.Results()

@@ -77,6 +77,11 @@ type leanClient struct {
 	done    chan struct{}   // closed when the reader goroutine ends
 	target  uint32          // the bootstrap capability's import id
 
+	// giveBack nacks the items of a poll whose caller gave up before
+	// reading its answer (abandoned); nil: they stay leased until the
+	// lease expires.
+	giveBack func(pollGiveBack)
+
 	intr deadlineInterrupt // how a reading caller's context ends its read
 	idle *clock.Timer      // starts watchIdle; plain sockets only
 }
@@ -92,8 +97,9 @@ type leanQuestion struct {
 	// gone: the caller gave up (its context ended) and sent the Finish;
 	// the reader frees the question when the Return comes.
 	gone     bool
-	answered bool  // a reply was handed over
-	held     int64 // flow bytes, given back when the Return comes
+	answered bool   // a reply was handed over
+	held     int64  // flow bytes, given back when the Return comes
+	method   uint16 // the Queue method called (a poll's items are given back when it is gone)
 }
 
 type leanReply struct {
@@ -416,7 +422,7 @@ func (l *leanClient) newCall(method uint16, build func(*capnp.Segment) (capnp.Pt
 // and writes it into c, msg's Call. On error msg is released and held
 // given back.
 func (l *leanClient) register(msg *capnp.Message, c rpccp.Call, held int64) (outCall, error) {
-	q := &leanQuestion{reply: make(chan leanReply, 1), held: held}
+	q := &leanQuestion{reply: make(chan leanReply, 1), held: held, method: c.MethodId()}
 	qid, err := l.ask(q)
 	if err != nil {
 		l.flow.Release(held)
@@ -715,6 +721,7 @@ func (l *leanClient) giveUp(qid uint32, q *leanQuestion) {
 	case r := <-q.reply: // answered meanwhile; the Finish ends it
 		l.mu.Unlock()
 		if r.msg != nil {
+			l.abandoned(q, r.ret)
 			r.msg.Release()
 		}
 		if r.err == nil {
@@ -812,6 +819,7 @@ func (l *leanClient) handle(msg *capnp.Message) error {
 			delete(l.qs, qid)
 			l.free = append(l.free, qid)
 			l.mu.Unlock()
+			l.abandoned(q, ret)
 			msg.Release()
 			return nil
 		}

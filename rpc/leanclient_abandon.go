@@ -1,0 +1,25 @@
+package rpc
+
+import (
+	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
+)
+
+// abandoned handles the Return of a question whose caller gave up before
+// reading it (q.gone, or answered while giveUp ran). A poll's answer
+// holds items under a lease that nobody will process: a long poll that
+// claimed items just as its context ended, or a consumer that is
+// stopping. Without a give-back they would stay leased, invisible to
+// every consumer, until the lease expires; so they are nacked at once
+// without delay (l.giveBack, on a goroutine of its own: the reader must
+// not wait for a call), their claim counted in their attempts as for any
+// nack. Answers of other methods need nothing.
+func (l *leanClient) abandoned(q *leanQuestion, ret rpccp.Return) {
+	if q.method != mPoll.id || l.giveBack == nil {
+		return
+	}
+	g, ok := returnPollGiveBack(ret)
+	if !ok {
+		return
+	}
+	go l.giveBack(g)
+}
