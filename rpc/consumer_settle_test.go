@@ -157,9 +157,15 @@ func TestConsume_LostLeaseNotNacked(t *testing.T) {
 	started := make(chan struct{})
 	lost := make(chan struct{})
 	var lostOnce sync.Once
+	// The consumer's extend ticker runs on a clock of its own: on the
+	// node's, every jump of the node's time would step through the
+	// ticker's periods (the mock fires each in turn), and an extend
+	// answered within the step's real millisecond would keep the lease
+	// alive for good (the test failed so on a fast machine).
+	extendClock := clock.NewMock()
 	var rec settleRecorder
 	cfg := ConsumerConfig{
-		Queue: "q", Batch: 2, Lease: 3 * time.Second, Clock: b.clock, Logger: rpctest.Logger(t),
+		Queue: "q", Batch: 2, Lease: 3 * time.Second, Clock: extendClock, Logger: rpctest.Logger(t),
 		OnExtend: func(_ storage.LeaseID, _ time.Time, err error) {
 			if errors.Is(err, storage.ErrLeaseExpired) || errors.Is(err, storage.ErrLeaseMismatch) {
 				lostOnce.Do(func() { close(lost) })
@@ -180,14 +186,15 @@ func TestConsume_LostLeaseNotNacked(t *testing.T) {
 	rec.hook(&cfg)
 	r := startConsume(c, cfg)
 	<-started // the extend ticker is armed before the handler runs
-	// Jumps of more than a lease: an extend that comes after one finds
-	// the lease gone.
+	// The node's time jumps past the lease, then the extend ticker fires:
+	// that extend finds the lease gone.
+	b.clock.Add(10 * time.Second)
 	rpctest.Eventually(t, 30*time.Second, func() bool {
 		select {
 		case <-lost:
 			return true
 		default:
-			b.clock.Add(10 * time.Second)
+			extendClock.Add(time.Second)
 			time.Sleep(5 * time.Millisecond)
 			return false
 		}
