@@ -130,7 +130,7 @@ func TestClose_AckInFlightClaimsNothingAhead(t *testing.T) {
 	<-h.entered
 	closed := make(chan error, 1)
 	go func() { closed <- b.s.Close() }()
-	waitUnsynced(t, b.s, 1) // Close's keepPromises batch
+	waitUnsynced(t, b.s, 1) // Close's first batch (its give-back)
 	acked := make(chan error, 1)
 	go func() {
 		codes, err := b.s.Ack(b.ctx, storage.AckParams{Queue: "q", Lease: r.Lease, IDs: itemIDs(r.Items), Now: at(time.Second)})

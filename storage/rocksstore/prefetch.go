@@ -354,6 +354,25 @@ func (s *Store) giveBackAll(qs ...*queueState) error {
 	return err
 }
 
+// giveBackEvery gives back every batch claimed ahead, on every queue,
+// the queues picked inside the op, on the committer: a batch that an op
+// ahead of this one in the pipeline claimed is found even when its queue
+// held none when giveBackEvery was called (Close: acks claim nothing
+// ahead from the moment it begins, but one applied just before may not
+// have listed its batch yet when Close looked).
+func (s *Store) giveBackEvery() error {
+	if s.prefetchHold() == 0 {
+		return nil
+	}
+	_, err := s.submit("", 0, func(o *opTx) error {
+		for _, q := range s.queuesWithPrefetch() {
+			s.releaseAhead(o, q, func(*prefetched) bool { return true })
+		}
+		return nil
+	})
+	return err
+}
+
 // releaseStale releases q's batches claimed ahead that are older than
 // hold at now: their consumer stopped polling, so the queue claims
 // nothing ahead for a while. REQUIRES: on the committer.

@@ -325,7 +325,7 @@ func (s *Store) Close() error {
 	// sees the flag, one ahead of it claimed a batch the give-back finds.
 	s.closing.Store(true)
 	if s.enter("close") == nil {
-		_ = s.giveBackAll(s.queuesWithPrefetch()...)
+		_ = s.giveBackEvery()
 		_ = s.keepPromises()
 		s.exit()
 	}
