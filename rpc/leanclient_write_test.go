@@ -96,6 +96,34 @@ func callWithin(t *testing.T, l *leanClient, d time.Duration, build func(*capnp.
 	}
 }
 
+// stalledClient is a lean client over transport to a stallingNode that
+// reads skip messages after the bootstrap, then waits for resume.
+func stalledClient(t *testing.T, transport string, skip int, resume <-chan struct{}) *leanClient {
+	t.Helper()
+	cc, sc := connPair(t, transport)
+	t.Cleanup(func() { _ = sc.Close() })
+	go stallingNode(t, sc, skip, resume)
+	l, err := newLeanClient(ctxT(t), cc, DefaultMaxMessageBytes, DefaultMaxReplyBytes, clock.New())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.close() })
+	return l
+}
+
+// closeWithin closes l, failing the test unless it returns within 10 s.
+func closeWithin(t *testing.T, l *leanClient) {
+	t.Helper()
+	ended := make(chan struct{})
+	go func() {
+		_ = l.close()
+		close(ended)
+	}()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("close did not end a connection whose node stopped reading")
+	}
+}
+
 // TestLeanClient_CallsReturnWhenTheNodeStopsReading: on a plain socket to
 // a node that stopped reading, a call whose write fills the socket returns
 // when its context ends (the write is cut and goes on in the background),
@@ -104,19 +132,8 @@ func callWithin(t *testing.T, l *leanClient, d time.Duration, build func(*capnp.
 func TestLeanClient_CallsReturnWhenTheNodeStopsReading(t *testing.T) {
 	for _, transport := range []string{"tcp", "pipe"} {
 		t.Run(transport, func(t *testing.T) {
-			cc, sc := connPair(t, transport)
-			defer sc.Close()
-			go stallingNode(t, sc, 0, nil)
-			l, err := newLeanClient(ctxT(t), cc, DefaultMaxMessageBytes, DefaultMaxReplyBytes, clock.New())
-			require.NoError(t, err)
-			closed := false
-			defer func() {
-				if !closed {
-					_ = l.close()
-				}
-			}()
-
-			err = callWithin(t, l, 300*time.Millisecond, bigCall(32<<20))
+			l := stalledClient(t, transport, 0, nil)
+			err := callWithin(t, l, 300*time.Millisecond, bigCall(32<<20))
 			require.ErrorIs(t, err, context.DeadlineExceeded, "the call whose write was cut")
 			if transport == "tcp" {
 				select {
@@ -132,18 +149,7 @@ func TestLeanClient_CallsReturnWhenTheNodeStopsReading(t *testing.T) {
 			if transport == "tcp" {
 				require.ErrorIs(t, err, context.DeadlineExceeded)
 			}
-
-			ended := make(chan struct{})
-			go func() {
-				_ = l.close()
-				close(ended)
-			}()
-			select {
-			case <-ended:
-				closed = true
-			case <-time.After(10 * time.Second):
-				t.Fatal("close did not end a connection whose node stopped reading")
-			}
+			closeWithin(t, l)
 		})
 	}
 }
@@ -153,15 +159,9 @@ func TestLeanClient_CallsReturnWhenTheNodeStopsReading(t *testing.T) {
 // again it gets the rest of that call and its Finish, and answers the
 // next call on the same connection.
 func TestLeanClient_CutWriteGoesOnWhenTheNodeReadsAgain(t *testing.T) {
-	cc, sc := connPair(t, "tcp")
-	defer sc.Close()
 	resume := make(chan struct{})
-	go stallingNode(t, sc, 0, resume)
-	l, err := newLeanClient(ctxT(t), cc, DefaultMaxMessageBytes, DefaultMaxReplyBytes, clock.New())
-	require.NoError(t, err)
-	defer l.close()
-
-	err = callWithin(t, l, 300*time.Millisecond, bigCall(32<<20))
+	l := stalledClient(t, "tcp", 0, resume)
+	err := callWithin(t, l, 300*time.Millisecond, bigCall(32<<20))
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	close(resume)
 
@@ -187,16 +187,11 @@ func TestLeanClient_CutWriteGoesOnWhenTheNodeReadsAgain(t *testing.T) {
 // goes out with the lock's next holder, ahead of a call that reuses its
 // question id.
 func TestLeanClient_GiveUpNeverWaitsForTheWriteLock(t *testing.T) {
-	cc, sc := connPair(t, "tcp")
-	defer sc.Close()
 	resume := make(chan struct{})
-	go stallingNode(t, sc, 0, resume)
-	l, err := newLeanClient(ctxT(t), cc, DefaultMaxMessageBytes, DefaultMaxReplyBytes, clock.New())
-	require.NoError(t, err)
-	defer l.close()
+	l := stalledClient(t, "tcp", 0, resume)
 
 	// A small call the node does not answer yet.
-	err = callWithin(t, l, 100*time.Millisecond, smallCall)
+	err := callWithin(t, l, 100*time.Millisecond, smallCall)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	// Hold the write lock, as a write waiting on a full socket does, and
 	// give a question up meanwhile: giveUp must not wait.
@@ -229,24 +224,11 @@ func TestLeanClient_GiveUpNeverWaitsForTheWriteLock(t *testing.T) {
 // the Call, then stopped reading): the Finish's flush waits on a goroutine
 // of its own.
 func TestLeanClient_GiveUpDoesNotWaitOnAConnectionWithoutRawWrites(t *testing.T) {
-	cc, sc := connPair(t, "pipe")
-	defer sc.Close()
-	go stallingNode(t, sc, 1, nil)
-	l, err := newLeanClient(ctxT(t), cc, DefaultMaxMessageBytes, DefaultMaxReplyBytes, clock.New())
-	require.NoError(t, err)
+	l := stalledClient(t, "pipe", 1, nil)
 	require.False(t, l.callersRead, "a pipe has no raw writes")
-	err = callWithin(t, l, 200*time.Millisecond, smallCall)
+	err := callWithin(t, l, 200*time.Millisecond, smallCall)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	err = callWithin(t, l, 200*time.Millisecond, smallCall)
 	require.ErrorIs(t, err, context.DeadlineExceeded, "a call behind the Finish that waits")
-	ended := make(chan struct{})
-	go func() {
-		_ = l.close()
-		close(ended)
-	}()
-	select {
-	case <-ended:
-	case <-time.After(10 * time.Second):
-		t.Fatal("close did not end the connection")
-	}
+	closeWithin(t, l)
 }
