@@ -78,6 +78,12 @@ type Client struct {
 
 	closeOnce sync.Once
 	closed    chan struct{}
+
+	// giveBacks counts the nacks of abandoned polls' items in flight
+	// (giveBackPoll), which Close waits for. gbMu orders their Add before
+	// Close's Wait: none starts once closed is closed.
+	gbMu      sync.Mutex
+	giveBacks sync.WaitGroup
 }
 
 // Dial connects to addr ("host:port" or "unix:/path") and checks that a
@@ -124,22 +130,37 @@ func Dial(ctx context.Context, addr string, opts ClientOptions) (*Client, error)
 // as their last error).
 const abandonedPollReason = "poll given up by its caller before its answer was read"
 
-// giveBackTimeout bounds the nack of an abandoned poll's items: past it
-// they stay leased until the lease expires, as they would without it.
-const giveBackTimeout = 30 * time.Second
+// giveBackTimeout bounds the nack of an abandoned poll's items (and so
+// how long Close waits for it): past it they stay leased until the lease
+// expires, as they would without it.
+const giveBackTimeout = 5 * time.Second
 
 // giveBackPoll returns the lean connection's giveBack: a nack without
-// delay of an abandoned poll's items (leanClient.abandoned).
+// delay of an abandoned poll's items (leanClient.abandoned), on a
+// goroutine of its own, which Close waits for: a consumer that stops and
+// closes its client at once still gives back what its last poll claimed.
 func (c *Client) giveBackPoll(clk clock.Clock) func(pollGiveBack) {
 	return func(g pollGiveBack) {
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		t := clk.AfterFunc(giveBackTimeout, cancel)
-		defer t.Stop()
-		now := time.Duration(0)
-		if _, err := c.Nack(ctx, g.queue, g.lease, g.ids, &now, abandonedPollReason); err != nil {
-			c.log.Debug("the items of an abandoned poll stay leased until the lease expires", "queue", g.queue, "items", len(g.ids), "err", err)
+		c.gbMu.Lock()
+		select {
+		case <-c.closed:
+			c.gbMu.Unlock()
+			return // too late: the items wait for their lease
+		default:
 		}
+		c.giveBacks.Add(1)
+		c.gbMu.Unlock()
+		go func() {
+			defer c.giveBacks.Done()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			t := clk.AfterFunc(giveBackTimeout, cancel)
+			defer t.Stop()
+			now := time.Duration(0)
+			if _, err := c.Nack(ctx, g.queue, g.lease, g.ids, &now, abandonedPollReason); err != nil {
+				c.log.Debug("the items of an abandoned poll stay leased until the lease expires", "queue", g.queue, "items", len(g.ids), "err", err)
+			}
+		}()
 	}
 }
 
@@ -306,7 +327,12 @@ func (c *Client) closedOr(err error) error {
 func (c *Client) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
+		c.gbMu.Lock()
 		close(c.closed) // before gcMu: it ends a dial in capnpConn
+		c.gbMu.Unlock()
+		// The give-backs of polls given up go out first (each within
+		// giveBackTimeout).
+		c.giveBacks.Wait()
 		c.gcMu.Lock()
 		if c.rc != nil {
 			c.q.Release()

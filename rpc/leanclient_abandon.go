@@ -10,9 +10,9 @@ import (
 // claimed items just as its context ended, or a consumer that is
 // stopping. Without a give-back they would stay leased, invisible to
 // every consumer, until the lease expires; so they are nacked at once
-// without delay (l.giveBack, on a goroutine of its own: the reader must
-// not wait for a call), their claim counted in their attempts as for any
-// nack. Answers of other methods need nothing.
+// without delay (l.giveBack, which runs the nack on a goroutine of its
+// own: the reader must not wait for a call, and Client.Close waits for
+// it), their claim counted in their attempts as for any nack. Answers of other methods need nothing.
 func (l *leanClient) abandoned(q *leanQuestion, ret rpccp.Return) {
 	if q.method != mPoll.id || l.giveBack == nil {
 		return
@@ -21,5 +21,5 @@ func (l *leanClient) abandoned(q *leanQuestion, ret rpccp.Return) {
 	if !ok {
 		return
 	}
-	go l.giveBack(g)
+	l.giveBack(g) // it does not wait: the nack runs on a goroutine of its own
 }

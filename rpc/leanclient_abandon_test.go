@@ -4,9 +4,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/schema"
+	"github.com/leaseq/leaseq/storage"
 )
 
 // TestLeanClient_AbandonedPollGivesItsItemsBack: a poll whose caller gave
@@ -52,4 +54,82 @@ func TestLeanClient_AbandonedPollGivesItsItemsBack(t *testing.T) {
 		require.Equal(t, uint32(2), it.Attempts, "the abandoned claim counts, as for any nack")
 		require.Equal(t, abandonedPollReason, it.LastError)
 	}
+}
+
+// TestClient_CloseWaitsForGiveBacks: a consumer that stops (its poll given
+// up) and closes its client at once still gives back what the poll
+// claimed: Close waits for a give-back in flight (here one the test holds
+// open), and none starts once Close has begun.
+func TestClient_CloseWaitsForGiveBacks(t *testing.T) {
+	b := setup(t, bundleOpts{})
+	c := b.dial()
+	require.NotNil(t, c.lean)
+	c.gbMu.Lock()
+	c.giveBacks.Add(1) // a give-back in flight
+	c.gbMu.Unlock()
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a give-back was in flight")
+	case <-time.After(100 * time.Millisecond):
+	}
+	c.giveBacks.Done()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return once the give-back ended")
+	}
+	// Too late for another: it is not started (Wait would see it).
+	c.giveBackPoll(clock.New())(pollGiveBack{queue: "q", ids: make([]storage.ItemID, 1)})
+	c.gbMu.Lock()
+	c.gbMu.Unlock()
+	c.giveBacks.Wait()
+}
+
+// TestClient_GiveBackThenCloseAtOnce: the whole path: a poll given up
+// after its claim, its Return read by the reader goroutine, then Close at
+// once: the items are ready for another consumer when Close returns.
+func TestClient_GiveBackThenCloseAtOnce(t *testing.T) {
+	b := setup(t, bundleOpts{})
+	c := b.dial()
+	other := b.dial()
+	defer other.Close()
+	ctx := ctxT(t)
+	_, err := c.Enqueue(ctx, "q", payloads(3, 8))
+	require.NoError(t, err)
+
+	l := c.lean
+	lc, err := l.prepare(ctx, mPoll.id, leanBuild(mPoll, func(p schema.Queue_poll_Params) error {
+		p.SetMax(3)
+		p.SetLeaseMs(uint64(time.Hour / time.Millisecond))
+		return p.SetQueue("q")
+	}))
+	require.NoError(t, err)
+	_, err = l.send(ctx, lc.msg)
+	lc.msg.Release()
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		s, err := other.Stats(ctx, "q")
+		return err == nil && len(s) == 1 && s[0].Inflight == 3
+	}, 10*time.Second, 5*time.Millisecond, "the poll did not claim the items")
+	// The caller gives up and hands the read side on, as one whose read
+	// its context interrupted does (readOwn): the reader goroutine reads
+	// the answer and starts the give-back.
+	l.giveUp(lc.qid, lc.q)
+	require.True(t, l.takeRead())
+	l.passRead()
+	require.Eventually(t, func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.qs) == 0
+	}, 10*time.Second, time.Millisecond, "the Return of the poll given up was not read")
+	require.NoError(t, c.Close())
+
+	s, err := other.Stats(ctx, "q")
+	require.NoError(t, err)
+	require.Len(t, s, 1)
+	require.EqualValues(t, 3, s[0].Ready, "given back before Close returned")
+	require.EqualValues(t, 0, s[0].Inflight)
 }
