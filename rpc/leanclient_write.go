@@ -106,8 +106,10 @@ func (w *clientWrites) Write(p []byte) (int, error) {
 }
 
 // writeBuf sends the buffer, keeping what was not sent at its front.
+// After a cut it sends nothing: the rest is writeRest's, once the cut's
+// deadline is cleared.
 func (w *clientWrites) writeBuf() {
-	if len(w.buf) == 0 {
+	if len(w.buf) == 0 || w.cut {
 		return
 	}
 	n := w.write(w.buf)
