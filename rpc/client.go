@@ -323,7 +323,10 @@ func (c *Client) closedOr(err error) error {
 }
 
 // Close ends the connection. Leases held by this client stay valid until
-// they expire or are acked from another connection. Close is idempotent.
+// they expire or are acked from another connection. It first waits for
+// the give-backs of polls given up (the nacks of items claimed for a
+// caller that stopped waiting), each bounded by 5 s on ClientOptions.Clock.
+// Close is idempotent.
 func (c *Client) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
