@@ -145,10 +145,11 @@ func (w *clientWrites) write(p []byte) int {
 }
 
 // flushNow sends what the socket takes of the buffer without waiting for
-// it to drain (the rest goes with the next write). Other connections have
-// no such write: it sets later, and the lock's holder, which has no
-// caller's context to cut a wait with, hands the flush to a goroutine of
-// its own (handOn) instead of waiting on a full socket itself.
+// it to drain. What it does not take (on other connections, which have
+// no such write: all of it) is left with later set: the lock's holder,
+// which has no caller's context to cut a wait with, hands the flush to a
+// goroutine of its own (handOn) instead of waiting on a full socket
+// itself. A caller's send clears later and writes the buffer itself.
 func (w *clientWrites) flushNow() {
 	w.finishes = 0
 	if w.raw == nil {
@@ -161,6 +162,11 @@ func (w *clientWrites) flushNow() {
 		return
 	}
 	w.buf = w.buf[:copy(w.buf, w.buf[n:])]
+	// A full socket: the rest goes out as on other connections, from a
+	// goroutine that waits for the socket, not with some later call (an
+	// idle client would leave a Finish unsent, and the node would hold
+	// the answer, or go on with a call given up).
+	w.later = len(w.buf) > 0
 }
 
 // arm lets the writing caller's context cut the write in progress.

@@ -37,6 +37,12 @@ func smallCall(seg *capnp.Segment) (capnp.Ptr, error) {
 // is closed (never, when it is nil): a partition, or a node that stopped
 // reading. After resume it answers every Call with empty results.
 func stallingNode(t *testing.T, conn net.Conn, skip int, resume <-chan struct{}) {
+	stallingNodeSeeing(t, conn, skip, resume, nil)
+}
+
+// stallingNodeSeeing is stallingNode, telling onFinish (if set) the
+// question of each Finish it reads after resume.
+func stallingNodeSeeing(t *testing.T, conn net.Conn, skip int, resume <-chan struct{}, onFinish func(qid uint32)) {
 	dec := capnp.NewDecoder(conn)
 	dec.MaxMessageSize = 1 << 30
 	for i := 0; i < 2+skip; i++ { // the Bootstrap, its Finish, skip more
@@ -61,6 +67,10 @@ func stallingNode(t *testing.T, conn net.Conn, skip int, resume <-chan struct{})
 			return
 		}
 		m, err := rpccp.ReadRootMessage(msg)
+		if err == nil && m.Which() == rpccp.Message_Which_finish && onFinish != nil {
+			f, _ := m.Finish()
+			onFinish(f.QuestionId())
+		}
 		if err == nil && m.Which() == rpccp.Message_Which_call {
 			call, _ := m.Call()
 			out := returnBytes(t, call.QuestionId(), func(rpccp.Payload) error { return nil })
@@ -272,4 +282,56 @@ func TestLeanClient_GiveUpDoesNotWaitOnAConnectionWithoutRawWrites(t *testing.T)
 	err = callWithin(t, l, 200*time.Millisecond, smallCall)
 	require.ErrorIs(t, err, context.DeadlineExceeded, "a call behind the Finish that waits")
 	closeWithin(t, l)
+}
+
+// TestLeanClient_FinishOnAFullSocketGoesOutWhenItDrains: a Finish whose
+// flush finds the socket full (the node not reading) is written once the
+// node reads again, by a goroutine that waits for the socket, not left in
+// the buffer for a later call that an idle client never makes (the node
+// would hold the answer, or go on with the call given up).
+func TestLeanClient_FinishOnAFullSocketGoesOutWhenItDrains(t *testing.T) {
+	cc, sc := connPair(t, "tcp")
+	t.Cleanup(func() { _ = sc.Close() })
+	resume := make(chan struct{})
+	seen := make(chan uint32, 1<<16)
+	go stallingNodeSeeing(t, sc, 0, resume, func(qid uint32) { seen <- qid })
+	l, err := newLeanClient(ctxT(t), cc, DefaultMaxMessageBytes, DefaultMaxReplyBytes, clock.New())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.close() })
+
+	// Fill the socket with Finishes of a question never asked (the node
+	// ignores them), as lazy Finishes flushed at once would.
+	const filler = 1 << 20
+	require.True(t, l.tryLockWrite())
+	for i := 0; ; i++ {
+		require.Less(t, i, 1<<20, "the socket never filled")
+		require.NoError(t, l.w.encodeFinish(filler, true))
+		if l.w.finishes >= 256 {
+			l.w.flushNow()
+			require.NoError(t, l.w.err)
+			if len(l.w.buf) > 0 {
+				break // full: the rest is left in the buffer
+			}
+		}
+	}
+	l.handOn()
+
+	// A call given up meanwhile: its Finish waits behind the rest.
+	lc, err := l.prepare(ctxT(t), mQueues.id, smallCall)
+	require.NoError(t, err)
+	lc.msg.Release()
+	l.giveUp(lc.qid, lc.q)
+
+	close(resume) // the node reads again; the client makes no call
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case qid := <-seen:
+			if qid == lc.qid {
+				return
+			}
+		case <-deadline:
+			t.Fatal("the Finish of the call given up was not written once the node read again")
+		}
+	}
 }
