@@ -94,7 +94,7 @@ const idleWatch = 100 * time.Millisecond
 // leanQuestion is a call waiting for its Return.
 type leanQuestion struct {
 	reply chan leanReply // buffered: the reader never waits for the caller
-	// gone: the caller gave up (its context ended) and sent the Finish;
+	// gone: the caller gave up (its context ended) and its Finish is sent or queued (pendFin);
 	// the reader frees the question when the Return comes.
 	gone     bool
 	answered bool   // a reply was handed over

@@ -108,8 +108,9 @@ type ServerConfig struct {
 	// negative: unbounded). Over it the server stops reading the
 	// connection's calls until the client reads; once the client has read
 	// nothing for ReplyStallTimeout (0: DefaultReplyStallTimeout), it
-	// closes the connection. On the lean engine nothing is not a byte: a
-	// client reading a large answer slowly is not cut off.
+	// closes the connection. On the lean engine a client that takes a
+	// single byte in that time has read: one reading a large answer
+	// slowly is not cut off.
 	ConnReplyLimitBytes int64
 	ReplyStallTimeout   time.Duration
 	// MaxConnsPerAddr bounds open TCP connections from one IP address (0:
