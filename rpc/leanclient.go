@@ -731,11 +731,7 @@ func (l *leanClient) giveUp(qid uint32, q *leanQuestion) {
 	default:
 	}
 	q.gone = true
-	if l.err == nil {
-		l.pendFin = append(l.pendFin, pendingFinish{qid: qid})
-		l.pendNow = true
-		l.pendN.Store(int32(len(l.pendFin)))
-	}
+	l.addPendingFinish(qid, false, true)
 	l.mu.Unlock()
 	l.flushPending()
 }

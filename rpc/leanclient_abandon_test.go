@@ -11,6 +11,29 @@ import (
 	"github.com/leaseq/leaseq/storage"
 )
 
+// sendUnreadPoll sends a poll of up to 3 items of queue q on c's lean
+// connection and returns once the node has claimed 3 (seen through
+// watch's stats), its answer unread.
+func sendUnreadPoll(t *testing.T, c, watch *Client) outCall {
+	t.Helper()
+	ctx := ctxT(t)
+	lc, err := c.lean.prepare(ctx, mPoll.id, leanBuild(mPoll, func(p schema.Queue_poll_Params) error {
+		p.SetMax(3)
+		p.SetLeaseMs(uint64(time.Hour / time.Millisecond))
+		return p.SetQueue("q")
+	}))
+	require.NoError(t, err)
+	st, err := c.lean.send(ctx, lc.msg)
+	lc.msg.Release()
+	require.NoError(t, err)
+	require.Equal(t, sent, st)
+	require.Eventually(t, func() bool {
+		s, err := watch.Stats(ctx, "q")
+		return err == nil && len(s) == 1 && s[0].Inflight == 3
+	}, 10*time.Second, 5*time.Millisecond, "the poll did not claim the items")
+	return lc
+}
+
 // TestLeanClient_AbandonedPollGivesItsItemsBack: a poll whose caller gave
 // up after the node claimed its items, before the answer was read (a long
 // poll whose context ended as items came, a consumer stopping), has its
@@ -26,21 +49,7 @@ func TestLeanClient_AbandonedPollGivesItsItemsBack(t *testing.T) {
 	require.NoError(t, err)
 
 	l := c.lean
-	lc, err := l.prepare(ctx, mPoll.id, leanBuild(mPoll, func(p schema.Queue_poll_Params) error {
-		p.SetMax(3)
-		p.SetLeaseMs(uint64(time.Hour / time.Millisecond))
-		return p.SetQueue("q")
-	}))
-	require.NoError(t, err)
-	st, err := l.send(ctx, lc.msg)
-	lc.msg.Release()
-	require.NoError(t, err)
-	require.Equal(t, sent, st)
-	// The node claims the items before the caller gives up.
-	require.Eventually(t, func() bool {
-		s, err := c.Stats(ctx, "q")
-		return err == nil && len(s) == 1 && s[0].Inflight == 3
-	}, 10*time.Second, 5*time.Millisecond, "the poll did not claim the items")
+	lc := sendUnreadPoll(t, c, c)
 	l.giveUp(lc.qid, lc.q)
 
 	require.Eventually(t, func() bool {
@@ -101,19 +110,7 @@ func TestClient_GiveBackThenCloseAtOnce(t *testing.T) {
 	require.NoError(t, err)
 
 	l := c.lean
-	lc, err := l.prepare(ctx, mPoll.id, leanBuild(mPoll, func(p schema.Queue_poll_Params) error {
-		p.SetMax(3)
-		p.SetLeaseMs(uint64(time.Hour / time.Millisecond))
-		return p.SetQueue("q")
-	}))
-	require.NoError(t, err)
-	_, err = l.send(ctx, lc.msg)
-	lc.msg.Release()
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		s, err := other.Stats(ctx, "q")
-		return err == nil && len(s) == 1 && s[0].Inflight == 3
-	}, 10*time.Second, 5*time.Millisecond, "the poll did not claim the items")
+	lc := sendUnreadPoll(t, c, other)
 	// The caller gives up and hands the read side on, as one whose read
 	// its context interrupted does (readOwn): the reader goroutine reads
 	// the answer and starts the give-back.

@@ -370,13 +370,21 @@ func (l *leanClient) writePending() error {
 // sent at once then, not with the next call), then tries to write it.
 func (l *leanClient) queueFinish(qid uint32, free, now bool) {
 	l.mu.Lock()
-	if l.err == nil {
-		l.pendFin = append(l.pendFin, pendingFinish{qid: qid, free: free})
-		l.pendNow = l.pendNow || now
-		l.pendN.Store(int32(len(l.pendFin)))
-	}
+	l.addPendingFinish(qid, free, now)
 	l.mu.Unlock()
 	l.flushPending()
+}
+
+// addPendingFinish puts the Finish of qid in the list the write lock's
+// next holder writes (nothing once the connection is lost). REQUIRES:
+// l.mu.
+func (l *leanClient) addPendingFinish(qid uint32, free, now bool) {
+	if l.err != nil {
+		return
+	}
+	l.pendFin = append(l.pendFin, pendingFinish{qid: qid, free: free})
+	l.pendNow = l.pendNow || now
+	l.pendN.Store(int32(len(l.pendFin)))
 }
 
 // flushPending writes the waiting Finishes if the lock is free; its

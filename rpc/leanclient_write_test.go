@@ -83,12 +83,9 @@ func stallingNodeSeeing(t *testing.T, conn net.Conn, skip int, resume <-chan str
 	}
 }
 
-// callWithin runs a call of the client under a context that ends after
-// d, and fails the test unless it returns within 10 s.
-func callWithin(t *testing.T, l *leanClient, d time.Duration, build func(*capnp.Segment) (capnp.Ptr, error)) error {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
+// startCall runs a call of build on l under ctx; the channel gets its
+// error.
+func startCall(l *leanClient, ctx context.Context, build func(*capnp.Segment) (capnp.Ptr, error)) <-chan error {
 	done := make(chan error, 1)
 	go func() {
 		_, release, err := l.call(ctx, mQueues.id, build)
@@ -97,13 +94,29 @@ func callWithin(t *testing.T, l *leanClient, d time.Duration, build func(*capnp.
 		}
 		done <- err
 	}()
+	return done
+}
+
+// callReturns waits for a call started by startCall, failing the test
+// unless it returns within 10 s.
+func callReturns(t *testing.T, done <-chan error) error {
+	t.Helper()
 	select {
 	case err := <-done:
 		return err
 	case <-time.After(10 * time.Second):
-		t.Fatal("a call under a short context had not returned after 10 s: its write waits for a node that does not read")
+		t.Fatal("a call whose context ended had not returned after 10 s: its write waits for a node that does not read")
 		return nil
 	}
+}
+
+// callWithin runs a call of the client under a context that ends after
+// d, and fails the test unless it returns within 10 s.
+func callWithin(t *testing.T, l *leanClient, d time.Duration, build func(*capnp.Segment) (capnp.Ptr, error)) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return callReturns(t, startCall(l, ctx, build))
 }
 
 // callCancelledInWrite runs a call of build on l and cancels its context
@@ -115,14 +128,7 @@ func callCancelledInWrite(t *testing.T, l *leanClient, build func(*capnp.Segment
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, release, err := l.call(ctx, mQueues.id, build)
-		if release != nil {
-			release()
-		}
-		done <- err
-	}()
+	done := startCall(l, ctx, build)
 	require.Eventually(t, func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
@@ -130,13 +136,7 @@ func callCancelledInWrite(t *testing.T, l *leanClient, build func(*capnp.Segment
 	}, 10*time.Second, time.Millisecond, "the call was never registered")
 	time.Sleep(500 * time.Millisecond) // the write now waits on the full socket
 	cancel()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(10 * time.Second):
-		t.Fatal("a call whose context ended had not returned after 10 s: its write waits for a node that does not read")
-		return nil
-	}
+	return callReturns(t, done)
 }
 
 // stalledClient is a lean client over transport to a stallingNode that
