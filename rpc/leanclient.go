@@ -812,10 +812,13 @@ func (l *leanClient) handle(msg *capnp.Message) error {
 		q.held = 0
 		l.pending--
 		if q.gone {
+			// The give-back starts (Client.Close counts it) before the
+			// question is freed: a Close that follows the free waits
+			// for it.
+			l.abandoned(q, ret)
 			delete(l.qs, qid)
 			l.free = append(l.free, qid)
 			l.mu.Unlock()
-			l.abandoned(q, ret)
 			msg.Release()
 			return nil
 		}

@@ -127,6 +127,6 @@ func TestClient_GiveBackThenCloseAtOnce(t *testing.T) {
 	s, err := other.Stats(ctx, "q")
 	require.NoError(t, err)
 	require.Len(t, s, 1)
-	require.EqualValues(t, 3, s[0].Ready, "given back before Close returned")
+	require.EqualValues(t, 3, s[0].Ready, "given back before Close returned: %+v", s[0])
 	require.EqualValues(t, 0, s[0].Inflight)
 }
