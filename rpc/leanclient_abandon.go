@@ -12,7 +12,10 @@ import (
 // every consumer, until the lease expires; so they are nacked at once
 // without delay (l.giveBack, which runs the nack on a goroutine of its
 // own: the reader must not wait for a call, and Client.Close waits for
-// it), their claim counted in their attempts as for any nack. Answers of other methods need nothing.
+// it), their claim counted in their attempts as for any nack. Answers of
+// other methods need nothing. The reader calls it with l.mu held (so that
+// the give-back is counted before the question is freed): it must not
+// take l.mu.
 func (l *leanClient) abandoned(q *leanQuestion, ret rpccp.Return) {
 	if q.method != mPoll.id || l.giveBack == nil {
 		return
