@@ -187,6 +187,9 @@ func (s *Store) Nack(ctx context.Context, p storage.NackParams) ([]storage.Code,
 		return nil, err
 	}
 	reason := s.limits.TruncateReason(p.Reason)
+	if p.Undelivered {
+		reason = "" // not recorded
+	}
 	// Backoff draws are made once per call, outside the retry loop, so a
 	// retried attempt writes the same visibility times.
 	draws := make([]float64, len(p.IDs))
@@ -235,6 +238,17 @@ func (s *Store) nackGroup(ctx context.Context, p storage.NackParams, reason stri
 		for _, st := range ok {
 			r := st.rec
 			tx.Clear(s.k.inflight(q, st.id))
+			if p.Undelivered {
+				// The claim taken back: its attempt, at its old
+				// place in the ready order.
+				r.attempts = max(r.attempts, 1) - 1
+				if s.putAvailable(tx, q, st.id, &r, p.Now) == storage.StateReady {
+					ready = true
+				} else if earliest.IsZero() || r.visibleAt.Before(earliest) {
+					earliest = r.visibleAt
+				}
+				continue
+			}
 			r.lastError = reason
 			if r.attempts >= maxAttempts(&r, cfg) {
 				s.bury(tx, q, st.id, &r, "nack: "+reason, p.Now)
@@ -252,7 +266,11 @@ func (s *Store) nackGroup(ctx context.Context, p storage.NackParams, reason stri
 			}
 		}
 		s.add(tx, q, ctrInflight, -int64(len(ok)))
-		s.add(tx, q, ctrNacked, int64(len(ok)))
+		if p.Undelivered {
+			s.add(tx, q, ctrDelivered, -int64(len(ok)))
+		} else {
+			s.add(tx, q, ctrNacked, int64(len(ok)))
+		}
 		if ready {
 			s.wakeQueue(tx, q)
 		}

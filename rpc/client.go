@@ -125,18 +125,13 @@ func Dial(ctx context.Context, addr string, opts ClientOptions) (*Client, error)
 	return c, nil
 }
 
-// abandonedPollReason is the reason of the nack that gives back a poll's
-// items when its caller gave up before reading the answer (items show it
-// as their last error).
-const abandonedPollReason = "poll given up by its caller before its answer was read"
-
 // giveBackTimeout bounds the nack of an abandoned poll's items (and so
 // how long Close waits for it): past it they stay leased until the lease
 // expires, as they would without it.
 const giveBackTimeout = 5 * time.Second
 
-// giveBackPoll returns the lean connection's giveBack: a nack without
-// delay of an abandoned poll's items (leanClient.abandoned), on a
+// giveBackPoll returns the lean connection's giveBack: an undelivered
+// nack of an abandoned poll's items (leanClient.abandoned), on a
 // goroutine of its own, which Close waits for: a consumer that stops and
 // closes its client at once still gives back what its last poll claimed.
 func (c *Client) giveBackPoll(clk clock.Clock) func(pollGiveBack) {
@@ -156,8 +151,7 @@ func (c *Client) giveBackPoll(clk clock.Clock) func(pollGiveBack) {
 			defer cancel()
 			t := clk.AfterFunc(giveBackTimeout, cancel)
 			defer t.Stop()
-			now := time.Duration(0)
-			if _, err := c.Nack(ctx, g.queue, g.lease, g.ids, &now, abandonedPollReason); err != nil {
+			if _, err := c.nack(ctx, g.queue, g.lease, g.ids, nil, "", true); err != nil {
 				c.log.Debug("the items of an abandoned poll stay leased until the lease expires", "queue", g.queue, "items", len(g.ids), "err", err)
 			}
 		}()
@@ -645,6 +639,12 @@ func (c *Client) ackPoll(ctx context.Context, queue string, lease storage.LeaseI
 // again after delay, or after the queue's backoff when delay is nil; dead
 // once attempts reached max attempts. One Code per id, in order.
 func (c *Client) Nack(ctx context.Context, queue string, lease storage.LeaseID, ids []storage.ItemID, delay *time.Duration, reason string) ([]storage.Code, error) {
+	return c.nack(ctx, queue, lease, ids, delay, reason, false)
+}
+
+// nack is Nack, or with undelivered the give-back of items no caller
+// received (storage.NackParams.Undelivered; delay nil, reason empty).
+func (c *Client) nack(ctx context.Context, queue string, lease storage.LeaseID, ids []storage.ItemID, delay *time.Duration, reason string, undelivered bool) ([]storage.Code, error) {
 	if err := c.checkSize("nack", 24*len(ids)+len(reason)); err != nil {
 		return nil, err
 	}
@@ -664,6 +664,7 @@ func (c *Client) Nack(ctx context.Context, queue string, lease storage.LeaseID, 
 		if err := p.SetReason(reason); err != nil {
 			return err
 		}
+		p.SetUndelivered(undelivered)
 		l, err := p.NewIds(int32(len(ids)))
 		if err != nil {
 			return err

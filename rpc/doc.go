@@ -130,8 +130,9 @@
 // socket, finished by a goroutine (half a message cannot be taken back;
 // on TLS the connection ends), and Finishes never wait for the lock
 // (leanclient_write.go). A poll whose caller gave up before its answer
-// was read has its items nacked at once without delay instead of
-// leaving them leased until the lease expires (leanclient_abandon.go;
+// was read has its items given back at once (an undelivered nack, which
+// counts no attempt) instead of leaving them leased until the lease
+// expires (leanclient_abandon.go;
 // the go-capnp engine leaves them leased). It hosts no capabilities, so
 // Subscribe and Queue open a go-capnp connection of their own on first
 // use; NewClient, over a connection the caller made, is go-capnp only.

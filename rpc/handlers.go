@@ -467,7 +467,8 @@ func (q *queueServer) nack(ctx context.Context, args schema.Queue_nack_Params, r
 		return fmt.Errorf("%w: reason: %v", storage.ErrInvalidArgument, err)
 	}
 	reason = q.s.limits.TruncateReason(reason)
-	codes, err := q.s.cfg.Store.Nack(ctx, storage.NackParams{Queue: queue, Lease: lease, IDs: ids, Delay: delay, Reason: reason, Now: q.s.cfg.Clock.Now()})
+	codes, err := q.s.cfg.Store.Nack(ctx, storage.NackParams{Queue: queue, Lease: lease, IDs: ids, Delay: delay, Reason: reason, Now: q.s.cfg.Clock.Now(),
+		Undelivered: args.Undelivered()})
 	if err != nil {
 		return err
 	}

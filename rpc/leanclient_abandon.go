@@ -9,10 +9,10 @@ import (
 // holds items under a lease that nobody will process: a long poll that
 // claimed items just as its context ended, or a consumer that is
 // stopping. Without a give-back they would stay leased, invisible to
-// every consumer, until the lease expires; so they are nacked at once
-// without delay (l.giveBack, which runs the nack on a goroutine of its
-// own: the reader must not wait for a call, and Client.Close waits for
-// it), their claim counted in their attempts as for any nack. Answers of
+// every consumer, until the lease expires; so they are given back at
+// once (l.giveBack: an undelivered nack, which takes the claim back and
+// counts no attempt; it runs on a goroutine of its own, as the reader
+// must not wait for a call, and Client.Close waits for it). Answers of
 // other methods need nothing. The reader calls it with l.mu held (so that
 // the give-back is counted before the question is freed): it must not
 // take l.mu.

@@ -37,14 +37,19 @@ func sendUnreadPoll(t *testing.T, c, watch *Client) outCall {
 // TestLeanClient_AbandonedPollGivesItsItemsBack: a poll whose caller gave
 // up after the node claimed its items, before the answer was read (a long
 // poll whose context ended as items came, a consumer stopping), has its
-// items nacked at once instead of leaving them leased, invisible, until
-// the lease expires (the test's clock never reaches the expiry).
+// items given back at once instead of leaving them leased, invisible,
+// until the lease expires (the test's clock never reaches the expiry).
+// The claim is taken back: no consumer saw the items, so their attempt
+// is not counted and an item at its last attempt is not dead-lettered.
 func TestLeanClient_AbandonedPollGivesItsItemsBack(t *testing.T) {
 	b := setup(t, bundleOpts{})
 	c := b.dial()
 	defer c.Close()
 	require.NotNil(t, c.lean)
 	ctx := ctxT(t)
+	cfg := storage.DefaultQueueConfig()
+	cfg.MaxAttempts = 1
+	require.NoError(t, c.SetQueueConfig(ctx, "q", cfg))
 	_, err := c.Enqueue(ctx, "q", payloads(3, 8))
 	require.NoError(t, err)
 
@@ -60,9 +65,13 @@ func TestLeanClient_AbandonedPollGivesItsItemsBack(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, res.Items, 3)
 	for _, it := range res.Items {
-		require.Equal(t, uint32(2), it.Attempts, "the abandoned claim counts, as for any nack")
-		require.Equal(t, abandonedPollReason, it.LastError)
+		require.Equal(t, uint32(1), it.Attempts, "the abandoned claim is not counted")
+		require.Empty(t, it.LastError)
 	}
+	s, err := c.Stats(ctx, "q")
+	require.NoError(t, err)
+	require.Zero(t, s[0].Nacked)
+	require.Zero(t, s[0].DeadLettered)
 }
 
 // TestClient_CloseWaitsForGiveBacks: a consumer that stops (its poll given

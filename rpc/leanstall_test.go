@@ -248,7 +248,7 @@ func peekLen(t *testing.T, conn net.Conn) int {
 // another ("small") whose answer waits behind it, not a byte of it
 // written. When the connection ends (the server stops, or the client
 // goes), the small poll's items are ready again at once, long before
-// their lease would end, their claim counted in their attempts; the big
+// their lease would end, their claim taken back; the big
 // answer, partly written, is the client's, and its items stay leased.
 func TestLean_ItemsOfPollAnswersNotWrittenAreGivenBack(t *testing.T) {
 	t.Parallel()
@@ -313,7 +313,7 @@ func TestLean_ItemsOfPollAnswersNotWrittenAreGivenBack(t *testing.T) {
 				require.NoError(t, err)
 				require.Len(t, pr.Items, 3, "the items of a poll answer never written stay leased")
 				for _, it := range pr.Items {
-					require.EqualValues(t, 2, it.Attempts, "the claim of the answer never written counts as an attempt")
+					require.EqualValues(t, 1, it.Attempts, "the claim of the answer never written is taken back, not counted")
 				}
 				st, err := b.store.Stats(ctx, storage.StatsParams{Queue: "big", Now: b.clock.Now()})
 				require.NoError(t, err)

@@ -400,19 +400,18 @@ func (sub *subscription) giveBack(pr storage.PollResult) {
 }
 
 // giveBack returns items claimed under lease that no client received (a
-// subscription's batch not delivered, a poll answer not written): they
-// are ready again at once, a nack without delay, and one poll parked on
-// the queue looks. The attempt the claim counted stays counted, and an
-// item at its max attempts goes to the dead letters, as at the lease's
-// expiry.
+// subscription's batch not delivered, a poll answer not written): an
+// undelivered nack (storage.NackParams.Undelivered) takes the claim back,
+// so they are ready again at once in their old place, with the attempts
+// they had before it, and one poll parked on the queue looks. reason is
+// logged when the give-back fails.
 func (s *Server) giveBack(queue string, lease storage.LeaseID, ids []storage.ItemID, reason string) {
-	zero := time.Duration(0)
 	// Not the caller's ctx, which may have ended: the store bounds a
 	// nack itself.
-	codes, err := s.cfg.Store.Nack(context.Background(), storage.NackParams{Queue: queue, Lease: lease, IDs: ids, Delay: &zero,
-		Reason: s.limits.TruncateReason(reason), Now: s.cfg.Clock.Now()})
+	codes, err := s.cfg.Store.Nack(context.Background(), storage.NackParams{Queue: queue, Lease: lease, IDs: ids,
+		Now: s.cfg.Clock.Now(), Undelivered: true})
 	if err != nil {
-		s.log.Warn("items not received stay leased until the lease ends", "queue", queue, "items", len(ids), "err", err)
+		s.log.Warn("items not received stay leased until the lease ends", "queue", queue, "items", len(ids), "why", reason, "err", err)
 		return
 	}
 	s.tracker.settled(lease, codes)

@@ -66,6 +66,12 @@ func TestSubscribe_UndeliveredBatchGoesBack(t *testing.T) {
 	// Only the item handed to the consumer may stay leased; the second was
 	// never delivered and must not sit inflight for an hour.
 	assert.EqualValues(t, 1, st[0].Inflight, "an item claimed by the ended subscription but never delivered stays leased")
+	// Its claim is taken back: no attempt counted, no nack.
+	assert.Zero(t, st[0].Nacked)
+	peek, err := c.Peek(ctx, storage.PeekParams{Queue: "q", Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, peek, 1)
+	assert.Zero(t, peek[0].Attempts, "the undelivered item's claim counted as an attempt")
 }
 
 // gatedStore holds a Poll that claimed items until the test lets it go.

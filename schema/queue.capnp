@@ -219,7 +219,13 @@ interface Queue {
   # nack returns items held under lease: ready again after delayMs, or, when
   # delayMs < 0 (the default), after the queue's exponential backoff with
   # full jitter; dead once attempts reached max attempts. One code per id.
-  nack @3 (queue :Text, lease :Data, ids :List(Data), delayMs :Int64 = -1, reason :Text)
+  # undelivered: no consumer received the items (a client gives back a
+  # poll's answer its caller gave up on): the claim is taken back instead,
+  # each item ready again at once in its old place, its attempts and
+  # lastError as before the claim, never dead; delayMs must be < 0 or 0,
+  # and reason is not recorded.
+  nack @3 (queue :Text, lease :Data, ids :List(Data), delayMs :Int64 = -1, reason :Text,
+           undelivered :Bool)
        -> (status :Status, codes :List(ResultCode));
 
   # extend sets a live lease's expiry to now + leaseMs (100 ms..12 h).

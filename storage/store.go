@@ -56,7 +56,8 @@ type Store interface {
 	// delay (p.Delay, or Backoff(config, attempts, rand) when p.Delay is
 	// nil), or to the dead-letter namespace with Reason "nack: <reason>"
 	// when Attempts >= its max attempts. LastError is set to p.Reason.
-	// Codes as for Ack.
+	// Codes as for Ack. With p.Undelivered the nack takes the claim back
+	// instead (see NackParams.Undelivered).
 	Nack(ctx context.Context, p NackParams) ([]Code, error)
 
 	// ExtendLease sets a live lease's expiry to p.Now + p.Duration (which
@@ -189,6 +190,16 @@ type NackParams struct {
 	Delay  *time.Duration // nil: exponential backoff with full jitter
 	Reason string
 	Now    time.Time
+	// Undelivered says no consumer received the items (a poll's answer
+	// its caller gave up before reading it, a subscription's batch that
+	// was never delivered): the nack takes the claim back rather than
+	// ending a delivery. Each item is ready again at once, in its old
+	// place in the ready order (its VisibleAt is kept), with the Attempts
+	// and LastError it had before the claim; it is never dead-lettered.
+	// The queue's Delivered counter goes back by one per item and Nacked
+	// does not count it. Delay must be nil or zero, and Reason is not
+	// recorded.
+	Undelivered bool
 }
 
 // ExtendParams are the arguments of Store.ExtendLease.

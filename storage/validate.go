@@ -36,13 +36,17 @@ func (p AckParams) Validate(l Limits) error {
 	return l.ValidateBatch(len(p.IDs))
 }
 
-// Validate checks the queue name, the number of ids and the delay when set.
+// Validate checks the queue name, the number of ids and the delay when set
+// (none but zero for undelivered items).
 func (p NackParams) Validate(l Limits) error {
 	if err := l.ValidateQueueName(p.Queue); err != nil {
 		return err
 	}
 	if err := l.ValidateBatch(len(p.IDs)); err != nil {
 		return err
+	}
+	if p.Undelivered && p.Delay != nil && *p.Delay != 0 {
+		return fmt.Errorf("%w: undelivered items are ready again at once: delay %v", ErrInvalidArgument, *p.Delay)
 	}
 	if p.Delay != nil {
 		return l.ValidateDelay(*p.Delay)

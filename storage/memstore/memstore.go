@@ -522,6 +522,13 @@ func (s *Store) nackLocked(p storage.NackParams) ([]storage.Code, time.Time, err
 			continue
 		}
 		s.releaseLocked(q, e)
+		if p.Undelivered {
+			// The claim taken back: its attempt and its delivery.
+			e.item.Attempts = max(e.item.Attempts, 1) - 1
+			q.st.Delivered--
+			next = earliest(next, s.makeAvailableLocked(q, e, now))
+			continue
+		}
 		q.st.Nacked++
 		e.item.LastError = reason
 		if e.item.Attempts >= maxAttempts(q, e) {

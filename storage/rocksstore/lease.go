@@ -254,6 +254,15 @@ func (s *Store) nackOp(ctx context.Context, p storage.NackParams) (*queueState, 
 			return corrupt("nack", ik, err)
 		}
 		o.del(ik)
+		if p.Undelivered {
+			// The claim taken back: its attempt, and the delivery it
+			// counted, as a held batch's give-back does.
+			rec.Attempts = max(rec.Attempts, 1) - 1
+			rec.Delayed = rec.VisibleAt > now
+			o.delta(q).Delivered--
+			s.putAvailable(o, q, id, rec, nil, false, nil)
+			return nil
+		}
 		o.delta(q).Nacked++
 		rec.LastError = reason
 		if rec.Attempts >= q.maxAttempts(&rec) {

@@ -66,6 +66,7 @@ func conformanceCases() []testCase {
 		{"NackWithZeroDelayMakesItemReadyAtOnce", testNackWithZeroDelayIsReadyAtOnce},
 		{"NackDelayOutOfRangeIsInvalidArgument", testNackDelayOutOfRange},
 		{"NackBackoffStaysWithinBounds", testNackBackoffBounds},
+		{"UndeliveredNackTakesTheClaimBack", testUndeliveredNack},
 		{"ItemIsDeadLetteredByNackAtMaxAttempts", testDeadLetterByNack},
 		{"ItemIsDeadLetteredByExpiryAtMaxAttempts", testDeadLetterByExpiry},
 		{"PerItemMaxAttemptsOverridesQueueConfig", testPerItemMaxAttempts},
@@ -531,6 +532,54 @@ func testNackDelayOutOfRange(t *testing.T, f *fixture) {
 	require.Equal(t, counts{Inflight: 1, Leases: 1}, gauges(f.stats("q", at(0))), "nothing changed")
 	maxDelay := f.h.limits().MaxDelay
 	require.Equal(t, codes(storage.CodeOK), f.nack("q", p.Lease, &maxDelay, "", at(0), id), "the maximum delay itself is fine")
+}
+
+func testUndeliveredNack(t *testing.T, f *fixture) {
+	c := storage.DefaultQueueConfig()
+	c.MaxAttempts = 2
+	f.setConfig("q", c)
+	a := f.enqueueN("q", at(0), 1)[0]
+	// a's first delivery fails with a nack, so it has a last error and one
+	// attempt when the claim below is taken back.
+	p := f.poll("q", 1, time.Minute, at(0))
+	require.Equal(t, codes(storage.CodeOK), f.nack("q", p.Lease, durp(0), "first try", at(0), a))
+	b := f.enqueueN("q", at(time.Second), 1)[0]
+	before := f.stats("q", at(2*time.Second))
+
+	p = f.poll("q", 2, time.Minute, at(3*time.Second))
+	require.Equal(t, []storage.ItemID{a, b}, ids(p.Items))
+	require.Equal(t, uint32(2), p.Items[0].Attempts, "a's last attempt")
+	undelivered := func(d *time.Duration, now time.Time, ids ...storage.ItemID) ([]storage.Code, error) {
+		return f.s.Nack(f.ctx, storage.NackParams{Queue: "q", Lease: p.Lease, IDs: ids, Delay: d, Reason: "not recorded",
+			Now: now, Undelivered: true})
+	}
+	_, err := undelivered(durp(time.Second), at(3*time.Second), a)
+	requireIs(t, err, storage.ErrInvalidArgument, "undelivered items take no delay")
+	got, err := undelivered(nil, at(4*time.Second), a, b)
+	require.NoError(t, err)
+	require.Equal(t, codes(storage.CodeOK, storage.CodeOK), got)
+
+	st := f.stats("q", at(4*time.Second))
+	require.Equal(t, counts{Ready: 2}, gauges(st), "both ready at once, not dead-lettered at max attempts; the lease is finished")
+	require.Equal(t, before.Delivered, st.Delivered, "the claim's deliveries are taken back")
+	require.Equal(t, before.Nacked, st.Nacked, "not counted as nacked")
+	require.Equal(t, before.DeadLettered, st.DeadLettered)
+	peek := f.peek("q", false, storage.ItemID{}, 10, at(4*time.Second))
+	require.Equal(t, []storage.ItemID{a, b}, ids(peek))
+	require.Equal(t, uint32(1), peek[0].Attempts, "a: the attempt of its failed delivery stays, the claim's is gone")
+	require.Equal(t, "first try", peek[0].LastError, "the reason is not recorded")
+	require.Equal(t, uint32(0), peek[1].Attempts)
+	requireTime(t, at(time.Second), peek[1].VisibleAt, "b keeps its place in the ready order")
+	_, err = f.extend("q", p.Lease, time.Minute, at(4*time.Second))
+	requireIs(t, err, storage.ErrLeaseExpired, "a fully given back lease is finished")
+	require.Equal(t, codes(storage.CodeLeaseExpired), f.ack("q", p.Lease, at(4*time.Second), a), "the old lease no longer holds a")
+
+	p = f.poll("q", 2, time.Minute, at(5*time.Second))
+	require.Equal(t, []storage.ItemID{a, b}, ids(p.Items), "served in their old order")
+	require.Equal(t, uint32(2), p.Items[0].Attempts)
+	require.Equal(t, uint32(1), p.Items[1].Attempts)
+	require.Equal(t, codes(storage.CodeOK), f.nack("q", p.Lease, durp(0), "second try", at(5*time.Second), a))
+	require.Equal(t, uint64(1), f.stats("q", at(5*time.Second)).DeadLettered, "a's real second delivery still dead-letters it")
 }
 
 func testNackBackoffBounds(t *testing.T, f *fixture) {

@@ -625,11 +625,23 @@ func (m *modelRun) opNack() {
 	if m.rng.IntN(40) == 0 {
 		reason = strings.Repeat("long", m.lim.MaxReason/4+3)
 	}
+	// One nack in three gives items back undelivered (a give-back), most
+	// without a delay, some with one (invalid).
+	undelivered := m.rng.IntN(3) == 0
+	d := &delay
+	if undelivered && m.rng.IntN(4) != 0 {
+		d = nil
+	}
 	now := m.callNow()
-	out := m.compare(fmt.Sprintf("nack %s lease#%d ids%v delay=%v reason=%.10q", q, l, pos, delay, reason)+m.nowNote(now), func(sd *side) any {
-		codes, err := sd.store().Nack(m.ctx, storage.NackParams{Queue: q, Lease: sd.leaseAt(l), IDs: sd.idsAt(pos), Delay: &delay, Reason: reason, Now: now})
+	out := m.compare(fmt.Sprintf("nack %s lease#%d ids%v delay=%v reason=%.10q undelivered=%v", q, l, pos, delay, reason, undelivered)+m.nowNote(now), func(sd *side) any {
+		codes, err := sd.store().Nack(m.ctx, storage.NackParams{Queue: q, Lease: sd.leaseAt(l), IDs: sd.idsAt(pos), Delay: d, Reason: reason, Now: now,
+			Undelivered: undelivered})
 		return newCodes(codes, err)
 	}).(nCodes)
+	if undelivered {
+		m.tallyCodes("give-back", out)
+		return
+	}
 	m.tallyCodes("nack", out)
 	if delay <= m.lim.MaxDelay {
 		m.remember(now.Add(delay))
