@@ -84,7 +84,14 @@ func (c *leanConn) writeElsewhere() {
 }
 
 // idle: the reader is about to block, so it writes what is queued, and
-// later replies are written by whoever makes them.
+// later replies are written by whoever makes them. On a plain socket it
+// writes only what the socket takes at once and leaves the rest to a
+// goroutine of the connection, as a shared writer does: a reader that
+// waited for the socket would read nothing more (not a Finish, not the
+// next call) until the client read, and a client that writes its calls
+// before it reads their answers would wait for the node as the node
+// waited for it. What bounds the answers such a client makes the node
+// hold is the reply budget (replygate.go), not the socket's buffer.
 func (c *leanConn) idle() {
 	c.unhold() // the reader is about to wait: the store must not
 	c.w.Lock()
@@ -95,7 +102,7 @@ func (c *leanConn) idle() {
 	}
 	c.w.writing = true
 	c.w.Unlock()
-	c.writeQueue(false)
+	c.writeQueue(c.raw != nil)
 }
 
 // busy: the reader has work, and will write the queue before it blocks.
