@@ -60,8 +60,10 @@ nacks it with --retry-delay when given (a --retry-delay over the node's
 refuses it at the nack, and then the queue's backoff is used). After
 --timeout, CMD's process group gets SIGTERM, then SIGKILL after
 --kill-grace, and the item is nacked with "timed out after D". If the
-lease is lost (the node was unreachable for a whole lease), CMD is killed
-the same way: the item will be delivered again.
+lease is lost (an extend finds it gone, or none went through for a whole
+lease: the node unreachable), CMD is killed the same way: the item will
+be delivered again. A poll the node refuses for now (too many waiters, the
+node stopping) is made again after a pause.
 
 CMD runs in a process group of its own, with its stdout and stderr passed
 through; if leaseq work itself dies (SIGKILL), CMD gets SIGKILL (the

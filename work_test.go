@@ -752,3 +752,62 @@ func TestWork_LongLinesWrittenWhole(t *testing.T) {
 	got := out.String()
 	require.True(t, got == want, "stdout has %d lines (want 1 line of %d bytes): %d bytes", strings.Count(got, "\n"), len(want), len(got))
 }
+
+// TestWork_NodeLostKillsCommand: as `leaseq work --help` says, "If the
+// lease is lost (the node was unreachable for a whole lease), CMD is killed
+// the same way: the item will be delivered again." Here the node crashes
+// and comes back: the item's lease runs out and the node hands the item to
+// another consumer, so the first CMD must not run on beside it (its
+// extends fail with a transport error, not one that says the lease is
+// gone: a whole lease without an extend through is what tells).
+func TestWork_NodeLostKillsCommand(t *testing.T) {
+	t.Parallel()
+	data := filepath.Join(t.TempDir(), "data")
+	n := startNode(t, data, "--sync", "none")
+	dir := t.TempDir()
+	job := script(t, dir, "long.sh", `
+echo $$ > "$OUT/pid"
+exec sleep 40
+`)
+	n.cli("enqueue", "nodelostq", "x")
+	w := n.startWork(t, []string{"OUT=" + dir}, "nodelostq", "--lease", "1s", "--kill-grace", "1s", "--", job)
+	pid := readPID(t, filepath.Join(dir, "pid"))
+	require.False(t, processGone(pid))
+
+	n.kill()
+	// The node restarts on the same data and address.
+	n2 := startNode(t, data, "--sync", "none", "--listen", n.addr)
+	// Its lease ran out while the node was down: another consumer gets
+	// the item.
+	var got []polled
+	rpctest.Eventually(t, 20*time.Second, func() bool {
+		got = parsePolled(t, n2.cli("poll", "nodelostq"))
+		return len(got) == 1
+	}, "the item never came back")
+	require.Equal(t, 2, got[0].Attempts)
+
+	// The first run must not go on beside the redelivery.
+	deadline := time.Now().Add(10 * time.Second)
+	for !processGone(pid) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.True(t, processGone(pid), "CMD %d of the lost lease still runs beside the item's redelivery", pid)
+	_ = w
+}
+
+// TestWork_TooManyWaitersIsNotFatal: a poll refused with tooManyWaiters
+// is a "retry later" condition (an "overloaded" error on every protocol),
+// not a reason for leaseq work to end: here two workers of one `leaseq
+// work --concurrency 2` on a node with --max-waiters 1.
+func TestWork_TooManyWaitersIsNotFatal(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--sync", "none", "--max-waiters", "1")
+	dir := t.TempDir()
+	job := script(t, dir, "ok.sh", "cat >/dev/null\n")
+	w := n.startWork(t, nil, "waitersq", "--concurrency", "2", "--", job)
+	select {
+	case <-w.exited:
+		t.Fatalf("leaseq work exited (code %d) on an idle queue: %s", w.cmd.ProcessState.ExitCode(), w.stderr.String())
+	case <-time.After(3 * time.Second):
+	}
+}

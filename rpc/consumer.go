@@ -23,9 +23,10 @@ type ConsumerConfig struct {
 	Wait    time.Duration // long-poll wait (0: DefaultConsumerWait)
 	// Handler processes one item. nil error acks it; an error or a panic
 	// nacks it with the error text or "panic: <value>" as the reason. Its
-	// ctx is cancelled if the lease is lost (the item may be redelivered
-	// elsewhere; an error returned after that is not nacked), not when
-	// Consume's ctx is: in-flight items finish.
+	// ctx is cancelled if the lease is lost (an extend finds it gone, or
+	// none has gone through for a whole Lease: the item may be
+	// redelivered elsewhere; an error returned after that is not nacked),
+	// not when Consume's ctx is: in-flight items finish.
 	Handler func(ctx context.Context, it storage.Item) error
 	Clock   clock.Clock  // required: extend timers run on it
 	Logger  *slog.Logger // nil: discard
@@ -147,7 +148,10 @@ const DefaultConsumerWait = 20 * time.Second
 // in-flight handler finishes and its item is acked or nacked, and Consume
 // returns nil. With MaxItems it also returns nil once that many items have
 // been taken and settled. If polling fails (connection lost, bad config),
-// the other workers drain the same way and Consume returns the first error.
+// the other workers drain the same way and Consume returns the first error;
+// a poll refused as Overloaded (too many polls parked on the queue, the
+// node stopping or out of disk space) is made again after a pause of
+// 100 ms, doubling up to 5 s while the refusals last.
 // An ack or nack that fails does not stop Consume: it is logged, and
 // reported to cfg.OnSettleFailed.
 func (c *Client) Consume(ctx context.Context, cfg ConsumerConfig) error {
@@ -234,6 +238,7 @@ func (cs *consumer) loop(pollCtx, parent context.Context) error {
 	settleCtx := context.WithoutCancel(parent)
 	var held settle // the last batch's successes, not yet acked
 	defer func() { cs.ackNow(settleCtx, held, false) }()
+	var pause time.Duration // after polls refused as overloaded
 	for pollCtx.Err() == nil {
 		n := cs.budget.take(cfg.Batch)
 		if n == 0 {
@@ -265,10 +270,41 @@ func (cs *consumer) loop(pollCtx, parent context.Context) error {
 			if pollCtx.Err() != nil {
 				return nil
 			}
-			return err
+			if !Overloaded(err) {
+				return err
+			}
+			// Not now (too many polls parked on the queue, the node
+			// stopping or out of disk space): poll again after a pause.
+			pause = cs.overloaded(pollCtx, pause, err)
+			continue
 		}
+		pause = 0
 	}
 	return nil
+}
+
+// Pauses of a worker after a poll refused as overloaded: the first, and
+// the longest they double up to.
+const (
+	overloadPauseMin = 100 * time.Millisecond
+	overloadPauseMax = 5 * time.Second
+)
+
+// overloaded waits after a poll refused with err, an Overloaded error,
+// the one before having waited last (0: none) and returns how long it
+// waited. It returns early when pollCtx ends.
+func (cs *consumer) overloaded(pollCtx context.Context, last time.Duration, err error) time.Duration {
+	pause := min(max(2*last, overloadPauseMin), overloadPauseMax)
+	if last == 0 {
+		cs.log.Warn("poll refused, polling again after a pause", "pause", pause, "err", err)
+	}
+	t := cs.cfg.Clock.Timer(pause)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-pollCtx.Done():
+	}
+	return pause
 }
 
 // settle is the items of one lease to ack.
@@ -329,6 +365,18 @@ func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult) sett
 	// lost is set before the handlers' ctx is cancelled for a lost lease,
 	// so a handler that returns on that cancel finds it set.
 	var lost atomic.Bool
+	loseLease := func(msg string, err error) {
+		log.Warn(msg, "lease_id", pr.Lease.String(), "err", err)
+		lost.Store(true)
+		cancel()
+	}
+	// The lease has surely ended, by the node's clock too, a whole Lease
+	// after the answer of the last call that set it (the poll, answered
+	// before now, or an extend): past that, with no extend through (the
+	// node unreachable, or its answers lost), the lease counts as lost,
+	// and an extend still waiting for its answer is given up.
+	ended := cfg.Clock.Now().Add(cfg.Lease)
+	surelyEnded := cfg.Clock.Timer(cfg.Lease)
 	ticker := cfg.Clock.Ticker(cfg.Lease / 3)
 	extDone := make(chan struct{})
 	var extWG sync.WaitGroup
@@ -336,24 +384,43 @@ func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult) sett
 	go func() {
 		defer extWG.Done()
 		defer ticker.Stop()
+		defer surelyEnded.Stop()
 		for {
 			select {
 			case <-extDone:
 				return
+			case <-surelyEnded.C:
+				loseLease("lease lost while handling: no extend went through for a whole lease", nil)
+				return
 			case <-ticker.C:
-				exp, err := cs.c.Extend(ctx, cfg.Queue, pr.Lease, cfg.Lease)
+				ectx, ecancel := context.WithCancel(ctx)
+				giveUp := cfg.Clock.AfterFunc(ended.Sub(cfg.Clock.Now()), ecancel)
+				exp, err := cs.c.Extend(ectx, cfg.Queue, pr.Lease, cfg.Lease)
+				giveUp.Stop()
+				ecancel()
 				if cfg.OnExtend != nil {
 					cfg.OnExtend(pr.Lease, exp, err)
 				}
-				if err != nil {
-					if errors.Is(err, storage.ErrLeaseExpired) || errors.Is(err, storage.ErrLeaseMismatch) {
-						log.Warn("lease lost while handling", "lease_id", pr.Lease.String(), "err", err)
-						lost.Store(true)
-						cancel()
-						return
+				if err == nil {
+					ended = cfg.Clock.Now().Add(cfg.Lease)
+					if !surelyEnded.Stop() {
+						select {
+						case <-surelyEnded.C:
+						default:
+						}
 					}
-					log.Warn("extend failed", "lease_id", pr.Lease.String(), "err", err)
+					surelyEnded.Reset(cfg.Lease)
+					continue
 				}
+				if errors.Is(err, storage.ErrLeaseExpired) || errors.Is(err, storage.ErrLeaseMismatch) {
+					loseLease("lease lost while handling", err)
+					return
+				}
+				if !cfg.Clock.Now().Before(ended) {
+					loseLease("lease lost while handling: no extend went through for a whole lease", err)
+					return
+				}
+				log.Warn("extend failed", "lease_id", pr.Lease.String(), "err", err)
 			}
 		}
 	}()

@@ -3,9 +3,11 @@ package rpc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -466,6 +468,84 @@ func TestConsume_AckRidesTheNextPoll(t *testing.T) {
 			require.Equal(t, a, got[0].id)
 			require.True(t, got[0].ack)
 			require.ErrorIs(t, got[0].err, storage.ErrLeaseExpired)
+		})
+	}
+}
+
+// extendFailingStore answers every extend with an error that does not
+// say the lease is gone (unavailable), or, with hang, not at all until
+// the test ends: the node as a consumer sees it when unreachable.
+type extendFailingStore struct {
+	storage.Store
+	hang chan struct{} // nil: fail at once
+}
+
+func (s extendFailingStore) ExtendLease(ctx context.Context, p storage.ExtendParams) (time.Time, error) {
+	if s.hang != nil {
+		<-s.hang
+	}
+	return time.Time{}, fmt.Errorf("%w: the test's node is unreachable", storage.ErrUnavailable)
+}
+
+// TestConsume_UnreachableNodeLosesTheLease: when no extend goes through
+// for a whole lease (each fails without saying the lease is gone, or
+// never answers), the lease has surely ended on the node, which delivers
+// the item again: the handler's ctx is cancelled, as for a lease found
+// lost, and its failure is not nacked.
+func TestConsume_UnreachableNodeLosesTheLease(t *testing.T) {
+	t.Parallel()
+	for _, hang := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hang=%v", hang), func(t *testing.T) {
+			t.Parallel()
+			st := extendFailingStore{}
+			if hang {
+				st.hang = make(chan struct{})
+				defer close(st.hang)
+			}
+			b := setup(t, bundleOpts{factory: storeFactory{"extend-failing", func(t *testing.T) storage.Store {
+				st.Store = memFactory().open(t)
+				return st
+			}}})
+			c := b.dial()
+			ctx := ctxT(t)
+			_, err := c.Enqueue(ctx, "q", payloads(1, 8))
+			require.NoError(t, err)
+			extendClock := clock.NewMock()
+			started, cancelled := make(chan struct{}), make(chan struct{})
+			var extends atomic.Int32
+			cfg := ConsumerConfig{
+				Queue: "q", Lease: 3 * time.Second, Clock: extendClock, Logger: rpctest.Logger(t),
+				OnExtend: func(storage.LeaseID, time.Time, error) { extends.Add(1) },
+				Handler: func(hctx context.Context, it storage.Item) error {
+					close(started)
+					<-hctx.Done()
+					close(cancelled)
+					return hctx.Err()
+				},
+			}
+			r := startConsume(c, cfg)
+			<-started
+			// Short of a whole lease the handler runs on.
+			for i := range int32(2) {
+				extendClock.Add(time.Second)
+				if !hang {
+					rpctest.Eventually(t, 10*time.Second, func() bool { return extends.Load() > i }, "no extend at the tick")
+				}
+			}
+			extendClock.Add(999 * time.Millisecond)
+			select {
+			case <-cancelled:
+				t.Fatal("the handler was cancelled before a whole lease passed without an extend")
+			case <-time.After(50 * time.Millisecond):
+			}
+			extendClock.Add(time.Millisecond)
+			select {
+			case <-cancelled:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the handler ran on a whole lease after the last extend that went through")
+			}
+			require.NoError(t, r.stop(t))
+			require.Zero(t, b.srv.Metrics().Ops[OpNack].Count, "the item of the lost lease was nacked")
 		})
 	}
 }
