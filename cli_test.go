@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -712,11 +713,15 @@ func TestEnqueueLines_CallSizes(t *testing.T) {
 		{"BigSecondWaits", lines(1, 5000), 500, []int{1, 1}},
 		{"Empty", "", 500, nil},
 		{"LastLineWithoutNewline", "a\nb", 500, []int{2}},
+		{"CRLF", "a\r\nb\r\n", 500, []int{2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []int
 			base := storage.EnqueueItem{Priority: 3}
-			err := linesInCalls(strings.NewReader(tc.input), tc.batch, 1000, base, func(items []storage.EnqueueItem) error {
+			next := 1
+			err := linesInCalls(strings.NewReader(tc.input), tc.batch, 1000, base, func(items []storage.EnqueueItem, first int) error {
+				require.Equal(t, next, first, "the number of the call's first line")
+				next += len(items)
 				for _, it := range items {
 					require.Equal(t, uint8(3), it.Priority, "base's settings")
 				}
@@ -738,7 +743,7 @@ func TestEnqueueLines_SendsBeforeStdinEnds(t *testing.T) {
 	sent := make(chan int, 4)
 	done := make(chan error, 1)
 	go func() {
-		done <- linesInCalls(pr, 2, 1<<20, storage.EnqueueItem{}, func(items []storage.EnqueueItem) error {
+		done <- linesInCalls(pr, 2, 1<<20, storage.EnqueueItem{}, func(items []storage.EnqueueItem, _ int) error {
 			sent <- len(items)
 			return nil
 		})
@@ -773,4 +778,83 @@ func TestCLI_ErrorPrefixOnce(t *testing.T) {
 	require.Equal(t, exitFailure, run(context.Background(), []string{"enqueue", "--addr", addr, "q", "-"}, &te.env))
 	require.True(t, strings.HasPrefix(te.errOut.String(), "leaseq enqueue: storage: invalid argument"), "%q", te.errOut)
 	require.Equal(t, 1, strings.Count(te.errOut.String(), "leaseq enqueue:"), "%q", te.errOut)
+}
+
+// TestEnqueueLines_RejectedLineKeepsTheOthersIDs: with --lines, a line
+// over the node's --max-payload in the middle of a call is refused, but
+// the node enqueues the good lines after it in the same call (a partly bad
+// batch does not fail the good items): their ids are printed too (the CLI
+// used to stop at the refused one), and the refused line is named by its
+// number.
+func TestEnqueueLines_RejectedLineKeepsTheOthersIDs(t *testing.T) {
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--sync", "none", "--max-payload", "1KiB")
+	in := "first\n" + strings.Repeat("x", 2000) + "\nthird\n"
+	r := runCLI(t, []string{"LEASEQ_ADDR=" + n.addr}, in, "enqueue", "q", "--lines")
+	t.Logf("exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	s := n.stats("q")
+	// Every item the node enqueued must have its id printed.
+	require.Equal(t, int(s.Enqueued), len(r.lines()),
+		"node enqueued %d items, the CLI printed %d ids (%q)", s.Enqueued, len(r.lines()), r.stdout)
+	require.EqualValues(t, 2, s.Enqueued)
+	require.Equal(t, exitFailure, r.code)
+	require.Contains(t, r.stderr, "line 2 rejected")
+}
+
+// TestEnqueueLines_TimeoutIsPerCall: --timeout bounds each call of
+// enqueue --lines, not the whole run: lines that come slower than that (a
+// producer piping in over time) are enqueued as they come (the CLI used to
+// fail with "no answer from the node within ..." having enqueued none).
+func TestEnqueueLines_TimeoutIsPerCall(t *testing.T) {
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--sync", "none")
+	cmd := exec.Command("/bin/sh", "-c", `(echo a; sleep 3; echo b) | "$0" enqueue q --lines --timeout 2s`, leaseqBin)
+	cmd.Env = cleanEnv("LEASEQ_ADDR=" + n.addr)
+	out, err := cmd.CombinedOutput()
+	t.Logf("output %q err %v", out, err)
+	require.NoError(t, err, "enqueue --lines failed: %s", out)
+	r := n.cli("stats", "q", "--json")
+	var s queueStats
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &s))
+	require.EqualValues(t, 2, s.Enqueued)
+}
+
+// TestDLQ_ActRefusesListFlags: -n is dlq ls's: `dlq purge q --all -n 1`
+// used to accept it and purge every dead item, not one; it is refused
+// (exit 2) and nothing is purged.
+func TestDLQ_ActRefusesListFlags(t *testing.T) {
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--sync", "none")
+	n.cli("config", "q", "--max-attempts", "1")
+	for _, p := range []string{"a", "b", "c"} {
+		n.cli("enqueue", "q", p)
+	}
+	items := parsePolled(t, n.cli("poll", "q", "-n", "3"))
+	require.Len(t, items, 3)
+	args := []string{"nack", "q", items[0].Lease, "--delay", "0"}
+	for _, it := range items {
+		args = append(args, it.ID)
+	}
+	n.cli(args...)
+	require.Len(t, n.cli("dlq", "ls", "q").lines(), 3)
+	r := n.cliCode("dlq", "purge", "q", "--all", "-n", "1")
+	t.Logf("exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	require.Equal(t, exitUsage, r.code)
+	require.Contains(t, r.stderr, "not -n")
+	require.Len(t, n.cli("dlq", "ls", "q").lines(), 3, "nothing purged")
+	r = n.cliCode("dlq", "ls", "q", "--all")
+	require.Equal(t, exitUsage, r.code, "--all is not ls's")
+}
+
+// TestEnqueue_LinesIsCommandLineOnly: --lines decides what is stored, so
+// LEASEQ_LINES does not set it: with a leftover LEASEQ_LINES=1, `echo hi |
+// leaseq enqueue q` (no PAYLOAD: an empty item) used to store "hi", and
+// `leaseq enqueue q hello` failed.
+func TestEnqueue_LinesIsCommandLineOnly(t *testing.T) {
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--sync", "none")
+	env := []string{"LEASEQ_ADDR=" + n.addr, "LEASEQ_LINES=1"}
+	r := runCLI(t, env, "", "enqueue", "q", "hello")
+	require.Equal(t, 0, r.code, "enqueue q hello with LEASEQ_LINES=1 set: %q", r.stderr)
+	r = runCLI(t, env, "hi\n", "enqueue", "q")
+	require.Equal(t, 0, r.code, "%q", r.stderr)
+	items := parsePolled(t, n.cli("peek", "q"))
+	require.Len(t, items, 2)
+	require.Empty(t, items[1].Payload, "enqueue without PAYLOAD stored stdin's line because of LEASEQ_LINES")
 }

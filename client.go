@@ -113,16 +113,47 @@ func (cf *clientFlags) with(ctx context.Context, extra time.Duration, fn func(ct
 		return err
 	}
 	defer c.Close()
-	if err := fn(ctx, c); err != nil {
-		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("no answer from %s within %v: %w", *cf.addr, *cf.timeout+extra, err)
-		}
-		if rpc.IsDisconnected(err) {
-			return fmt.Errorf("the node at %s closed the connection during the call, so its outcome is unknown (a request over the node's --max-message, or the node stopped): %w", *cf.addr, err)
-		}
+	return cf.explain(fn(ctx, c), *cf.timeout+extra)
+}
+
+// callFunc runs one call of a command that makes several as its input
+// comes (clientFlags.withCalls), within --timeout.
+type callFunc func(fn func(ctx context.Context) error) error
+
+// withCalls is with for a command that makes its calls as its input
+// comes (enqueue --lines): the dial and each call made through call get
+// --timeout of their own, and the time between calls, spent waiting for
+// input, is not bounded.
+func (cf *clientFlags) withCalls(ctx context.Context, fn func(c *rpc.Client, call callFunc) error) error {
+	if *cf.timeout <= 0 {
+		return usagef("--timeout must be positive")
+	}
+	dctx, cancel := context.WithTimeout(ctx, *cf.timeout)
+	c, err := cf.dial(dctx)
+	cancel()
+	if err != nil {
 		return err
 	}
-	return nil
+	defer c.Close()
+	return fn(c, func(call func(ctx context.Context) error) error {
+		cctx, cancel := context.WithTimeout(ctx, *cf.timeout)
+		defer cancel()
+		return cf.explain(call(cctx), *cf.timeout)
+	})
+}
+
+// explain words a call's failure for the user: no answer within timeout,
+// or the connection closed during it.
+func (cf *clientFlags) explain(err error, timeout time.Duration) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("no answer from %s within %v: %w", *cf.addr, timeout, err)
+	case rpc.IsDisconnected(err):
+		return fmt.Errorf("the node at %s closed the connection during the call, so its outcome is unknown (a request over the node's --max-message, or the node stopped): %w", *cf.addr, err)
+	}
+	return err
 }
 
 // dial connects to the node within ctx, explaining a failure.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -265,17 +266,29 @@ max attempts):
 		pf := addPageFlags(fs)
 		all := fs.Bool("all", false, "redrive or purge every dead item of the queue")
 		// An exported LEASEQ_ALL must not turn a purge of some ids (or
-		// a typo) into the loss of every dead item.
-		cliOnly(fs, "all")
+		// a typo) into the loss of every dead item. -n and --after are
+		// ls's: command-line only too, so that a flag given to the wrong
+		// sub-command is refused, not ignored.
+		cliOnly(fs, "all", "n", "after")
 		return func(ctx context.Context, args []string) error {
 			if len(args) == 0 {
 				return usagef("missing sub-command: want ls, redrive or purge")
 			}
 			sub, args := args[0], args[1:]
+			var given []string
+			fs.Visit(func(f *flag.Flag) { given = append(given, f.Name) })
 			switch sub {
 			case "ls", "list":
+				if slices.Contains(given, "all") {
+					return usagef("dlq ls lists a page of -n items after --after; --all is for redrive and purge")
+				}
 				return dlqList(ctx, e, cf, pf, args)
 			case "redrive", "purge":
+				for _, name := range []string{"n", "after"} {
+					if slices.Contains(given, name) {
+						return usagef("dlq %s takes ids or --all, not -%s (a flag of dlq ls)", sub, name)
+					}
+				}
 				return dlqAct(ctx, e, cf, sub, args, *all)
 			default:
 				return usagef("unknown dlq sub-command %q: want ls, redrive or purge", sub)

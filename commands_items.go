@@ -27,9 +27,12 @@ enqueue q -- -x); "-" reads the payload from stdin (raw
 bytes, up to the node's --max-payload); no PAYLOAD enqueues an empty one.
 With --lines, every line of stdin becomes one item and one id is printed
 per line; lines are sent in calls of at most 500 items and about 1 MiB of
-payload (a longer line goes alone), each call as soon as stdin has filled
-it, so any number of lines, each within --max-payload, fits, and the ids
-of a call are printed while stdin stays open. When --key matches an item enqueued within the
+payload (a longer line goes alone), each call as soon as it is full or
+stdin has nothing more for the moment, so any number of lines, each within
+--max-payload, fits, lines that trickle in are enqueued as they come, and
+--timeout bounds each call, not the wait for stdin. A line the node
+refuses is reported on stderr by its number, after the ids of the call's
+other lines, and ends the command (exit 1). When --key matches an item enqueued within the
 queue's dedup window, nothing is written and the first item's id is printed
 followed by "duplicate".`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
@@ -42,7 +45,7 @@ followed by "duplicate".`,
 		maxAttempts := newChoice("0", intRange(0, 1<<31-1))
 		fs.Var(maxAttempts, "max-attempts", "`deliveries` before the item is dead-lettered (0: the queue's setting)")
 		lines := fs.Bool("lines", false, "enqueue every line of stdin as one item")
-		cliOnly(fs, "delay", "priority", "key", "max-attempts")
+		cliOnly(fs, "delay", "priority", "key", "max-attempts", "lines")
 		return func(ctx context.Context, args []string) error {
 			if err := argsBetween(args, 1, 2, "QUEUE [PAYLOAD|-]"); err != nil {
 				return err
@@ -56,8 +59,8 @@ followed by "duplicate".`,
 				if *key != "" {
 					return usagef("--key applies to one item; it cannot be used with --lines")
 				}
-				return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
-					return enqueueLines(ctx, c, e, queue, base)
+				return cf.withCalls(ctx, func(c *rpc.Client, call callFunc) error {
+					return enqueueLines(ctx, c, call, e, queue, base)
 				})
 			}
 			var payload []byte
@@ -76,7 +79,7 @@ followed by "duplicate".`,
 			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
 				item := base
 				item.Payload = payload
-				return enqueueAndPrint(ctx, c, e, queue, []storage.EnqueueItem{item})
+				return enqueueAndPrint(ctx, c, e, queue, []storage.EnqueueItem{item}, 0)
 			})
 		}
 	},
@@ -84,78 +87,135 @@ followed by "duplicate".`,
 
 // enqueueLines enqueues every line of stdin as one item of queue (base's
 // settings), as linesInCalls groups them, printing each call's ids before
-// the next call's lines are read.
-func enqueueLines(ctx context.Context, c *rpc.Client, e *env, queue string, base storage.EnqueueItem) error {
-	batch, err := batchSize(ctx, c, 2)
-	if err != nil {
+// the next call's lines are read. Each call has --timeout of its own:
+// waiting for stdin is not bounded.
+func enqueueLines(ctx context.Context, c *rpc.Client, call callFunc, e *env, queue string, base storage.EnqueueItem) error {
+	var batch int
+	if err := call(func(ctx context.Context) (err error) {
+		batch, err = batchSize(ctx, c, 2)
+		return err
+	}); err != nil {
 		return err
 	}
-	return linesInCalls(e.stdin, batch, enqueueCallBytes, base, func(items []storage.EnqueueItem) error {
-		return enqueueAndPrint(ctx, c, e, queue, items)
+	return linesInCalls(e.stdin, batch, enqueueCallBytes, base, func(items []storage.EnqueueItem, first int) error {
+		return call(func(ctx context.Context) error {
+			return enqueueAndPrint(ctx, c, e, queue, items, first)
+		})
 	})
 }
+
+// maxLineBytes is the longest line enqueue --lines reads.
+const maxLineBytes = 64 << 20
 
 // linesInCalls reads r's lines as items (base with the line as payload)
 // and hands them to send in calls of at most batch items and maxBytes of
 // payload (64 bytes of framing counted per item, as rpc.Client.Enqueue
-// counts it; a larger line goes alone). A call is sent as soon as r has
-// filled it, and the rest at r's end: memory holds one call's lines, not
-// all of r.
-func linesInCalls(r io.Reader, batch, maxBytes int, base storage.EnqueueItem, send func([]storage.EnqueueItem) error) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 64<<20)
+// counts it; a larger line goes alone), with the number of the call's
+// first line (from 1). A call is sent as soon as it is full, or when the
+// lines read so far are used up and r has sent no more yet: a pipe that
+// trickles gets each line enqueued as it comes, one that floods fills the
+// calls, and memory holds one call's lines, not all of r. As
+// bufio.Scanner does, a line's trailing "\r" is dropped.
+func linesInCalls(r io.Reader, batch, maxBytes int, base storage.EnqueueItem, send func(items []storage.EnqueueItem, first int) error) error {
+	br := bufio.NewReaderSize(r, 64<<10)
 	var items []storage.EnqueueItem
-	size := 0
+	size, first := 0, 1
 	flush := func() error {
 		if len(items) == 0 {
 			return nil
 		}
-		err := send(items)
+		err := send(items, first)
+		first += len(items)
 		items, size = items[:0], 0
 		return err
 	}
-	for sc.Scan() {
-		n := len(sc.Bytes()) + 64
+	for {
+		line, err := readLine(br)
+		if err == io.EOF {
+			return flush()
+		}
+		if err != nil {
+			return fmt.Errorf("read stdin: line %d: %w", first+len(items), err)
+		}
+		n := len(line) + 64
 		if len(items) > 0 && size+n > maxBytes {
 			if err := flush(); err != nil {
 				return err
 			}
 		}
 		item := base
-		item.Payload = bytes.Clone(sc.Bytes())
+		item.Payload = line
 		items = append(items, item)
 		size += n
-		if len(items) >= batch {
+		if len(items) >= batch || br.Buffered() == 0 {
+			// Full, or nothing more read yet: the next read may wait.
 			if err := flush(); err != nil {
 				return err
 			}
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("read stdin: %w", err)
+}
+
+// readLine returns br's next line, a copy without its "\n" (or "\r\n"),
+// the last one also when no newline ends it; io.EOF when there is none.
+func readLine(br *bufio.Reader) ([]byte, error) {
+	var line []byte
+	for {
+		frag, err := br.ReadSlice('\n')
+		if len(line)+len(frag) > maxLineBytes+2 {
+			return nil, fmt.Errorf("line longer than %d MiB", maxLineBytes>>20)
+		}
+		line = append(line, frag...)
+		switch {
+		case err == bufio.ErrBufferFull:
+			continue
+		case err == io.EOF && len(line) > 0:
+			return bytes.TrimSuffix(line, []byte("\r")), nil
+		case err != nil:
+			return nil, err
+		}
+		line = line[:len(line)-1]
+		return bytes.TrimSuffix(line, []byte("\r")), nil
 	}
-	return flush()
 }
 
 // enqueueAndPrint enqueues items in one call and prints their ids, one a
-// line ("ID duplicate" for a dedup hit); an item the node refuses ends it
-// with an error.
-func enqueueAndPrint(ctx context.Context, c *rpc.Client, e *env, queue string, items []storage.EnqueueItem) error {
+// line ("ID duplicate" for a dedup hit). An item the node refuses makes it
+// fail once every item of the call is accounted for: the ids of the items
+// enqueued are printed all the same, and with first (the number of the
+// first item's line of stdin, enqueue --lines; 0: no lines) each refused
+// line is reported on stderr by its number.
+func enqueueAndPrint(ctx context.Context, c *rpc.Client, e *env, queue string, items []storage.EnqueueItem, first int) error {
 	res, err := c.Enqueue(ctx, queue, items)
 	if err != nil {
 		return err
 	}
-	for _, r := range res {
+	var refused int
+	var firstErr string
+	for i, r := range res {
 		switch {
 		case r.Code != storage.CodeOK:
-			return fmt.Errorf("item rejected: %s", r.Err)
+			if refused == 0 {
+				firstErr = r.Err
+			}
+			refused++
+			if first > 0 {
+				fmt.Fprintf(e.stderr, "leaseq enqueue: line %d rejected: %s\n", first+i, r.Err)
+			}
 		case r.Duplicate:
 			fmt.Fprintf(e.stdout, "%s duplicate\n", r.ID)
 		default:
 			fmt.Fprintln(e.stdout, r.ID)
 		}
 	}
-	return nil
+	switch {
+	case refused == 0:
+		return nil
+	case first == 0:
+		return fmt.Errorf("item rejected: %s", firstErr)
+	default:
+		return fmt.Errorf("%d of lines %d-%d rejected (the ids of the others are printed); stdin was read no further", refused, first, first+len(items)-1)
+	}
 }
 
 // enqueueCallBytes is about how many payload bytes one call of enqueue
