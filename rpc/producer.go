@@ -112,6 +112,14 @@ func (p *Producer) Enqueue(ctx context.Context, it storage.EnqueueItem) (storage
 	if err := ctx.Err(); err != nil {
 		return storage.EnqueueResult{}, err
 	}
+	// What Client.Enqueue refuses for a whole call is refused here, for
+	// this caller alone: not for every caller sharing its call.
+	if it.Delay < 0 {
+		return storage.EnqueueResult{}, fmt.Errorf("leaseq producer: %w: negative delay %v", storage.ErrInvalidArgument, it.Delay)
+	}
+	if err := p.c.checkSize("producer", len(it.Payload)+len(it.DedupKey)+64); err != nil {
+		return storage.EnqueueResult{}, err
+	}
 	// The call is built later, on another goroutine, possibly after a
 	// caller whose ctx ended has returned and reused its buffer: the
 	// payload is copied now.

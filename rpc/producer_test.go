@@ -291,3 +291,37 @@ func waitPending(t *testing.T, p *Producer, n int) {
 		return len(p.pending) == n
 	})
 }
+
+// TestProducer_BadItemFailsOnlyItsCaller: an item Client.Enqueue would
+// refuse for its whole call (a negative delay, or one over the flow limit)
+// is refused to its own caller at once; it used to join a call and fail
+// every caller sharing it.
+func TestProducer_BadItemFailsOnlyItsCaller(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	c := b.dial()
+	ctx := ctxT(t)
+	p, cs := newProducer(t, c, ProducerOptions{MaxBatch: 3, Linger: time.Hour, Clock: b.clock})
+	good := make(chan error, 1)
+	go func() {
+		_, err := p.Enqueue(ctx, storage.EnqueueItem{Payload: []byte("good")})
+		good <- err
+	}()
+	rpctest.Eventually(t, 10*time.Second, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.pending) == 1
+	}, "the good item is not pending")
+	_, err := p.Enqueue(ctx, storage.EnqueueItem{Payload: []byte("bad"), Delay: -time.Second})
+	require.ErrorIs(t, err, storage.ErrInvalidArgument)
+	_, err = p.Enqueue(ctx, storage.EnqueueItem{Payload: make([]byte, c.limit)})
+	require.ErrorIs(t, err, storage.ErrInvalidArgument)
+	b.clock.Add(time.Hour) // the linger ends: the good item goes alone
+	select {
+	case err := <-good:
+		require.NoError(t, err, "the good caller got another caller's error")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the good item was not sent")
+	}
+	require.Equal(t, []int{1}, cs.get())
+}
