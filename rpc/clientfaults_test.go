@@ -271,7 +271,7 @@ func TestConsume_NackAnswerWithoutCodes(t *testing.T) {
 	var panicked any
 	func() {
 		defer func() { panicked = recover() }()
-		newConsumer(c, cfg).handleBatch(ctx, pr)
+		newConsumer(c, cfg).handleBatch(ctx, pr, cfg.Clock.Now())
 	}()
 	require.Nil(t, panicked, "handleBatch panicked on a nack answer without codes")
 	require.Len(t, failed, 1, "the failed nack is reported")

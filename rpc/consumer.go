@@ -246,10 +246,12 @@ func (cs *consumer) loop(pollCtx, parent context.Context) error {
 		}
 		var pr storage.PollResult
 		var err error
+		var answered time.Time // when the poll's answer came
 		if len(held.ids) > 0 {
 			var codes []storage.Code
 			var errA error
 			codes, errA, pr, err = cs.c.ackPoll(pollCtx, cfg.Queue, held.lease, held.ids, n, cfg.Lease, cfg.Wait)
+			answered = cfg.Clock.Now()
 			if errA != nil {
 				// The ack's outcome is unknown: ack again on its own (an
 				// item acked already answers notFound).
@@ -260,11 +262,12 @@ func (cs *consumer) loop(pollCtx, parent context.Context) error {
 			held = settle{}
 		} else {
 			pr, err = cs.c.Poll(pollCtx, cfg.Queue, n, cfg.Lease, cfg.Wait)
+			answered = cfg.Clock.Now()
 		}
 		cs.budget.give(n - len(pr.Items))
 		if len(pr.Items) > 0 {
 			// Leased even when the call also failed: handle them.
-			held = cs.handleBatch(settleCtx, pr)
+			held = cs.handleBatch(settleCtx, pr, answered)
 		}
 		if err != nil {
 			if pollCtx.Err() != nil {
@@ -311,6 +314,20 @@ func (cs *consumer) overloaded(pollCtx context.Context, last time.Duration, err 
 type settle struct {
 	lease storage.LeaseID
 	ids   []storage.ItemID
+	ended time.Time // on the consumer's clock, when the lease has surely ended
+}
+
+// untilEnded bounds ctx by ended, when a lease has surely ended on the
+// node: a settle of its items still waiting for its answer then (the node
+// unreachable, or stalled) could only be refused, and is given up, so
+// that no worker (and no drain) waits for it without bound.
+func (cs *consumer) untilEnded(ctx context.Context, ended time.Time) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	t := cs.cfg.Clock.AfterFunc(ended.Sub(cs.cfg.Clock.Now()), cancel)
+	return ctx, func() {
+		t.Stop()
+		cancel()
+	}
 }
 
 // ackNow acks s on its own, if it holds anything. retry says an ack of s
@@ -320,7 +337,9 @@ func (cs *consumer) ackNow(ctx context.Context, s settle, retry bool) {
 	if len(s.ids) == 0 {
 		return
 	}
-	codes, err := cs.c.Ack(ctx, cs.cfg.Queue, s.lease, s.ids)
+	actx, stop := cs.untilEnded(ctx, s.ended)
+	codes, err := cs.c.Ack(actx, cs.cfg.Queue, s.lease, s.ids)
+	stop()
 	if err != nil {
 		cs.log.Warn("ack failed", "lease_id", s.lease.String(), "err", err)
 		for _, id := range s.ids {
@@ -357,7 +376,7 @@ func (cs *consumer) settleFailed(id storage.ItemID, ack bool, err error) {
 // lease every Lease/3 meanwhile: failures are nacked as they happen (so
 // they are not held back by the rest of the batch); the successes are
 // returned, for the caller to ack together.
-func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult) settle {
+func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult, answered time.Time) settle {
 	cfg, log := cs.cfg, cs.log
 	hctx, cancel := context.WithCancel(context.WithValue(ctx, handlerLeaseKey{}, HandlerLease{Lease: pr.Lease, ExpiresAt: pr.ExpiresAt}))
 	defer cancel()
@@ -372,11 +391,13 @@ func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult) sett
 	}
 	// The lease has surely ended, by the node's clock too, a whole Lease
 	// after the answer of the last call that set it (the poll, answered
-	// before now, or an extend): past that, with no extend through (the
+	// at answered, or an extend): past that, with no extend through (the
 	// node unreachable, or its answers lost), the lease counts as lost,
-	// and an extend still waiting for its answer is given up.
-	ended := cfg.Clock.Now().Add(cfg.Lease)
-	surelyEnded := cfg.Clock.Timer(cfg.Lease)
+	// and an extend or a nack still waiting for its answer is given up.
+	var ended atomic.Int64 // UnixNano on cfg.Clock
+	ended.Store(answered.Add(cfg.Lease).UnixNano())
+	endedAt := func() time.Time { return time.Unix(0, ended.Load()) }
+	surelyEnded := cfg.Clock.Timer(endedAt().Sub(cfg.Clock.Now()))
 	ticker := cfg.Clock.Ticker(cfg.Lease / 3)
 	extDone := make(chan struct{})
 	var extWG sync.WaitGroup
@@ -394,7 +415,7 @@ func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult) sett
 				return
 			case <-ticker.C:
 				ectx, ecancel := context.WithCancel(ctx)
-				giveUp := cfg.Clock.AfterFunc(ended.Sub(cfg.Clock.Now()), ecancel)
+				giveUp := cfg.Clock.AfterFunc(endedAt().Sub(cfg.Clock.Now()), ecancel)
 				exp, err := cs.c.Extend(ectx, cfg.Queue, pr.Lease, cfg.Lease)
 				giveUp.Stop()
 				ecancel()
@@ -402,7 +423,7 @@ func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult) sett
 					cfg.OnExtend(pr.Lease, exp, err)
 				}
 				if err == nil {
-					ended = cfg.Clock.Now().Add(cfg.Lease)
+					ended.Store(cfg.Clock.Now().Add(cfg.Lease).UnixNano())
 					if !surelyEnded.Stop() {
 						select {
 						case <-surelyEnded.C:
@@ -416,7 +437,7 @@ func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult) sett
 					loseLease("lease lost while handling", err)
 					return
 				}
-				if !cfg.Clock.Now().Before(ended) {
+				if !cfg.Clock.Now().Before(endedAt()) {
 					loseLease("lease lost while handling: no extend went through for a whole lease", err)
 					return
 				}
@@ -439,11 +460,13 @@ func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult) sett
 			// nack would be refused, and there is nothing to settle.
 			continue
 		}
-		cs.nack(ctx, pr.Lease, it.ID, err)
+		nctx, stop := cs.untilEnded(ctx, endedAt())
+		cs.nack(nctx, pr.Lease, it.ID, err)
+		stop()
 	}
 	close(extDone)
 	extWG.Wait()
-	return settle{lease: pr.Lease, ids: ok}
+	return settle{lease: pr.Lease, ids: ok, ended: endedAt()}
 }
 
 // nack nacks one item whose handler failed with herr, after herr's delay

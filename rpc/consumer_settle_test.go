@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -547,5 +549,67 @@ func TestConsume_UnreachableNodeLosesTheLease(t *testing.T) {
 			require.NoError(t, r.stop(t))
 			require.Zero(t, b.srv.Metrics().Ops[OpNack].Count, "the item of the lost lease was nacked")
 		})
+	}
+}
+
+// ackHangingStore never answers an ack until the test ends: a node that
+// has stopped answering (stalled disk, partition) as a consumer sees it.
+type ackHangingStore struct {
+	storage.Store
+	hang chan struct{}
+}
+
+func (s ackHangingStore) Ack(ctx context.Context, p storage.AckParams) ([]storage.Code, error) {
+	<-s.hang
+	return nil, fmt.Errorf("%w: the test's node is unreachable", storage.ErrUnavailable)
+}
+
+// TestConsume_DrainGivesUpAnAckPastTheLease: Consume's drain finishes
+// though the node never answers its ack: once a whole Lease has passed
+// after the item's lease was last set, the ack could only be refused, and
+// it is given up (found by review: the drain waited for its answer without
+// bound, so Consume never returned after its ctx was cancelled).
+func TestConsume_DrainGivesUpAnAckPastTheLease(t *testing.T) {
+	t.Parallel()
+	st := ackHangingStore{hang: make(chan struct{})}
+	b := setup(t, bundleOpts{factory: storeFactory{"ack-hanging", func(t *testing.T) storage.Store {
+		st.Store = memFactory().open(t)
+		return st
+	}}})
+	t.Cleanup(func() { close(st.hang) }) // before the server stops
+	c := b.dial()
+	ctx := ctxT(t)
+	_, err := c.Enqueue(ctx, "q", payloads(1, 8))
+	require.NoError(t, err)
+	cClock := clock.NewMock()
+	handled := make(chan struct{})
+	cfg := ConsumerConfig{
+		Queue: "q", Lease: 3 * time.Second, Wait: time.Second, Clock: cClock, Logger: rpctest.Logger(t),
+		Handler: func(context.Context, storage.Item) error { close(handled); return nil },
+	}
+	cctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Consume(cctx, cfg) }()
+	<-handled
+	time.Sleep(200 * time.Millisecond) // the ack (with the next poll) is sent
+	cancel()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+			return
+		case <-deadline:
+			buf := make([]byte, 1<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			for _, g := range strings.Split(string(buf), "\n\n") {
+				if strings.Contains(g, "consumer).loop") {
+					t.Log(g)
+				}
+			}
+			t.Fatal("Consume did not return after cancel: its drain waits for an ack the node never answers, long past the lease")
+		case <-time.After(50 * time.Millisecond):
+			cClock.Add(time.Second) // many whole leases pass
+		}
 	}
 }
