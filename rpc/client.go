@@ -84,6 +84,9 @@ type Client struct {
 	// Close's Wait: none starts once closed is closed.
 	gbMu      sync.Mutex
 	giveBacks sync.WaitGroup
+	// giveBack gives back the items of a poll answer, or a pushed batch,
+	// that no caller received (giveBackPoll).
+	giveBack func(pollGiveBack)
 }
 
 // Dial connects to addr ("host:port" or "unix:/path") and checks that a
@@ -121,7 +124,8 @@ func Dial(ctx context.Context, addr string, opts ClientOptions) (*Client, error)
 		return nil, fmt.Errorf("rpc: dial %s: %w", addr, err)
 	}
 	c := &Client{lean: l, redial: redial, log: clientLogger(opts), limit: limit, readLimit: readLimit, closed: make(chan struct{})}
-	l.giveBack = c.giveBackPoll(clk)
+	c.giveBack = c.giveBackPoll(clk)
+	l.giveBack = c.giveBack
 	return c, nil
 }
 
@@ -152,7 +156,7 @@ func (c *Client) giveBackPoll(clk clock.Clock) func(pollGiveBack) {
 			t := clk.AfterFunc(giveBackTimeout, cancel)
 			defer t.Stop()
 			if _, err := c.nack(ctx, g.queue, g.lease, g.ids, nil, "", true); err != nil {
-				c.log.Debug("the items of an abandoned poll stay leased until the lease expires", "queue", g.queue, "items", len(g.ids), "err", err)
+				c.log.Debug("items no caller received stay leased until the lease expires", "queue", g.queue, "items", len(g.ids), "err", err)
 			}
 		}()
 	}
@@ -219,7 +223,13 @@ func NewClient(ctx context.Context, conn net.Conn, opts ClientOptions) (*Client,
 	if err != nil {
 		return nil, err
 	}
-	return &Client{conn: conn, rc: rc, q: q, codec: codec, log: log, limit: limit, readLimit: readLimit, closed: make(chan struct{})}, nil
+	c := &Client{conn: conn, rc: rc, q: q, codec: codec, log: log, limit: limit, readLimit: readLimit, closed: make(chan struct{})}
+	clk := opts.Clock
+	if clk == nil {
+		clk = clock.New()
+	}
+	c.giveBack = c.giveBackPoll(clk)
+	return c, nil
 }
 
 // startCapnp runs go-capnp's rpc.Conn over conn and bootstraps the node's

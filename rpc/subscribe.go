@@ -152,6 +152,12 @@ type subscription struct {
 	// Guarded by s.tracker.mu.
 	outstanding int
 	leases      map[storage.LeaseID]*trackedLease
+
+	// delivering counts the deliveries whose answer has not come
+	// (deliver); deliverErr is the first that failed.
+	delivering sync.WaitGroup
+	deliverMu  sync.Mutex
+	deliverErr error
 }
 
 // Cancel implements schema.Subscription_Server.
@@ -296,6 +302,9 @@ func (sub *subscription) run() {
 	log := s.log.With("queue", sub.queue)
 	log.Debug("subscription started", "prefetch", sub.prefetch)
 	endErr := sub.loop()
+	// The answers of the last deliveries: a batch the consumer did not
+	// take is given back before the subscription counts as ended.
+	sub.delivering.Wait()
 	s.tracker.drop(sub)
 	if endErr != nil && !isDisconnect(endErr) {
 		// The node ended it: tell the consumer why, if it still listens.
@@ -364,7 +373,44 @@ func (sub *subscription) loop() error {
 		}
 		s.tracker.add(sub, pr.Lease, len(pr.Items), pr.ExpiresAt)
 		s.pushed.Add(uint64(len(pr.Items)))
-		err = sub.consumer.Deliver(sub.ctx, func(p schema.Consumer_deliver_Params) error {
+		if err := sub.deliver(pr); err != nil {
+			// An earlier delivery failed: this batch was not sent.
+			sub.giveBack(pr)
+			if sub.ctx.Err() != nil {
+				return sub.endReason()
+			}
+			return err
+		}
+	}
+}
+
+// consumerDeliverSize is the size of Consumer.deliver's parameters, as the
+// generated Consumer.Deliver sends them (TestSubscribe_DeliverParamsSize).
+var consumerDeliverSize = capnp.ObjectSize{DataSize: 8, PointerCount: 2}
+
+// deliver pushes pr to the consumer and returns without its answer, as a
+// stream call does (deliver is "-> stream"; the flow limiter of the
+// consumer's client holds back a send past its window), or returns the
+// failure of an earlier delivery instead of sending. Unlike a stream call,
+// each delivery's answer is awaited, on a goroutine of its own: a consumer
+// that answers with an exception did not take the batch (it refused it, or
+// its capability was gone when the call came: a Cancel crossing the push),
+// which is then given back; a connection lost leaves it leased, as the
+// consumer may hold it. The call ends with the answer or at Stop
+// (s.subCtx), not at the client's Cancel, so that the answer tells.
+func (sub *subscription) deliver(pr storage.PollResult) error {
+	sub.deliverMu.Lock()
+	err := sub.deliverErr
+	sub.deliverMu.Unlock()
+	if err != nil {
+		return err
+	}
+	ans, release := capnp.Client(sub.consumer).SendCall(sub.s.subCtx, capnp.Send{
+		Method: capnp.Method{InterfaceID: schema.Consumer_TypeID, MethodID: 0,
+			InterfaceName: "queue.capnp:Consumer", MethodName: "deliver"},
+		ArgsSize: consumerDeliverSize,
+		PlaceArgs: func(st capnp.Struct) error {
+			p := schema.Consumer_deliver_Params(st)
 			if err := p.SetLease(pr.Lease[:]); err != nil {
 				return err
 			}
@@ -374,19 +420,26 @@ func (sub *subscription) loop() error {
 				return err
 			}
 			return writeItems(l, pr.Items)
-		})
-		if err != nil {
-			// Deliver is a streaming call: its error may be an earlier
-			// delivery's, which the consumer may hold (those items stay
-			// leased until their lease expires); this batch was not
-			// delivered, or ended with the subscription: it goes back.
-			sub.giveBack(pr)
-			if sub.ctx.Err() != nil {
-				return sub.endReason()
-			}
-			return err
+		},
+	})
+	sub.delivering.Add(1)
+	go func() {
+		defer sub.delivering.Done()
+		_, err := ans.Struct()
+		release()
+		if err == nil {
+			return
 		}
-	}
+		sub.deliverMu.Lock()
+		if sub.deliverErr == nil {
+			sub.deliverErr = err
+		}
+		sub.deliverMu.Unlock()
+		if !isDisconnect(err) {
+			sub.giveBack(pr)
+		}
+	}()
+	return nil
 }
 
 // giveBack returns a batch claimed for the subscription that no consumer

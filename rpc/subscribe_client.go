@@ -32,6 +32,9 @@ type Subscription struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	connDone <-chan struct{}
+	// giveBack returns a batch pushed but never put in C (Cancel, the
+	// connection lost): nobody received it (Client.giveBack).
+	giveBack func(Delivery)
 
 	mu  sync.Mutex
 	err error
@@ -50,7 +53,9 @@ func (s *Subscription) Err() error {
 }
 
 // Cancel stops the pushes. Deliveries already received keep their leases:
-// ack or nack them. Cancel is idempotent.
+// ack or nack them; a batch the node pushed that C had no room for is given
+// back (an undelivered nack: ready again at once, no attempt counted).
+// Cancel is idempotent.
 func (s *Subscription) Cancel() {
 	s.stopOnce.Do(func() {
 		close(s.stop)
@@ -77,9 +82,15 @@ func (cs consumerServer) Deliver(ctx context.Context, call schema.Consumer_deliv
 	d := Delivery{Lease: pr.Lease, ExpiresAt: pr.ExpiresAt, Items: pr.Items}
 	select {
 	case cs.sub.ch <- d:
+		return nil
 	case <-cs.sub.stop:
 	case <-cs.sub.connDone:
 	case <-ctx.Done():
+	}
+	// Nobody will read it: give it back rather than leave it leased to
+	// nobody until the lease ends.
+	if len(d.Items) > 0 && cs.sub.giveBack != nil {
+		cs.sub.giveBack(d)
 	}
 	return nil
 }
@@ -101,21 +112,32 @@ func (cs consumerServer) Done(ctx context.Context, call schema.Consumer_done) er
 // call has returned, so closing C here cannot race a send.
 func (cs consumerServer) Shutdown() { close(cs.sub.ch) }
 
+// maxPrefetch is the largest --max-batch a node takes (serve_flags.go): a
+// larger Prefetch is refused before C is made with room for it.
+const maxPrefetch = 100000
+
 // Subscribe starts push delivery from o.Queue. Read C promptly: at most
 // o.Prefetch items are outstanding (pushed but not acked, nacked or
 // expired), and a full C holds back further pushes.
 func (c *Client) Subscribe(ctx context.Context, o SubscribeOptions) (*Subscription, error) {
-	if o.Prefetch <= 0 || o.Lease < 0 {
-		return nil, fmt.Errorf("leaseq subscribe: %w: prefetch must be positive and lease non-negative", storage.ErrInvalidArgument)
+	if o.Prefetch <= 0 || o.Prefetch > maxPrefetch || o.Lease < 0 {
+		return nil, fmt.Errorf("leaseq subscribe: %w: prefetch must be 1..%d (the node's --max-batch) and lease non-negative", storage.ErrInvalidArgument, maxPrefetch)
 	}
 	q, done, err := c.capnpConn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("leaseq subscribe: %w", err)
 	}
 	sub := &Subscription{ch: make(chan Delivery, o.Prefetch), stop: make(chan struct{}), connDone: done}
+	sub.giveBack = func(d Delivery) {
+		ids := make([]storage.ItemID, len(d.Items))
+		for i, it := range d.Items {
+			ids[i] = it.ID
+		}
+		c.giveBack(pollGiveBack{queue: o.Queue, lease: d.Lease, ids: ids})
+	}
 	consumer := schema.Consumer_ServerToClient(consumerServer{sub: sub})
 	f, release := q.Subscribe(ctx, func(p schema.Queue_subscribe_Params) error {
-		p.SetPrefetch(uint32(min(o.Prefetch, 1<<31)))
+		p.SetPrefetch(uint32(o.Prefetch))
 		p.SetLeaseMs(msDur(o.Lease))
 		if err := p.SetConsumer(consumer); err != nil {
 			return err
