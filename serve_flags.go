@@ -122,7 +122,7 @@ func addServeFlags(fs *flag.FlagSet) *serveFlags {
 	fs.Var(f.maxPayload, "max-payload", "largest item payload, in `bytes` (KiB/MiB suffixes allowed)")
 	f.maxMessage = newChoice(strconv.Itoa(rpc.DefaultMaxMessageBytes), parseSize)
 	fs.Var(f.maxMessage, "max-message", "largest incoming RPC message or HTTP API request body, in `bytes`")
-	f.maxBatch = newChoice(strconv.Itoa(d.MaxBatch), intRange(1, 100000))
+	f.maxBatch = newChoice(strconv.Itoa(d.MaxBatch), intRange(1, storage.MaxBatchCeiling))
 	fs.Var(f.maxBatch, "max-batch", "most `items` or ids in one call")
 	f.minLease = newChoice(d.MinLease.String(), positiveDuration)
 	fs.Var(f.minLease, "min-lease", "shortest lease (a `duration`) a poll or extend may ask for")

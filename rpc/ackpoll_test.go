@@ -25,14 +25,6 @@ func rocksNoSyncFactory() storeFactory {
 	}}
 }
 
-func itemIDs(items []storage.Item) []storage.ItemID {
-	ids := make([]storage.ItemID, len(items))
-	for i, it := range items {
-		ids[i] = it.ID
-	}
-	return ids
-}
-
 func TestClient_AckPoll(t *testing.T) {
 	t.Parallel()
 	for _, f := range append(storeFactories(), rocksNoSyncFactory()) {

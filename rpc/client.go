@@ -87,6 +87,77 @@ type Client struct {
 	// giveBack gives back the items of a poll answer, or a pushed batch,
 	// that no caller received (giveBackPoll).
 	giveBack func(pollGiveBack)
+	// subs are the live Subscriptions and delivers the Deliver calls
+	// running in them, which Close stops and waits for (deliversIdle)
+	// before it closes closed, so that their give-backs still go out.
+	// REQUIRES: gbMu held.
+	subs         map[*Subscription]struct{}
+	delivers     int
+	deliversIdle sync.Cond
+	clk          clock.Clock // bounds the waits of give-backs and of Close
+}
+
+// initGiveBacks sets up the give-backs of a new Client, their timeouts on
+// clk.
+func (c *Client) initGiveBacks(clk clock.Clock) {
+	c.clk = clk
+	c.giveBack = c.giveBackPoll(clk)
+	c.deliversIdle.L = &c.gbMu
+}
+
+// addSub registers a new Subscription; false once the Client is closed.
+func (c *Client) addSub(s *Subscription) bool {
+	c.gbMu.Lock()
+	defer c.gbMu.Unlock()
+	select {
+	case <-c.closed:
+		return false
+	default:
+	}
+	if c.subs == nil {
+		c.subs = make(map[*Subscription]struct{})
+	}
+	c.subs[s] = struct{}{}
+	return true
+}
+
+// dropSub forgets a Subscription that has ended.
+func (c *Client) dropSub(s *Subscription) {
+	c.gbMu.Lock()
+	delete(c.subs, s)
+	c.gbMu.Unlock()
+}
+
+// enterDeliver counts a running Deliver; false once the Client is closed.
+func (c *Client) enterDeliver() bool {
+	c.gbMu.Lock()
+	defer c.gbMu.Unlock()
+	select {
+	case <-c.closed:
+		return false
+	default:
+	}
+	c.delivers++
+	return true
+}
+
+// exitDeliver ends what enterDeliver began.
+func (c *Client) exitDeliver() {
+	c.gbMu.Lock()
+	c.delivers--
+	if c.delivers == 0 {
+		c.deliversIdle.Broadcast()
+	}
+	c.gbMu.Unlock()
+}
+
+// itemIDs returns the ids of items.
+func itemIDs(items []storage.Item) []storage.ItemID {
+	ids := make([]storage.ItemID, len(items))
+	for i := range items {
+		ids[i] = items[i].ID
+	}
+	return ids
 }
 
 // Dial connects to addr ("host:port" or "unix:/path") and checks that a
@@ -124,7 +195,7 @@ func Dial(ctx context.Context, addr string, opts ClientOptions) (*Client, error)
 		return nil, fmt.Errorf("rpc: dial %s: %w", addr, err)
 	}
 	c := &Client{lean: l, redial: redial, log: clientLogger(opts), limit: limit, readLimit: readLimit, closed: make(chan struct{})}
-	c.giveBack = c.giveBackPoll(clk)
+	c.initGiveBacks(clk)
 	l.giveBack = c.giveBack
 	return c, nil
 }
@@ -228,7 +299,7 @@ func NewClient(ctx context.Context, conn net.Conn, opts ClientOptions) (*Client,
 	if clk == nil {
 		clk = clock.New()
 	}
-	c.giveBack = c.giveBackPoll(clk)
+	c.initGiveBacks(clk)
 	return c, nil
 }
 
@@ -327,18 +398,30 @@ func (c *Client) closedOr(err error) error {
 }
 
 // Close ends the connection. Leases held by this client stay valid until
-// they expire or are acked from another connection. It first waits for
-// the give-backs of polls given up (the nacks of items claimed for a
-// caller that stopped waiting), each bounded by 5 s on ClientOptions.Clock.
-// Close is idempotent.
+// they expire or are acked from another connection. It first cancels the
+// client's subscriptions and waits, at most 5 s on ClientOptions.Clock,
+// for the node to end them, a batch pushed that C had no room for being
+// given back; then it waits for the give-backs (of those batches, and of
+// polls given up: items claimed for a caller that stopped waiting), each
+// bounded by 5 s. Close is idempotent.
 func (c *Client) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
+		// Subscriptions stop taking batches: a Deliver waiting for room
+		// in C gives its batch back, and is waited for.
 		c.gbMu.Lock()
+		subs := c.subs
+		c.subs = nil
+		c.gbMu.Unlock()
+		c.endSubs(subs)
+		c.gbMu.Lock()
+		for c.delivers > 0 {
+			c.deliversIdle.Wait()
+		}
 		close(c.closed) // before gcMu: it ends a dial in capnpConn
 		c.gbMu.Unlock()
-		// The give-backs of polls given up go out first (each within
-		// giveBackTimeout).
+		// The give-backs of polls given up and of batches not delivered
+		// go out first (each within giveBackTimeout).
 		c.giveBacks.Wait()
 		c.gcMu.Lock()
 		if c.rc != nil {
@@ -354,6 +437,28 @@ func (c *Client) Close() error {
 		}
 	})
 	return err
+}
+
+// endSubs cancels subs and waits, at most giveBackTimeout in all, for the
+// node to end each (it drops the Consumer once its pushes have stopped),
+// so that no batch is pushed after the Deliver that found C full gave its
+// own back: pushed to a closed Client, it would stay leased to nobody.
+func (c *Client) endSubs(subs map[*Subscription]struct{}) {
+	if len(subs) == 0 {
+		return
+	}
+	for s := range subs {
+		s.Cancel()
+	}
+	t := c.clk.Timer(giveBackTimeout)
+	defer t.Stop()
+	for s := range subs {
+		select {
+		case <-s.ended:
+		case <-t.C:
+			return
+		}
+	}
 }
 
 // Done is closed when the connection has ended (Close or a failure). The

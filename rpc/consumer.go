@@ -310,6 +310,10 @@ func (cs *consumer) overloaded(pollCtx context.Context, last time.Duration, err 
 	return pause
 }
 
+// noExtendThrough is the warning of a lease counted as lost for want of an
+// extend that went through.
+const noExtendThrough = "lease lost while handling: no extend went through for a whole lease"
+
 // settle is the items of one lease to ack.
 type settle struct {
 	lease storage.LeaseID
@@ -411,14 +415,12 @@ func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult, answ
 			case <-extDone:
 				return
 			case <-surelyEnded.C:
-				loseLease("lease lost while handling: no extend went through for a whole lease", nil)
+				loseLease(noExtendThrough, nil)
 				return
 			case <-ticker.C:
-				ectx, ecancel := context.WithCancel(ctx)
-				giveUp := cfg.Clock.AfterFunc(endedAt().Sub(cfg.Clock.Now()), ecancel)
+				ectx, stop := cs.untilEnded(ctx, endedAt())
 				exp, err := cs.c.Extend(ectx, cfg.Queue, pr.Lease, cfg.Lease)
-				giveUp.Stop()
-				ecancel()
+				stop()
 				if cfg.OnExtend != nil {
 					cfg.OnExtend(pr.Lease, exp, err)
 				}
@@ -438,7 +440,7 @@ func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult, answ
 					return
 				}
 				if !cfg.Clock.Now().Before(endedAt()) {
-					loseLease("lease lost while handling: no extend went through for a whole lease", err)
+					loseLease(noExtendThrough, err)
 					return
 				}
 				log.Warn("extend failed", "lease_id", pr.Lease.String(), "err", err)

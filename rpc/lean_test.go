@@ -393,7 +393,7 @@ func TestSubscribe_PipelinedCancel(t *testing.T) {
 	ctx := ctxT(t)
 	q, done, err := c.capnpConn(ctx)
 	require.NoError(t, err)
-	sub := &Subscription{ch: make(chan Delivery, 1), stop: make(chan struct{}), connDone: done}
+	sub := &Subscription{c: c, queue: "q", ch: make(chan Delivery, 1), stop: make(chan struct{}), connDone: done, ended: make(chan struct{})}
 	consumer := schema.Consumer_ServerToClient(consumerServer{sub: sub})
 	f, release := q.Subscribe(ctx, func(p schema.Queue_subscribe_Params) error {
 		p.SetPrefetch(1)

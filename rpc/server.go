@@ -650,8 +650,10 @@ func (s *Server) LeaseExtended(lease storage.LeaseID, expires time.Time, err err
 // answered with ErrorCode unavailable. On the lean engine, the items of
 // poll answers still queued, not a byte of them written, are given back
 // (ready again at once, as when a connection ends); an answer partly
-// written is the client's, and its items stay leased. Stop is idempotent
-// and safe to call before Serve/Start.
+// written is the client's, and its items stay leased. So does a batch
+// pushed to a subscription whose deliver is unanswered when Stop ends it
+// (the consumer may hold it). Stop is idempotent and safe to call before
+// Serve/Start.
 func (s *Server) Stop() {
 	s.stopOnce.Do(func() {
 		s.mu.Lock()

@@ -395,9 +395,9 @@ var consumerDeliverSize = capnp.ObjectSize{DataSize: 8, PointerCount: 2}
 // each delivery's answer is awaited, on a goroutine of its own: a consumer
 // that answers with an exception did not take the batch (it refused it, or
 // its capability was gone when the call came: a Cancel crossing the push),
-// which is then given back; a connection lost leaves it leased, as the
-// consumer may hold it. The call ends with the answer or at Stop
-// (s.subCtx), not at the client's Cancel, so that the answer tells.
+// which is then given back; a connection lost, or Stop (s.subCtx, which
+// ends the call), leaves it leased, as the consumer may hold it. The
+// client's Cancel does not end the call, so that its answer tells.
 func (sub *subscription) deliver(pr storage.PollResult) error {
 	sub.deliverMu.Lock()
 	err := sub.deliverErr
@@ -435,7 +435,9 @@ func (sub *subscription) deliver(pr storage.PollResult) error {
 			sub.deliverErr = err
 		}
 		sub.deliverMu.Unlock()
-		if !isDisconnect(err) {
+		// A connection lost, or the call cut short by Stop, leaves the
+		// outcome unknown: the consumer may hold the batch.
+		if !isDisconnect(err) && sub.s.subCtx.Err() == nil {
 			sub.giveBack(pr)
 		}
 	}()
@@ -445,11 +447,7 @@ func (sub *subscription) deliver(pr storage.PollResult) error {
 // giveBack returns a batch claimed for the subscription that no consumer
 // received (Server.giveBack).
 func (sub *subscription) giveBack(pr storage.PollResult) {
-	ids := make([]storage.ItemID, len(pr.Items))
-	for i := range pr.Items {
-		ids[i] = pr.Items[i].ID
-	}
-	sub.s.giveBack(sub.queue, pr.Lease, ids, "subscription ended before delivery")
+	sub.s.giveBack(sub.queue, pr.Lease, itemIDs(pr.Items), "subscription ended before delivery")
 }
 
 // giveBack returns items claimed under lease that no client received (a

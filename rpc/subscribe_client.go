@@ -27,14 +27,15 @@ type Delivery struct {
 
 // Subscription receives pushed batches on C until it ends.
 type Subscription struct {
+	c        *Client
+	queue    string
 	ch       chan Delivery
 	cap      schema.Subscription
 	stop     chan struct{}
-	stopOnce sync.Once
+	halt     sync.Once // closes stop
+	stopOnce sync.Once // Cancel
 	connDone <-chan struct{}
-	// giveBack returns a batch pushed but never put in C (Cancel, the
-	// connection lost): nobody received it (Client.giveBack).
-	giveBack func(Delivery)
+	ended    chan struct{} // closed once the node has dropped the Consumer
 
 	mu  sync.Mutex
 	err error
@@ -58,7 +59,7 @@ func (s *Subscription) Err() error {
 // Cancel is idempotent.
 func (s *Subscription) Cancel() {
 	s.stopOnce.Do(func() {
-		close(s.stop)
+		s.stopPushes()
 		// Dropping the capability is what cancels; the explicit call just
 		// makes it prompt while other references may linger in flight. Its
 		// answer is not awaited, so Cancel never blocks on a hung peer.
@@ -71,14 +72,28 @@ func (s *Subscription) Cancel() {
 // consumerServer is the client's Consumer capability for one Subscription.
 type consumerServer struct{ sub *Subscription }
 
+// stopPushes makes Deliver put no more batches in C: a running one gives
+// its batch back.
+func (s *Subscription) stopPushes() { s.halt.Do(func() { close(s.stop) }) }
+
 // Deliver implements schema.Consumer_Server. Calls arrive one at a time, in
-// order; blocking here (C is full) is the back pressure the node sees.
+// order; blocking here (C is full) is the back pressure the node sees. A
+// batch it cannot put in C (Cancel, Close, the connection lost) is given
+// back: nobody received it. Client.Close waits for running Delivers (and
+// their give-backs).
 func (cs consumerServer) Deliver(ctx context.Context, call schema.Consumer_deliver) error {
 	args := call.Args()
 	pr, err := readPoll(args.Lease, args.ExpiresAt(), args.Items)
 	if err != nil {
 		return err
 	}
+	c := cs.sub.c
+	if !c.enterDeliver() {
+		// Closed: nobody reads C. Refused, the batch is the node's to
+		// give back.
+		return fmt.Errorf("leaseq subscribe: %w: the client is closed", storage.ErrClosed)
+	}
+	defer c.exitDeliver()
 	d := Delivery{Lease: pr.Lease, ExpiresAt: pr.ExpiresAt, Items: pr.Items}
 	select {
 	case cs.sub.ch <- d:
@@ -89,8 +104,8 @@ func (cs consumerServer) Deliver(ctx context.Context, call schema.Consumer_deliv
 	}
 	// Nobody will read it: give it back rather than leave it leased to
 	// nobody until the lease ends.
-	if len(d.Items) > 0 && cs.sub.giveBack != nil {
-		cs.sub.giveBack(d)
+	if len(d.Items) > 0 {
+		c.giveBack(pollGiveBack{queue: cs.sub.queue, lease: d.Lease, ids: itemIDs(d.Items)})
 	}
 	return nil
 }
@@ -110,11 +125,15 @@ func (cs consumerServer) Done(ctx context.Context, call schema.Consumer_done) er
 
 // Shutdown runs once the node has dropped this Consumer and every deliver
 // call has returned, so closing C here cannot race a send.
-func (cs consumerServer) Shutdown() { close(cs.sub.ch) }
+func (cs consumerServer) Shutdown() {
+	cs.sub.c.dropSub(cs.sub)
+	close(cs.sub.ch)
+	close(cs.sub.ended)
+}
 
-// maxPrefetch is the largest --max-batch a node takes (serve_flags.go): a
-// larger Prefetch is refused before C is made with room for it.
-const maxPrefetch = 100000
+// maxPrefetch is the largest --max-batch a node takes: a larger Prefetch
+// is refused before C is made with room for it.
+const maxPrefetch = storage.MaxBatchCeiling
 
 // Subscribe starts push delivery from o.Queue. Read C promptly: at most
 // o.Prefetch items are outstanding (pushed but not acked, nacked or
@@ -127,13 +146,10 @@ func (c *Client) Subscribe(ctx context.Context, o SubscribeOptions) (*Subscripti
 	if err != nil {
 		return nil, fmt.Errorf("leaseq subscribe: %w", err)
 	}
-	sub := &Subscription{ch: make(chan Delivery, o.Prefetch), stop: make(chan struct{}), connDone: done}
-	sub.giveBack = func(d Delivery) {
-		ids := make([]storage.ItemID, len(d.Items))
-		for i, it := range d.Items {
-			ids[i] = it.ID
-		}
-		c.giveBack(pollGiveBack{queue: o.Queue, lease: d.Lease, ids: ids})
+	sub := &Subscription{c: c, queue: o.Queue, ch: make(chan Delivery, o.Prefetch), stop: make(chan struct{}), connDone: done,
+		ended: make(chan struct{})}
+	if !c.addSub(sub) {
+		return nil, fmt.Errorf("leaseq subscribe: %w", storage.ErrClosed)
 	}
 	consumer := schema.Consumer_ServerToClient(consumerServer{sub: sub})
 	f, release := q.Subscribe(ctx, func(p schema.Queue_subscribe_Params) error {

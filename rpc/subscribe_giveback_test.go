@@ -220,3 +220,86 @@ func TestSubscribe_DeliverParamsSize(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, capnp.Struct(p).Size(), consumerDeliverSize)
 }
+
+// takingConsumer takes every delivery (it holds the batch from the
+// moment Deliver runs) and answers after answerDelay: its answer is on
+// its way, as over any network.
+type takingConsumer struct {
+	took        chan struct{}
+	answerDelay time.Duration
+}
+
+func (c *takingConsumer) Deliver(ctx context.Context, call schema.Consumer_deliver) error {
+	select {
+	case c.took <- struct{}{}:
+	default:
+	}
+	time.Sleep(c.answerDelay)
+	return nil
+}
+
+func (c *takingConsumer) Done(context.Context, schema.Consumer_done) error { return nil }
+
+// TestSubscribe_StopLeavesABatchTheConsumerMayHold: a consumer that took
+// a pushed batch (its deliver ran) but whose answer has not reached the
+// node when the node stops may hold the batch, as when the connection is
+// lost: Stop ends the pending deliver calls, and that is no refusal, so
+// the batch stays leased (found by review: it was given back).
+func TestSubscribe_StopLeavesABatchTheConsumerMayHold(t *testing.T) {
+	b := setup(t, bundleOpts{})
+	c := b.dial()
+	ctx := ctxT(t)
+	cons := &takingConsumer{took: make(chan struct{}, 1), answerDelay: 500 * time.Millisecond}
+	_, release := subscribeHourLeases(t, ctx, c, schema.Consumer_ServerToClient(cons))
+	defer release()
+	_, err := c.Enqueue(ctx, "q", payloads(1, 8))
+	require.NoError(t, err)
+	select {
+	case <-cons.took:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no delivery")
+	}
+	b.srv.Stop() // while the consumer's answer is on its way
+	st, err := b.store.Stats(ctx, storage.StatsParams{Queue: "q", Now: b.clock.Now()})
+	require.NoError(t, err)
+	require.Len(t, st, 1)
+	t.Logf("after stop: inflight=%d ready=%d delivered=%d", st[0].Inflight, st[0].Ready, st[0].Delivered)
+	require.EqualValues(t, 1, st[0].Inflight, "the node took back (undelivered nack) a batch its consumer holds, because Stop cancelled the deliver call")
+}
+
+// TestSubscribe_CloseGivesBackABatchCHadNoRoomFor: Close alone gives back
+// a batch whose Deliver waits on a full C: it cancels the subscription,
+// waits for the node to end it and for the Deliver's give-back (found by
+// review: the Deliver woke once Close had closed the client, too late to
+// give back, and the batch stayed leased to nobody).
+func TestSubscribe_CloseGivesBackABatchCHadNoRoomFor(t *testing.T) {
+	b := setup(t, bundleOpts{})
+	c := b.dial()
+	watch := b.dial()
+	ctx := ctxT(t)
+	_, err := c.Enqueue(ctx, "q", payloads(1, 8)) // A
+	require.NoError(t, err)
+	_, err = c.Subscribe(ctx, SubscribeOptions{Queue: "q", Prefetch: 1, Lease: time.Second})
+	require.NoError(t, err)
+	rpctest.Eventually(t, 10*time.Second, func() bool { return b.srv.Metrics().ItemsPushed == 1 })
+	time.Sleep(100 * time.Millisecond)           // A sits in C (room 1), unread
+	b.clock.Add(2 * time.Second)                 // A's lease ends (unswept: it stays inflight): its credit returns
+	_, err = c.Enqueue(ctx, "q", payloads(1, 8)) // B is claimed and pushed; its Deliver waits on the full C
+	require.NoError(t, err)
+	rpctest.Eventually(t, 10*time.Second, func() bool { return b.srv.Metrics().ItemsPushed == 2 })
+	time.Sleep(200 * time.Millisecond) // the Deliver reaches the client and blocks
+	require.NoError(t, c.Close())      // the consumer stops
+	rpctest.Eventually(t, 10*time.Second, func() bool { return b.srv.Metrics().Subscriptions == 0 })
+	var st []storage.QueueStats
+	ok := false
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		st, err = watch.Stats(ctx, "q")
+		require.NoError(t, err)
+		if st[0].Ready == 1 { // B is ready again
+			ok = true
+			break
+		}
+	}
+	t.Logf("inflight=%d ready=%d", st[0].Inflight, st[0].Ready)
+	require.True(t, ok, "the batch whose Deliver waited on a full C stays leased to nobody: Close skipped its give-back")
+}

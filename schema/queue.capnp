@@ -223,7 +223,8 @@ interface Queue {
   # poll's answer its caller gave up on): the claim is taken back instead,
   # each item ready again at once in its old place, its attempts and
   # lastError as before the claim, never dead; delayMs must be < 0 or 0,
-  # and reason is not recorded.
+  # and reason is not recorded. The node trusts it: a client that gives
+  # back what it did process keeps a failing item out of the dead letters.
   nack @3 (queue :Text, lease :Data, ids :List(Data), delayMs :Int64 = -1, reason :Text,
            undelivered :Bool)
        -> (status :Status, codes :List(ResultCode));
@@ -270,7 +271,8 @@ interface Queue {
   setConfig @13 (queue :Text, config :QueueConfig) -> (status :Status);
 
   # subscribe starts push delivery to consumer (see the top of this file).
-  # prefetch: 1..1000 items outstanding at most; leaseMs as for poll.
+  # prefetch: 1..the node's max batch (nodeInfo; 1000 by default) items
+  # outstanding at most; leaseMs as for poll.
   subscribe @14 (queue :Text, prefetch :UInt32, leaseMs :UInt64, consumer :Consumer)
             -> (status :Status, subscription :Subscription);
 
@@ -288,7 +290,10 @@ interface Queue {
 
 # Consumer is implemented by the client and passed to Queue.subscribe.
 interface Consumer {
-  # deliver hands over one poll's worth of items under one lease.
+  # deliver hands over one poll's worth of items under one lease. Return
+  # normally once you hold them. Throwing says you did not take them: the
+  # node gives them back at once (ready again, no attempt counted), so do
+  # not throw for a batch you may still process.
   deliver @0 (lease :Data, expiresAt :UInt64, items :List(Item)) -> stream;
 
   # done tells the consumer that the node ended the subscription.

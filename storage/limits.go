@@ -37,6 +37,10 @@ type Limits struct {
 	MaxQueues    int           // queues per node (creating one more fails)
 }
 
+// MaxBatchCeiling is the largest MaxBatch a node takes (leaseq serve
+// --max-batch): a client may refuse more before it asks.
+const MaxBatchCeiling = 100000
+
 // DefaultLimits are the limits of DESIGN.md.
 var DefaultLimits = Limits{
 	MaxPayload:   1 << 20,
