@@ -161,6 +161,14 @@ func (c *call) decodeJSON(v any) error {
 	return decodeStrict(body, v)
 }
 
+// noBody refuses a body on a route that reads none (a DELETE of a queue's
+// items given the {ids} another route reads would otherwise purge them
+// all), as unknown fields are refused.
+func (c *call) noBody() error {
+	var none struct{}
+	return c.decodeJSON(&none)
+}
+
 // decodeStrict decodes exactly one JSON value with only known fields.
 func decodeStrict(body []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))

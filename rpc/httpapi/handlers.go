@@ -202,6 +202,11 @@ func (s *Server) poll(c *call) (any, error) {
 	if s.stopCtx.Err() != nil && (err != nil || len(pr.Items) == 0) {
 		return nil, errShuttingDown
 	}
+	if len(pr.Items) > 0 && c.r.Context().Err() != nil {
+		// Claimed as the client went away: nobody will read the answer.
+		s.giveBack(queue, pr)
+		return nil, c.r.Context().Err()
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -210,6 +215,29 @@ func (s *Server) poll(c *call) (any, error) {
 		out.Lease, out.ExpiresAt = pr.Lease.String(), fmtTime(pr.ExpiresAt)
 	}
 	return out, nil
+}
+
+// giveBack returns the items of a poll answer no client will read (an
+// undelivered nack: ready again at once, their claim not counted), as the
+// RPC server does, and lets a parked poll look.
+func (s *Server) giveBack(queue string, pr storage.PollResult) {
+	ids := make([]storage.ItemID, len(pr.Items))
+	for i := range pr.Items {
+		ids[i] = pr.Items[i].ID
+	}
+	// Not the request's context, which has ended.
+	codes, err := s.cfg.Store.Nack(context.WithoutCancel(s.stopCtx), storage.NackParams{Queue: queue, Lease: pr.Lease, IDs: ids,
+		Now: s.cfg.Clock.Now(), Undelivered: true})
+	if err != nil {
+		s.log.Warn("items of a poll whose client went away stay leased until the lease ends", "queue", queue, "items", len(ids), "err", err)
+		return
+	}
+	for _, code := range codes {
+		if code == storage.CodeOK {
+			s.disp.Notify(queue)
+			return
+		}
+	}
 }
 
 // parseIDs parses ids of a request body; any malformed id fails the
@@ -475,6 +503,9 @@ func (s *Server) purge(c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := c.noBody(); err != nil {
+		return nil, err
+	}
 	n, err := s.cfg.Store.Purge(c.r.Context(), storage.PurgeParams{Queue: queue, Now: s.cfg.Clock.Now()})
 	if err != nil {
 		return nil, err
@@ -485,6 +516,9 @@ func (s *Server) purge(c *call) (any, error) {
 func (s *Server) deleteQueue(c *call) (any, error) {
 	queue, err := s.queue(c)
 	if err != nil {
+		return nil, err
+	}
+	if err := c.noBody(); err != nil {
 		return nil, err
 	}
 	force := false
