@@ -14,8 +14,15 @@ import (
 // few hundred bytes of clears, so 200 stays far below the size budget.
 const purgeBatch = 200
 
+// statsPerTxn is how many queues' stats one read transaction gathers:
+// each costs four or five reads, so that a node with many queues stays
+// far inside FoundationDB's five seconds per transaction.
+const statsPerTxn = 100
+
 // Stats implements storage.Store: counters by one range read per queue,
-// plus one seek per priority level in use for the oldest ready age.
+// plus one seek per priority level in use for the oldest ready age. Every
+// queue's stats are gathered in transactions of statsPerTxn queues each
+// (a queue deleted meanwhile is left out), so they are not one snapshot.
 func (s *Store) Stats(ctx context.Context, p storage.StatsParams) ([]storage.QueueStats, error) {
 	if err := s.checkOpen(); err != nil {
 		return nil, err
@@ -23,35 +30,62 @@ func (s *Store) Stats(ctx context.Context, p storage.StatsParams) ([]storage.Que
 	if err := p.Validate(s.limits); err != nil {
 		return nil, err
 	}
-	v, err := s.view(ctx, func(tx kv.Tx) (any, error) {
-		var queues []string
-		if p.Queue != "" {
+	if p.Queue != "" {
+		v, err := s.view(ctx, func(tx kv.Tx) (any, error) {
 			if _, ok, err := s.config(tx, p.Queue); err != nil {
 				return nil, err
 			} else if !ok {
 				return nil, fmt.Errorf("fdbsync: stats %q: %w", p.Queue, storage.ErrNotFound)
 			}
-			queues = []string{p.Queue}
-		} else {
-			var err error
-			if queues, err = s.queueNames(tx); err != nil {
-				return nil, err
-			}
-		}
-		out := make([]storage.QueueStats, 0, len(queues))
-		for _, q := range queues {
-			st, err := s.queueStats(tx, q, p.Now)
+			st, err := s.queueStats(tx, p.Queue, p.Now)
 			if err != nil {
 				return nil, err
 			}
-			out = append(out, st)
+			return []storage.QueueStats{st}, nil
+		})
+		if err != nil {
+			return nil, err
 		}
-		return out, nil
-	})
+		return as[[]storage.QueueStats](v)
+	}
+	v, err := s.view(ctx, func(tx kv.Tx) (any, error) { return s.queueNames(tx) })
 	if err != nil {
 		return nil, err
 	}
-	return as[[]storage.QueueStats](v)
+	queues, err := as[[]string](v)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]storage.QueueStats, 0, len(queues))
+	for len(queues) > 0 {
+		part := queues[:min(statsPerTxn, len(queues))]
+		queues = queues[len(part):]
+		v, err := s.view(ctx, func(tx kv.Tx) (any, error) {
+			sts := make([]storage.QueueStats, 0, len(part))
+			for _, q := range part {
+				if _, ok, err := s.config(tx, q); err != nil {
+					return nil, err
+				} else if !ok {
+					continue // deleted since the names were read
+				}
+				st, err := s.queueStats(tx, q, p.Now)
+				if err != nil {
+					return nil, err
+				}
+				sts = append(sts, st)
+			}
+			return sts, nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		sts, err := as[[]storage.QueueStats](v)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sts...)
+	}
+	return out, nil
 }
 
 func (s *Store) counters(tx kv.Tx, q string) ([ctrCount]int64, error) {

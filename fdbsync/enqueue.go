@@ -69,8 +69,8 @@ func (s *Store) Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 	}
 	for len(todo) > 0 {
 		n, size := 0, 0
-		for n < len(todo) && (n == 0 || size+recordSize(&todo[n].rec, 64+len(p.Queue)) <= txnBudget) {
-			size += recordSize(&todo[n].rec, 64+len(p.Queue))
+		for n < len(todo) && (n == 0 || size+enqueueSize(&todo[n].rec, p.Queue) <= txnBudget) {
+			size += enqueueSize(&todo[n].rec, p.Queue)
 			n++
 		}
 		if err := s.enqueueTxn(ctx, p, todo[:n], res); err != nil {
@@ -111,6 +111,14 @@ func (s *Store) upload(ctx context.Context, now time.Time, r *record, payload []
 		first = last
 	}
 	return nil
+}
+
+// enqueueSize estimates the commit bytes of enqueueing r into queue: as
+// recordSize, and a dedup key six more times (its dedup entry and expiry
+// entry, each with its write conflict range, and the entry's read
+// conflict range).
+func enqueueSize(r *record, queue string) int {
+	return recordSize(r, 64+len(queue)) + 6*len(r.dedupKey)
 }
 
 // enqueueTxn writes one group of items in one idempotent transaction.

@@ -21,11 +21,12 @@ func reviewDedupItems(n, from int) []storage.EnqueueItem {
 	return items
 }
 
-// Enqueue's size estimate counts a dedup key once, but the key is
-// written three more times (dedup record, dedup expiry entry) with its
-// conflict ranges: a batch of items with 1 KiB dedup keys (within
-// Limits.MaxDedupKey) makes transactions over 1 MB.
-func TestReview_EnqueueDedupKeysStayUnder1MB(t *testing.T) {
+// TestBudget_EnqueueDedupKeysStayUnder1MB: enqueue's size estimate counts
+// a dedup key each time it is written (the record, the dedup entry, the
+// expiry entry and their conflict ranges), so a batch of items with 1 KiB
+// dedup keys (Limits.MaxDedupKey) keeps each transaction under 1 MB (found
+// by review: the key was counted once).
+func TestBudget_EnqueueDedupKeysStayUnder1MB(t *testing.T) {
 	ctx := context.Background()
 	s, db := modelStore(t)
 	now := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -35,11 +36,12 @@ func TestReview_EnqueueDedupKeysStayUnder1MB(t *testing.T) {
 	require.Zero(t, st.TxnsOver1MB, "enqueue of 1000 items with 1 KiB dedup keys: largest transaction %d bytes", st.MaxTxnSize)
 }
 
-// DeleteQueue (removeQueue) clears every dedup key of the queue and each
-// one's expiry entry in one transaction, unbounded: a queue with a few
-// thousand live dedup keys can never be deleted (transaction_too_large,
-// not retryable) until they expire (the dedup window may be 7 days).
-func TestReview_DeleteQueueWithManyDedupKeys(t *testing.T) {
+// TestBudget_DeleteQueueWithManyDedupKeys: DeleteQueue clears a queue's
+// dedup keys and their expiry entries in transactions of bounded size
+// (found by review: one transaction, so a queue with a few thousand live
+// 1 KiB keys could not be deleted, transaction_too_large, until they
+// expired).
+func TestBudget_DeleteQueueWithManyDedupKeys(t *testing.T) {
 	ctx := context.Background()
 	s, db := modelStore(t)
 	now := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)

@@ -60,11 +60,12 @@ func (t stepTx) GetRange(begin, end []byte, o kv.RangeOptions) ([]kv.KeyValue, e
 	return t.Tx.GetRange(begin, end, o)
 }
 
-// Stats of every queue reads all queues' counters and heads in one
-// transaction, several round trips per queue: with 1,500 queues (the
-// default MaxQueues is 10,000) and 1 ms per read, that passes FDB's 5 s
-// and every retry does too: `leaseq stats` fails on a cluster.
-func TestReview_StatsOfAllQueuesWithin5s(t *testing.T) {
+// TestTime_StatsOfAllQueuesWithin5s: Stats of every queue reads the
+// queues' counters and heads in transactions of statsPerTxn queues, so
+// with 1,500 queues (MaxQueues is 10,000 by default) at 1 ms per read each
+// stays inside FDB's 5 s (found by review: one transaction for all, which
+// timed out on every retry).
+func TestTime_StatsOfAllQueuesWithin5s(t *testing.T) {
 	ctx := context.Background()
 	c := &stepClock{Clock: clock.NewMock(), base: time.Unix(1_700_000_000, 0)}
 	db := fdbmodel.New(fdbmodel.Options{Clock: c})
