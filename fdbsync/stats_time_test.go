@@ -25,7 +25,9 @@ type stepClock struct {
 	steps atomic.Int64
 }
 
-func (c *stepClock) Now() time.Time { return c.base.Add(time.Duration(c.steps.Load()) * time.Millisecond) }
+func (c *stepClock) Now() time.Time {
+	return c.base.Add(time.Duration(c.steps.Load()) * time.Millisecond)
+}
 
 type stepDB struct {
 	kv.DB
