@@ -62,7 +62,13 @@ func (s *Store) removeQueue(ctx context.Context, q string, now time.Time) error 
 	for {
 		v, _, _, err := s.mutate(ctx, now, func(tx kv.Tx, call *call) (any, error) {
 			if call.prior != nil {
-				return call.prior, nil
+				// An earlier attempt of this step committed: was it
+				// the last?
+				b, err := call.result()
+				if err != nil {
+					return nil, err
+				}
+				return len(b) == 1 && b[0] == 1, nil
 			}
 			return s.removeQueueStep(tx, call, q)
 		})
@@ -71,9 +77,6 @@ func (s *Store) removeQueue(ctx context.Context, q string, now time.Time) error 
 		}
 		if done, _ := v.(bool); done {
 			return nil
-		}
-		if b, ok := v.([]byte); ok && len(b) == 1 && b[0] == 1 {
-			return nil // a retried last step that had committed
 		}
 	}
 }

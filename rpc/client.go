@@ -92,6 +92,7 @@ type Client struct {
 	// before it closes closed, so that their give-backs still go out.
 	// REQUIRES: gbMu held.
 	subs         map[*Subscription]struct{}
+	closing      bool // Close has begun: no new Subscription
 	delivers     int
 	deliversIdle sync.Cond
 	clk          clock.Clock // bounds the waits of give-backs and of Close
@@ -105,14 +106,12 @@ func (c *Client) initGiveBacks(clk clock.Clock) {
 	c.deliversIdle.L = &c.gbMu
 }
 
-// addSub registers a new Subscription; false once the Client is closed.
+// addSub registers a new Subscription; false once Close has begun.
 func (c *Client) addSub(s *Subscription) bool {
 	c.gbMu.Lock()
 	defer c.gbMu.Unlock()
-	select {
-	case <-c.closed:
+	if c.closing {
 		return false
-	default:
 	}
 	if c.subs == nil {
 		c.subs = make(map[*Subscription]struct{})
@@ -410,6 +409,7 @@ func (c *Client) Close() error {
 		// Subscriptions stop taking batches: a Deliver waiting for room
 		// in C gives its batch back, and is waited for.
 		c.gbMu.Lock()
+		c.closing = true
 		subs := c.subs
 		c.subs = nil
 		c.gbMu.Unlock()

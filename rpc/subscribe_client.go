@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"capnproto.org/go/capnp/v3"
+
 	"github.com/leaseq/leaseq/schema"
 	"github.com/leaseq/leaseq/storage"
 )
@@ -33,9 +35,12 @@ type Subscription struct {
 	cap      schema.Subscription
 	stop     chan struct{}
 	halt     sync.Once // closes stop
-	stopOnce sync.Once // Cancel
 	connDone <-chan struct{}
-	ended    chan struct{} // closed once the node has dropped the Consumer
+	// capMu guards cap, which Subscribe sets once the node has answered,
+	// and cancelled, set by Cancel (maybe before that answer: by Close).
+	capMu     sync.Mutex
+	cancelled bool
+	ended     chan struct{} // closed once the node has dropped the Consumer
 
 	mu  sync.Mutex
 	err error
@@ -58,15 +63,26 @@ func (s *Subscription) Err() error {
 // back (an undelivered nack: ready again at once, no attempt counted).
 // Cancel is idempotent.
 func (s *Subscription) Cancel() {
-	s.stopOnce.Do(func() {
-		s.stopPushes()
-		// Dropping the capability is what cancels; the explicit call just
-		// makes it prompt while other references may linger in flight. Its
-		// answer is not awaited, so Cancel never blocks on a hung peer.
-		_, release := s.cap.Cancel(context.Background(), nil)
-		release()
-		s.cap.Release()
-	})
+	s.stopPushes()
+	s.capMu.Lock()
+	s.cancelled = true
+	c := s.cap
+	s.cap = schema.Subscription{}
+	s.capMu.Unlock()
+	cancelCap(c) // none yet (Subscribe waits for its answer): Subscribe cancels it
+}
+
+// cancelCap cancels a subscription on the node and drops c. Dropping the
+// capability is what cancels; the explicit call just makes it prompt while
+// other references may linger in flight. Its answer is not awaited, so
+// Cancel never blocks on a hung peer. A null c does nothing.
+func cancelCap(c schema.Subscription) {
+	if !capnp.Client(c).IsValid() {
+		return
+	}
+	_, release := c.Cancel(context.Background(), nil)
+	release()
+	c.Release()
 }
 
 // consumerServer is the client's Consumer capability for one Subscription.
@@ -165,6 +181,16 @@ func (c *Client) Subscribe(ctx context.Context, o SubscribeOptions) (*Subscripti
 	if err != nil {
 		return nil, err
 	}
-	sub.cap = res.Subscription().AddRef()
+	sub.capMu.Lock()
+	cancelled := sub.cancelled
+	if !cancelled {
+		sub.cap = res.Subscription().AddRef()
+	}
+	sub.capMu.Unlock()
+	if cancelled {
+		// Close cancelled it while the node answered.
+		cancelCap(res.Subscription().AddRef())
+		return nil, fmt.Errorf("leaseq subscribe: %w", storage.ErrClosed)
+	}
 	return sub, nil
 }
