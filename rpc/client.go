@@ -402,7 +402,8 @@ func (c *Client) closedOr(err error) error {
 // for the node to end them, a batch pushed that C had no room for being
 // given back; then it waits for the give-backs (of those batches, and of
 // polls given up: items claimed for a caller that stopped waiting), each
-// bounded by 5 s. Close is idempotent.
+// bounded by 5 s. A Subscribe once Close has begun fails with
+// storage.ErrClosed. Close is idempotent.
 func (c *Client) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
