@@ -95,6 +95,20 @@ func fakePush(ctx context.Context, cons schema.Consumer) error {
 	})
 }
 
+// startClose runs c.Close on a goroutine of its own and returns its
+// result's channel once Close has taken the subscriptions to cancel.
+func startClose(t *testing.T, c *Client) <-chan error {
+	t.Helper()
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	require.Eventually(t, func() bool {
+		c.gbMu.Lock()
+		defer c.gbMu.Unlock()
+		return c.subs == nil
+	}, 5*time.Second, time.Millisecond, "Close took the subscriptions")
+	return closed
+}
+
 // TestClient_CloseRefusesASubscribeMadeWhileItWaits: Close takes the
 // subscriptions to cancel and waits for the node to end them before it
 // closes; a Subscribe in that window is refused (found by review: it was
@@ -109,13 +123,7 @@ func TestClient_CloseRefusesASubscribeMadeWhileItWaits(t *testing.T) {
 	_, err := c.Subscribe(ctx, SubscribeOptions{Queue: "a", Prefetch: 1})
 	require.NoError(t, err)
 
-	closed := make(chan error, 1)
-	go func() { closed <- c.Close() }()
-	require.Eventually(t, func() bool {
-		c.gbMu.Lock()
-		defer c.gbMu.Unlock()
-		return c.subs == nil
-	}, 5*time.Second, time.Millisecond, "Close took the subscriptions")
+	closed := startClose(t, c)
 
 	// The application (re)subscribes as Close waits for the node: that
 	// Subscribe is refused (it was taken, never cancelled, and a Deliver
@@ -157,13 +165,7 @@ func TestClient_CloseCancelsASubscribeAwaitingItsAnswer(t *testing.T) {
 		subDone <- err
 	}()
 	<-node.entered // addSub has run; the answer waits
-	closed := make(chan error, 1)
-	go func() { closed <- c.Close() }()
-	require.Eventually(t, func() bool {
-		c.gbMu.Lock()
-		defer c.gbMu.Unlock()
-		return c.subs == nil
-	}, 5*time.Second, time.Millisecond)
+	closed := startClose(t, c)
 	time.Sleep(100 * time.Millisecond) // Cancel has run, on a null s.cap
 	close(node.gate)
 	err := <-subDone
