@@ -13,8 +13,6 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/benbjohnson/clock"
-
 	"github.com/leaseq/leaseq/fdbsync"
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/rocksstore"
@@ -92,7 +90,7 @@ func lockHolder(dir string) (pid int, held bool) {
 // checkFDB checks the subspace of a FoundationDB deployment; the nodes
 // may keep running (the scan reads one consistent version).
 func checkFDB(ctx context.Context, e *env, clusterFile, subspace string, log *slog.Logger) error {
-	store, err := fdbsync.OpenCluster(clusterFile, fdbsync.Options{Prefix: fdbPrefix(subspace), Logger: log, Clock: clock.New()})
+	store, err := fdbsync.OpenCluster(clusterFile, fdbsync.Options{Prefix: fdbPrefix(subspace), Logger: log, Clock: e.clock})
 	if err != nil {
 		return fmt.Errorf("open FoundationDB cluster: %w", err)
 	}

@@ -29,7 +29,7 @@ var benchCommand = &command{
 	raw:     true,
 	setup: func(_ *flag.FlagSet, e *env) func(context.Context, []string) error {
 		return func(ctx context.Context, args []string) error {
-			return bench.Main(ctx, clock.New(), args, e.stdout, e.stderr)
+			return bench.Main(ctx, e.clock, args, e.stdout, e.stderr)
 		}
 	},
 }
@@ -48,14 +48,15 @@ type clientFlags struct {
 	tlsCA      *string
 	serverName *string
 	timeout    *time.Duration
+	clk        clock.Clock // bounds the calls by --timeout (env.clock)
 }
 
 // defaultClientTimeout is the default --timeout of the client commands,
 // and how long work waits to connect.
 const defaultClientTimeout = 10 * time.Second
 
-func addClientFlags(fs *flag.FlagSet) *clientFlags {
-	cf := addConnFlags(fs)
+func addClientFlags(fs *flag.FlagSet, e *env) *clientFlags {
+	cf := addConnFlags(fs, e)
 	cf.timeout = fs.Duration("timeout", defaultClientTimeout, "give up on the node after this long (a poll's --wait comes on top)")
 	return cf
 }
@@ -63,9 +64,10 @@ func addClientFlags(fs *flag.FlagSet) *clientFlags {
 // addConnFlags defines the connection flags without --timeout, for a
 // command that runs until stopped (work, whose --timeout is per item).
 // Its timeout is defaultClientTimeout, for dialing only.
-func addConnFlags(fs *flag.FlagSet) *clientFlags {
+func addConnFlags(fs *flag.FlagSet, e *env) *clientFlags {
 	timeout := defaultClientTimeout
 	return &clientFlags{
+		clk:        e.clock,
 		addr:       fs.String("addr", defaultAddr, "node `address`: host:port or unix:/path"),
 		tlsCA:      fs.String("tls-ca", "", "CA bundle `file` (PEM) to verify the node; enables TLS"),
 		tlsCert:    fs.String("tls-client-cert", "", "client certificate `file` (PEM) for mutual TLS; enables TLS"),
@@ -106,7 +108,7 @@ func (cf *clientFlags) with(ctx context.Context, extra time.Duration, fn func(ct
 	if *cf.timeout <= 0 {
 		return usagef("--timeout must be positive")
 	}
-	ctx, cancel := context.WithTimeout(ctx, *cf.timeout+extra)
+	ctx, cancel := cf.clk.WithTimeout(ctx, *cf.timeout+extra)
 	defer cancel()
 	c, err := cf.dial(ctx)
 	if err != nil {
@@ -128,7 +130,7 @@ func (cf *clientFlags) withCalls(ctx context.Context, fn func(c *rpc.Client, cal
 	if *cf.timeout <= 0 {
 		return usagef("--timeout must be positive")
 	}
-	dctx, cancel := context.WithTimeout(ctx, *cf.timeout)
+	dctx, cancel := cf.clk.WithTimeout(ctx, *cf.timeout)
 	c, err := cf.dial(dctx)
 	cancel()
 	if err != nil {
@@ -136,7 +138,7 @@ func (cf *clientFlags) withCalls(ctx context.Context, fn func(c *rpc.Client, cal
 	}
 	defer c.Close()
 	return fn(c, func(call func(ctx context.Context) error) error {
-		cctx, cancel := context.WithTimeout(ctx, *cf.timeout)
+		cctx, cancel := cf.clk.WithTimeout(ctx, *cf.timeout)
 		defer cancel()
 		return cf.explain(call(cctx), *cf.timeout)
 	})

@@ -41,7 +41,7 @@ A first line describes the node: its backend, its --sync mode (RocksDB)
 and version. --json prints one JSON object per queue and line instead
 (durations in milliseconds; backend and sync on every line).`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
-		cf := addClientFlags(fs)
+		cf := addClientFlags(fs, e)
 		asJSON := fs.Bool("json", false, "print JSON lines instead of a table")
 		return func(ctx context.Context, args []string) error {
 			if err := argsBetween(args, 0, 1, "[QUEUE]"); err != nil {
@@ -108,7 +108,7 @@ var queuesCommand = &command{
 	summary: "list queue names",
 	help:    `Print the name of every queue, one per line, in byte order.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
-		cf := addClientFlags(fs)
+		cf := addClientFlags(fs, e)
 		return func(ctx context.Context, args []string) error {
 			if err := argsBetween(args, 0, 0, "no arguments"); err != nil {
 				return err
@@ -200,7 +200,7 @@ id order without leasing them, as JSON lines in the format of poll (without
 lease fields; state says ready, delayed or inflight). Page with -n and
 --after ID.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
-		cf := addClientFlags(fs)
+		cf := addClientFlags(fs, e)
 		inflight := fs.Bool("inflight", false, "list leased (inflight) items instead")
 		pf := addPageFlags(fs)
 		return func(ctx context.Context, args []string) error {
@@ -229,7 +229,7 @@ var purgeCommand = &command{
 Delete every available and inflight item of QUEUE and print how many went.
 Dead items stay (see 'leaseq dlq purge'); the queue and its config remain.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
-		cf := addClientFlags(fs)
+		cf := addClientFlags(fs, e)
 		return func(ctx context.Context, args []string) error {
 			if err := argsBetween(args, 1, 1, "QUEUE"); err != nil {
 				return err
@@ -262,7 +262,7 @@ max attempts):
   dlq purge QUEUE ID... | --all
       delete dead items; prints "ID RESULT" per id, or "purged N" with --all`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
-		cf := addClientFlags(fs)
+		cf := addClientFlags(fs, e)
 		pf := addPageFlags(fs)
 		all := fs.Bool("all", false, "redrive or purge every dead item of the queue")
 		// An exported LEASEQ_ALL must not turn a purge of some ids (or
@@ -377,7 +377,7 @@ var queueCommand = &command{
       consumers still holding them answer not_found. Prints "deleted N" (the
       items deleted). A later enqueue creates the queue anew.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
-		cf := addClientFlags(fs)
+		cf := addClientFlags(fs, e)
 		force := fs.Bool("force", false, "delete the queue's items too")
 		cliOnly(fs, "force")
 		return func(ctx context.Context, args []string) error {
@@ -417,7 +417,7 @@ and --max-delay) and print the result. The setting flags are read from
 the command line only, never from LEASEQ_* variables: an exported
 LEASEQ_MAX_ATTEMPTS must not turn a look at a queue into a change of it.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
-		cf := addClientFlags(fs)
+		cf := addClientFlags(fs, e)
 		asJSON := fs.Bool("json", false, "print JSON instead of name=value lines")
 		d := storage.DefaultQueueConfig()
 		maxAttempts := newChoice("5", intRange(1, 1<<31-1))

@@ -36,7 +36,7 @@ other lines, and ends the command (exit 1). When --key matches an item enqueued 
 queue's dedup window, nothing is written and the first item's id is printed
 followed by "duplicate".`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
-		cf := addClientFlags(fs)
+		cf := addClientFlags(fs, e)
 		delay := newChoice("0s", nonNegDuration)
 		fs.Var(delay, "delay", "make the item ready only after this `duration`")
 		prio := newChoice("0", intRange(0, 255))
@@ -242,7 +242,7 @@ items of one poll share the lease: ack, nack or extend them with it before
 expires_at, or they are delivered again. --wait blocks until an item is
 ready or the wait ends (nothing is printed then, exit code 0).`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
-		cf := addClientFlags(fs)
+		cf := addClientFlags(fs, e)
 		n := fs.Int("n", 1, "most items to lease")
 		lease := newChoice("0s", nonNegDuration)
 		fs.Var(lease, "lease", "lease `duration` (0: the queue's default lease)")
@@ -289,7 +289,7 @@ delivered again). Exits 1 if any id was not ok.
 With "-" instead of LEASE and ids, the items are read from stdin in poll's
 output format: leaseq poll jobs -n 10 | leaseq ack jobs -`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
-		cf := addClientFlags(fs)
+		cf := addClientFlags(fs, e)
 		return func(ctx context.Context, args []string) error {
 			if err := argsBetween(args, 2, -1, "QUEUE LEASE ID... or QUEUE -"); err != nil {
 				return err
@@ -348,7 +348,7 @@ jitter), or goes to the dead-letter queue if it has used its max attempts;
 "ID RESULT" per id as ack does; exits 1 if any id was not ok. "-" reads
 the items from poll's output on stdin, as for ack.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
-		cf := addClientFlags(fs)
+		cf := addClientFlags(fs, e)
 		delay := &optDuration{}
 		fs.Var(delay, "delay", "ready again after this `duration` (default: the queue's backoff)")
 		reason := fs.String("reason", "", "why the item failed, as `text` (kept as last error and dead-letter reason)")
@@ -397,7 +397,7 @@ lease_expired, lease_mismatch): the node extends leases, not single items,
 and does not check that each id is one of the lease's items. Exits 1 if
 the lease was not extended.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
-		cf := addClientFlags(fs)
+		cf := addClientFlags(fs, e)
 		lease := newChoice(storage.DefaultLeaseDuration.String(), positiveDuration)
 		fs.Var(lease, "lease", "new lease `duration`, from now")
 		return func(ctx context.Context, args []string) error {

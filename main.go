@@ -35,6 +35,8 @@ import (
 	"syscall"
 
 	"github.com/leaseq/leaseq/rpc"
+
+	"github.com/benbjohnson/clock"
 )
 
 // Exit codes.
@@ -77,6 +79,8 @@ type env struct {
 	notifySignals func(c chan<- os.Signal, extra ...os.Signal) (stop func())
 	// exit ends the process at once (second signal during shutdown).
 	exit func(code int)
+	// clock is the process's clock (the CLI's --timeout runs on it).
+	clock clock.Clock
 	// shutdownStarted, when set, runs after the first signal is handled
 	// and the second-signal watcher is armed, before anything stops. A
 	// test blocks in it to hold shutdown up deterministically; nil in
@@ -86,6 +90,7 @@ type env struct {
 
 func newEnv() *env {
 	return &env{
+		clock:     clock.New(),
 		stdin:     os.Stdin,
 		stdout:    os.Stdout,
 		stderr:    os.Stderr,

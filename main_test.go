@@ -16,6 +16,8 @@ import (
 
 	"github.com/leaseq/leaseq/fdbsync"
 	"github.com/leaseq/leaseq/rpc/rpctest"
+
+	"github.com/benbjohnson/clock"
 )
 
 // syncBuffer is a bytes.Buffer safe for the logger and the test to share.
@@ -48,6 +50,7 @@ type testEnv struct {
 func newTestEnv(vars map[string]string) *testEnv {
 	te := &testEnv{out: &syncBuffer{}, errOut: &syncBuffer{}, vars: vars, sigs: make(chan chan<- os.Signal, 1), exits: make(chan int, 1)}
 	te.env = env{
+		clock:  clock.New(),
 		stdout: te.out,
 		stderr: te.errOut,
 		lookupEnv: func(k string) (string, bool) {

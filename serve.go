@@ -222,7 +222,7 @@ func fdbPrefix(name string) []byte {
 
 func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	log := c.log
-	clk := clock.New()
+	clk := e.clock
 	// Every file the node creates (the database, its logs) is the owner's
 	// only: they hold payloads. The unix socket gets --socket-mode.
 	syscall.Umask(0o077)

@@ -18,8 +18,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/benbjohnson/clock"
-
 	"github.com/leaseq/leaseq/rpc"
 	"github.com/leaseq/leaseq/storage"
 )
@@ -88,7 +86,7 @@ stopped it; 2 for a bad command line.
 Example:
   leaseq work thumbnails --concurrency 4 --timeout 5m -- ./make-thumbnail.sh`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
-		cf := addConnFlags(fs)
+		cf := addConnFlags(fs, e)
 		lf := addLogFlags(fs, "info")
 		conc := newChoice("1", intRange(1, 1000))
 		fs.Var(conc, "concurrency", "most `items` handled at once, each by its own run of CMD")
@@ -213,7 +211,7 @@ var (
 // runWork consumes w.queue until a signal (or --max-items) and reports the
 // outcome as work's exit code.
 func runWork(ctx context.Context, e *env, c *rpc.Client, w workConfig, stderr *lockedWriter, logger *slog.Logger) error {
-	clk := clock.New()
+	clk := e.clock
 	log := logger.With("svc", "work", "queue", w.queue)
 	s := newSupervisor(w, clk, e.stdout, stderr, log)
 
