@@ -98,67 +98,6 @@ type Client struct {
 	clk          clock.Clock // bounds the waits of give-backs and of Close
 }
 
-// initGiveBacks sets up the give-backs of a new Client, their timeouts on
-// clk.
-func (c *Client) initGiveBacks(clk clock.Clock) {
-	c.clk = clk
-	c.giveBack = c.giveBackPoll(clk)
-	c.deliversIdle.L = &c.gbMu
-}
-
-// addSub registers a new Subscription; false once Close has begun.
-func (c *Client) addSub(s *Subscription) bool {
-	c.gbMu.Lock()
-	defer c.gbMu.Unlock()
-	if c.closing {
-		return false
-	}
-	if c.subs == nil {
-		c.subs = make(map[*Subscription]struct{})
-	}
-	c.subs[s] = struct{}{}
-	return true
-}
-
-// dropSub forgets a Subscription that has ended.
-func (c *Client) dropSub(s *Subscription) {
-	c.gbMu.Lock()
-	delete(c.subs, s)
-	c.gbMu.Unlock()
-}
-
-// enterDeliver counts a running Deliver; false once the Client is closed.
-func (c *Client) enterDeliver() bool {
-	c.gbMu.Lock()
-	defer c.gbMu.Unlock()
-	select {
-	case <-c.closed:
-		return false
-	default:
-	}
-	c.delivers++
-	return true
-}
-
-// exitDeliver ends what enterDeliver began.
-func (c *Client) exitDeliver() {
-	c.gbMu.Lock()
-	c.delivers--
-	if c.delivers == 0 {
-		c.deliversIdle.Broadcast()
-	}
-	c.gbMu.Unlock()
-}
-
-// itemIDs returns the ids of items.
-func itemIDs(items []storage.Item) []storage.ItemID {
-	ids := make([]storage.ItemID, len(items))
-	for i := range items {
-		ids[i] = items[i].ID
-	}
-	return ids
-}
-
 // Dial connects to addr ("host:port" or "unix:/path") and checks that a
 // leaseq node answers. A node at its connection limit makes Dial fail with
 // ErrTooManyConns; a TLS failure (say, a missing client certificate) also
@@ -197,39 +136,6 @@ func Dial(ctx context.Context, addr string, opts ClientOptions) (*Client, error)
 	c.initGiveBacks(clk)
 	l.giveBack = c.giveBack
 	return c, nil
-}
-
-// giveBackTimeout bounds the nack of an abandoned poll's items (and so
-// how long Close waits for it): past it they stay leased until the lease
-// expires, as they would without it.
-const giveBackTimeout = 5 * time.Second
-
-// giveBackPoll returns the lean connection's giveBack: an undelivered
-// nack of an abandoned poll's items (leanClient.abandoned), on a
-// goroutine of its own, which Close waits for: a consumer that stops and
-// closes its client at once still gives back what its last poll claimed.
-func (c *Client) giveBackPoll(clk clock.Clock) func(pollGiveBack) {
-	return func(g pollGiveBack) {
-		c.gbMu.Lock()
-		select {
-		case <-c.closed:
-			c.gbMu.Unlock()
-			return // too late: the items wait for their lease
-		default:
-		}
-		c.giveBacks.Add(1)
-		c.gbMu.Unlock()
-		go func() {
-			defer c.giveBacks.Done()
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			t := clk.AfterFunc(giveBackTimeout, cancel)
-			defer t.Stop()
-			if _, err := c.nack(ctx, g.queue, g.lease, g.ids, nil, "", true); err != nil {
-				c.log.Debug("items no caller received stay leased until the lease expires", "queue", g.queue, "items", len(g.ids), "err", err)
-			}
-		}()
-	}
 }
 
 // dialConn opens a connection to addr, with TLS when opts asks for it.
@@ -438,28 +344,6 @@ func (c *Client) Close() error {
 		}
 	})
 	return err
-}
-
-// endSubs cancels subs and waits, at most giveBackTimeout in all, for the
-// node to end each (it drops the Consumer once its pushes have stopped),
-// so that no batch is pushed after the Deliver that found C full gave its
-// own back: pushed to a closed Client, it would stay leased to nobody.
-func (c *Client) endSubs(subs map[*Subscription]struct{}) {
-	if len(subs) == 0 {
-		return
-	}
-	for s := range subs {
-		s.Cancel()
-	}
-	t := c.clk.Timer(giveBackTimeout)
-	defer t.Stop()
-	for s := range subs {
-		select {
-		case <-s.ended:
-		case <-t.C:
-			return
-		}
-	}
 }
 
 // Done is closed when the connection has ended (Close or a failure). The
