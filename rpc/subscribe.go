@@ -457,21 +457,12 @@ func (sub *subscription) giveBack(pr storage.PollResult) {
 // they had before it, and one poll parked on the queue looks. reason is
 // logged when the give-back fails.
 func (s *Server) giveBack(queue string, lease storage.LeaseID, ids []storage.ItemID, reason string) {
-	// Not the caller's ctx, which may have ended: the store bounds a
-	// nack itself.
-	codes, err := s.cfg.Store.Nack(context.Background(), storage.NackParams{Queue: queue, Lease: lease, IDs: ids,
-		Now: s.cfg.Clock.Now(), Undelivered: true})
+	codes, err := s.disp.GiveBack(s.cfg.Store, queue, lease, ids)
 	if err != nil {
 		s.log.Warn("items not received stay leased until the lease ends", "queue", queue, "items", len(ids), "why", reason, "err", err)
 		return
 	}
 	s.tracker.settled(lease, codes)
-	for _, c := range codes {
-		if c == storage.CodeOK {
-			s.disp.Notify(queue)
-			break
-		}
-	}
 }
 
 // endReason distinguishes a client cancel (nil) from a server stop.

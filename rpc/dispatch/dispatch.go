@@ -454,6 +454,32 @@ func (d *Dispatcher) Notify(queues ...string) {
 	}
 }
 
+// Nacker is the part of storage.Store that GiveBack needs.
+type Nacker interface {
+	Nack(ctx context.Context, p storage.NackParams) ([]storage.Code, error)
+}
+
+// GiveBack returns items of queue claimed under lease that no client
+// received (an answer nobody will read, a batch never delivered): an
+// undelivered nack (storage.NackParams.Undelivered) makes them ready
+// again at once, their claim not counted, and one poll parked on queue
+// looks. It runs on a context of its own (the caller's may have ended:
+// the store bounds a nack itself).
+func (d *Dispatcher) GiveBack(store Nacker, queue string, lease storage.LeaseID, ids []storage.ItemID) ([]storage.Code, error) {
+	codes, err := store.Nack(context.Background(), storage.NackParams{Queue: queue, Lease: lease, IDs: ids,
+		Now: d.clock.Now(), Undelivered: true})
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range codes {
+		if c == storage.CodeOK {
+			d.Notify(queue)
+			break
+		}
+	}
+	return codes, nil
+}
+
 // Enqueuer is the part of storage.Store that Enqueue needs.
 type Enqueuer interface {
 	Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage.EnqueueResult, error)

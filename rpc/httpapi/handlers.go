@@ -217,26 +217,15 @@ func (s *Server) poll(c *call) (any, error) {
 	return out, nil
 }
 
-// giveBack returns the items of a poll answer no client will read (an
-// undelivered nack: ready again at once, their claim not counted), as the
-// RPC server does, and lets a parked poll look.
+// giveBack returns the items of a poll answer no client will read
+// (dispatch.GiveBack), as the RPC server does.
 func (s *Server) giveBack(queue string, pr storage.PollResult) {
 	ids := make([]storage.ItemID, len(pr.Items))
 	for i := range pr.Items {
 		ids[i] = pr.Items[i].ID
 	}
-	// Not the request's context, which has ended.
-	codes, err := s.cfg.Store.Nack(context.WithoutCancel(s.stopCtx), storage.NackParams{Queue: queue, Lease: pr.Lease, IDs: ids,
-		Now: s.cfg.Clock.Now(), Undelivered: true})
-	if err != nil {
+	if _, err := s.disp.GiveBack(s.cfg.Store, queue, pr.Lease, ids); err != nil {
 		s.log.Warn("items of a poll whose client went away stay leased until the lease ends", "queue", queue, "items", len(ids), "err", err)
-		return
-	}
-	for _, code := range codes {
-		if code == storage.CodeOK {
-			s.disp.Notify(queue)
-			return
-		}
 	}
 }
 
