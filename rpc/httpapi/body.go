@@ -9,6 +9,7 @@ import (
 	"mime"
 	"net/http"
 	"slices"
+	"strings"
 
 	"github.com/leaseq/leaseq/rpc/errcode"
 	"github.com/leaseq/leaseq/storage"
@@ -169,7 +170,8 @@ func (c *call) noBody() error {
 	return c.decodeJSON(&none)
 }
 
-// decodeStrict decodes exactly one JSON value with only known fields.
+// decodeStrict decodes exactly one JSON value with only known fields,
+// each given once.
 func decodeStrict(body []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -179,7 +181,67 @@ func decodeStrict(body []byte, v any) error {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return fmt.Errorf("%w: request body: more data after the JSON value", storage.ErrInvalidArgument)
 	}
+	if err := checkNamesOnce(body); err != nil {
+		return fmt.Errorf("%w: request body: %v", storage.ErrInvalidArgument, err)
+	}
 	return nil
+}
+
+// checkNamesOnce refuses a JSON value in which an object names a field
+// twice. encoding/json keeps the last of the two (matching names without
+// regard to case), so {"max": 1, "max": 1000} would otherwise poll a
+// thousand items; the request is more likely a mistake than a wish for
+// the second. body has been decoded already, so it is valid JSON.
+func checkNamesOnce(body []byte) error {
+	if bytes.IndexByte(body, '{') < 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	// What is open around the next token: an object's names so far
+	// (nil for an array), and whether a name comes next in it.
+	type level struct {
+		names    map[string]bool
+		wantName bool
+	}
+	var open []level
+	valueDone := func() { // a value ended: its object wants a name next
+		if n := len(open); n > 0 && open[n-1].names != nil {
+			open[n-1].wantName = true
+		}
+	}
+	for {
+		t, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		top := len(open) - 1
+		if s, ok := t.(string); ok && top >= 0 && open[top].wantName {
+			// encoding/json matches names to fields without regard to
+			// case (Unicode folding included): fold the same way.
+			k := strings.ToLower(strings.ToUpper(s))
+			if open[top].names[k] {
+				return fmt.Errorf("field %q given twice", s)
+			}
+			open[top].names[k] = true
+			open[top].wantName = false
+			continue
+		}
+		switch t {
+		case json.Delim('{'):
+			open = append(open, level{names: map[string]bool{}, wantName: true})
+		case json.Delim('['):
+			open = append(open, level{})
+		case json.Delim('}'), json.Delim(']'):
+			open = open[:top]
+			valueDone()
+		default:
+			valueDone()
+		}
+	}
 }
 
 // wrongType is the 415 for a body of media type got where want is needed.

@@ -40,7 +40,9 @@
 //
 // Wire format. JSON in and out (415 for a body of another type, except
 // application/octet-stream on the enqueue route); unknown fields are
-// refused, so a misspelt field fails loudly instead of being ignored.
+// refused, so a misspelt field fails loudly instead of being ignored, and
+// so are a field named twice in one object (checkNamesOnce) and a query
+// parameter given twice (checkQuery).
 // Durations are integer milliseconds (*_ms); instants are RFC 3339 in UTC
 // with milliseconds, as the CLI prints them; ids and leases are 32 hex
 // digits; payloads are standard base64 ("payload"), and items also carry

@@ -63,6 +63,11 @@ func TestHTTP_BadRequests(t *testing.T) {
 		{"BodyTooLarge", "POST", "/v1/queues/q/items", j, `[{"text": "` + strings.Repeat("x", 1000) + `"}]`, 413, "invalidArgument", "request body exceeds the limit of 1000 bytes"},
 		{"RawBodyTooLarge", "POST", "/v1/queues/q/items", "application/octet-stream", strings.Repeat("x", 1001), 413, "invalidArgument", "exceeds the limit of 1000 bytes"},
 		{"UnknownQuery", "GET", "/v1/queues?verbose=1", "", nil, 400, "invalidArgument", `unknown query parameter "verbose" (this route takes none)`},
+		{"FieldTwice", "POST", "/v1/queues/q/poll", j, `{"max": 1, "max": 1000}`, 400, "invalidArgument", `request body: field "max" given twice`},
+		{"FieldTwiceOtherCase", "POST", "/v1/queues/q/poll", j, `{"max": 1, "MAX": 1000}`, 400, "invalidArgument", `field "MAX" given twice`},
+		{"ItemFieldTwice", "POST", "/v1/queues/q/items", j, `[{"text": "a"}, {"text": "b", "priority": 1, "priority": 9}]`, 400, "invalidArgument", `field "priority" given twice`},
+		{"QueryTwice", "GET", "/v1/queues/q/items?limit=1&limit=1000", "", nil, 400, "invalidArgument", `query parameter "limit" given 2 times`},
+		{"RawQueryTwice", "POST", "/v1/queues/q/items?priority=1&priority=9", "application/octet-stream", "x", 400, "invalidArgument", `query parameter "priority" given 2 times`},
 		{"MethodNotAllowed", "PATCH", "/v1/queues/q/config", "", nil, 405, "invalidArgument", "method PATCH not allowed on /v1/queues/q/config (allowed: PUT)"},
 		{"NoRoute", "GET", "/v1/frobs", "", nil, 404, "notFound", "no route GET /v1/frobs"},
 		{"TrailingSlash", "GET", "/v1/queues/q/", "", nil, 404, "notFound", "no route"},
@@ -178,6 +183,15 @@ func TestDecodeStrict(t *testing.T) {
 	require.ErrorIs(t, decodeStrict([]byte(`{"A": 1}x`), &v), storage.ErrInvalidArgument)
 	require.ErrorIs(t, decodeStrict([]byte(`{"B": 1}`), &v), storage.ErrInvalidArgument)
 	require.ErrorIs(t, decodeStrict(bytes.Repeat([]byte("["), 10), &v), storage.ErrInvalidArgument)
+	// A name given once per object is fine however often it recurs in
+	// others, and strings that are values are not names.
+	var items []struct{ Text, Dedup string }
+	require.NoError(t, decodeStrict([]byte(`[{"Text": "Text", "Dedup": "Text"}, {"Text": "Dedup"}, {}]`), &items))
+	require.Len(t, items, 3)
+	var nested struct{ A, B struct{ C []struct{ C int } } }
+	require.NoError(t, decodeStrict([]byte(`{"A": {"C": [{"C": 1}, {"C": 2}]}, "B": {"C": []}}`), &nested))
+	require.ErrorContains(t, decodeStrict([]byte(`{"A": {"C": [{"C": 1, "C": 2}]}}`), &nested), `field "C" given twice`)
+	require.ErrorContains(t, decodeStrict([]byte(`{"A": {}, "B": {}, "a": {}}`), &nested), `field "a" given twice`)
 	require.Equal(t, "a or b", joinOr([]string{"a", "b"}))
 	require.Equal(t, "a, b or c", joinOr([]string{"a", "b", "c"}))
 }

@@ -46,9 +46,13 @@ func (s *Server) apiRoutes() []Route {
 }
 
 // checkQuery refuses query parameters the route does not read, so a
-// misspelt one fails loudly.
+// misspelt one fails loudly, and any given twice (which of the two would
+// count is not for the node to guess).
 func checkQuery(c *call, allowed []string) error {
-	for k := range c.r.URL.Query() {
+	for k, vs := range c.r.URL.Query() {
+		if len(vs) > 1 && slices.Contains(allowed, k) {
+			return fmt.Errorf("%w: query parameter %q given %d times", storage.ErrInvalidArgument, k, len(vs))
+		}
 		if !slices.Contains(allowed, k) {
 			if len(allowed) == 0 {
 				return fmt.Errorf("%w: unknown query parameter %q (this route takes none)", storage.ErrInvalidArgument, k)
