@@ -214,15 +214,25 @@ func (s *Server) poll(c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := PollResponse{Items: toItems(pr.Items)}
+	out := &pollAnswer{PollResponse: PollResponse{Items: toItems(pr.Items)}}
 	if len(pr.Items) > 0 {
 		out.Lease, out.ExpiresAt = pr.Lease.String(), fmtTime(pr.ExpiresAt)
+		out.giveBack = func() { s.giveBack(queue, pr) }
 	}
 	return out, nil
 }
 
+// pollAnswer is a poll's answer and, when it holds items, how to give
+// them back if it cannot be written (Server.wrap): the client then never
+// learns of the lease, as over RPC.
+type pollAnswer struct {
+	PollResponse
+	giveBack func()
+}
+
 // giveBack returns the items of a poll answer no client will read
-// (dispatch.GiveBack), as the RPC server does.
+// (dispatch.GiveBack), as the RPC server does: one claimed as its client
+// went away, or one whose write failed.
 func (s *Server) giveBack(queue string, pr storage.PollResult) {
 	ids := make([]storage.ItemID, len(pr.Items))
 	for i := range pr.Items {

@@ -1,7 +1,13 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -74,4 +80,59 @@ func TestPoll_ItemsOfAGoneClientAreGivenBack(t *testing.T) {
 	p := b.poll("q", PollRequest{})
 	require.Len(t, p.Items, 1)
 	require.EqualValues(t, 1, p.Items[0].Attempts, "the give-back must not count a delivery")
+}
+
+// brokenWriter is a ResponseWriter whose client is gone: writes fill a
+// buffer, and the flush that would send them fails, as net/http's does
+// on a reset connection.
+type brokenWriter struct {
+	h      http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (w *brokenWriter) Header() http.Header         { return w.h }
+func (w *brokenWriter) WriteHeader(status int)      { w.status = status }
+func (w *brokenWriter) Write(p []byte) (int, error) { return w.body.Write(p) }
+func (w *brokenWriter) FlushError() error           { return errors.New("write: connection reset by peer") }
+
+// TestPoll_AnswerThatCannotBeWrittenIsGivenBack: items claimed for a poll
+// whose answer cannot be written (the client's connection failed after
+// the claim, though the request's context had not ended yet) are given
+// back with no attempt counted, not left leased until the lease runs out
+// (left over by session 67's review of the HTTP API).
+func TestPoll_AnswerThatCannotBeWrittenIsGivenBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.enqueueTexts("q", "x", "y")
+
+	req := httptest.NewRequest(http.MethodPost, "/v1/queues/q/poll", strings.NewReader(`{"max": 2}`))
+	req.Header.Set("Content-Type", "application/json")
+	w := &brokenWriter{h: http.Header{}}
+	b.srv.Handler().ServeHTTP(w, req)
+	require.Equal(t, http.StatusOK, w.status)
+	var answer PollResponse
+	require.NoError(t, json.Unmarshal(w.body.Bytes(), &answer))
+	require.Len(t, answer.Items, 2, "the handler claimed the items")
+
+	s, err := b.store.Stats(context.Background(), storage.StatsParams{Queue: "q", Now: b.clock.Now()})
+	require.NoError(t, err)
+	require.EqualValues(t, 0, s[0].Inflight, "the unwritten answer's items stay leased")
+	require.EqualValues(t, 2, s[0].Ready)
+	p := b.poll("q", PollRequest{Max: ptr(int64(2))})
+	require.Len(t, p.Items, 2)
+	for _, it := range p.Items {
+		require.EqualValues(t, 1, it.Attempts, "the give-back must not count a delivery")
+	}
+
+	// An answer that is written keeps its lease.
+	w2 := httptest.NewRecorder()
+	b.enqueueTexts("q", "z")
+	req = httptest.NewRequest(http.MethodPost, "/v1/queues/q/poll", strings.NewReader(`{}`))
+	req.Header.Set("Content-Type", "application/json")
+	b.srv.Handler().ServeHTTP(w2, req)
+	require.Equal(t, http.StatusOK, w2.Code)
+	s, err = b.store.Stats(context.Background(), storage.StatsParams{Queue: "q", Now: b.clock.Now()})
+	require.NoError(t, err)
+	require.EqualValues(t, 3, s[0].Inflight)
 }

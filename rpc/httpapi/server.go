@@ -336,6 +336,12 @@ func (s *Server) wrap(rt Route) http.Handler {
 		}
 		if err != nil {
 			s.writeError(w, r, rt.op, err)
+		} else if a, ok := v.(*pollAnswer); ok && a.giveBack != nil {
+			// Items were claimed for this answer: see it out now, and
+			// give them back if it cannot be written.
+			if werr := writeJSON(w, http.StatusOK, v); werr != nil || http.NewResponseController(w).Flush() != nil {
+				a.giveBack()
+			}
 		} else {
 			writeJSON(w, http.StatusOK, v)
 		}
@@ -401,12 +407,14 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, op string, e
 	if status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "1")
 	}
-	writeJSON(w, status, ErrorBody{Error: ErrorDetail{Code: code.String(), Message: err.Error()}})
+	_ = writeJSON(w, status, ErrorBody{Error: ErrorDetail{Code: code.String(), Message: err.Error()}})
 }
 
 // writeJSON sends v with status. An encoding failure after the header is
 // out can only end the connection, which net/http does.
-func writeJSON(w http.ResponseWriter, status int, v any) {
+// writeJSON writes v as the answer; the error is the body's write's (most
+// writes only fill net/http's buffer, which goes out after the handler).
+func writeJSON(w http.ResponseWriter, status int, v any) error {
 	buf := jsonBufs.Get().(*bytes.Buffer)
 	defer func() {
 		if buf.Cap() <= maxPooledJSON {
@@ -427,7 +435,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	// write that ends the request.
 	h.Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(status)
-	_, _ = w.Write(buf.Bytes())
+	_, err := w.Write(buf.Bytes())
+	return err
 }
 
 // jsonBufs recycles the buffers answers are encoded into; one larger than
