@@ -72,9 +72,11 @@ func (s *Store) Queues(ctx context.Context) ([]string, error) {
 	return s.queueNames(), nil
 }
 
-// pageRecords visits up to limit records of namespace prefix after id
-// after, in id order.
-func (s *Store) pageRecords(prefix []byte, after storage.ItemID, limit int, fn func(id storage.ItemID, rec *dbkeys.ItemRecord) error) error {
+// pageRecords visits the records of namespace prefix after id after, in
+// id order, until fn has kept limit of them. fn leaves out a record whose
+// item went away since the page's snapshot (kept false), and the page
+// reads on in its place, so a page is short only at the namespace's end.
+func (s *Store) pageRecords(prefix []byte, after storage.ItemID, limit int, fn func(id storage.ItemID, rec *dbkeys.ItemRecord) (kept bool, err error)) error {
 	seek := append(bytes.Clone(prefix), after[:]...)
 	n := 0
 	return s.scan(prefix, dbkeys.PrefixEnd(prefix), seek, func(k, v []byte) (bool, error) {
@@ -87,10 +89,13 @@ func (s *Store) pageRecords(prefix []byte, after storage.ItemID, limit int, fn f
 		if err != nil {
 			return false, corrupt("page", k, err)
 		}
-		if err := fn(id, &rec); err != nil {
+		kept, err := fn(id, &rec)
+		if err != nil {
 			return false, err
 		}
-		n++
+		if kept {
+			n++
+		}
 		return n < limit, nil
 	})
 }
@@ -139,17 +144,17 @@ func (s *Store) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item,
 		prefix = dbkeys.InProgressPrefix(p.Queue)
 	}
 	var out []storage.Item
-	err := s.pageRecords(prefix, p.After, p.Limit, func(id storage.ItemID, rec *dbkeys.ItemRecord) error {
+	err := s.pageRecords(prefix, p.After, p.Limit, func(id storage.ItemID, rec *dbkeys.ItemRecord) (bool, error) {
 		payload, ok, err := s.pagePayload(prefix, p.Queue, id, rec)
 		if !ok {
-			return err // nil: acked or purged since the page's snapshot
+			return false, err // nil: acked or purged since the page's snapshot
 		}
 		state := storage.StateInflight
 		if !p.Inflight {
 			state = availableState(rec, p.Now)
 		}
 		out = append(out, itemOut(p.Queue, id, rec, payload, state))
-		return nil
+		return true, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("rocksstore: peek %q: %w", p.Queue, err)
@@ -171,17 +176,17 @@ func (s *Store) DeadList(ctx context.Context, p storage.DeadListParams) ([]stora
 	}
 	var out []storage.DeadItem
 	prefix := dbkeys.DLQPrefix(p.Queue)
-	err := s.pageRecords(prefix, p.After, p.Limit, func(id storage.ItemID, rec *dbkeys.ItemRecord) error {
+	err := s.pageRecords(prefix, p.After, p.Limit, func(id storage.ItemID, rec *dbkeys.ItemRecord) (bool, error) {
 		payload, ok, err := s.pagePayload(prefix, p.Queue, id, rec)
 		if !ok {
-			return err // nil: redriven or purged since the page's snapshot
+			return false, err // nil: redriven or purged since the page's snapshot
 		}
 		out = append(out, storage.DeadItem{
 			Item:   itemOut(p.Queue, id, rec, payload, storage.StateDead),
 			Reason: rec.Reason,
 			DeadAt: instant(rec.DeadAt),
 		})
-		return nil
+		return true, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("rocksstore: dead list %q: %w", p.Queue, err)
@@ -515,25 +520,54 @@ func (s *Store) deadOp(ctx context.Context, op string, p storage.RedriveParams, 
 	return res, nil
 }
 
-// applyDead runs apply on q's dead items selected by p (its IDs, or up to
-// p.Limit in id order), in one op.
+// applyDead runs apply on q's dead items selected by p: its IDs, in one
+// op, or up to p.Limit in id order. Those are listed by a scan before
+// their op, so an item redriven or purged in between is gone by the op's
+// turn; the op leaves it out, and the next op takes the items after the
+// scan's last, until p.Limit items moved or the scan found the end (a
+// concurrent purge does not make a redrive of n stop short while n dead
+// items remain; each op is atomic, the call as a whole is not).
 func (s *Store) applyDead(op string, q *queueState, p storage.RedriveParams, now int64, apply func(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, now int64)) (storage.RedriveResult, error) {
+	if len(p.IDs) > 0 {
+		return s.applyDeadOnce(op, q, p.IDs, true, now, apply)
+	}
 	var res storage.RedriveResult
-	ids := p.IDs
-	byID := len(ids) > 0
-	if byID {
-		res.Codes = make([]storage.Code, len(ids))
-	} else {
-		prefix := dbkeys.DLQPrefix(q.name)
-		err := s.scanView(prefix, dbkeys.PrefixEnd(prefix), nil, func(k, _ []byte) (bool, error) {
+	prefix := dbkeys.DLQPrefix(q.name)
+	seek := prefix
+	for res.Moved < p.Limit {
+		want := p.Limit - res.Moved
+		var ids []storage.ItemID
+		err := s.scanView(prefix, dbkeys.PrefixEnd(prefix), seek, func(k, _ []byte) (bool, error) {
+			if bytes.Equal(k, seek) {
+				return true, nil // the previous op's last
+			}
 			var id storage.ItemID
 			copy(id[:], k[len(prefix):])
 			ids = append(ids, id)
-			return len(ids) < p.Limit, nil
+			return len(ids) < want, nil
 		})
 		if err != nil {
 			return res, err
 		}
+		r, err := s.applyDeadOnce(op, q, ids, false, now, apply)
+		res.Moved += r.Moved
+		if err != nil || len(ids) < want || !s.live(q) {
+			return res, err
+		}
+		seek = dbkeys.DLQKey(q.name, ids[len(ids)-1])
+	}
+	return res, nil
+}
+
+// applyDeadOnce runs apply on q's dead items ids in one op; with byID,
+// the result has a code per id.
+func (s *Store) applyDeadOnce(op string, q *queueState, ids []storage.ItemID, byID bool, now int64, apply func(o *opTx, q *queueState, id storage.ItemID, rec dbkeys.ItemRecord, now int64)) (storage.RedriveResult, error) {
+	var res storage.RedriveResult
+	if byID {
+		res.Codes = make([]storage.Code, len(ids))
+	}
+	if len(ids) == 0 {
+		return res, nil
 	}
 	next, err := s.submit(q.name, len(ids), func(o *opTx) error {
 		res.Moved = 0
