@@ -137,7 +137,31 @@ func leaseCases() []LeaseRecord {
 	return []LeaseRecord{
 		{Queue: "q", ExpiresAt: 0, IDs: [][16]byte{}},
 		{Queue: "orders", ExpiresAt: 1_700_000_030_000_000_000, IDs: [][16]byte{id(1), id(2), id(3)}},
+		{Queue: "orders", ExpiresAt: 1_700_000_030_000_000_000, IDs: [][16]byte{id(4), id(5)}, Ahead: true},
 	}
+}
+
+// TestLease_AheadMark: the claimed-ahead mark is one byte after the ids,
+// present only when set (a record without it encodes as before the mark
+// existed), and any other byte there is malformed.
+func TestLease_AheadMark(t *testing.T) {
+	t.Parallel()
+	r := LeaseRecord{Queue: "q", ExpiresAt: 7, IDs: [][16]byte{id(1)}}
+	plain := EncodeLease(r)
+	r.Ahead = true
+	marked := EncodeLease(r)
+	require.Equal(t, append(bytes.Clone(plain), leaseAhead), marked)
+	got, err := DecodeLease(marked)
+	require.NoError(t, err)
+	require.True(t, got.Ahead)
+	got, err = DecodeLease(plain)
+	require.NoError(t, err)
+	require.False(t, got.Ahead)
+	bad := append(bytes.Clone(plain), 2)
+	_, err = DecodeLease(bad)
+	require.ErrorIs(t, err, ErrMalformed)
+	_, err = DecodeLease(append(bytes.Clone(marked), leaseAhead))
+	require.ErrorIs(t, err, ErrMalformed)
 }
 
 func countersCases() []Counters {

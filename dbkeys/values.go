@@ -149,21 +149,33 @@ func DecodeItem(b []byte) (ItemRecord, error) {
 
 // LeaseRecord is the value stored under LeaseKey: the queue the lease was
 // issued on, its expiry (unix nanos) and the ids it still covers.
+//
+// Ahead marks a lease claimed ahead of any poll (rocksstore's claims
+// ahead): until the record is next written, the database cannot tell
+// whether a consumer ever received its items. It is one byte after the
+// ids, present only when set, so every other record encodes as before.
 type LeaseRecord struct {
 	Queue     string
 	ExpiresAt int64
 	IDs       [][16]byte
+	Ahead     bool
 }
+
+// leaseAhead is the byte after a lease record's ids that sets Ahead.
+const leaseAhead = 1
 
 // EncodeLease returns the encoding of r.
 func EncodeLease(r LeaseRecord) []byte {
-	b := make([]byte, 0, 1+4+len(r.Queue)+8+4+IDLen*len(r.IDs))
+	b := make([]byte, 0, 1+4+len(r.Queue)+8+4+IDLen*len(r.IDs)+1)
 	b = append(b, FormatVersion)
 	b = appendString(b, r.Queue)
 	b = AppendInt64(b, r.ExpiresAt)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(r.IDs)))
 	for _, id := range r.IDs {
 		b = append(b, id[:]...)
+	}
+	if r.Ahead {
+		b = append(b, leaseAhead)
 	}
 	return b
 }
@@ -185,6 +197,13 @@ func DecodeLease(b []byte) (LeaseRecord, error) {
 	r.ExpiresAt = readInt64(rest[:8])
 	n := binary.BigEndian.Uint32(rest[8:12])
 	rest = rest[12:]
+	if uint64(len(rest)) == uint64(n)*IDLen+1 {
+		if rest[len(rest)-1] != leaseAhead {
+			return r, fmt.Errorf("%w: lease: unknown flag byte %#x after its ids", ErrMalformed, rest[len(rest)-1])
+		}
+		r.Ahead = true
+		rest = rest[:len(rest)-1]
+	}
 	if uint64(len(rest)) != uint64(n)*IDLen {
 		return r, fmt.Errorf("%w: lease: %d id bytes for %d ids", ErrMalformed, len(rest), n)
 	}

@@ -358,7 +358,11 @@
 // them back first (from the moment Close begins, acks claim nothing
 // ahead); Recover, which cannot write before it reopens a failed store,
 // notes them first and gives back once reopened those whose claim the
-// database holds (setAside). Until the op that gives a batch back lands
+// database holds (setAside). The claim marks the lease record
+// (dbkeys.LeaseRecord.Ahead) until its next write, so that a batch held
+// at a crash, which Open cannot tell from one a consumer took, gives its
+// items back at its expiry with no attempt counted, rather than
+// dead-lettering items nobody may have received (prefetch.go). Until the op that gives a batch back lands
 // its counters, Stats still hides it (queueState.returning). A poll
 // answered from one is promised an expiry counted from its own instant
 // (leaseState.promised, read through deadline), which the database learns

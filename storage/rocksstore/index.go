@@ -385,6 +385,16 @@ type leaseState struct {
 	max      int         // the claim's max (0: not from a claim)
 	dur      int64       // the claim's lease, ns
 	ahead    *prefetched // set when claimed ahead (prefetch.go)
+	// aheadMark: the lease record in the database carries the
+	// claimed-ahead mark (written by claimAhead, cleared by the lease's
+	// next write: leaseWritten).
+	aheadMark bool
+	// unconfirmed: rebuilt by Open from a record with the mark, so
+	// nobody can tell whether a consumer ever received its items (a
+	// crash while the batch was held). Until a consumer acts on the lease,
+	// its expiry gives its items back with no attempt counted
+	// (expireLease).
+	unconfirmed bool
 	// promised, when not 0, is the expiry a poll answered with this
 	// lease (claimed ahead) was told, later than exp, which the database
 	// keeps (see deadline). Set by that poll, off the committer.

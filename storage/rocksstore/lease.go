@@ -76,6 +76,7 @@ func (s *Store) finishLease(o *opTx, l *leaseState) {
 	if len(kept) > 0 {
 		s.keepPromise(o, l)
 		o.putAs(o.settleNew, dbkeys.LeaseKey(l.token), dbkeys.EncodeLease(leaseRecord(l)))
+		leaseWritten(o, l)
 		return
 	}
 	s.dropLease(o, l)
@@ -105,18 +106,40 @@ func (s *Store) moveExpiry(o *opTx, l *leaseState, exp int64, fresh bool) {
 }
 
 // keepPromises writes every promised expiry (keepPromise) not written
-// yet, so that a clean close and reopen keeps what polls were told.
+// yet, and the record of every lease a poll took from a batch claimed
+// ahead that still carries the claimed-ahead mark (takenAhead), so that
+// a clean close and reopen keeps what polls were told, and counts their
+// deliveries. Close gives back the batches no poll took first.
 func (s *Store) keepPromises() error {
 	_, err := s.submit("", 0, func(o *opTx) error {
 		for _, l := range s.leases {
-			if l.promised.Load() > l.exp {
+			if l.promised.Load() > l.exp || takenAhead(l) {
 				s.keepPromise(o, l)
 				o.put(dbkeys.LeaseKey(l.token), dbkeys.EncodeLease(leaseRecord(l)))
+				leaseWritten(o, l)
 			}
 		}
 		return nil
 	})
 	return err
+}
+
+// takenAhead reports whether lease l was claimed ahead and taken by a
+// poll of this process, its record still marked claimed ahead.
+func takenAhead(l *leaseState) bool {
+	return l.aheadMark && !l.unconfirmed && !heldAhead(l)
+}
+
+// leaseWritten notes that lease l's record was just written without the
+// claimed-ahead mark (leaseRecord never sets it): a lease a consumer acts
+// on is confirmed delivered. REQUIRES: on the committer.
+func leaseWritten(o *opTx, l *leaseState) {
+	if !l.aheadMark && !l.unconfirmed {
+		return
+	}
+	mark, unconfirmed := l.aheadMark, l.unconfirmed
+	l.aheadMark, l.unconfirmed = false, false
+	o.onUndo(func() { l.aheadMark, l.unconfirmed = mark, unconfirmed })
 }
 
 // dropLease deletes lease l's record and expiry entry and forgets it.
@@ -392,6 +415,7 @@ func (s *Store) extend(ctx context.Context, p storage.ExtendParams) (time.Time, 
 		exp = now + int64(d)
 		s.moveExpiry(o, l, exp, false)
 		o.put(dbkeys.LeaseKey(l.token), dbkeys.EncodeLease(leaseRecord(l)))
+		leaseWritten(o, l)
 		return nil
 	})
 	if err != nil {

@@ -30,6 +30,9 @@ type opTx struct {
 	settleNew bool
 	// keepClaimed, when set, collects what claims take (claimAhead).
 	keepClaimed *[]claimedItem
+	// claimingAhead is set while claimAhead claims: grant marks the
+	// lease record (dbkeys.LeaseRecord.Ahead).
+	claimingAhead bool
 	// ahead is the batch the op claimed ahead (claimAhead): finish puts
 	// it in its queue's list together with the claim's counters.
 	ahead *prefetched

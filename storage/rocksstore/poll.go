@@ -325,8 +325,8 @@ func (s *Store) newToken() storage.LeaseID {
 func (s *Store) grant(o *opTx, q *queueState, now, lease int64, max int, items []claimedItem) (storage.PollResult, error) {
 	token := s.newToken()
 	exp := now + lease
-	lr := dbkeys.LeaseRecord{Queue: q.name, ExpiresAt: exp, IDs: make([][16]byte, len(items))}
-	l := &leaseState{token: token, q: q, exp: exp, ids: make([]storage.ItemID, len(items)), max: max, dur: lease}
+	lr := dbkeys.LeaseRecord{Queue: q.name, ExpiresAt: exp, IDs: make([][16]byte, len(items)), Ahead: o.claimingAhead}
+	l := &leaseState{token: token, q: q, exp: exp, ids: make([]storage.ItemID, len(items)), max: max, dur: lease, aheadMark: o.claimingAhead}
 	out := make([]storage.Item, len(items))
 	d := o.delta(q)
 	// While the batch is untouched, a claimed item's in_progress key is

@@ -29,12 +29,21 @@ import (
 // a batch was held (the model-based conformance suites run with claims
 // ahead on).
 //
-// Two traces remain after a crash only: a batch held at the crash is an
-// ordinary lease in the database, whose items come back when it expires
-// with one attempt counted that no consumer saw; and the database keeps
-// a taken lease's claim-time expiry, up to the hold before the one its
-// poll was promised, until the lease is next written (a partial ack or
-// nack, an extend, a clean Close: keepPromise, or a Recover). Recover
+// A batch held at a crash is a lease in the database like any other but
+// for its record's claimed-ahead mark (dbkeys.LeaseRecord.Ahead, written
+// by the claim; a poll that takes the batch writes nothing, so the mark
+// stays until the lease is next written). Open rebuilds such a lease
+// unconfirmed: a consumer may hold it (its ack, nack or extend works and
+// confirms it), or nobody ever received it, so its expiry gives its
+// items back with no attempt counted rather than counting one that may
+// dead-letter items no consumer saw. What that costs is an attempt
+// uncounted for a batch taken before the crash whose consumer then let
+// the lease run out. A clean Close (keepPromises) and a Recover
+// (restoreAside) write the record of every taken lease without the mark
+// first. The other trace of a crash: the database keeps a taken lease's
+// claim-time expiry, up to the hold before the one its poll was
+// promised, until the lease is next written (a partial ack or nack, an
+// extend, a clean Close: keepPromise, or a Recover). Recover
 // reopens a failed store, which cannot write first as Close does, so it
 // notes the held batches and the promises before it drops the in-memory
 // state, and once reopened gives back those whose claim the database
@@ -137,9 +146,9 @@ func (s *Store) claimAhead(o *opTx, plan *prefetchPlan) error {
 		return nil
 	}
 	var took []claimedItem
-	o.keepClaimed = &took
+	o.keepClaimed, o.claimingAhead = &took, true
 	res, err := s.claim(o, q, plan.now, plan.max, plan.dur)
-	o.keepClaimed = nil
+	o.keepClaimed, o.claimingAhead = nil, false
 	if err != nil || len(took) == 0 {
 		return err
 	}
@@ -531,6 +540,7 @@ func (s *Store) queuesWithPrefetch() []*queueState {
 type asideNotes struct {
 	ahead    []heldAside               // batches claimed ahead that no poll took
 	promised map[storage.LeaseID]int64 // expiries promised to polls answered with one
+	taken    []storage.LeaseID         // leases polls took from one, still marked claimed ahead (takenAhead)
 }
 
 // heldAside is a batch claimed ahead as setAside found it: what giveBack
@@ -544,8 +554,9 @@ type heldAside struct {
 // setAside notes every batch claimed ahead that no poll took (heldAhead:
 // held in its queue's list, or dropped from it by prefetchDone because
 // the commit or fsync of the ack that claimed it failed, whose claim the
-// database may hold all the same) and every expiry promised to a poll
-// answered with one that the database lacks. The notes of a Recover
+// database may hold all the same), every expiry promised to a poll
+// answered with one that the database lacks, and every lease a poll took
+// from one whose record is still marked claimed ahead. The notes of a Recover
 // whose restoreAside failed stay, and these join them. REQUIRES:
 // s.life held exclusively; the pipeline stopped, the database not yet
 // closed.
@@ -566,13 +577,17 @@ func (s *Store) setAside() {
 			}
 			a.promised[token] = max(a.promised[token], p)
 		}
+		if takenAhead(l) && !slices.Contains(a.taken, token) {
+			a.taken = append(a.taken, token)
+		}
 	}
 }
 
 // restoreAside gives back, in one op, each batch setAside noted whose
-// lease the reopened database holds, and writes each promised expiry
-// later than its lease's there; it returns how many batches and
-// promises that was. The database is the truth: a claim that never
+// lease the reopened database holds, writes each promised expiry later
+// than its lease's there, and writes the record of each lease a poll
+// took without the claimed-ahead mark (the reopened store rebuilt it
+// unconfirmed); it returns how many batches and promises that was. The database is the truth: a claim that never
 // reached it left the items available, and a give-back that did (a
 // restoreAside whose fsync failed) ended the lease, so neither has
 // anything to give back; a lease ended meanwhile needs no promise. The
@@ -581,7 +596,7 @@ func (s *Store) setAside() {
 // held exclusively; the database reopened.
 func (s *Store) restoreAside() (given, kept int, err error) {
 	a := &s.aside
-	if len(a.ahead) == 0 && len(a.promised) == 0 {
+	if len(a.ahead) == 0 && len(a.promised) == 0 && len(a.taken) == 0 {
 		return 0, 0, nil
 	}
 	_, err = s.submit("", 0, func(o *opTx) error {
@@ -605,7 +620,16 @@ func (s *Store) restoreAside() (given, kept int, err error) {
 			l.promised.Store(p)
 			s.keepPromise(o, l)
 			o.put(dbkeys.LeaseKey(token), dbkeys.EncodeLease(leaseRecord(l)))
+			leaseWritten(o, l)
 			kept++
+		}
+		for _, token := range a.taken {
+			// Reopened, the lease is unconfirmed (rebuilt from its
+			// mark); a poll did take it.
+			if l := s.leases[token]; l != nil && l.aheadMark {
+				o.put(dbkeys.LeaseKey(token), dbkeys.EncodeLease(leaseRecord(l)))
+				leaseWritten(o, l)
+			}
 		}
 		return nil
 	})

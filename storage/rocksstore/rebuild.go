@@ -51,7 +51,7 @@ func (s *Store) rebuild() error {
 		if q == nil {
 			return false, fmt.Errorf("rocksstore: open: %w: lease %x of unknown queue %q", storage.ErrCorrupt, token, rec.Queue)
 		}
-		l := &leaseState{token: token, q: q, exp: rec.ExpiresAt, ids: make([]storage.ItemID, len(rec.IDs))}
+		l := &leaseState{token: token, q: q, exp: rec.ExpiresAt, ids: make([]storage.ItemID, len(rec.IDs)), aheadMark: rec.Ahead, unconfirmed: rec.Ahead}
 		for i, id := range rec.IDs {
 			l.ids[i] = id
 			s.inflight[id] = l

@@ -223,8 +223,12 @@ func (s *Store) expireDue(o *opTx, now int64, max int, res *storage.SweepResult,
 
 // expireLease ends lease l: each item goes back to ready (VisibleAt = the
 // expiry, so it queues behind items ready earlier) or, out of attempts,
-// to dead. A record that cannot be read is left in place and reported by
-// Check. REQUIRES: on the committer.
+// to dead. An unconfirmed lease (a batch claimed ahead at a crash, which
+// no consumer may ever have received) gives its items back instead, as a
+// held batch's give-back does: its attempt and delivery uncounted, each
+// item at its old place in the serve order, none dead-lettered. A record
+// that cannot be read is left in place and reported by Check. REQUIRES:
+// on the committer.
 func (s *Store) expireLease(o *opTx, l *leaseState, now int64, res *storage.SweepResult, gained map[string]bool) {
 	q := l.q
 	d := o.delta(q)
@@ -246,6 +250,15 @@ func (s *Store) expireLease(o *opTx, l *leaseState, now int64, res *storage.Swee
 		s.release(o, l, id)
 		o.del(ik)
 		d.Inflight--
+		if l.unconfirmed {
+			rec.Attempts = max(rec.Attempts, 1) - 1
+			rec.Delayed = rec.VisibleAt > now
+			d.Delivered--
+			s.putAvailable(o, q, id, rec, nil, false, nil)
+			res.Requeued++
+			gained[q.name] = true
+			continue
+		}
 		d.Expired++
 		if rec.Attempts >= q.maxAttempts(&rec) {
 			s.putDead(o, q, id, rec, "lease expired", now)
