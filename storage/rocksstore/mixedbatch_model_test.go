@@ -55,6 +55,22 @@ type rvModel struct {
 	leases map[storage.LeaseID]*rvLease
 }
 
+// pickLease picks one of q's leases that holds items, by rng, or ok
+// false when there is none.
+func (m *rvModel) pickLease(rng *rand.Rand, q string) (l storage.LeaseID, ok bool) {
+	var ls []storage.LeaseID
+	for l, ml := range m.leases {
+		if ml.q == q && len(m.held(l)) > 0 {
+			ls = append(ls, l)
+		}
+	}
+	if len(ls) == 0 {
+		return l, false
+	}
+	slices.SortFunc(ls, func(x, y storage.LeaseID) int { return bytes.Compare(x[:], y[:]) })
+	return ls[rng.IntN(len(ls))], true
+}
+
 func (m *rvModel) held(l storage.LeaseID) []storage.ItemID {
 	var out []storage.ItemID
 	ml := m.leases[l]
@@ -244,17 +260,10 @@ func rvRandomBatches(t *testing.T, seed uint64, rounds int) {
 					m.leases[r.Lease] = ml
 				})
 			case k < 8: // ack or nack some of a lease's items
-				var ls []storage.LeaseID
-				for l, ml := range m.leases {
-					if ml.q == q && len(m.held(l)) > 0 {
-						ls = append(ls, l)
-					}
-				}
-				if len(ls) == 0 {
+				l, ok := m.pickLease(rng, q)
+				if !ok {
 					continue
 				}
-				slices.SortFunc(ls, func(x, y storage.LeaseID) int { return bytes.Compare(x[:], y[:]) })
-				l := ls[rng.IntN(len(ls))]
 				var ids []storage.ItemID
 				for _, id := range m.held(l) {
 					if rng.IntN(3) > 0 {
@@ -310,17 +319,10 @@ func rvRandomBatches(t *testing.T, seed uint64, rounds int) {
 					}
 				})
 			case k == 8 && rng.IntN(2) == 0: // extend a lease (ExtendLease's op)
-				var ls []storage.LeaseID
-				for l, ml := range m.leases {
-					if ml.q == q && len(m.held(l)) > 0 {
-						ls = append(ls, l)
-					}
-				}
-				if len(ls) == 0 {
+				l, ok := m.pickLease(rng, q)
+				if !ok {
 					continue
 				}
-				slices.SortFunc(ls, func(x, y storage.LeaseID) int { return bytes.Compare(x[:], y[:]) })
-				l := ls[rng.IntN(len(ls))]
 				d := time.Duration(rng.IntN(4)) * time.Second
 				if d == 0 {
 					d = m.leases[l].exp - cur // to the same expiry

@@ -25,6 +25,17 @@ func oneAttemptQueue(t *testing.T, b *testBundle) []storage.ItemID {
 	return b.enqueueN("q", at(0), 8)
 }
 
+// takeAhead has an ack claim ids[2:4] ahead and a poll take them, at one
+// instant, and returns the poll's answer.
+func takeAhead(t *testing.T, b *testBundle, ids []storage.ItemID) storage.PollResult {
+	t.Helper()
+	b.pollAck(2, at(time.Second))
+	r := b.poll("q", 2, time.Minute, at(time.Second))
+	require.Equal(t, ids[2:4], itemIDs(r.Items))
+	require.EqualValues(t, 1, b.s.Metrics().PrefetchHits, "answered with the batch claimed ahead")
+	return r
+}
+
 // TestPrefetch_CrashWhileHeldCountsNoDelivery: a batch claimed ahead and
 // held, never handed to a consumer, at a crash is a lease in the
 // database; its expiry after the restart gives its items back with no
@@ -65,10 +76,7 @@ func TestPrefetch_CrashAfterTakenKeepsTheLease(t *testing.T) {
 	t.Parallel()
 	b, _ := prefetchStore(t)
 	ids := oneAttemptQueue(t, b)
-	b.pollAck(2, at(time.Second))
-	r := b.poll("q", 2, time.Minute, at(time.Second))
-	require.Equal(t, ids[2:4], itemIDs(r.Items))
-	require.EqualValues(t, 1, b.s.Metrics().PrefetchHits, "answered with the batch claimed ahead")
+	r := takeAhead(t, b, ids)
 
 	c := crashCopyOpen(t, b)
 	now := at(2 * time.Second)
@@ -87,11 +95,7 @@ func TestPrefetch_CrashAfterTakenKeepsTheLease(t *testing.T) {
 func TestPrefetch_TakenBatchSurvivesCleanReopenCounted(t *testing.T) {
 	t.Parallel()
 	b, _ := prefetchStore(t)
-	ids := oneAttemptQueue(t, b)
-	b.pollAck(2, at(time.Second))
-	r := b.poll("q", 2, time.Minute, at(time.Second))
-	require.Equal(t, ids[2:4], itemIDs(r.Items))
-	require.EqualValues(t, 1, b.s.Metrics().PrefetchHits)
+	takeAhead(t, b, oneAttemptQueue(t, b))
 
 	b.reopen()
 	sw := b.sweep(at(time.Second + 2*time.Minute))
@@ -105,10 +109,7 @@ func TestPrefetch_TakenBatchSurvivesCleanReopenCounted(t *testing.T) {
 func TestRecover_TakenBatchCounted(t *testing.T) {
 	t.Parallel()
 	b, failing := setupFailingSync(t)
-	ids := oneAttemptQueue(t, b)
-	b.pollAck(2, at(time.Second))
-	r := b.poll("q", 2, time.Minute, at(time.Second))
-	require.Equal(t, ids[2:4], itemIDs(r.Items))
+	takeAhead(t, b, oneAttemptQueue(t, b))
 
 	failing.Store(true)
 	b.failWrite(at(time.Second))
