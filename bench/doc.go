@@ -22,7 +22,16 @@
 // server process (for in-process systems, the harness's own process); for
 // a server in a process of its own, the harness's own CPU over the row is
 // reported too, as the client's (the system's client library and the load
-// generator).
+// generator). A timed flow (produce, e2e, latency, churn, manyqueues)
+// reads the CPU at the edges of the window its items are counted in, so
+// that neither connecting nor the enqueues still unacked at the window's
+// end are charged to its items; the other workloads are timed whole. The
+// peak RSS of an in-process row starts from the harness's memory after a
+// collection that hands the earlier rows' heap back (glibc may keep up to
+// 64 MiB of RocksDB's freed memory: rocksstore.KeepFreedMemory).
+//
+// Within a round the systems run in turn, each round starting one system
+// further on, so that no system always runs right after the same one.
 //
 // Each row runs on a fresh instance with a fresh data directory, bounded
 // by Config.Timeout beyond its planned length, and is torn down after. A

@@ -70,6 +70,18 @@ type env struct {
 	drain    <-chan struct{}
 	seed     int64
 	payload  int
+	// window, when set, is called as a timed flow's measured window
+	// begins (end false) and ends (end true), so that the row's CPU is
+	// read at the edges of the window its items are counted in
+	// (runRow).
+	window func(end bool)
+}
+
+// markWindow calls e.window if it is set.
+func (e *env) markWindow(end bool) {
+	if e.window != nil {
+		e.window(end)
+	}
 }
 
 func (e *env) since() int64 { return int64(e.clk.Since(e.base)) }
@@ -202,6 +214,7 @@ func runFlow(ctx context.Context, e *env, in target.Instance, s flowSpec) (out f
 	var fail errOnce
 	failAll := func() { stopProd(); stopCons() }
 
+	e.markWindow(false)
 	start := e.clk.Now()
 	deadline := start.Add(s.duration)
 	var deadlineNs atomic.Int64
@@ -381,6 +394,7 @@ func runFlow(ctx context.Context, e *env, in target.Instance, s flowSpec) (out f
 		deadlineNs.Store(int64(end.Sub(e.base)))
 	case <-consCtx.Done():
 	}
+	e.markWindow(true)
 	stopProd()
 	wg.Wait()
 	if out.interrupted && s.consumers > 0 {

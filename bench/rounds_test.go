@@ -53,6 +53,16 @@ func TestMedianRows_EachFigureIsItsMedianOverCompletedRounds(t *testing.T) {
 	require.Equal(t, 2, allFailed[0].RoundsFailed)
 }
 
+func TestRotate(t *testing.T) {
+	t.Parallel()
+	xs := []int{1, 2, 3}
+	require.Equal(t, []int{1, 2, 3}, rotate(xs, 0))
+	require.Equal(t, []int{2, 3, 1}, rotate(xs, 1))
+	require.Equal(t, []int{3, 1, 2}, rotate(xs, 5))
+	require.Equal(t, []int{1, 2, 3}, xs, "rotate leaves its argument alone")
+	require.Empty(t, rotate([]int(nil), 2))
+}
+
 func TestRun_RoundsTakeTurnsAndReportMedians(t *testing.T) {
 	t.Parallel()
 	c := tinyConfig(t)
@@ -64,12 +74,13 @@ func TestRun_RoundsTakeTurnsAndReportMedians(t *testing.T) {
 	require.Equal(t, 3, rep.Config.Rounds)
 
 	// produce has two rows; each runs three rounds of both systems, the
-	// systems taking turns within a round.
+	// systems taking turns within a round, each round starting one
+	// system further on.
 	require.Len(t, rep.RoundResults, 2*3*len(sys))
 	i := 0
 	for _, row := range []string{"produce-b1", "produce-b100"} {
 		for round := 1; round <= 3; round++ {
-			for _, s := range sys {
+			for _, s := range rotate(sys, round-1) {
 				r := rep.RoundResults[i]
 				require.Equal(t, row, r.Row)
 				require.Equal(t, s.Name(), r.System)

@@ -7,6 +7,7 @@ import (
 	"math/rand"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -34,7 +35,7 @@ type Result struct {
 	ItemsPerSec float64  `json:"items_per_s"`               // Items / Seconds
 	E2E         *Latency `json:"e2e_latency,omitempty"`     // enqueue call start (or scheduled send) -> ack confirmed
 	Enqueue     *Latency `json:"enqueue_latency,omitempty"` // one enqueue call
-	CPUSeconds  float64  `json:"cpu_s"`                     // server process CPU (user+sys) during the row
+	CPUSeconds  float64  `json:"cpu_s"`                     // server process CPU (user+sys) during the row's window (package doc)
 	CPUPerItem  float64  `json:"cpu_us_per_item"`           // CPUSeconds per completed item, in µs
 	// ClientCPUSeconds is the harness process's own CPU during the row of
 	// a system in a process of its own: the system's client library and
@@ -458,8 +459,11 @@ func Run(ctx context.Context, c Config, systems []target.System) (*Report, error
 			// Every system runs the row once per round before the next
 			// round starts, so a machine that speeds up or slows down
 			// over the run touches every system alike.
+			// Each round starts one system further on, so that no system
+			// always runs right after the same one (whose dirty pages
+			// or leftover memory it would always inherit).
 			for round := 1; round <= rounds; round++ {
-				for _, s := range run {
+				for _, s := range rotate(run, round-1) {
 					if rep.Interrupted || drainRequested(drain) || ctx.Err() != nil {
 						rep.Interrupted = true
 						break
@@ -574,6 +578,13 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 	if hasCounters {
 		c0 = cs.Counters()
 	}
+	if r.InProcess {
+		// The harness's heap holds what earlier rows left (a memstore's
+		// items, say) until the collector hands it back: without this a
+		// row's peak depended on the rows before it.
+		runtime.GC()
+		debug.FreeOSMemory()
+	}
 	_ = procx.ResetPeak(pid) // best effort: without it the peak covers the process's life
 	u0, uerr := procx.ReadUsage(pid)
 	// The harness's own CPU is the client's, for a server of its own.
@@ -584,6 +595,12 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 	}
 	e := &env{clk: c.Clock, base: c.Clock.Now(), progress: c.Progress, label: s.Name() + " " + v.row,
 		drain: drain, seed: c.Seed, payload: c.PayloadSize}
+	// A timed flow reads the CPU at the edges of the window its items are
+	// counted in, so that connecting, and enqueues still unacked or
+	// calls still running when the window ends, are not charged to the
+	// items; other workloads are timed whole.
+	var win cpuWindow
+	e.window = func(end bool) { win.mark(end, pid, self, r.InProcess) }
 	t0, terr := procx.ReadCPUTimes()
 	traced := startNodeTrace(ctx, c, v, s, in) // nodetrace.go
 	runErr := v.run(ctx, e, in, &r)
@@ -599,6 +616,9 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 		if h1, err := procx.ReadUsage(self); err == nil {
 			r.ClientCPUSeconds = (h1.CPU - h0.CPU).Seconds()
 		}
+	}
+	if cpu, client, ok := win.seconds(); ok {
+		r.CPUSeconds, r.ClientCPUSeconds = cpu, client
 	}
 	if hasCounters {
 		addCounters(&r, c0, cs.Counters())
@@ -667,4 +687,47 @@ func addCounters(r *Result, before, after map[string]float64) {
 		}
 		r.Extra[k] = d
 	}
+}
+
+// rotate returns ss starting at its element k mod len(ss), wrapping.
+func rotate[T any](ss []T, k int) []T {
+	if len(ss) == 0 {
+		return ss
+	}
+	k %= len(ss)
+	return append(append(make([]T, 0, len(ss)), ss[k:]...), ss[:k]...)
+}
+
+// cpuWindow holds the CPU readings taken at a timed flow's window edges
+// (env.window): the server's (pid) and, for a server of its own, the
+// harness's.
+type cpuWindow struct {
+	begun, ended, bad bool
+	u0, u1, h0, h1    procx.Usage
+}
+
+// mark reads the CPU at the window's beginning or end.
+func (w *cpuWindow) mark(end bool, pid, self int, inProcess bool) {
+	u, err := procx.ReadUsage(pid)
+	var h procx.Usage
+	if err == nil && !inProcess {
+		h, err = procx.ReadUsage(self)
+	}
+	switch {
+	case err != nil:
+		w.bad = true
+	case end:
+		w.u1, w.h1, w.ended = u, h, true
+	default:
+		w.u0, w.h0, w.begun = u, h, true
+	}
+}
+
+// seconds returns the server's and the harness's CPU over the window,
+// ok false unless both edges were read.
+func (w *cpuWindow) seconds() (server, client float64, ok bool) {
+	if !w.begun || !w.ended || w.bad {
+		return 0, 0, false
+	}
+	return (w.u1.CPU - w.u0.CPU).Seconds(), (w.h1.CPU - w.h0.CPU).Seconds(), true
 }
