@@ -67,6 +67,22 @@ func runRoundTrip(ctx context.Context, e *env, in target.Instance, d time.Durati
 }
 
 // drainRequested reports, without waiting, whether drain is closed.
+// untilDrained returns ctx ended also by a drain request, for the
+// workloads that have no window to end early (drain, storm): they stop
+// where they are, and their row is reported interrupted. stop releases
+// the watch.
+func untilDrained(ctx context.Context, drain <-chan struct{}) (_ context.Context, stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-drain:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
 func drainRequested(drain <-chan struct{}) bool {
 	select {
 	case <-drain:

@@ -319,7 +319,13 @@ func variants(c Config, workload string) []variant {
 			shape:   fmt.Sprintf("enqueue %d (%dP, batch %d), then drain with %dC", c.DrainItems, c.Producers, phaseBatch, c.Consumers),
 			planned: 0,
 			run: func(ctx context.Context, e *env, in target.Instance, r *Result) error {
+				ctx, stop := untilDrained(ctx, e.drain)
+				defer stop()
 				out, err := runDrain(ctx, e, in, c.Producers, c.Consumers, c.DrainItems, "bench")
+				if err != nil && drainRequested(e.drain) {
+					r.Interrupted = true
+					return nil
+				}
 				if err != nil {
 					return err
 				}
@@ -342,7 +348,13 @@ func variants(c Config, workload string) []variant {
 			// slow redelivery reads as a failure.
 			planned: c.StormLease + stormWait,
 			run: func(ctx context.Context, e *env, in target.Instance, r *Result) error {
+				ctx, stop := untilDrained(ctx, e.drain)
+				defer stop()
 				out, err := runStorm(ctx, e, in, c.Producers, c.Consumers, c.StormItems, "bench", c.StormLease)
+				if err != nil && drainRequested(e.drain) {
+					r.Interrupted = true
+					return nil
+				}
 				var inc *incompleteError
 				if errors.As(err, &inc) && ctx.Err() == nil {
 					// The system did not redeliver everything within

@@ -1,9 +1,10 @@
 // Package procx runs the server processes the benchmark compares (peers and
 // `leaseq serve`) and reads their resource use from /proc.
 //
-// Every process is started with exec.CommandContext under the caller's
-// context, so a cancelled run kills it; Stop asks politely (SIGTERM) and
-// kills after a grace period. Output goes to a log file in the process's
+// Every process lives until Stop, which asks politely (SIGTERM) and kills
+// after a grace period; the caller always calls it, a cancelled run
+// included, and a harness that dies without it takes its servers along
+// (Pdeathsig). Output goes to a log file in the process's
 // own data directory so a failed start can be explained.
 package procx
 
