@@ -76,6 +76,10 @@ func parseArgs(fs *flag.FlagSet, args []string, lookupEnv func(string) (string, 
 		}
 		if err := fs.Set(f.Name, v); err != nil {
 			envErr = fmt.Errorf("environment %s=%q: %v", name, v, err)
+			return
+		}
+		if e, ok := f.Value.(interface{ fromEnv(string) }); ok {
+			e.fromEnv(name)
 		}
 	})
 	return pos, envErr
@@ -187,7 +191,20 @@ type choice[T any] struct {
 	text  string
 	val   T
 	parse func(string) (T, error)
-	set   bool // Set was called (the flag or its variable was given)
+	set   bool   // Set was called (the flag or its variable was given)
+	env   string // the variable the value came from, if not the command line
+}
+
+// fromEnv notes the variable the value was set from (parseArgs).
+func (c *choice[T]) fromEnv(name string) { c.env = name }
+
+// source names where the value came from, for an error about it: the
+// flag, or the environment variable that set it.
+func (c *choice[T]) source(flagName string) string {
+	if c.env != "" {
+		return c.env + " (from the environment)"
+	}
+	return "--" + flagName
 }
 
 func newChoice[T any](def string, parse func(string) (T, error)) *choice[T] {

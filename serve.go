@@ -98,6 +98,10 @@ node's TLS and connection limits; the README's "Queueber compatibility"
 section has the details.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 		f := addServeFlags(fs)
+		// A mode switch, not a setting a shell keeps: a
+		// LEASEQ_CHECK_CONFIG left exported would make every later
+		// serve a dry run that exits 0.
+		cliOnly(fs, "check-config")
 		return func(ctx context.Context, args []string) error {
 			if len(args) > 0 {
 				return usagef("unexpected argument %q", args[0])

@@ -137,7 +137,7 @@ func addServeFlags(fs *flag.FlagSet) *serveFlags {
 	f.maxReason = newChoice(strconv.Itoa(d.MaxReason), parseSize)
 	fs.Var(f.maxReason, "max-reason", "longest nack reason kept, in `bytes` (longer ones are truncated)")
 	f.sweepInterval = fs.Duration("sweep-interval", sweeper.DefaultSweepInterval, "longest sleep of the sweeper when no deadline is known")
-	f.sweepBatch = fs.Int("sweep-batch", sweeper.DefaultBatchLimit, "leases expired per sweep transaction")
+	f.sweepBatch = fs.Int("sweep-batch", sweeper.DefaultBatchLimit, "most leases expired, and separately most delayed items promoted and dedup keys dropped, per sweep call")
 	f.qbListen = fs.String("queueber-listen", "", "also serve Queueber's protocol (schema/queueber.capnp) on this `address`: host:port or unix:/path (needs --queueber-queue)")
 	f.qbQueue = fs.String("queueber-queue", "", "the leaseq queue `name` that Queueber clients on --queueber-listen add to and poll (needs --queueber-listen)")
 	f.checkConfig = fs.Bool("check-config", false, "validate flags, environment and TLS files, print the effective settings, and exit")
@@ -184,7 +184,7 @@ func (f *serveFlags) check() error {
 		return err
 	}
 	if f.socketMode.set && !strings.HasPrefix(*f.listen, "unix:") && !strings.HasPrefix(*f.qbListen, "unix:") && !strings.HasPrefix(*f.httpAddr, "unix:") {
-		return usagef("--socket-mode applies to a unix socket (--listen, --http or --queueber-listen unix:/path) only")
+		return usagef("%s applies to a unix socket (--listen, --http or --queueber-listen unix:/path) only", f.socketMode.source("socket-mode"))
 	}
 	if *f.httpAddr != "" && (*f.httpAddr == *f.listen || *f.httpAddr == *f.metricsAddr || *f.httpAddr == *f.qbListen) {
 		return usagef("--http %s is also the address of --listen, --metrics or --queueber-listen", *f.httpAddr)
@@ -200,13 +200,13 @@ func (f *serveFlags) check() error {
 		}
 	}
 	if f.backend.val == "fdb" && f.recoverMode.set {
-		return usagef("--recover applies to --backend=rocksdb only")
+		return usagef("%s applies to --backend=rocksdb only", f.recoverMode.source("recover"))
 	}
 	if f.backend.val == "fdb" && f.prefetchHold.set {
-		return usagef("--prefetch-hold applies to --backend=rocksdb only")
+		return usagef("%s applies to --backend=rocksdb only", f.prefetchHold.source("prefetch-hold"))
 	}
 	if f.backend.val == "fdb" && f.syncMode.set {
-		return usagef("--sync applies to --backend=rocksdb only (FoundationDB commits are always durable)")
+		return usagef("%s applies to --backend=rocksdb only (FoundationDB commits are always durable)", f.syncMode.source("sync"))
 	}
 	return nil
 }

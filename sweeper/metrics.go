@@ -47,12 +47,12 @@ func (m Metrics) Sub(prev Metrics) Metrics {
 	return d
 }
 
-func (s *Sweeper) recordPass(res storage.SweepResult, err error, took time.Duration) {
+func (s *Sweeper) recordPass(res storage.SweepResult, failed bool, took time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := &s.mu.metrics
 	m.Passes++
-	if err != nil {
+	if failed {
 		m.FailedPasses++
 	}
 	m.LeasesExpired += uint64(res.LeasesExpired)

@@ -240,7 +240,8 @@ func (s *Sweeper) loop(ctx context.Context, done chan<- struct{}) {
 		}
 		res, err := s.runOnce(ctx)
 		passEnd := s.clock.Now()
-		s.recordPass(res, err, passEnd.Sub(passStart))
+		// A pass cut short by Stop is counted, not as a failure.
+		s.recordPass(res, err != nil && ctx.Err() == nil, passEnd.Sub(passStart))
 		if s.signals.PassDone != nil {
 			s.signals.PassDone(res, err)
 		}
