@@ -209,8 +209,19 @@ func asyncItems(group []written) int {
 // syncFor fsyncs the WAL for a group of written batches (inline: on the
 // goroutine of a call, see syncInline) and returns the error their ops
 // complete with. Batches are written in order, so when none in the group
-// wrote, every earlier write was synced by an earlier group.
+// wrote, every earlier write was synced by an earlier group. Once the
+// store has failed, a group fails without an fsync: after a failed fsync
+// the kernel may have dropped the dirty pages it could not write and
+// marked them clean, so a later fsync that succeeds proves nothing about
+// batches written before the failure was known (and a group that wrote
+// nothing may answer from their writes).
 func (s *Store) syncFor(group []written, inline bool) error {
+	s.pipe.mu.Lock()
+	failed := s.pipe.failed
+	s.pipe.mu.Unlock()
+	if failed != nil {
+		return failed
+	}
 	wrote := wroteBatches(group)
 	if wrote == 0 {
 		return nil
