@@ -29,22 +29,29 @@ func (s *Store) Sweep(ctx context.Context, p storage.SweepParams) (storage.Sweep
 	}
 	var res storage.SweepResult
 	readyQ := map[string]bool{}
+	readyQueues := func() {
+		for q := range readyQ {
+			res.ReadyQueues = append(res.ReadyQueues, q)
+		}
+		sort.Strings(res.ReadyQueues)
+	}
+	// A step that fails leaves the steps before it applied: the result
+	// says what they did, their ready queues included (storage.Store).
 	if err := s.expireLeases(ctx, p.Now, limit, &res, readyQ); err != nil {
+		readyQueues()
 		return res, fmt.Errorf("fdbsync: sweep leases: %w", err)
 	}
 	if err := s.promote(ctx, p.Now, limit, &res, readyQ); err != nil {
+		readyQueues()
 		return res, fmt.Errorf("fdbsync: sweep delayed: %w", err)
 	}
+	readyQueues()
 	if err := s.dropDedup(ctx, p.Now, limit, &res); err != nil {
 		return res, fmt.Errorf("fdbsync: sweep dedup: %w", err)
 	}
 	if err := s.maybeCollectGarbage(ctx, p.Now, limit); err != nil {
 		return res, fmt.Errorf("fdbsync: sweep garbage: %w", err)
 	}
-	for q := range readyQ {
-		res.ReadyQueues = append(res.ReadyQueues, q)
-	}
-	sort.Strings(res.ReadyQueues)
 	next, err := s.nextDeadline(ctx)
 	if err != nil {
 		return res, fmt.Errorf("fdbsync: sweep next: %w", err)

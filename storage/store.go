@@ -71,7 +71,10 @@ type Store interface {
 	// expired" when Attempts >= max attempts), moves delayed items whose
 	// VisibleAt <= p.Now into the ready count, and drops expired dedup keys.
 	// It reports the queues that gained ready items and the earliest
-	// deadline still pending.
+	// deadline still pending. A store that applies a pass in steps (each
+	// atomic) returns with an error what the steps before it did (their
+	// counts and the queues they made ready, More false), so that those
+	// queues' waiting polls are still woken.
 	Sweep(ctx context.Context, p SweepParams) (SweepResult, error)
 
 	// Stats returns one QueueStats per queue (all queues when p.Queue is

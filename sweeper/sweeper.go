@@ -346,10 +346,8 @@ func (s *Sweeper) runOnce(ctx context.Context) (storage.SweepResult, error) {
 		}
 		var res storage.SweepResult
 		res, err = s.store.Sweep(ctx, storage.SweepParams{Now: s.clock.Now(), Limit: s.batchLimit})
-		if err != nil {
-			err = fmt.Errorf("sweeper: sweep: %w", err)
-			break
-		}
+		// A failed sweep may have applied part of its pass: its result
+		// says what, and its ready queues are woken all the same.
 		total.LeasesExpired += res.LeasesExpired
 		total.Requeued += res.Requeued
 		total.DeadLettered += res.DeadLettered
@@ -357,6 +355,10 @@ func (s *Sweeper) runOnce(ctx context.Context) (storage.SweepResult, error) {
 		total.DedupDropped += res.DedupDropped
 		for _, q := range res.ReadyQueues {
 			ready[q] = struct{}{}
+		}
+		if err != nil {
+			err = fmt.Errorf("sweeper: sweep: %w", err)
+			break
 		}
 		total.More = res.More
 		total.Next = res.Next

@@ -301,3 +301,32 @@ func TestSweeper_NoProgressBacksOff(t *testing.T) {
 	b.waitArmed(t, b.at(3*minErrorBackoff))
 	require.Equal(t, 2, b.logs.count(slog.LevelWarn, "sweep failed"))
 }
+
+// partialStore's Sweep applies part of its pass, then fails.
+type partialStore struct{}
+
+func (partialStore) Sweep(context.Context, storage.SweepParams) (storage.SweepResult, error) {
+	return storage.SweepResult{LeasesExpired: 3, Requeued: 3, ReadyQueues: []string{"q"}}, errInjected
+}
+
+// TestSweeper_FailedSweepStillWakesWhatItMadeReady: a sweep that fails
+// after applying part of its pass (rocksstore commits a pass in steps)
+// returns what it did; the queues it made ready are woken and its counts
+// kept. The sweeper dropped both, so long polls on those queues waited
+// out their timeouts (found by review).
+func TestSweeper_FailedSweepStillWakesWhatItMadeReady(t *testing.T) {
+	t.Parallel()
+	b := setup(t, partialStore{}, Config{})
+	b.start(t)
+	ev := b.nextPass(t)
+	require.ErrorIs(t, ev.err, errInjected)
+	select {
+	case qs := <-b.ready:
+		require.Equal(t, []string{"q"}, qs)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queue the failed sweep made ready was not woken")
+	}
+	m := b.sweeper.Metrics()
+	require.EqualValues(t, 3, m.LeasesExpired)
+	require.EqualValues(t, 1, m.FailedPasses)
+}

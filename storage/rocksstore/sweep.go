@@ -27,19 +27,29 @@ func (s *Store) Sweep(ctx context.Context, p storage.SweepParams) (storage.Sweep
 	defer s.sweepMu.Unlock()
 	res, err := s.sweep(ctx, p)
 	if err != nil {
-		return storage.SweepResult{}, fmt.Errorf("rocksstore: sweep: %w", err)
+		// The ops committed before the error stay: res says what they
+		// did, so that the queues they made ready are woken.
+		return res, fmt.Errorf("rocksstore: sweep: %w", err)
 	}
 	return res, nil
 }
 
-func (s *Store) sweep(ctx context.Context, p storage.SweepParams) (storage.SweepResult, error) {
+func (s *Store) sweep(ctx context.Context, p storage.SweepParams) (res storage.SweepResult, err error) {
 	now := nanos(p.Now)
 	limit := p.Limit
 	if limit <= 0 {
 		limit = s.limits.MaxBatch
 	}
-	var res storage.SweepResult
 	gained := map[string]bool{}
+	defer func() {
+		for q := range gained {
+			res.ReadyQueues = append(res.ReadyQueues, q)
+		}
+		sort.Strings(res.ReadyQueues)
+		if err != nil {
+			res.More, res.Next = false, time.Time{}
+		}
+	}()
 	if qs := s.queuesWithPrefetch(); len(qs) > 0 && s.prefetchHold() > 0 {
 		if _, err := s.submit("", 0, func(o *opTx) error {
 			s.sweepAhead(o, now, qs)
@@ -78,7 +88,7 @@ func (s *Store) sweep(ctx context.Context, p storage.SweepParams) (storage.Sweep
 		}
 		return nil
 	}
-	err := phase(func(o *opTx, max int, part *storage.SweepResult, g map[string]bool) int {
+	err = phase(func(o *opTx, max int, part *storage.SweepResult, g map[string]bool) int {
 		return s.expireDue(o, now, max, part, g)
 	})
 	if err != nil {
@@ -113,10 +123,6 @@ func (s *Store) sweep(ctx context.Context, p storage.SweepParams) (storage.Sweep
 		res.Next = t
 	}
 	res.More = !res.Next.IsZero() && !res.Next.After(instant(now))
-	for q := range gained {
-		res.ReadyQueues = append(res.ReadyQueues, q)
-	}
-	sort.Strings(res.ReadyQueues)
 	return res, nil
 }
 
