@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // TestServe_CheckConfigIsCommandLineOnly: a LEASEQ_CHECK_CONFIG left in
@@ -72,5 +74,21 @@ func TestServe_EnvConflictNamesTheVariable(t *testing.T) {
 		if code == exitOK || !strings.Contains(te.errOut.String(), flagName+" applies to") {
 			t.Errorf("%v %s %s: exit %d: %s", args, flagName, val, code, te.errOut)
 		}
+	}
+}
+
+// TestServe_MetricsAddressOfItsOwn: --metrics on the address of --listen
+// or --queueber-listen is a usage error, as --http and --pprof on another
+// listener's are, not a failure to bind once the node has opened its
+// store (found by review).
+func TestServe_MetricsAddressOfItsOwn(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--listen", "127.0.0.1:7798", "--metrics", "127.0.0.1:7798"},
+		{"--queueber-listen", "127.0.0.1:7797", "--queueber-queue", "q", "--metrics", "127.0.0.1:7797"},
+	} {
+		r := runCLI(t, nil, "", append([]string{"serve", "--check-config", "--data", filepath.Join(t.TempDir(), "d")}, args...)...)
+		require.Equal(t, exitUsage, r.code, "%v: %s%s", args, r.stdout, r.stderr)
+		require.Contains(t, r.stderr, "is also the address of --listen or --queueber-listen")
 	}
 }

@@ -186,6 +186,9 @@ func (f *serveFlags) check() error {
 	if f.socketMode.set && !strings.HasPrefix(*f.listen, "unix:") && !strings.HasPrefix(*f.qbListen, "unix:") && !strings.HasPrefix(*f.httpAddr, "unix:") {
 		return usagef("%s applies to a unix socket (--listen, --http or --queueber-listen unix:/path) only", f.socketMode.source("socket-mode"))
 	}
+	if *f.metricsAddr != "" && (*f.metricsAddr == *f.listen || *f.metricsAddr == *f.qbListen) {
+		return usagef("--metrics %s is also the address of --listen or --queueber-listen", *f.metricsAddr)
+	}
 	if *f.httpAddr != "" && (*f.httpAddr == *f.listen || *f.httpAddr == *f.metricsAddr || *f.httpAddr == *f.qbListen) {
 		return usagef("--http %s is also the address of --listen, --metrics or --queueber-listen", *f.httpAddr)
 	}
