@@ -362,7 +362,10 @@
 // (dbkeys.LeaseRecord.Ahead) until its next write, so that a batch held
 // at a crash, which Open cannot tell from one a consumer took, gives its
 // items back at its expiry with no attempt counted, rather than
-// dead-lettering items nobody may have received (prefetch.go). Until the op that gives a batch back lands
+// dead-lettering items nobody may have received (prefetch.go). A binary
+// from before the mark (2026-12-07) cannot open a database holding a
+// marked record, which only a crash while a batch was held leaves, until
+// that lease is acted on or ends. Until the op that gives a batch back lands
 // its counters, Stats still hides it (queueState.returning). A poll
 // answered from one is promised an expiry counted from its own instant
 // (leaseState.promised, read through deadline), which the database learns
