@@ -228,19 +228,7 @@ func TestRun_SecondSignalExitsAtOnce(t *testing.T) {
 		close(held)
 		<-release
 	}
-	codes := make(chan int, 1)
-	go func() {
-		codes <- run(context.Background(), []string{"serve", "--data", filepath.Join(dir, "data"), "--log-format", "json",
-			"--listen", "unix:" + filepath.Join(dir, "s.sock")}, &te.env)
-	}()
-	var sigc chan<- os.Signal
-	select {
-	case sigc = <-te.sigs:
-	case code := <-codes:
-		t.Fatalf("serve exited with %d before handling signals: %s", code, te.errOut)
-	case <-time.After(time.Minute):
-		t.Fatal("serve never registered for signals")
-	}
+	codes, sigc := startServeUnix(t, te, dir)
 	sigc <- syscall.SIGINT
 	select {
 	case <-held:
@@ -326,4 +314,25 @@ func TestRun_EveryCommandHasHelp(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startServeUnix runs `leaseq serve` on a unix socket in dir under te and
+// returns, once the node handles signals, its exit code's channel and the
+// channel its signals go to.
+func startServeUnix(t *testing.T, te *testEnv, dir string) (<-chan int, chan<- os.Signal) {
+	t.Helper()
+	codes := make(chan int, 1)
+	go func() {
+		codes <- run(context.Background(), []string{"serve", "--data", filepath.Join(dir, "data"), "--log-format", "json",
+			"--listen", "unix:" + filepath.Join(dir, "s.sock")}, &te.env)
+	}()
+	select {
+	case sigc := <-te.sigs:
+		return codes, sigc
+	case code := <-codes:
+		t.Fatalf("serve exited with %d before handling signals; stdout:\n%s\nstderr:\n%s", code, te.out, te.errOut)
+	case <-time.After(time.Minute):
+		t.Fatal("serve never registered for signals")
+	}
+	return nil, nil
 }
