@@ -256,8 +256,8 @@ const (
 
 func (in *inprocInstance) Close() error {
 	in.closeOnce.Do(func() {
-		// A pass cut short by Stop counts as failed in the sweeper's
-		// metrics, so they say nothing here; the store's Close does.
+		// The sweeper stops first; the store's Close reports what
+		// closing found.
 		in.sweeper.Stop()
 		in.closeErr = in.closeStore()
 	})

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/benbjohnson/clock"
+
 	"github.com/leaseq/leaseq/bench/procx"
 	"github.com/leaseq/leaseq/bench/target"
 	"github.com/leaseq/leaseq/rpc"
@@ -140,7 +142,37 @@ func (r RPC) Start(ctx context.Context, o target.StartOptions) (target.Instance,
 	if err != nil {
 		return nil, err
 	}
+	// The RPC listener accepts before the node has finished starting (its
+	// HTTP API, its metrics' view of the store): a row begun then read
+	// counters the node did not serve yet. /readyz says when it has.
+	if err := waitReadyz(ctx, o.Clock, metrics); err != nil {
+		return nil, errors.Join(err, p.Stop())
+	}
 	return &rpcInstance{proc: p, addr: addr, metrics: metrics, pprof: pprof, lease: o.Lease}, nil
+}
+
+// waitReadyz waits, up to serveReadyWait, until the node whose metrics
+// listen on metrics answers /readyz with 200.
+func waitReadyz(ctx context.Context, clk clock.Clock, metrics string) error {
+	c := http.Client{Timeout: metricsTimeout}
+	deadline := clk.Now().Add(serveReadyWait)
+	for {
+		resp, err := c.Get("http://" + metrics + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if !clk.Now().Before(deadline) {
+			return fmt.Errorf("leaseqt: node not ready (/readyz on %s) after %v: %v", metrics, serveReadyWait, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-clk.After(5 * time.Millisecond):
+		}
+	}
 }
 
 type rpcInstance struct {
