@@ -470,10 +470,10 @@ func Run(ctx context.Context, c Config, systems []target.System) (*Report, error
 		for _, v := range variants(c, w) {
 			// Every system runs the row once per round before the next
 			// round starts, so a machine that speeds up or slows down
-			// over the run touches every system alike.
-			// Each round starts one system further on, so that no system
-			// always runs right after the same one (whose dirty pages
-			// or leftover memory it would always inherit).
+			// over the run touches every system alike; each round starts
+			// one system further on, so that no system always runs right
+			// after the same one (whose dirty pages or leftover memory it
+			// would always inherit).
 			for round := 1; round <= rounds; round++ {
 				for _, s := range rotate(run, round-1) {
 					if rep.Interrupted || drainRequested(drain) || ctx.Err() != nil {
@@ -598,20 +598,16 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 		debug.FreeOSMemory()
 	}
 	_ = procx.ResetPeak(pid) // best effort: without it the peak covers the process's life
-	u0, uerr := procx.ReadUsage(pid)
-	// The harness's own CPU is the client's, for a server of its own.
-	var h0 procx.Usage
-	var herr error
-	if !r.InProcess {
-		h0, herr = procx.ReadUsage(self)
-	}
+	// The CPU over the whole row, the server's and (for a server of its
+	// own) the harness's, as the client's. A timed flow also reads it at
+	// the edges of the window its items are counted in (win), so that
+	// connecting, and enqueues still unacked or calls still running when
+	// the window ends, are not charged to the items; other workloads are
+	// timed whole.
+	var whole, win cpuWindow
+	whole.mark(false, pid, self, r.InProcess)
 	e := &env{clk: c.Clock, base: c.Clock.Now(), progress: c.Progress, label: s.Name() + " " + v.row,
 		drain: drain, seed: c.Seed, payload: c.PayloadSize}
-	// A timed flow reads the CPU at the edges of the window its items are
-	// counted in, so that connecting, and enqueues still unacked or
-	// calls still running when the window ends, are not charged to the
-	// items; other workloads are timed whole.
-	var win cpuWindow
 	e.window = func(end bool) { win.mark(end, pid, self, r.InProcess) }
 	t0, terr := procx.ReadCPUTimes()
 	traced := startNodeTrace(ctx, c, v, s, in) // nodetrace.go
@@ -619,15 +615,10 @@ func runRow(ctx context.Context, c Config, drain <-chan struct{}, v variant, s t
 	if t1, err := procx.ReadCPUTimes(); terr == nil && err == nil {
 		r.Steal = procx.StealShare(t0, t1)
 	}
-	u1, uerr1 := procx.ReadUsage(pid)
-	if err := errors.Join(uerr, uerr1); err == nil {
-		r.CPUSeconds = (u1.CPU - u0.CPU).Seconds()
-		r.PeakRSS = u1.PeakRSS
-	}
-	if !r.InProcess && herr == nil {
-		if h1, err := procx.ReadUsage(self); err == nil {
-			r.ClientCPUSeconds = (h1.CPU - h0.CPU).Seconds()
-		}
+	whole.mark(true, pid, self, r.InProcess)
+	if cpu, client, ok := whole.seconds(); ok {
+		r.CPUSeconds, r.ClientCPUSeconds = cpu, client
+		r.PeakRSS = whole.u1.PeakRSS
 	}
 	if cpu, client, ok := win.seconds(); ok {
 		r.CPUSeconds, r.ClientCPUSeconds = cpu, client
@@ -710,9 +701,9 @@ func rotate[T any](ss []T, k int) []T {
 	return append(append(make([]T, 0, len(ss)), ss[k:]...), ss[:k]...)
 }
 
-// cpuWindow holds the CPU readings taken at a timed flow's window edges
-// (env.window): the server's (pid) and, for a server of its own, the
-// harness's.
+// cpuWindow holds the CPU readings taken at the edges of a row or of a
+// timed flow's window (env.window): the server's (pid) and, for a server
+// of its own, the harness's.
 type cpuWindow struct {
 	begun, ended, bad bool
 	u0, u1, h0, h1    procx.Usage

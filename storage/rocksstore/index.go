@@ -387,7 +387,7 @@ type leaseState struct {
 	ahead    *prefetched // set when claimed ahead (prefetch.go)
 	// aheadMark: the lease record in the database carries the
 	// claimed-ahead mark (written by claimAhead, cleared by the lease's
-	// next write: leaseWritten).
+	// next write: putLease).
 	aheadMark bool
 	// unconfirmed: rebuilt by Open from a record with the mark, so
 	// nobody can tell whether a consumer ever received its items (a

@@ -75,8 +75,7 @@ func (s *Store) finishLease(o *opTx, l *leaseState) {
 	o.onUndo(func() { l.ids, l.released = oldIDs, oldReleased })
 	if len(kept) > 0 {
 		s.keepPromise(o, l)
-		o.putAs(o.settleNew, dbkeys.LeaseKey(l.token), dbkeys.EncodeLease(leaseRecord(l)))
-		leaseWritten(o, l)
+		putLease(o, l, o.settleNew)
 		return
 	}
 	s.dropLease(o, l)
@@ -115,8 +114,7 @@ func (s *Store) keepPromises() error {
 		for _, l := range s.leases {
 			if l.promised.Load() > l.exp || takenAhead(l) {
 				s.keepPromise(o, l)
-				o.put(dbkeys.LeaseKey(l.token), dbkeys.EncodeLease(leaseRecord(l)))
-				leaseWritten(o, l)
+				putLease(o, l, false)
 			}
 		}
 		return nil
@@ -130,10 +128,12 @@ func takenAhead(l *leaseState) bool {
 	return l.aheadMark && !l.unconfirmed && !heldAhead(l)
 }
 
-// leaseWritten notes that lease l's record was just written without the
-// claimed-ahead mark (leaseRecord never sets it): a lease a consumer acts
-// on is confirmed delivered. REQUIRES: on the committer.
-func leaseWritten(o *opTx, l *leaseState) {
+// putLease writes lease l's record as memory has it (fresh: as putAs),
+// without the claimed-ahead mark, which only the claim writes (grant): a
+// lease a consumer acts on is confirmed delivered. REQUIRES: on the
+// committer.
+func putLease(o *opTx, l *leaseState, fresh bool) {
+	o.putAs(fresh, dbkeys.LeaseKey(l.token), dbkeys.EncodeLease(leaseRecord(l)))
 	if !l.aheadMark && !l.unconfirmed {
 		return
 	}
@@ -414,8 +414,7 @@ func (s *Store) extend(ctx context.Context, p storage.ExtendParams) (time.Time, 
 		}
 		exp = now + int64(d)
 		s.moveExpiry(o, l, exp, false)
-		o.put(dbkeys.LeaseKey(l.token), dbkeys.EncodeLease(leaseRecord(l)))
-		leaseWritten(o, l)
+		putLease(o, l, false)
 		return nil
 	})
 	if err != nil {

@@ -619,16 +619,14 @@ func (s *Store) restoreAside() (given, kept int, err error) {
 			}
 			l.promised.Store(p)
 			s.keepPromise(o, l)
-			o.put(dbkeys.LeaseKey(token), dbkeys.EncodeLease(leaseRecord(l)))
-			leaseWritten(o, l)
+			putLease(o, l, false)
 			kept++
 		}
 		for _, token := range a.taken {
 			// Reopened, the lease is unconfirmed (rebuilt from its
 			// mark); a poll did take it.
 			if l := s.leases[token]; l != nil && l.aheadMark {
-				o.put(dbkeys.LeaseKey(token), dbkeys.EncodeLease(leaseRecord(l)))
-				leaseWritten(o, l)
+				putLease(o, l, false)
 			}
 		}
 		return nil
