@@ -295,7 +295,10 @@ const (
 
 // overloaded waits after a poll refused with err, an Overloaded error,
 // the one before having waited last (0: none) and returns how long it
-// waited. It returns early when pollCtx ends.
+// waited. It returns early when pollCtx ends, and when the connection
+// ends: a node stopping refuses parked polls as unavailable and then
+// closes the connection, and the next poll reports that loss at once
+// instead of after the pause.
 func (cs *consumer) overloaded(pollCtx context.Context, last time.Duration, err error) time.Duration {
 	pause := min(max(2*last, overloadPauseMin), overloadPauseMax)
 	if last == 0 {
@@ -306,6 +309,7 @@ func (cs *consumer) overloaded(pollCtx context.Context, last time.Duration, err 
 	select {
 	case <-t.C:
 	case <-pollCtx.Done():
+	case <-cs.c.Done():
 	}
 	return pause
 }

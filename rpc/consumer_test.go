@@ -346,6 +346,33 @@ func TestConsume(t *testing.T) {
 		r.cancel()
 	})
 
+	// Found by CI (session 69): a node stopping refuses the parked poll
+	// as unavailable before it closes the connection; the worker paused
+	// on its clock (a mock here, never advanced) and never polled again
+	// to see the loss. The pause ends when the connection does.
+	t.Run("PauseEndsWithTheConnection", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, bundleOpts{})
+		c := b.dial()
+		_, err := c.Stats(context.Background(), "")
+		require.NoError(t, err)
+		b.srv.Stop()
+		select {
+		case <-c.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("the client did not see the connection end")
+		}
+		cs := newConsumer(c, ConsumerConfig{Queue: "q", Clock: b.clock, Logger: discardLogger()})
+		paused := make(chan time.Duration, 1)
+		go func() { paused <- cs.overloaded(context.Background(), 0, errors.New("unavailable")) }()
+		select {
+		case d := <-paused:
+			require.Equal(t, overloadPauseMin, d)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the pause after a refused poll outlived the connection")
+		}
+	})
+
 	t.Run("BadConfig", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, bundleOpts{transport: "pipe"})
