@@ -23,10 +23,11 @@ type ConsumerConfig struct {
 	Wait    time.Duration // long-poll wait (0: DefaultConsumerWait)
 	// Handler processes one item. nil error acks it; an error or a panic
 	// nacks it with the error text or "panic: <value>" as the reason. Its
-	// ctx is cancelled if the lease is lost (an extend finds it gone, or
-	// none has gone through for a whole Lease: the item may be
-	// redelivered elsewhere; an error returned after that is not nacked),
-	// not when Consume's ctx is: in-flight items finish.
+	// ctx is cancelled if the lease is lost (an extend finds it gone,
+	// none has gone through for a whole Lease, or the client's connection
+	// ended: the item may be redelivered elsewhere; an error returned
+	// after that is not nacked), not when Consume's ctx is: in-flight
+	// items finish.
 	Handler func(ctx context.Context, it storage.Item) error
 	Clock   clock.Clock  // required: extend timers run on it
 	Logger  *slog.Logger // nil: discard
@@ -86,7 +87,7 @@ func HandlerLeaseFrom(ctx context.Context) (HandlerLease, bool) {
 
 // RetryAfter wraps err so that Consume nacks the item whose handler
 // returned it with redelivery delay d, instead of ConsumerConfig.NackDelay.
-// The nack reason is err's text.
+// The nack reason is err's text ("retry after d" when err is nil).
 func RetryAfter(d time.Duration, err error) error {
 	return &retryAfterError{delay: d, err: err}
 }
@@ -96,7 +97,12 @@ type retryAfterError struct {
 	err   error
 }
 
-func (r *retryAfterError) Error() string { return r.err.Error() }
+func (r *retryAfterError) Error() string {
+	if r.err == nil {
+		return fmt.Sprintf("retry after %v", r.delay)
+	}
+	return r.err.Error()
+}
 func (r *retryAfterError) Unwrap() error { return r.err }
 
 // nackDelay is the delay to nack with after err.
@@ -114,6 +120,27 @@ func nackDelay(cfg ConsumerConfig, err error) *time.Duration {
 type itemBudget struct {
 	mu   sync.Mutex
 	left int
+	// spent is closed while left is 0 (made anew when items are given
+	// back): a worker pausing after a refused poll ends its pause then,
+	// as the items left are the other workers'.
+	spent chan struct{}
+}
+
+// spentC returns a channel closed while the budget is spent; nil (never
+// ready) without a budget.
+func (b *itemBudget) spentC() <-chan struct{} {
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.spent == nil {
+		b.spent = make(chan struct{})
+		if b.left == 0 {
+			close(b.spent)
+		}
+	}
+	return b.spent
 }
 
 // take reserves up to n items and returns how many it reserved (0: the
@@ -126,6 +153,13 @@ func (b *itemBudget) take(n int) int {
 	defer b.mu.Unlock()
 	n = min(n, b.left)
 	b.left -= n
+	if b.left == 0 && b.spent != nil {
+		select {
+		case <-b.spent:
+		default:
+			close(b.spent)
+		}
+	}
 	return n
 }
 
@@ -136,6 +170,9 @@ func (b *itemBudget) give(n int) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.left == 0 {
+		b.spent = nil // made anew, open, by the next spentC
+	}
 	b.left += n
 }
 
@@ -295,10 +332,11 @@ const (
 
 // overloaded waits after a poll refused with err, an Overloaded error,
 // the one before having waited last (0: none) and returns how long it
-// waited. It returns early when pollCtx ends, and when the connection
-// ends: a node stopping refuses parked polls as unavailable and then
-// closes the connection, and the next poll reports that loss at once
-// instead of after the pause.
+// waited. It returns early when pollCtx ends; when the connection ends (a
+// node stopping refuses parked polls as unavailable and then closes the
+// connection, and the next poll reports that loss at once instead of
+// after the pause); and when MaxItems' budget is spent (the worker then
+// ends, instead of keeping Consume waiting for its pause).
 func (cs *consumer) overloaded(pollCtx context.Context, last time.Duration, err error) time.Duration {
 	pause := min(max(2*last, overloadPauseMin), overloadPauseMax)
 	if last == 0 {
@@ -310,6 +348,7 @@ func (cs *consumer) overloaded(pollCtx context.Context, last time.Duration, err 
 	case <-t.C:
 	case <-pollCtx.Done():
 	case <-cs.c.Done():
+	case <-cs.budget.spentC():
 	}
 	return pause
 }
@@ -317,6 +356,10 @@ func (cs *consumer) overloaded(pollCtx context.Context, last time.Duration, err 
 // noExtendThrough is the warning of a lease counted as lost for want of an
 // extend that went through.
 const noExtendThrough = "lease lost while handling: no extend went through for a whole lease"
+
+// connectionLost is the warning of a lease counted as lost with the
+// client's connection.
+const connectionLost = "lease lost while handling: the connection to the node ended"
 
 // settle is the items of one lease to ack.
 type settle struct {
@@ -420,6 +463,11 @@ func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult, answ
 				return
 			case <-surelyEnded.C:
 				loseLease(noExtendThrough, nil)
+				return
+			case <-cs.c.Done():
+				// The client never reconnects: no extend or settle of
+				// this lease can go through any more.
+				loseLease(connectionLost, nil)
 				return
 			case <-ticker.C:
 				ectx, stop := cs.untilEnded(ctx, endedAt())
@@ -596,5 +644,22 @@ func callHandler(ctx context.Context, h func(context.Context, storage.Item) erro
 			err = fmt.Errorf("panic: %v", r)
 		}
 	}()
-	return h(ctx, it)
+	if err = h(ctx, it); err != nil {
+		err = checkedErr(err)
+	}
+	return err
+}
+
+// checkedErr is err, or, when err's Error method panics (a typed nil
+// pointer returned as an error, say), an error that says so: the nack's
+// reason and the logs call Error on the worker's goroutine, where a panic
+// would end the process.
+func checkedErr(err error) (out error) {
+	defer func() {
+		if r := recover(); r != nil {
+			out = fmt.Errorf("handler returned a %T whose Error method panicked: %v", err, r)
+		}
+	}()
+	_ = err.Error()
+	return err
 }
