@@ -636,9 +636,9 @@ func (s *Store) QueueConfig(ctx context.Context, queue string) (storage.QueueCon
 	return as[storage.QueueConfig](v)
 }
 
-// SetQueueConfig implements storage.Store. A plain set of a fixed value:
-// safe to apply twice. The call has no Now, so its marker is filed at the
-// Unix epoch: the sweeper's next garbage pass drops it.
+// SetQueueConfig implements storage.Store. A plain set of a fixed value
+// (the queue's incarnation kept, or filled in when the set creates it):
+// safe to apply twice.
 func (s *Store) SetQueueConfig(ctx context.Context, queue string, c storage.QueueConfig) error {
 	if err := s.checkOpen(); err != nil {
 		return err
@@ -653,14 +653,16 @@ func (s *Store) SetQueueConfig(ctx context.Context, queue string, c storage.Queu
 		if call.prior != nil {
 			return nil, nil
 		}
-		if _, ok, err := s.config(tx, queue); err != nil {
+		if _, created, ok, err := s.queueConfig(tx, queue); err != nil {
 			return nil, err
 		} else if !ok {
 			if err := s.checkNewQueue(tx); err != nil {
 				return nil, err
 			}
+			createConfig(tx, s.k.queue(queue), c)
+		} else {
+			tx.Set(s.k.queue(queue), encodeConfig(c, created))
 		}
-		tx.Set(s.k.queue(queue), encodeConfig(c))
 		call.set(tx, nil)
 		return nil, nil
 	})

@@ -3,6 +3,7 @@ package fdbsync
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/leaseq/leaseq/fdbsync/kv"
 	"github.com/leaseq/leaseq/storage"
@@ -62,6 +63,13 @@ func queueID(rest []byte) (string, storage.ItemID, bool) {
 // checkFacts scans every namespace Check looks at into facts.
 func (s *Store) checkFacts(tx kv.Tx) (*check.Facts, error) {
 	f := &check.Facts{}
+	// created holds each queue's incarnation; removed the dedup keys left
+	// from a removed queue of the same name (dedupBefore, or no queue at
+	// all), which removeQueue clears after the queue is gone: neither
+	// they nor their expiry entries are facts of a live queue.
+	created := map[string]kv.Versionstamp{}
+	type dedupRef struct{ q, key string }
+	removed := map[dedupRef]time.Time{}
 	steps := []struct {
 		tag byte
 		fn  func(rest, v []byte)
@@ -75,6 +83,7 @@ func (s *Store) checkFacts(tx kv.Tx) (*check.Facts, error) {
 			if _, err := decodeConfig(v); err != nil {
 				f.Corruptf("queue %q: bad config: %v", q, err)
 			}
+			created[q] = configCreated(v)
 			f.Queues = append(f.Queues, q)
 		}},
 		{nsCounter, func(rest, v []byte) {
@@ -164,6 +173,10 @@ func (s *Store) checkFacts(tx kv.Tx) (*check.Facts, error) {
 				f.Corruptf("dedup key %q of %q: %v", key, q, err)
 				return
 			}
+			if c, ok := created[q]; !ok || dedupBefore(d, c) {
+				removed[dedupRef{q, key}] = d.expires
+				return
+			}
 			f.Dedups = append(f.Dedups, check.Dedup{Queue: q, Key: key, ID: d.id, ExpiresAt: d.expires})
 		}},
 		{nsDedupExp, func(rest, _ []byte) {
@@ -178,6 +191,9 @@ func (s *Store) checkFacts(tx kv.Tx) (*check.Facts, error) {
 			}
 			if err != nil || err2 != nil || err3 != nil || len(tail) != 0 {
 				f.Corruptf("U: malformed key %x", rest)
+				return
+			}
+			if exp, ok := removed[dedupRef{q, key}]; ok && exp.Equal(at) {
 				return
 			}
 			f.DedupExpiries = append(f.DedupExpiries, check.DedupExpiry{Queue: q, Key: key, ExpiresAt: at})

@@ -53,36 +53,70 @@ func (s *Store) DeleteQueue(ctx context.Context, p storage.DeleteQueueParams) (i
 	}
 }
 
-// removeQueue clears an empty queue's config, counters and dedup keys, in
-// as many transactions as its dedup keys need (each clears a key, its
-// expiry entry and their conflict ranges: a window's worth of keys can
-// exceed one transaction's size). Each checks that the queue is still
-// empty; the last one also removes the queue.
+// removeQueue removes an empty queue: one transaction checks that it is
+// empty and clears its config, counters and as many of its dedup keys as
+// fit (each clears a key, its expiry entry and their conflict ranges: a
+// window's worth of keys can exceed one transaction's size). The queue is
+// gone from that commit on, whatever follows, so a refused removal has
+// changed nothing. Dedup keys left over are cleared by the transactions
+// after it; meanwhile they are older than any queue of that name created
+// again (dedupBefore), which ignores them.
 func (s *Store) removeQueue(ctx context.Context, q string, now time.Time) error {
+	removed := false // the queue is gone; its dedup keys from cursor on remain
+	var cursor []byte
 	for {
 		v, _, _, err := s.mutate(ctx, now, func(tx kv.Tx, call *call) (any, error) {
 			if call.prior != nil {
-				// An earlier attempt of this step committed: was it
-				// the last?
+				// An earlier attempt of this step committed: its
+				// result says where it stopped.
 				b, err := call.result()
 				if err != nil {
 					return nil, err
 				}
-				return len(b) == 1 && b[0] == 1, nil
+				return decodeRemoveStep(b)
 			}
-			return s.removeQueueStep(tx, call, q)
+			if !removed {
+				return s.removeQueueStep(tx, call, q)
+			}
+			return s.clearRemovedDedup(tx, call, q, cursor)
 		})
 		if err != nil {
 			return err
 		}
-		if done, _ := v.(bool); done {
+		st, err := as[removeStep](v)
+		if err != nil {
+			return err
+		}
+		if st.done {
 			return nil
 		}
+		removed, cursor = true, st.cursor
 	}
 }
 
-// removeQueueStep is one transaction of removeQueue: true when the queue
-// is gone, false when dedup keys remain for the next.
+// removeStep is the outcome of one transaction of removeQueue, kept in its
+// marker: done, or the dedup key to go on from.
+type removeStep struct {
+	done   bool
+	cursor []byte
+}
+
+func (st removeStep) encode() []byte {
+	if st.done {
+		return []byte{1}
+	}
+	return append([]byte{0}, st.cursor...)
+}
+
+func decodeRemoveStep(b []byte) (removeStep, error) {
+	if len(b) == 0 || b[0] > 1 || (b[0] == 1 && len(b) != 1) {
+		return removeStep{}, errBadValue
+	}
+	return removeStep{done: b[0] == 1, cursor: b[1:]}, nil
+}
+
+// removeQueueStep is the first transaction of removeQueue: the queue is
+// gone when it commits.
 func (s *Store) removeQueueStep(tx kv.Tx, call *call, q string) (any, error) {
 	if _, ok, err := s.config(tx, q); err != nil {
 		return nil, err
@@ -109,16 +143,41 @@ func (s *Store) removeQueueStep(tx kv.Tx, call *call, q string) (any, error) {
 	if items != 0 || leases != 0 {
 		return nil, fmt.Errorf("%w: %d items (ready, delayed, inflight or dead); delete them first or force", storage.ErrNotEmpty, items)
 	}
+	tx.ClearRange(pre, kv.PrefixEnd(pre)) // the counters
+	tx.Clear(s.k.queue(q))
+	return s.clearDedup(tx, call, q, nil, func(dedupRec) bool { return true })
+}
+
+// clearRemovedDedup is a later transaction of removeQueue: it clears the
+// removed queue's dedup keys from cursor on, skipping those of a queue of
+// the same name created since.
+func (s *Store) clearRemovedDedup(tx kv.Tx, call *call, q string, cursor []byte) (any, error) {
+	_, created, ok, err := s.queueConfig(tx, q)
+	if err != nil {
+		return nil, err
+	}
+	return s.clearDedup(tx, call, q, cursor, func(d dedupRec) bool { return !ok || dedupBefore(d, created) })
+}
+
+// clearDedup clears the dedup keys of q from cursor on (nil: the first)
+// for which old holds, with their expiry entries, as many as fit in tx,
+// and records in call's marker where it stopped.
+func (s *Store) clearDedup(tx kv.Tx, call *call, q string, cursor []byte, old func(dedupRec) bool) (any, error) {
 	dpre := s.k.dedupPrefix(q)
-	drows, err := tx.GetRange(dpre, kv.PrefixEnd(dpre), kv.RangeOptions{Limit: dedupPerTxn + 1})
+	begin := dpre
+	if cursor != nil {
+		begin = cursor
+	}
+	drows, err := tx.GetRange(begin, kv.PrefixEnd(dpre), kv.RangeOptions{Limit: dedupPerTxn + 1})
 	if err != nil {
 		return nil, err
 	}
 	size := 0
 	for i, r := range drows {
 		if i == dedupPerTxn || size > txnBudget {
-			call.set(tx, []byte{0})
-			return false, nil // more for the next transaction
+			st := removeStep{cursor: r.Key} // more for the next transaction
+			call.set(tx, st.encode())
+			return st, nil
 		}
 		key, _, err := readStr(r.Key[len(dpre):])
 		if err != nil {
@@ -128,16 +187,17 @@ func (s *Store) removeQueueStep(tx kv.Tx, call *call, q string) (any, error) {
 		if err != nil {
 			return nil, err
 		}
+		if !old(d) {
+			continue
+		}
 		exp := s.k.dedupExp(d.expires, q, key)
 		tx.Clear(exp)
 		tx.Clear(r.Key)
 		size += 3*(len(exp)+len(r.Key)) + len(r.Value)
 	}
-	tx.ClearRange(dpre, kv.PrefixEnd(dpre))
-	tx.ClearRange(pre, kv.PrefixEnd(pre)) // the counters
-	tx.Clear(s.k.queue(q))
-	call.set(tx, []byte{1})
-	return true, nil
+	st := removeStep{done: true}
+	call.set(tx, st.encode())
+	return st, nil
 }
 
 // dedupPerTxn is the most dedup keys one removeQueue transaction clears.

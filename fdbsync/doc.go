@@ -25,7 +25,7 @@
 // traps; times are big-endian unix nanoseconds with the sign bit flipped;
 // ids and leases are 16 raw bytes. So byte order is component order.
 //
-//	q <queue>                      queue config (exists = queue exists)
+//	q <queue>                      queue config (exists = queue exists) and incarnation
 //	c <queue> <ctr>                counters, little-endian int64, atomic ADD only
 //	w <queue>                      wake key: ADD 1 whenever items become ready; watched
 //	a <queue> <id>                 available item record
@@ -40,7 +40,7 @@
 //	U <expires> <queue> <key>      dedup expiry index (one entry per key)
 //	p <payload id> <n>             payload chunk n (payloads over 16 KiB)
 //	P <created> <payload id>       chunks not yet referenced by an item
-//	t <created> <token>            idempotency marker: result of a committed call
+//	t <read version> <token>       idempotency marker: result of a committed call
 //	n <queue> <node>               poller heartbeat: who claims from this queue
 //
 // # Item ids
@@ -109,7 +109,8 @@
 //
 // commit_unknown_result means the previous attempt may have committed.
 // Every Store call runs through mutate: the call gets a marker key
-// (t/<now>/<random>); every attempt declares a read conflict on it and the
+// (t/<read version>/<random>, the read version of its first attempt);
+// every attempt declares a read conflict on it and the
 // committing attempt writes it with the call's result, so at most one
 // attempt of a call can ever commit (two attempts would conflict on the
 // marker). An attempt after commit_unknown_result first reads the marker:
@@ -120,8 +121,24 @@
 // once. The sweeper's transactions are also conditional on what they read
 // (a lease is expired only if its record still exists and is due), which
 // makes two sweepers on one lease conflict and the loser's retry a no-op.
-// Markers are dropped by the sweeper after 10 minutes, far beyond any retry
-// loop.
+// Markers are dropped by the sweeper after 10 minutes of the cluster's
+// versions (about 600 million), far beyond any retry loop. They age by
+// versions, not by the nodes' clocks: a node whose clock ran ahead
+// collected others' markers early, and a retry after commit_unknown_result
+// then applied its call twice. For the same reason an enqueue reads the
+// upload entries P of its chunked payloads without snapshot and uploads
+// again if one was collected (uploads age by the callers' clocks, an hour;
+// heartbeats too, an hour after they stop counting).
+//
+// # Removing a queue
+//
+// DeleteQueue's last transaction checks that the queue is empty and clears
+// its config, counters and as many dedup keys as fit; the queue is gone
+// from that commit on, so a refused removal changes nothing. The dedup
+// keys left over are cleared by the transactions after it. Meanwhile they
+// are older than the incarnation of any queue of that name created again
+// (its config holds the versionstamp of the commit that created it), so
+// they neither suppress its enqueues nor count in Check.
 //
 // # Sweeping on every node
 //

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/fdbsync/kv"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -46,7 +47,7 @@ func goldenFDBEntries() []string {
 	}
 	l := leaseRec{queue: "q", expiry: gt0, ids: []storage.ItemID{gid, {1}}}
 	add("value/lease", l.encode())
-	add("value/config", encodeConfig(storage.QueueConfig{MaxAttempts: 5, LeaseDuration: 30 * time.Second, DedupWindow: 5 * time.Minute, BackoffBase: 500 * time.Millisecond, BackoffMax: 30 * time.Second}))
+	add("value/config", encodeConfig(goldenConfig, kv.Versionstamp{0, 0, 0, 0, 0, 0, 0, 7, 0, 1}))
 	add("value/dedup", dedupRec{id: gid, expires: gt0}.encode())
 	k := keys{prefix: []byte("lq")}
 	add("key/queue", k.queue("jobs"))
@@ -64,10 +65,32 @@ func goldenFDBEntries() []string {
 	add("key/dedup_exp", k.dedupExp(gt0, "jobs", "order-1"))
 	add("key/chunk", k.chunk([16]byte{9, 9}, 2))
 	add("key/upload", k.upload(gt0, [16]byte{9, 9}))
-	add("key/marker", k.marker(gt0, [16]byte{1}))
+	add("key/marker", k.marker(1_234_567_890_123, [16]byte{1}))
 	add("key/poller", k.poller("jobs", [16]byte{2}))
 	add("key/time_bound", k.timeBound(nsLease, gt0))
 	return lines
+}
+
+var goldenConfig = storage.QueueConfig{MaxAttempts: 5, LeaseDuration: 30 * time.Second, DedupWindow: 5 * time.Minute, BackoffBase: 500 * time.Millisecond, BackoffMax: 30 * time.Second}
+
+// TestFDBConfig_WithoutIncarnation: a config written before queues kept
+// their incarnation (the golden value of then) still decodes, with a zero
+// incarnation, before which no dedup record counts as written.
+func TestFDBConfig_WithoutIncarnation(t *testing.T) {
+	t.Parallel()
+	b, err := hex.DecodeString("010000000500000006fc23ac0000000045d964b800000000001dcd650000000006fc23ac00")
+	require.NoError(t, err)
+	c, err := decodeConfig(b)
+	require.NoError(t, err)
+	require.Equal(t, goldenConfig, c)
+	require.Equal(t, kv.Versionstamp{}, configCreated(b))
+	require.False(t, dedupBefore(dedupRec{id: gid}, configCreated(b)))
+	created := kv.Versionstamp{0, 0, 0, 0, 0, 0, 0, 7, 0, 1}
+	require.Equal(t, created, configCreated(encodeConfig(goldenConfig, created)))
+	var older storage.ItemID
+	older[7] = 6
+	require.True(t, dedupBefore(dedupRec{id: older}, created))
+	require.False(t, dedupBefore(dedupRec{id: stampID(created, 0)}, created), "written by the commit that created the queue")
 }
 
 func TestFDBGolden(t *testing.T) {

@@ -3,6 +3,7 @@ package fdbsync
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"time"
 
@@ -73,12 +74,39 @@ func (s *Store) Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 			size += enqueueSize(&todo[n].rec, p.Queue)
 			n++
 		}
-		if err := s.enqueueTxn(ctx, p, todo[:n], res); err != nil {
+		err := s.enqueueTxn(ctx, p, todo[:n], res)
+		for tries := 1; errors.Is(err, errUploadGone) && tries < maxUploads; tries++ {
+			// Another node collected an upload of this group before the
+			// group committed (its clock ran over uploadTTL ahead of
+			// the caller's): upload those payloads again.
+			if err = s.reupload(ctx, p, todo[:n]); err == nil {
+				err = s.enqueueTxn(ctx, p, todo[:n], res)
+			}
+		}
+		if err != nil {
 			return nil, fmt.Errorf("fdbsync: enqueue %q: %w", p.Queue, err)
 		}
 		todo = todo[n:]
 	}
 	return res, nil
+}
+
+// errUploadGone: an item's chunk upload was collected before its enqueue
+// committed; maxUploads bounds how often Enqueue uploads such a payload.
+var errUploadGone = errors.New("a payload's upload was collected before its item committed (is a node's clock over an hour ahead?)")
+
+const maxUploads = 3
+
+// reupload uploads the chunked payloads of items again, under fresh ids.
+func (s *Store) reupload(ctx context.Context, p storage.EnqueueParams, items []pending) error {
+	for i := range items {
+		if r := &items[i].rec; r.chunked {
+			if err := s.upload(ctx, p.Now, r, p.Items[items[i].idx].Payload); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // upload writes a large payload to chunk keys under a fresh payload id, in
@@ -133,7 +161,7 @@ func (s *Store) enqueueTxn(ctx context.Context, p storage.EnqueueParams, items [
 			}
 			return decodeEnqueueMarker(b, outs)
 		}
-		cfg, ok, err := s.config(tx, q)
+		cfg, created, ok, err := s.queueConfig(tx, q)
 		if err != nil {
 			return nil, err
 		}
@@ -142,7 +170,7 @@ func (s *Store) enqueueTxn(ctx context.Context, p storage.EnqueueParams, items [
 				return nil, err
 			}
 			cfg = s.limits.DefaultQueueConfig()
-			tx.Set(s.k.queue(q), encodeConfig(cfg))
+			createConfig(tx, s.k.queue(q), cfg)
 		}
 		// Dedup lookups, one batched read; a read conflict on each key
 		// makes two concurrent enqueues of one key serialize.
@@ -156,6 +184,27 @@ func (s *Store) enqueueTxn(ctx context.Context, p storage.EnqueueParams, items [
 		if len(dkeys) > 0 {
 			if dvals, err = tx.GetMany(dkeys, false); err != nil {
 				return nil, err
+			}
+		}
+		// The uploads of chunked payloads must still be there: read
+		// without snapshot, so a garbage pass that collects one meanwhile
+		// aborts this commit rather than leave an item without its
+		// payload.
+		var ukeys [][]byte
+		for _, it := range items {
+			if it.rec.chunked {
+				ukeys = append(ukeys, s.k.upload(p.Now, it.rec.pid))
+			}
+		}
+		if len(ukeys) > 0 {
+			uvals, err := tx.GetMany(ukeys, false)
+			if err != nil {
+				return nil, err
+			}
+			for _, v := range uvals {
+				if v == nil {
+					return nil, errUploadGone
+				}
 			}
 		}
 		here := map[string]int{} // dedup key -> order of its item in this commit
@@ -178,7 +227,9 @@ func (s *Store) enqueueTxn(ctx context.Context, p storage.EnqueueParams, items [
 					if err != nil {
 						return nil, err
 					}
-					if d.expires.After(p.Now) {
+					// A record from before the queue came to be (or from
+					// before this commit creates it) is a removed queue's.
+					if ok && !dedupBefore(d, created) && d.expires.After(p.Now) {
 						outs[i] = enqOutcome{kind: enqDup, dup: d.id}
 						dups++
 						continue

@@ -27,7 +27,7 @@ const (
 	nsDedupExp  byte = 'U' // U <expires> <queue> <key>          -> ""
 	nsChunk     byte = 'p' // p <payload id> <n>                 -> payload chunk
 	nsUpload    byte = 'P' // P <created> <payload id>           -> "" (chunks not yet referenced)
-	nsMarker    byte = 't' // t <created> <token>                -> result of a committed call
+	nsMarker    byte = 't' // t <read version> <token>           -> result of a committed call (older nodes: t <created> <token>)
 	nsPoller    byte = 'n' // n <queue> <node>                   -> last poll time (who polls this queue)
 )
 
@@ -155,8 +155,21 @@ func (k keys) chunk(pid [16]byte, n int) []byte {
 func (k keys) upload(created time.Time, pid [16]byte) []byte {
 	return append(appendTime(k.ns(nsUpload), created), pid[:]...)
 }
-func (k keys) marker(created time.Time, token [16]byte) []byte {
-	return append(appendTime(k.ns(nsMarker), created), token[:]...)
+
+// marker is a call's idempotency marker, filed under the read version of
+// the call's first attempt: the cluster's versions, which advance about
+// versionsPerSecond, age every node's markers alike, where the nodes'
+// clocks may not agree (a node whose clock ran ahead collected others'
+// markers early, and a retry after commit_unknown_result applied its call
+// twice). Versions are below 1<<63, so these keys sort before the time-
+// keyed markers of older nodes (appendTime sets that bit after 1970).
+func (k keys) marker(version int64, token [16]byte) []byte {
+	return append(k.markerBound(version), token[:]...)
+}
+
+// markerBound is the end of "every marker filed before version v".
+func (k keys) markerBound(v int64) []byte {
+	return binary.BigEndian.AppendUint64(k.ns(nsMarker), uint64(max(v, 0)))
 }
 func (k keys) pollersPrefix(q string) []byte { return appendStr(k.ns(nsPoller), q) }
 func (k keys) poller(q string, node [16]byte) []byte {

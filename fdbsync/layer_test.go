@@ -252,19 +252,26 @@ func countKeys(t *testing.T, db kv.DB, prefix []byte) int {
 
 func TestFDBSweepCollectsGarbage(t *testing.T) {
 	t.Parallel()
-	c := newCluster(t, 1, fdbmodel.Faults{})
-	s := c.stores[0]
+	mock := clock.NewMock()
+	db := fdbmodel.New(fdbmodel.Options{Clock: mock})
+	s, err := fdbsync.New(db, fdbsync.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	c := &cluster{db: db, stores: []*fdbsync.Store{s}}
 	ctx := context.Background()
 	now := base
 	// A poll on a queue that never existed still registers the node as a
 	// poller; every call leaves a marker.
-	_, err := s.Poll(ctx, storage.PollParams{Queue: "ghost", Max: 1, Now: now})
+	_, err = s.Poll(ctx, storage.PollParams{Queue: "ghost", Max: 1, Now: now})
 	require.NoError(t, err)
 	_, err = s.Enqueue(ctx, storage.EnqueueParams{Queue: "real", Items: []storage.EnqueueItem{{Payload: []byte("x")}}, Now: now})
 	require.NoError(t, err)
 	pre := []byte(fdbsync.DefaultPrefix)
 	require.Equal(t, 1, countKeys(t, c.db, append(pre, 'n')))
 	require.Equal(t, 2, countKeys(t, c.db, append(pre, 't')), "heartbeat and enqueue markers")
+	// Markers age by the cluster's versions, which follow the model's
+	// clock; heartbeats by the callers' time.
+	mock.Add(2 * time.Hour)
 	_, err = s.Sweep(ctx, storage.SweepParams{Now: now.Add(2 * time.Hour)})
 	require.NoError(t, err)
 	require.Zero(t, countKeys(t, c.db, append(pre, 'n')), "stale heartbeat dropped")

@@ -1,12 +1,14 @@
 package fdbsync
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
 	"time"
 
+	"github.com/leaseq/leaseq/fdbsync/kv"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -208,7 +210,13 @@ func (l *leaseRec) remove(id storage.ItemID) bool {
 	return false
 }
 
-func encodeConfig(c storage.QueueConfig) []byte {
+// encodeConfig encodes a queue's config, and after it created, the
+// versionstamp of the commit that created the queue (its incarnation; see
+// queueConfig). A queue is created with createConfig, which has the commit
+// fill created in; a later set keeps the stored one. Configs of older
+// nodes end before created: decodeConfig reads both, and older nodes
+// ignore the trailing bytes.
+func encodeConfig(c storage.QueueConfig, created kv.Versionstamp) []byte {
 	e := enc{}
 	e.u8(fmtConfig)
 	e.u32(c.MaxAttempts)
@@ -216,7 +224,37 @@ func encodeConfig(c storage.QueueConfig) []byte {
 	e.i64(int64(c.DedupWindow))
 	e.i64(int64(c.BackoffBase))
 	e.i64(int64(c.BackoffMax))
+	e.raw(created[:])
 	return e.b
+}
+
+// configCreatedOffset is where created starts in an encoded config.
+const configCreatedOffset = 1 + 4 + 4*8
+
+// createConfig writes the config of a queue created by tx, its created
+// filled with tx's versionstamp. Not readable in tx (FDB's rule for
+// versionstamped values); no caller reads it back there.
+func createConfig(tx kv.Tx, key []byte, c storage.QueueConfig) {
+	tx.SetVersionstampedValue(key, withOffset(encodeConfig(c, kv.Versionstamp{}), configCreatedOffset))
+}
+
+// configCreated returns the incarnation stored in an encoded config: zero
+// for a config written by an older node.
+func configCreated(b []byte) kv.Versionstamp {
+	var vs kv.Versionstamp
+	if len(b) >= configCreatedOffset+kv.VersionstampSize {
+		copy(vs[:], b[configCreatedOffset:])
+	}
+	return vs
+}
+
+// dedupBefore reports whether dedup record d was written before the queue
+// incarnation created (zero: unknown, counted as not before): such a
+// record is left from a removed queue of the same name, and neither
+// suppresses an enqueue nor counts in checks. Item ids begin with their
+// commit's versionstamp.
+func dedupBefore(d dedupRec, created kv.Versionstamp) bool {
+	return created != (kv.Versionstamp{}) && bytes.Compare(d.id[:kv.VersionstampSize], created[:]) < 0
 }
 
 func decodeConfig(b []byte) (storage.QueueConfig, error) {

@@ -42,6 +42,13 @@ const (
 	// than any retry loop can run (transactions live 5 s, retries are
 	// bounded), so a retry after commit_unknown_result always finds it.
 	markerTTL = 10 * time.Minute
+	// versionsPerSecond is how fast FoundationDB's versions advance; marker
+	// ages are counted in versions (keys.marker).
+	versionsPerSecond = 1_000_000
+	// legacyMarkerTTL is how long a marker filed under an older node's
+	// clock is kept, by this node's clock: a day, far above any clock
+	// skew, as such markers are only left over from before an upgrade.
+	legacyMarkerTTL = 24 * time.Hour
 	// uploadTTL is how long chunks of an enqueue that never committed stay
 	// before the sweeper removes them.
 	uploadTTL = time.Hour
@@ -154,6 +161,7 @@ type Store struct {
 		rng       *rand.Rand
 		heartbeat map[string]time.Time // queue -> last heartbeat written
 		lastGC    time.Time            // last collectGarbage, caller time
+		hbCursor  []byte               // where the next garbage pass reads heartbeats from (nil: the start)
 		lastSeen  time.Time            // latest caller time seen by a heartbeat (for Close's marker)
 	}
 
@@ -316,10 +324,17 @@ func (s *Store) mutate(ctx context.Context, now time.Time, fn func(tx kv.Tx, c *
 	if err != nil {
 		return nil, nil, kv.Report{}, fmt.Errorf("fdbsync: marker token: %w", err)
 	}
-	mk := s.k.marker(now, tok)
+	var mk []byte // filed under the first attempt's read version
 	var last kv.Tx
 	v, rep, err := s.r.Run(ctx, func(tx kv.Tx, cl kv.Call) (any, error) {
 		last = tx
+		if mk == nil {
+			rv, err := tx.ReadVersion()
+			if err != nil {
+				return nil, err
+			}
+			mk = s.k.marker(rv, tok)
+		}
 		c := &call{key: mk, attempt: cl.Attempt}
 		if cl.MaybeCommitted {
 			prior, err := tx.Get(mk, false)
@@ -384,18 +399,28 @@ func (s *Store) wakeQueue(tx kv.Tx, q string) { tx.Add(s.k.wake(q), 1) }
 // (another node of the cluster may have set it under wider ones). ok is
 // false when the queue does not exist.
 func (s *Store) config(tx kv.Tx, q string) (storage.QueueConfig, bool, error) {
+	c, _, ok, err := s.queueConfig(tx, q)
+	return c, ok, err
+}
+
+// queueConfig is config with the queue's incarnation: the versionstamp of
+// the commit that created it (zero for a queue an older node created).
+// Dedup records written before it are left from a removed queue of the
+// same name (removeQueue clears them after the queue is gone, a chunk per
+// transaction) and count as absent.
+func (s *Store) queueConfig(tx kv.Tx, q string) (storage.QueueConfig, kv.Versionstamp, bool, error) {
 	b, err := tx.Get(s.k.queue(q), false)
 	if err != nil {
-		return storage.QueueConfig{}, false, err
+		return storage.QueueConfig{}, kv.Versionstamp{}, false, err
 	}
 	if b == nil {
-		return storage.QueueConfig{}, false, nil
+		return storage.QueueConfig{}, kv.Versionstamp{}, false, nil
 	}
 	c, err := decodeConfig(b)
 	if err != nil {
-		return c, false, fmt.Errorf("fdbsync: queue %q config: %w", q, err)
+		return c, kv.Versionstamp{}, false, fmt.Errorf("fdbsync: queue %q config: %w", q, err)
 	}
-	return s.limits.ClampQueueConfig(c), true, nil
+	return s.limits.ClampQueueConfig(c), configCreated(b), true, nil
 }
 
 // maxAttempts is the limit that applies to r at the end of a delivery.

@@ -388,12 +388,21 @@ func (s *Store) maybeCollectGarbage(ctx context.Context, now time.Time, limit in
 // any more: safe to apply twice and on every node (its own marker only
 // ends the retry loop after commit_unknown_result).
 func (s *Store) collectGarbage(ctx context.Context, now time.Time, limit int) error {
+	s.mu.Lock()
+	from := s.mu.hbCursor
+	s.mu.Unlock()
+	var next []byte // the cursor after this pass
 	_, _, _, err := s.mutate(ctx, now, func(tx kv.Tx, c *call) (any, error) {
 		if c.prior != nil {
 			return nil, nil
 		}
 		c.set(tx, nil)
-		tx.ClearRange(s.k.ns(nsMarker), s.k.timeBound(nsMarker, now.Add(-markerTTL)))
+		rv, err := tx.ReadVersion()
+		if err != nil {
+			return nil, err
+		}
+		tx.ClearRange(s.k.ns(nsMarker), s.k.markerBound(rv-int64(markerTTL/time.Second)*versionsPerSecond))
+		tx.ClearRange(s.k.timeBound(nsMarker, time.Unix(0, 0)), s.k.timeBound(nsMarker, now.Add(-legacyMarkerTTL)))
 		old, err := tx.GetRange(s.k.ns(nsUpload), s.k.timeBound(nsUpload, now.Add(-uploadTTL)), kv.RangeOptions{Snapshot: true, Limit: limit})
 		if err != nil {
 			return nil, err
@@ -406,20 +415,42 @@ func (s *Store) collectGarbage(ctx context.Context, now time.Time, limit int) er
 			tx.Clear(row.Key)
 		}
 		// Heartbeats of nodes that crashed, or of polls on queue names that
-		// never existed. Read without snapshot: a node that refreshes its
-		// entry meanwhile aborts this clear instead of losing the entry.
+		// never existed: a page of them per pass, from where the last pass
+		// stopped (with many nodes and queues the live ones alone fill a
+		// page, and stale ones behind them must come up too). Read by
+		// snapshot, so that the fresh heartbeats other nodes write all the
+		// time do not abort the pass; each entry cleared gets a read
+		// conflict of its own, so a node that refreshes it meanwhile aborts
+		// this clear instead of losing the entry.
 		hb := s.k.ns(nsPoller)
-		rows, err := tx.GetRange(hb, kv.PrefixEnd(hb), kv.RangeOptions{Limit: 10 * limit})
+		begin := hb
+		if from != nil {
+			begin = from
+		}
+		page := 10 * limit
+		rows, err := tx.GetRange(begin, kv.PrefixEnd(hb), kv.RangeOptions{Snapshot: true, Limit: page})
 		if err != nil {
 			return nil, err
 		}
 		for _, row := range rows {
 			if t, _, err := readTime(row.Value); err != nil || now.Sub(t) > heartbeatTTL {
+				if err := tx.AddReadConflictRange(row.Key, kv.KeyAfter(row.Key)); err != nil {
+					return nil, err
+				}
 				tx.Clear(row.Key)
 			}
 		}
+		next = nil
+		if len(rows) == page {
+			next = kv.KeyAfter(rows[len(rows)-1].Key)
+		}
 		return nil, nil
 	})
+	if err == nil {
+		s.mu.Lock()
+		s.mu.hbCursor = next
+		s.mu.Unlock()
+	}
 	return err
 }
 

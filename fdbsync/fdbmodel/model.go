@@ -3,18 +3,22 @@
 // in the default build without a cluster.
 //
 // What it models, rule by rule (each has a test with a hand-written history):
-//   - MVCC: a transaction reads the database as of its read version (the
-//     last committed version when it first needed one), plus its own writes
-//     (read-your-writes), whether or not others commit meanwhile.
+//   - MVCC: a transaction reads the database as of its read version (given
+//     when it first needed one), plus its own writes (read-your-writes),
+//     whether or not others commit meanwhile.
 //   - Serializable optimistic concurrency: at commit, a transaction that has
 //     writes fails with not_committed (1020) if any key or range it read
 //     without snapshot (or declared with AddReadConflictRange) was written by
 //     a transaction that committed after its read version. Snapshot reads add
 //     no read conflict. Read-only transactions always commit.
-//   - Commit versions increase by one per committed write transaction;
-//     versionstamps are the 8-byte big-endian commit version followed by a
-//     2-byte batch order (always 0: one transaction per batch here), so they
-//     are strictly increasing across commits.
+//   - Versions follow the injected clock at 1,000,000 a second from New, as
+//     FDB's advance about that fast (so a difference of versions measures
+//     time alike on every node). A read version is the last commit's version
+//     or the clock's, whichever is further on; a commit's is one more than
+//     the last commit's and every read version given out, or the clock's if
+//     that is further on. Versionstamps are the 8-byte big-endian commit
+//     version followed by a 2-byte batch order (always 0: one transaction
+//     per batch here), so they are strictly increasing across commits.
 //   - Atomic add on little-endian integers (FDB's ADD: the stored value is
 //     zero-extended or truncated to the operand's length), adding only a
 //     write conflict.
@@ -97,12 +101,14 @@ type Stats struct {
 // DB is the model database. It is safe for concurrent use.
 type DB struct {
 	clk    clock.Clock
+	start  time.Time // version 0 on clk (commit versions follow it)
 	faults Faults
 
 	mu struct {
 		sync.Mutex
 		data    *skiplist
-		version int64
+		version int64         // the last commit's
+		maxRV   int64         // the highest read version given out
 		commits []commitRec   // write sets of commits newer than some active read version
 		active  map[*Tx]int64 // read versions of transactions in progress
 		garbage []garbageRec  // keys with versions to prune once no reader needs them
@@ -129,7 +135,7 @@ func New(o Options) *DB {
 	if o.Clock == nil {
 		panic("fdbmodel: Options.Clock is required")
 	}
-	db := &DB{clk: o.Clock, faults: o.Faults}
+	db := &DB{clk: o.Clock, faults: o.Faults, start: o.Clock.Now()}
 	db.mu.data = newSkiplist(o.Faults.Seed + 1)
 	db.mu.active = map[*Tx]int64{}
 	db.mu.watches = map[string][]*watch{}
@@ -169,6 +175,19 @@ func (db *DB) newTx() *Tx {
 	t := &Tx{db: db}
 	t.reset()
 	return t
+}
+
+// clockVersionLocked is the version the clock has reached: a million a
+// second since New. REQUIRES: db.mu held.
+func (db *DB) clockVersionLocked() int64 { return db.clk.Since(db.start).Microseconds() }
+
+// readVersionLocked gives out a read version: the last commit's, or the
+// clock's when it is further on (FDB's read versions advance while idle).
+// Every later commit gets a higher version. REQUIRES: db.mu held.
+func (db *DB) readVersionLocked() int64 {
+	rv := max(db.mu.version, db.clockVersionLocked())
+	db.mu.maxRV = max(db.mu.maxRV, rv)
+	return rv
 }
 
 // minActiveLocked is the oldest read version any transaction in progress

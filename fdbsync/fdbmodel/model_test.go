@@ -580,3 +580,36 @@ func TestFDBModel_RetrierNeverDropsErrors(t *testing.T) {
 		require.Equal(t, int64(maybe), r.Metrics().UnknownResults)
 	})
 }
+
+// TestFDBModel_VersionsFollowTheClock: versions advance a million a second
+// on the injected clock, read versions too while nothing commits, and a
+// commit's version is above every read version given out before it, so a
+// reader at that version never sees it.
+func TestFDBModel_VersionsFollowTheClock(t *testing.T) {
+	t.Parallel()
+	b := setup(t, fdbmodel.Faults{})
+	b.put(t, "a", "1")
+	require.Equal(t, int64(1), b.db.Version(), "at least one more per commit")
+	b.put(t, "a", "2")
+	require.Equal(t, int64(2), b.db.Version())
+
+	b.clk.Add(2 * time.Second)
+	reader := b.tx(t)
+	rv, err := reader.ReadVersion()
+	require.NoError(t, err)
+	require.Equal(t, int64(2_000_000), rv, "an idle cluster's read version follows the clock")
+
+	// A commit at the same instant gets a version above rv, which the
+	// reader does not see.
+	b.put(t, "a", "3")
+	require.Greater(t, b.db.Version(), rv)
+	v, err := reader.Get([]byte("a"), false)
+	require.NoError(t, err)
+	require.Equal(t, "2", string(v))
+	reader.Cancel()
+
+	b.clk.Add(time.Second)
+	b.put(t, "a", "4")
+	// One above its own read version, the clock's.
+	require.Equal(t, int64(3_000_001), b.db.Version(), "a commit's version follows the clock")
+}

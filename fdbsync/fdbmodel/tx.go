@@ -89,7 +89,7 @@ func (t *Tx) readVersionLocked() (int64, error) {
 	}
 	if !t.hasRV {
 		t.hasRV = true
-		t.rv = t.db.mu.version
+		t.rv = t.db.readVersionLocked()
 		t.rvAt = t.db.clk.Now()
 		t.db.mu.active[t] = t.rv
 		return t.rv, nil
@@ -577,7 +577,7 @@ func (t *Tx) commitLocked() error {
 		return kv.Error{Code: kv.CodeTransactionTooOld}
 	}
 	if !t.hasRV {
-		t.rv = db.mu.version
+		t.rv = db.readVersionLocked()
 	}
 	db.mu.stats.Transactions++
 	if t.size > db.mu.stats.MaxTxnSize {
@@ -634,7 +634,9 @@ func (t *Tx) commitLocked() error {
 // REQUIRES: db.mu held.
 func (t *Tx) applyLocked() {
 	db := t.db
-	db.mu.version++
+	// At least one more than the last, and at least the clock's count:
+	// versions advance about a million a second, as FDB's do.
+	db.mu.version = max(db.mu.version+1, db.mu.maxRV+1, db.clockVersionLocked())
 	v := db.mu.version
 	db.mu.stats.Committed++
 	binary.BigEndian.PutUint64(t.vs[:8], uint64(v))
