@@ -142,16 +142,18 @@ type pipeline struct {
 	// holds counts the callers between HoldSync and ReleaseSync: while
 	// any holds, no fsync starts on the syncers (the last release starts
 	// it), so the calls a holder hands over together share one, unless
-	// holdsOff (breakHolds). REQUIRES: mu held.
-	holds    int
-	holdsOff bool
-	kick     chan struct{} // wakes the syncer goroutine
-	idle     sync.Cond     // signalled when syncing or leading ends
-	wg       sync.WaitGroup
-	failed   error // set by a failed write or fsync; REQUIRES: mu held
-	slot     *txnSlot
-	buf      []*op  // the leader's scratch list; REQUIRES: leading
-	batches  uint64 // batches begun (batch.seq); REQUIRES: leading
+	// holdsOff (breakHolds); for good once Close broke them
+	// (holdsClosed). REQUIRES: mu held.
+	holds       int
+	holdsOff    bool
+	holdsClosed bool
+	kick        chan struct{} // wakes the syncer goroutine
+	idle        sync.Cond     // signalled when syncing or leading ends
+	wg          sync.WaitGroup
+	failed      error // set by a failed write or fsync; REQUIRES: mu held
+	slot        *txnSlot
+	buf         []*op  // the leader's scratch list; REQUIRES: leading
+	batches     uint64 // batches begun (batch.seq); REQUIRES: leading
 	// callers counts the synchronous calls in submitGroup, alone the
 	// calls in a row that found no other there (enterCall); an
 	// asynchronous call resets it. Counted only with skipLoneYield.

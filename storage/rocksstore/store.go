@@ -318,7 +318,7 @@ func (s *Store) readCounters(name string) (dbkeys.Counters, error) {
 
 // Close implements storage.Store. It waits for calls in flight.
 func (s *Store) Close() error {
-	s.pipe.breakHolds()
+	s.pipe.breakHoldsForGood()
 	// Batches claimed ahead go back first, so that a clean close leaves
 	// no lease that no consumer holds (prefetch.go). Calls still in
 	// flight claim none after this (closing): an op behind the give-back

@@ -22,19 +22,29 @@ func (p *pipeline) heldLocked() bool { return p.holds > 0 && !p.holdsOff }
 // fsync a hold keeps back, while the holder waits to enter the store
 // behind Close or Recover (a waiting writer blocks new readers of
 // Store.life).
-func (p *pipeline) breakHolds() {
+func (p *pipeline) breakHolds() { p.breakHoldsFor(false) }
+
+// breakHoldsForGood is breakHolds for Close: no mendHolds undoes it.
+func (p *pipeline) breakHoldsForGood() { p.breakHoldsFor(true) }
+
+func (p *pipeline) breakHoldsFor(good bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.holdsOff = true
+	p.holdsClosed = p.holdsClosed || good
 	if !p.leading || p.handedOff {
 		p.kickLocked()
 	}
 }
 
-// mendHolds lets holds hold fsyncs back again (Recover, once reopened).
+// mendHolds lets holds hold fsyncs back again (Recover, once reopened),
+// unless Close broke them meanwhile: a Recover that ended after Close
+// began turned them back on, and an asynchronous call written behind a
+// hold waited for an fsync the hold kept back while its holder waited to
+// enter the store behind Close (found by review, session 69).
 func (p *pipeline) mendHolds() {
 	p.mu.Lock()
-	p.holdsOff = false
+	p.holdsOff = p.holdsClosed
 	p.mu.Unlock()
 }
 
