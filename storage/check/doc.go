@@ -41,7 +41,12 @@
 // What a backend decides is only its Layout and how it maps records to
 // facts (rocksstore, say, counts an available item as delayed while it has
 // an entry in the delayed namespace, because its sweeper does not rewrite
-// a promoted record). The package never reads a clock or a database; Run
+// a promoted record), and the rules of its own layout, which it reports
+// with Corruptf: rocksstore requires every meta key to decode as Open
+// reads it (format version, id sequence, configs, counters), every
+// out-of-record payload value to decode, and every item id below the id
+// sequence's high-water mark; fdbsync leaves out the dedup keys of a
+// removed queue, which its DeleteQueue clears after the queue is gone. The package never reads a clock or a database; Run
 // is a pure function of its arguments, not safe for concurrent use on one
 // Facts.
 package check

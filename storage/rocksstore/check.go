@@ -94,34 +94,67 @@ type itemKey struct {
 
 func (c *checker) run(ctx context.Context) error {
 	f := &c.f
-	if err := c.ns(ctx, dbkeys.QueueConfigPrefix(), func(k, v []byte) {
-		q, err := dbkeys.DecodeQueueConfigKey(k)
-		if err != nil {
-			f.Corruptf("meta: bad queue config key %x: %v", k, err)
-			return
+	// Every meta key is one of four kinds, and each must decode as Open
+	// reads it (found by review, session 69: a format version or id
+	// sequence that Open refuses, or any other key, passed).
+	var idSeq uint64 // the id sequence's high-water mark; 0: none
+	if err := c.ns(ctx, dbkeys.NamespacePrefix(dbkeys.NsMeta), func(k, v []byte) {
+		kind := byte(0)
+		if len(k) >= 2 {
+			kind = k[1]
 		}
-		if _, err := dbkeys.DecodeQueueConfig(v); err != nil {
-			f.Corruptf("queue %q: bad config: %v", q, err)
+		switch {
+		case kind == dbkeys.MetaFormat && len(k) == 2:
+			if n, err := dbkeys.DecodeUint64(v); err != nil || n != formatVersion {
+				f.Corruptf("meta: format version %x: want %d (%v)", v, formatVersion, err)
+			}
+		case kind == dbkeys.MetaIDSeq && len(k) == 2:
+			n, err := dbkeys.DecodeUint64(v)
+			if err != nil {
+				f.Corruptf("meta: id sequence %x: %v", v, err)
+				return
+			}
+			idSeq = n
+		case kind == dbkeys.MetaQueueConfig:
+			q, err := dbkeys.DecodeQueueConfigKey(k)
+			if err != nil {
+				f.Corruptf("meta: bad queue config key %x: %v", k, err)
+				return
+			}
+			if _, err := dbkeys.DecodeQueueConfig(v); err != nil {
+				f.Corruptf("queue %q: bad config: %v", q, err)
+			}
+			f.Queues = append(f.Queues, q)
+		case kind == dbkeys.MetaCounters:
+			q, err := dbkeys.DecodeCountersKey(k)
+			if err != nil {
+				f.Corruptf("meta: bad counters key %x: %v", k, err)
+				return
+			}
+			n, err := dbkeys.DecodeCounters(v)
+			if err != nil {
+				f.Corruptf("queue %q: bad counters: %v", q, err)
+				return
+			}
+			f.Counters = append(f.Counters, check.Counters{Queue: q, Ready: n.Ready, Delayed: n.Delayed, Inflight: n.Inflight, Dead: n.Dead, Leases: n.Leases})
+		default:
+			f.Corruptf("meta: unknown key %x", k)
 		}
-		f.Queues = append(f.Queues, q)
 	}); err != nil {
 		return err
 	}
-	if err := c.ns(ctx, dbkeys.CountersPrefix(), func(k, v []byte) {
-		q, err := dbkeys.DecodeCountersKey(k)
-		if err != nil {
-			f.Corruptf("meta: bad counters key %x: %v", k, err)
-			return
+	defer func() {
+		// Ids are issued below the stored high-water mark (allocIDs
+		// stores a block's end before it issues from the block): an item
+		// at or above it would be issued again after a restart, and its
+		// record overwritten.
+		for i := range f.Items {
+			if n := dbkeys.IDSeq(f.Items[i].ID); n >= idSeq {
+				f.Corruptf("meta: id sequence high-water mark %d is not above item %s of %q (sequence %d): ids issued after a restart would overwrite items", idSeq, f.Items[i].ID, f.Items[i].Queue, n)
+				return
+			}
 		}
-		n, err := dbkeys.DecodeCounters(v)
-		if err != nil {
-			f.Corruptf("queue %q: bad counters: %v", q, err)
-			return
-		}
-		f.Counters = append(f.Counters, check.Counters{Queue: q, Ready: n.Ready, Delayed: n.Delayed, Inflight: n.Inflight, Dead: n.Dead, Leases: n.Leases})
-	}); err != nil {
-		return err
-	}
+	}()
 	// Delayed entries first: they decide which available items are delayed.
 	delayed := map[itemKey]bool{}
 	if err := c.ns(ctx, dbkeys.NamespacePrefix(dbkeys.NsDelayed), func(k, _ []byte) {
@@ -236,10 +269,14 @@ func (c *checker) run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	return c.ns(ctx, dbkeys.NamespacePrefix(dbkeys.NsPayload), func(k, _ []byte) {
+	return c.ns(ctx, dbkeys.NamespacePrefix(dbkeys.NsPayload), func(k, v []byte) {
 		if _, _, err := dbkeys.DecodePayloadKey(k); err != nil {
 			f.Corruptf("payload: bad key %x: %v", k, err)
 			return
+		}
+		if _, err := dbkeys.DecodePayload(v); err != nil {
+			// A poll of its item would fail every time.
+			f.Corruptf("payload %x: bad value: %v", k, err)
 		}
 		f.Payloads = append(f.Payloads, check.Payload{Ref: string(k), Parts: 1})
 	})

@@ -55,6 +55,7 @@ func (s *Store) rebuild() error {
 		for i, id := range rec.IDs {
 			l.ids[i] = id
 			s.inflight[id] = l
+			s.ids.seen = max(s.ids.seen, dbkeys.IDSeq(id)+1)
 		}
 		s.leases[token] = l
 		q.leases[token] = l
@@ -115,6 +116,7 @@ func (s *Store) rebuildReady(q *queueState) error {
 		}
 		all = append(all, readyEntry{vis: vis, id: id})
 		q.ready.n++
+		s.ids.seen = max(s.ids.seen, dbkeys.IDSeq(id)+1)
 		return true, nil
 	})
 	cut()

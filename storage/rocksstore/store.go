@@ -72,7 +72,7 @@ type Store struct {
 	slots []*txnSlot // the pipeline's transactions, destroyed by Close
 
 	// Owned by the committer goroutine (and Open, before it starts).
-	ids      struct{ next, limit uint64 }
+	ids      struct{ next, limit, seen uint64 } // seen: the highest sequence rebuild met, plus one
 	leases   map[storage.LeaseID]*leaseState
 	leaseSeq uint64 // the counting half of the next lease token (newToken)
 	inflight map[storage.ItemID]*leaseState
@@ -241,9 +241,18 @@ func (s *Store) openDBOnce(migrated bool) error {
 		s.log.Info("moved the database from format 1 (one column family) to format 2 (a column family per namespace)", "data", s.dir, "keys", moved)
 		return s.openDBOnce(true)
 	}
+	s.ids.seen = 0
 	if err := s.rebuild(); err != nil {
 		s.closeDB()
 		return err
+	}
+	if s.ids.seen > s.ids.limit {
+		// Damage (found by review, session 69): ids are issued below the
+		// stored mark, so new ones would overwrite these items. Issue
+		// past every ready, delayed and leased item (dead ones are not
+		// scanned at open; leaseq check reports the mark below any item).
+		s.log.Warn("the stored id sequence is below ids in use; issuing past them (run leaseq check)", "stored", s.ids.limit, "in_use_below", s.ids.seen)
+		s.ids.next, s.ids.limit = s.ids.seen, s.ids.seen
 	}
 	s.startPipeline()
 	return nil
