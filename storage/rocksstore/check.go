@@ -105,8 +105,9 @@ func (c *checker) run(ctx context.Context) error {
 		}
 		switch {
 		case kind == dbkeys.MetaFormat && len(k) == 2:
-			if n, err := dbkeys.DecodeUint64(v); err != nil || n != formatVersion {
-				f.Corruptf("meta: format version %x: want %d (%v)", v, formatVersion, err)
+			// CheckDir reads a format 1 database as it is (checkLayout).
+			if n, err := dbkeys.DecodeUint64(v); err != nil || (n != formatVersion && n != format1) {
+				f.Corruptf("meta: format version %x: want %d or %d (%v)", v, format1, formatVersion, err)
 			}
 		case kind == dbkeys.MetaIDSeq && len(k) == 2:
 			n, err := dbkeys.DecodeUint64(v)
