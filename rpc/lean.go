@@ -96,10 +96,11 @@ type leanConn struct {
 	holder  storage.SyncHolder
 	holding bool
 
-	raw    *rawIO // nil: not a plain socket (TLS, a pipe)
-	br     *bufio.Reader
-	dec    *capnp.Decoder
-	maxMsg uint64
+	raw      *rawIO        // nil: not a plain socket (TLS, a pipe)
+	received atomic.Uint64 // bytes read from the connection (lean_bodywatch.go)
+	br       *bufio.Reader
+	dec      *capnp.Decoder
+	maxMsg   uint64
 	// maxQuestions bounds the open questions (leanMaxOpenQuestions).
 	maxQuestions int
 	flow         flowBudget
@@ -253,7 +254,7 @@ func (s *Server) serveLean(ctx context.Context, cancel context.CancelFunc, conn 
 		raw.sent = &c.sent
 		rw, c.raw = raw, raw
 	}
-	c.br = bufio.NewReaderSize(rw, leanReadBuffer)
+	c.br = bufio.NewReaderSize(countingReader{rw, &c.received}, leanReadBuffer)
 	c.bw = bufio.NewWriterSize(leanWriter{c}, leanWriteBuffer)
 	if nb, ok := s.cfg.Store.(storage.Nonblocking); ok {
 		c.inline = nb.Nonblocking()
@@ -333,7 +334,14 @@ func (c *leanConn) readLoop() error {
 				return err
 			}
 		}
+		var watch *bodyWatch
+		if sized {
+			watch = c.watchBody() // its body may not have come yet
+		}
 		msg, err := c.dec.Decode()
+		if watch != nil {
+			watch.stop()
+		}
 		if err != nil {
 			c.flow.release(held)
 			return err

@@ -48,6 +48,12 @@ func (c *leanConn) sendFrom(m *capnp.Message, keep, shared bool) {
 // (writeQueue); on a connection that is not a plain socket it leaves the
 // whole write to one.
 func (c *leanConn) sendFrame(f outFrame, shared bool) {
+	// Every frame counts in the reply budget until written or dropped,
+	// not only the Queue results their handlers count: an Unimplemented
+	// echo repeats the client's whole message, and a client that sent such
+	// messages without reading made the node keep every echo (found by
+	// review, session 69). add ignores a message counted already.
+	c.gate.add(f.m)
 	c.w.Lock()
 	if c.w.dead {
 		c.w.Unlock()

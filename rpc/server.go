@@ -101,7 +101,8 @@ type ServerConfig struct {
 	HandshakeTimeout time.Duration
 	// FirstMessageTimeout closes a connection that sends no RPC message
 	// for this long after it was accepted (TLS handshake included; 0:
-	// DefaultFirstMessageTimeout).
+	// DefaultFirstMessageTimeout), and, with the lean engine, one that
+	// sends a message's header and then none of its body for this long.
 	FirstMessageTimeout time.Duration
 	// ConnReplyLimitBytes bounds the bytes of answers one connection may
 	// have built and not yet written (0: DefaultConnReplyLimitBytes;
