@@ -23,8 +23,8 @@ type ConsumerConfig struct {
 	Wait    time.Duration // long-poll wait (0: DefaultConsumerWait)
 	// Handler processes one item. nil error acks it; an error or a panic
 	// nacks it with the error text or "panic: <value>" as the reason. Its
-	// ctx is cancelled if the lease is lost (an extend finds it gone,
-	// none has gone through for a whole Lease, or the client's connection
+	// ctx is cancelled if the lease is lost (an extend finds it gone, or
+	// none has gone through for a whole Lease, as when the connection
 	// ended: the item may be redelivered elsewhere; an error returned
 	// after that is not nacked), not when Consume's ctx is: in-flight
 	// items finish.
@@ -357,10 +357,6 @@ func (cs *consumer) overloaded(pollCtx context.Context, last time.Duration, err 
 // extend that went through.
 const noExtendThrough = "lease lost while handling: no extend went through for a whole lease"
 
-// connectionLost is the warning of a lease counted as lost with the
-// client's connection.
-const connectionLost = "lease lost while handling: the connection to the node ended"
-
 // settle is the items of one lease to ack.
 type settle struct {
 	lease storage.LeaseID
@@ -463,11 +459,6 @@ func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult, answ
 				return
 			case <-surelyEnded.C:
 				loseLease(noExtendThrough, nil)
-				return
-			case <-cs.c.Done():
-				// The client never reconnects: no extend or settle of
-				// this lease can go through any more.
-				loseLease(connectionLost, nil)
 				return
 			case <-ticker.C:
 				ectx, stop := cs.untilEnded(ctx, endedAt())
