@@ -137,7 +137,7 @@ type pageFlags struct {
 func addPageFlags(fs *flag.FlagSet) *pageFlags {
 	return &pageFlags{
 		fs:    fs,
-		n:     fs.Int("n", rpc.DefaultPageLimit, "most items to list"),
+		n:     fs.Int("n", rpc.DefaultPageLimit, "list at most `n` items"),
 		after: fs.String("after", "", "list items after this `id` (for paging)"),
 	}
 }

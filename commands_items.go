@@ -237,7 +237,8 @@ object per item and line:
    "payload":"aGVsbG8="}
 
 ids and leases are 32 hex digits; times are RFC 3339 UTC with milliseconds;
-payload is standard base64; dedup_key and last_error appear when set. All
+payload is standard base64; dedup_key, max_attempts (the item's own) and
+last_error appear when set. All
 items of one poll share the lease: ack, nack or extend them with it before
 expires_at, or they are delivered again. --wait blocks until an item is
 ready or the wait ends (nothing is printed then, exit code 0).`,

@@ -140,11 +140,11 @@ from the environment as LEASEQ_<FLAG>, upper case with dashes as
 underscores (--data is LEASEQ_DATA, --log-level is LEASEQ_LOG_LEVEL); a
 flag given on the command line wins over the environment. Flags whose
 values are stored in the node (config's settings; enqueue's --delay,
---priority, --key and --max-attempts; nack's --delay and --reason; work's
---retry-delay), work's --timeout and --max-items, and the flags that
-widen a deletion (dlq's --all, queue delete's --force), are read from
-the command line only, so a leftover variable cannot change queues or
-items.
+--priority, --key, --max-attempts and --lines; nack's --delay and
+--reason; work's --retry-delay), work's --timeout and --max-items, dlq's
+-n and --after, serve's --check-config, and the flags that widen a
+deletion (dlq's --all, queue delete's --force), are read from the
+command line only, so a leftover variable cannot change queues or items.
 Client commands connect to --addr (default 127.0.0.1:7700, or
 LEASEQ_ADDR; unix:/path for a unix socket). Errors are one line on stderr
 and a non-zero exit code (2 for a bad command line).

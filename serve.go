@@ -76,7 +76,8 @@ request bodies too.
 depth by state, oldest ready age, per-operation counts and latency
 histograms, commit and fsync latency, sweeper lag), /healthz (the process
 is up) and /readyz (200 once the store is open and the RPC listener
-accepts; 503 before that and while shutting down).
+accepts; 503 before that, while shutting down, while the store has
+stopped after a failed write, and once a call met corrupt data).
 
 --pprof ADDR (host:port, off by default) serves Go's profiling endpoints
 under http://ADDR/debug/pprof/: a CPU profile (/debug/pprof/profile?seconds=N),

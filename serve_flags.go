@@ -111,10 +111,10 @@ func addServeFlags(fs *flag.FlagSet) *serveFlags {
 	f.gcPercent = newChoice(strconv.Itoa(defaultGCPercent), parseGCPercent)
 	fs.Var(f.gcPercent, "gc-percent", "Go garbage collector target for the node process (`percent`, as GOGC, which it replaces; off: collect only near GOMEMLIMIT): how far the heap may grow beyond live data between collections")
 	f.maxInflight = newChoice(strconv.Itoa(defaultInflightBytes()), parseSize)
-	fs.Var(f.maxInflight, "max-inflight-bytes", "incoming `bytes` of unanswered calls over all connections; beyond it the node reads no more calls until some are answered (default: a quarter of the machine's memory, 64MiB-4GiB)")
+	fs.Var(f.maxInflight, "max-inflight-bytes", "incoming `bytes` of unanswered calls over all connections; beyond it the node reads no more calls until some are answered; by default a quarter of the machine's memory, within 64MiB-4GiB; on this machine")
 	f.metricsQueues = fs.Int("metrics-max-queues", defaultMetricsQueues, "queues with /metrics series of their own (those with the most items enqueued); the rest are summed under queue=\"(other)\"")
 	f.maxQueues = fs.Int("max-queues", storage.DefaultLimits.MaxQueues, "most queues the node holds; creating one more (by enqueue or config) fails, existing queues keep working")
-	f.maxNodeWaiters = fs.Int("max-node-waiters", defaultNodeWaiters(), "maximum parked long polls plus subscriptions on the node (per queue: --max-waiters); each costs about 16 KiB (default: what fits in an eighth of the machine's memory, 1000-100000)")
+	f.maxNodeWaiters = fs.Int("max-node-waiters", defaultNodeWaiters(), "maximum parked long polls plus subscriptions on the node (per queue: --max-waiters); each costs about 16 KiB; by default what fits in an eighth of the machine's memory, within 1000-100000; on this machine")
 	f.maxConnsPerIP = fs.Int("max-conns-per-ip", rpc.DefaultMaxConnsPerAddr, "maximum open TCP connections from one IP address (0: no per-address limit)")
 	f.maxWaiters = fs.Int("max-waiters", rpc.DefaultMaxWaitersPerQueue, "maximum parked long polls per queue, a subscribe refused too at it (0 means the default)")
 	d := storage.DefaultLimits
