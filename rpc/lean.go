@@ -335,8 +335,8 @@ func (c *leanConn) readLoop() error {
 			}
 		}
 		var watch *bodyWatch
-		if sized {
-			watch = c.watchBody() // its body may not have come yet
+		if sized && !c.frameBuffered() {
+			watch = c.watchBody() // its body has not all come yet
 		}
 		msg, err := c.dec.Decode()
 		if watch != nil {
