@@ -98,6 +98,7 @@ type leanConn struct {
 
 	raw      *rawIO        // nil: not a plain socket (TLS, a pipe)
 	received atomic.Uint64 // bytes read from the connection (lean_bodywatch.go)
+	body     bodyWatch
 	br       *bufio.Reader
 	dec      *capnp.Decoder
 	maxMsg   uint64
@@ -285,6 +286,7 @@ func (s *Server) serveLean(ctx context.Context, cancel context.CancelFunc, conn 
 		}
 	}()
 	err := c.readLoop()
+	c.bodyStop()
 	c.unhold()
 	// Server.Stop may still close the connection while shutdown writes
 	// the last answers and the Abort to a peer that reads nothing.
@@ -334,13 +336,13 @@ func (c *leanConn) readLoop() error {
 				return err
 			}
 		}
-		var watch *bodyWatch
-		if sized && !c.frameBuffered() {
-			watch = c.watchBody() // its body has not all come yet
+		watch := sized && !c.frameBuffered() // its body has not all come yet
+		if watch {
+			c.bodyBegin()
 		}
 		msg, err := c.dec.Decode()
-		if watch != nil {
-			watch.stop()
+		if watch {
+			c.bodyEnd()
 		}
 		if err != nil {
 			c.flow.release(held)

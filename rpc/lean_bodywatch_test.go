@@ -9,37 +9,38 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestLean_BodyWatch: a body that makes progress renews the watch, one
-// that stalls a whole FirstMessageTimeout closes the connection, and a
-// stopped watch closes nothing.
+// TestLean_BodyWatch: a body that makes progress, or a new body waited
+// for, renews the watch; one body waited for a whole FirstMessageTimeout
+// with no byte come closes the connection; a check with no wait disarms
+// it, and the next wait arms it again.
 func TestLean_BodyWatch(t *testing.T) {
 	t.Parallel()
 	mock := clock.NewMock()
-	newConn := func() (*leanConn, net.Conn) {
-		a, b := net.Pipe()
-		t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
-		s := &Server{cfg: ServerConfig{Clock: mock, FirstMessageTimeout: time.Second}, log: discardLogger()}
-		return &leanConn{s: s, conn: a, remote: "pipe"}, b
-	}
-	closed := func(peer net.Conn) bool {
+	a, peer := net.Pipe()
+	t.Cleanup(func() { _ = a.Close(); _ = peer.Close() })
+	s := &Server{cfg: ServerConfig{Clock: mock, FirstMessageTimeout: time.Second}, log: discardLogger()}
+	c := &leanConn{s: s, conn: a, remote: "pipe"}
+	defer c.bodyStop()
+	closed := func() bool {
 		_ = peer.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 		_, err := peer.Read(make([]byte, 1))
 		var ne net.Error
 		return err != nil && !(errorsAs(err, &ne) && ne.Timeout())
 	}
 
-	c, peer := newConn()
-	w := c.watchBody()
-	c.received.Add(100) // part of the body came
-	require.False(t, c.bodyCheck(w), "progress renews the watch")
-	require.False(t, closed(peer))
-	require.True(t, c.bodyCheck(w), "no progress since: closed")
-	require.True(t, closed(peer))
-	w.stop()
+	c.bodyBegin()
+	c.bodyEnd()
+	require.False(t, c.bodyCheck(), "no wait: nothing to close")
+	require.False(t, c.body.armed, "and the watch is disarmed")
 
-	c, peer = newConn()
-	w = c.watchBody()
-	w.stop()
-	require.False(t, c.bodyCheck(w), "a stopped watch closes nothing")
-	require.False(t, closed(peer))
+	c.bodyBegin()
+	require.True(t, c.body.armed)
+	c.received.Add(100) // part of the body came
+	require.False(t, c.bodyCheck(), "progress renews the watch")
+	c.bodyEnd()
+	c.bodyBegin() // the next message's body
+	require.False(t, c.bodyCheck(), "another body waited for renews it too")
+	require.False(t, closed())
+	require.True(t, c.bodyCheck(), "one body, no byte for a whole timeout: closed")
+	require.True(t, closed())
 }
