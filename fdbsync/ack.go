@@ -150,7 +150,7 @@ func (s *Store) Ack(ctx context.Context, p storage.AckParams) ([]storage.Code, e
 		return nil, err
 	}
 	q := p.Queue
-	v, _, _, err := s.mutate(ctx, p.Now, func(tx kv.Tx, c *call) (any, error) {
+	v, _, _, err := s.mutate(ctx, func(tx kv.Tx, c *call) (any, error) {
 		if c.prior != nil {
 			return codesFromMarker(c, len(p.IDs))
 		}
@@ -221,7 +221,7 @@ const nackReasonBudget = 2 * txnBudget
 func (s *Store) nackGroup(ctx context.Context, p storage.NackParams, reason string, draws []float64) ([]storage.Code, error) {
 	q := p.Queue
 	var earliest time.Time
-	v, _, _, err := s.mutate(ctx, p.Now, func(tx kv.Tx, c *call) (any, error) {
+	v, _, _, err := s.mutate(ctx, func(tx kv.Tx, c *call) (any, error) {
 		earliest = time.Time{}
 		if c.prior != nil {
 			return codesFromMarker(c, len(p.IDs))
@@ -305,7 +305,7 @@ func (s *Store) ExtendLease(ctx context.Context, p storage.ExtendParams) (time.T
 		return time.Time{}, err
 	}
 	var exp time.Time
-	v, _, _, err := s.mutate(ctx, p.Now, func(tx kv.Tx, c *call) (any, error) {
+	v, _, _, err := s.mutate(ctx, func(tx kv.Tx, c *call) (any, error) {
 		if c.prior != nil {
 			b, err := c.result()
 			if err != nil {

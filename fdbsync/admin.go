@@ -382,7 +382,7 @@ func (s *Store) purgeLive(ctx context.Context, q string, now time.Time) (int, er
 // mutate): a retry after commit_unknown_result reports the count of the
 // attempt that committed.
 func (s *Store) countStep(ctx context.Context, now time.Time, fn func(tx kv.Tx) (int, error)) (int, error) {
-	v, _, _, err := s.mutate(ctx, now, func(tx kv.Tx, c *call) (any, error) {
+	v, _, _, err := s.mutate(ctx, func(tx kv.Tx, c *call) (any, error) {
 		if c.prior != nil {
 			b, err := c.result()
 			if err != nil || len(b) != 4 {
@@ -505,7 +505,7 @@ func (s *Store) deadChunk(ctx context.Context, p storage.RedriveParams, redrive 
 		used int
 		more bool
 	}
-	v, _, _, err := s.mutate(ctx, p.Now, func(tx kv.Tx, c *call) (any, error) {
+	v, _, _, err := s.mutate(ctx, func(tx kv.Tx, c *call) (any, error) {
 		var out chunk
 		if c.prior != nil {
 			b, err := c.result()
@@ -649,7 +649,7 @@ func (s *Store) SetQueueConfig(ctx context.Context, queue string, c storage.Queu
 	if err := s.limits.ValidateQueueConfig(c); err != nil {
 		return err
 	}
-	_, _, _, err := s.mutate(ctx, time.Unix(0, 0), func(tx kv.Tx, call *call) (any, error) {
+	_, _, _, err := s.mutate(ctx, func(tx kv.Tx, call *call) (any, error) {
 		if call.prior != nil {
 			return nil, nil
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/leaseq/leaseq/fdbsync/kv"
 	"github.com/leaseq/leaseq/storage"
@@ -42,7 +41,7 @@ func (s *Store) DeleteQueue(ctx context.Context, p storage.DeleteQueueParams) (i
 				}
 			}
 		}
-		err := s.removeQueue(ctx, p.Queue, p.Now)
+		err := s.removeQueue(ctx, p.Queue)
 		if errors.Is(err, storage.ErrNotEmpty) && p.Force && attempt < 3 {
 			continue // enqueued meanwhile: delete those too
 		}
@@ -61,11 +60,11 @@ func (s *Store) DeleteQueue(ctx context.Context, p storage.DeleteQueueParams) (i
 // changed nothing. Dedup keys left over are cleared by the transactions
 // after it; meanwhile they are older than any queue of that name created
 // again (dedupBefore), which ignores them.
-func (s *Store) removeQueue(ctx context.Context, q string, now time.Time) error {
+func (s *Store) removeQueue(ctx context.Context, q string) error {
 	removed := false // the queue is gone; its dedup keys from cursor on remain
 	var cursor []byte
 	for {
-		v, _, _, err := s.mutate(ctx, now, func(tx kv.Tx, call *call) (any, error) {
+		v, _, _, err := s.mutate(ctx, func(tx kv.Tx, call *call) (any, error) {
 			if call.prior != nil {
 				// An earlier attempt of this step committed: its
 				// result says where it stopped.

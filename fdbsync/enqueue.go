@@ -122,7 +122,7 @@ func (s *Store) upload(ctx context.Context, now time.Time, r *record, payload []
 	r.nchunks = uint16((len(payload) + chunkSize - 1) / chunkSize)
 	for first := 0; first < int(r.nchunks); {
 		last := first
-		err := s.blind(ctx, now, func(tx kv.Tx) {
+		err := s.blind(ctx, func(tx kv.Tx) {
 			tx.Set(s.k.upload(now, pid), nil)
 			n, bytes := first, 0
 			for ; n < int(r.nchunks) && bytes < uploadBudget; n++ {
@@ -152,7 +152,7 @@ func enqueueSize(r *record, queue string) int {
 // enqueueTxn writes one group of items in one idempotent transaction.
 func (s *Store) enqueueTxn(ctx context.Context, p storage.EnqueueParams, items []pending, res []storage.EnqueueResult) error {
 	q := p.Queue
-	v, last, _, err := s.mutate(ctx, p.Now, func(tx kv.Tx, c *call) (any, error) {
+	v, last, _, err := s.mutate(ctx, func(tx kv.Tx, c *call) (any, error) {
 		outs := make([]enqOutcome, len(items))
 		if c.prior != nil {
 			b, err := c.result()

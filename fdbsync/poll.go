@@ -73,7 +73,7 @@ func (s *Store) Poll(ctx context.Context, p storage.PollParams) (storage.PollRes
 		return storage.PollResult{}, fmt.Errorf("fdbsync: poll %q: %w", p.Queue, err)
 	}
 	s.polls.Add(1)
-	v, _, rep, err := s.mutate(ctx, p.Now, func(tx kv.Tx, c *call) (any, error) {
+	v, _, rep, err := s.mutate(ctx, func(tx kv.Tx, c *call) (any, error) {
 		if c.prior != nil {
 			return s.replayPoll(tx, p.Queue, lease, c)
 		}
@@ -111,7 +111,7 @@ func (s *Store) heartbeat(ctx context.Context, q string, now time.Time) error {
 	if ok && now.Sub(last) < heartbeatEvery && !now.Before(last) {
 		return nil
 	}
-	err := s.blind(ctx, now, func(tx kv.Tx) {
+	err := s.blind(ctx, func(tx kv.Tx) {
 		tx.Set(s.k.poller(q, s.node), appendTime(nil, now))
 	})
 	if err != nil {
@@ -120,9 +120,6 @@ func (s *Store) heartbeat(ctx context.Context, q string, now time.Time) error {
 	s.heartbeats.Add(1)
 	s.mu.Lock()
 	s.mu.heartbeat[q] = now
-	if now.After(s.mu.lastSeen) {
-		s.mu.lastSeen = now
-	}
 	s.mu.Unlock()
 	return nil
 }

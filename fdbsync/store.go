@@ -162,7 +162,6 @@ type Store struct {
 		heartbeat map[string]time.Time // queue -> last heartbeat written
 		lastGC    time.Time            // last collectGarbage, caller time
 		hbCursor  []byte               // where the next garbage pass reads heartbeats from (nil: the start)
-		lastSeen  time.Time            // latest caller time seen by a heartbeat (for Close's marker)
 	}
 
 	polls, pollAttempts, pollRetries, claimed, nonEmpty, enqueued, uploads, heartbeats atomic.Int64
@@ -240,10 +239,7 @@ func (s *Store) Close() error {
 	}
 	// Forget this node as a poller so a single remaining node serves in
 	// strict order at once rather than after pollerTTL.
-	s.mu.Lock()
-	now := s.mu.lastSeen
-	s.mu.Unlock()
-	err := s.blind(context.Background(), now, func(tx kv.Tx) {
+	err := s.blind(context.Background(), func(tx kv.Tx) {
 		for _, q := range queues {
 			tx.Clear(s.k.poller(q, s.node))
 		}
@@ -319,7 +315,7 @@ func (c *call) result() ([]byte, error) {
 // with c.prior set and must only rebuild the result from it. It returns
 // fn's value, the committed transaction (for its versionstamp) and the
 // retry report.
-func (s *Store) mutate(ctx context.Context, now time.Time, fn func(tx kv.Tx, c *call) (any, error)) (any, kv.Tx, kv.Report, error) {
+func (s *Store) mutate(ctx context.Context, fn func(tx kv.Tx, c *call) (any, error)) (any, kv.Tx, kv.Report, error) {
 	tok, err := randomToken()
 	if err != nil {
 		return nil, nil, kv.Report{}, fmt.Errorf("fdbsync: marker token: %w", err)
@@ -354,8 +350,8 @@ func (s *Store) mutate(ctx context.Context, now time.Time, fn func(tx kv.Tx, c *
 // twice, with a marker so that a retry after commit_unknown_result can tell
 // the write landed and stop (without it, a run of unknown results would
 // retry until the limit).
-func (s *Store) blind(ctx context.Context, now time.Time, fn func(tx kv.Tx)) error {
-	_, _, _, err := s.mutate(ctx, now, func(tx kv.Tx, c *call) (any, error) {
+func (s *Store) blind(ctx context.Context, fn func(tx kv.Tx)) error {
+	_, _, _, err := s.mutate(ctx, func(tx kv.Tx, c *call) (any, error) {
 		if c.prior != nil {
 			return nil, nil
 		}

@@ -105,7 +105,7 @@ func decodeStepOut(c *call) (any, error) {
 
 // sweepStep runs one sweep transaction idempotently (see mutate).
 func (s *Store) sweepStep(ctx context.Context, now time.Time, fn func(tx kv.Tx) (stepOut, error)) (stepOut, error) {
-	v, _, _, err := s.mutate(ctx, now, func(tx kv.Tx, c *call) (any, error) {
+	v, _, _, err := s.mutate(ctx, func(tx kv.Tx, c *call) (any, error) {
 		if c.prior != nil {
 			return decodeStepOut(c)
 		}
@@ -392,7 +392,7 @@ func (s *Store) collectGarbage(ctx context.Context, now time.Time, limit int) er
 	from := s.mu.hbCursor
 	s.mu.Unlock()
 	var next []byte // the cursor after this pass
-	_, _, _, err := s.mutate(ctx, now, func(tx kv.Tx, c *call) (any, error) {
+	_, _, _, err := s.mutate(ctx, func(tx kv.Tx, c *call) (any, error) {
 		if c.prior != nil {
 			return nil, nil
 		}
