@@ -266,9 +266,7 @@ func (s *Store) nackGroup(ctx context.Context, p storage.NackParams, reason stri
 			}
 		}
 		s.add(tx, q, ctrInflight, -int64(len(ok)))
-		if p.Undelivered {
-			s.add(tx, q, ctrDelivered, -int64(len(ok)))
-		} else {
+		if !p.Undelivered { // Delivered, a lifetime counter, keeps the claim
 			s.add(tx, q, ctrNacked, int64(len(ok)))
 		}
 		if ready {

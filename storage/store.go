@@ -199,8 +199,8 @@ type NackParams struct {
 	// ending a delivery. Each item is ready again at once, in its old
 	// place in the ready order (its VisibleAt is kept), with the Attempts
 	// and LastError it had before the claim; it is never dead-lettered.
-	// The queue's Delivered counter goes back by one per item and Nacked
-	// does not count it. Delay must be nil or zero, and Reason is not
+	// Nacked does not count it; Delivered, a lifetime counter that only
+	// increases, keeps the claim. Delay must be nil or zero, and Reason is not
 	// recorded.
 	Undelivered bool
 }

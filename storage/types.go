@@ -209,7 +209,7 @@ type QueueStats struct {
 	// Lifetime counters; they only increase.
 	Enqueued     uint64 // items accepted (duplicates excluded)
 	Duplicates   uint64 // enqueues suppressed by a dedup key
-	Delivered    uint64 // item deliveries by poll
+	Delivered    uint64 // items claimed by polls and subscriptions (a claim given back undelivered too)
 	Acked        uint64
 	Nacked       uint64
 	Expired      uint64 // item deliveries ended by lease expiry

@@ -523,9 +523,9 @@ func (s *Store) nackLocked(p storage.NackParams) ([]storage.Code, time.Time, err
 		}
 		s.releaseLocked(q, e)
 		if p.Undelivered {
-			// The claim taken back: its attempt and its delivery.
+			// The claim taken back: its attempt (Delivered, a lifetime
+			// counter, keeps the claim).
 			e.item.Attempts = max(e.item.Attempts, 1) - 1
-			q.st.Delivered--
 			next = earliest(next, s.makeAvailableLocked(q, e, now))
 			continue
 		}

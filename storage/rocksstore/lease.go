@@ -278,11 +278,10 @@ func (s *Store) nackOp(ctx context.Context, p storage.NackParams) (*queueState, 
 		}
 		o.del(ik)
 		if p.Undelivered {
-			// The claim taken back: its attempt, and the delivery it
-			// counted, as a held batch's give-back does.
+			// The claim taken back: its attempt. Delivered, a lifetime
+			// counter (and a Prometheus one), keeps the claim.
 			rec.Attempts = max(rec.Attempts, 1) - 1
 			rec.Delayed = rec.VisibleAt > now
-			o.delta(q).Delivered--
 			s.putAvailable(o, q, id, rec, nil, false, nil)
 			return nil
 		}

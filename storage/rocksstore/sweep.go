@@ -259,7 +259,6 @@ func (s *Store) expireLease(o *opTx, l *leaseState, now int64, res *storage.Swee
 		if l.unconfirmed {
 			rec.Attempts = max(rec.Attempts, 1) - 1
 			rec.Delayed = rec.VisibleAt > now
-			d.Delivered--
 			s.putAvailable(o, q, id, rec, nil, false, nil)
 			res.Requeued++
 			gained[q.name] = true
