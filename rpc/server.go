@@ -198,6 +198,7 @@ type Server struct {
 
 	ops                       [numOps]opCounters
 	accepted, refused, pushed atomic.Uint64
+	refusing                  atomic.Int32 // refusals under way (maxRefusing)
 
 	mu struct {
 		sync.Mutex
@@ -432,8 +433,20 @@ func (s *Server) admit(conn net.Conn, boot BootstrapFunc) {
 	s.mu.Unlock()
 	if reason != "" {
 		s.refused.Add(1)
+		if s.refusing.Add(1) > maxRefusing {
+			// Refusals under way are bounded too: a peer over its
+			// limit that kept connecting made the node hold a
+			// goroutine and a socket per refusal for up to
+			// HandshakeTimeout (found by review, session 69).
+			s.refusing.Add(-1)
+			s.wg.Done()
+			s.logRefused(conn.RemoteAddr().String(), reason)
+			_ = conn.Close()
+			return
+		}
 		go func() {
 			defer s.wg.Done()
+			defer s.refusing.Add(-1)
 			s.refuse(conn, reason)
 		}()
 		return
@@ -514,17 +527,25 @@ func (s *Server) logRefused(remote, reason string) {
 	s.refuseLog.last, s.refuseLog.suppressed = now, 0
 }
 
+// maxRefusing bounds the refusals under way (each waits up to
+// HandshakeTimeout to tell its client why); past it a refused connection
+// is closed at once, with no Abort.
+const maxRefusing = 64
+
 // refuse tells a client why it is turned away (an RPC Abort), then closes.
 func (s *Server) refuse(conn net.Conn, reason string) {
 	s.logRefused(conn.RemoteAddr().String(), reason)
 	// Close after a bound in any case: a peer that never reads or never
-	// closes must not pin this goroutine.
+	// closes must not pin this goroutine; nor Stop, which waits for it
+	// (found by review, session 69).
 	t := s.cfg.Clock.AfterFunc(s.cfg.HandshakeTimeout, func() { _ = conn.Close() })
 	defer t.Stop()
+	stop := context.AfterFunc(s.subCtx, func() { _ = conn.Close() })
+	defer stop()
 	defer conn.Close()
 	if s.cfg.TLS != nil {
 		tc := tls.Server(conn, s.cfg.TLS)
-		if err := tc.Handshake(); err != nil {
+		if err := tc.HandshakeContext(s.subCtx); err != nil {
 			return
 		}
 		conn = tc
