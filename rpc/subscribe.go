@@ -49,6 +49,19 @@ func (t *leaseTracker) add(sub *subscription, lease storage.LeaseID, n int, expi
 	t.leases[lease] = tl
 	sub.leases[lease] = tl
 	sub.outstanding += n
+	sub.unanswered += n // the push about to be sent
+}
+
+// answered counts the answer of a push of n items (answered, failed or
+// cut short): their place in the window comes back.
+func (t *leaseTracker) answered(sub *subscription, n int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	sub.unanswered -= n
+	select {
+	case sub.credit <- struct{}{}:
+	default:
+	}
 }
 
 // freeLocked returns n of tl's items to its subscription's credit.
@@ -124,7 +137,11 @@ func (t *leaseTracker) credit(sub *subscription, now time.Time) (int, time.Time)
 			next = tl.expires
 		}
 	}
-	return sub.prefetch - sub.outstanding, next
+	// A push not yet answered holds its place even once its lease ended:
+	// a consumer that stopped taking pushes was pushed a new batch every
+	// lease, each an attempt of items nobody read (found by review,
+	// session 69).
+	return sub.prefetch - max(sub.outstanding, sub.unanswered), next
 }
 
 // drop forgets sub's leases once it has ended.
@@ -149,8 +166,10 @@ type subscription struct {
 	unwatch  func() bool   // stops cancelling on the connection's end (nil: not watched)
 	credit   chan struct{} // buffered 1: credit came back
 
-	// Guarded by s.tracker.mu.
+	// Guarded by s.tracker.mu. outstanding: items under live leases;
+	// unanswered: items of pushes whose answer has not come.
 	outstanding int
+	unanswered  int
 	leases      map[storage.LeaseID]*trackedLease
 
 	// delivering counts the deliveries whose answer has not come
@@ -158,6 +177,7 @@ type subscription struct {
 	delivering sync.WaitGroup
 	deliverMu  sync.Mutex
 	deliverErr error
+	refused    error // a delivery the consumer refused while the subscription was live; REQUIRES: deliverMu
 }
 
 // Cancel implements schema.Subscription_Server.
@@ -246,13 +266,13 @@ func (q *queueServer) subscribe(ctx context.Context, args schema.Queue_subscribe
 		// to one of the node's own holds no reference to the connection.
 		sub.unwatch = context.AfterFunc(q.connCtx, sub.cancel)
 	}
-	if !q.s.startSub(sub) {
+	if err := q.s.startSub(sub); err != nil {
 		if sub.unwatch != nil {
 			sub.unwatch()
 		}
 		sub.cancel()
 		sub.consumer.Release()
-		return fmt.Errorf("%w: server shutting down", ErrUnavailable)
+		return err
 	}
 	return res.SetSubscription(subscriptionClient(sub))
 }
@@ -281,18 +301,25 @@ func (s *Server) maxWaiters() int {
 	return dispatch.DefaultMaxWaitersPerQueue
 }
 
-// startSub starts sub's pusher unless the server is stopping.
-func (s *Server) startSub(sub *subscription) bool {
+// startSub starts sub's pusher unless the server is stopping or the node
+// holds as many parked polls and subscriptions as MaxWaiters (found by
+// review, session 69: a subscribe over it was accepted, then ended as
+// tooManyWaiters when it first parked).
+func (s *Server) startSub(sub *subscription) error {
+	polls, limit := s.disp.ParkedPolls() // d.mu before s.mu, never under it
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.stopping {
-		return false
+		return fmt.Errorf("%w: server shutting down", ErrUnavailable)
+	}
+	if polls+s.mu.subs >= limit {
+		return fmt.Errorf("%w: the node holds %d parked polls and subscriptions (node limit %d)", ErrTooManyWaiters, polls+s.mu.subs, limit)
 	}
 	s.mu.subs++
 	s.wg.Add(1)
 	s.subWG.Add(1)
 	go sub.run()
-	return true
+	return nil
 }
 
 // run pushes until the subscription is cancelled, the consumer fails, or
@@ -356,7 +383,7 @@ func (sub *subscription) loop() error {
 			continue
 		}
 		avail = min(avail, s.replyItems) // what fits in one push (replyItems)
-		pr, err := s.disp.Poll(sub.ctx, storage.PollParams{Queue: sub.queue, Max: avail, Lease: sub.lease}, s.limits.MaxWait)
+		pr, err := s.disp.PollExempt(sub.ctx, storage.PollParams{Queue: sub.queue, Max: avail, Lease: sub.lease}, s.limits.MaxWait)
 		if err != nil {
 			if sub.ctx.Err() != nil {
 				return sub.endReason()
@@ -403,6 +430,7 @@ func (sub *subscription) deliver(pr storage.PollResult) error {
 	err := sub.deliverErr
 	sub.deliverMu.Unlock()
 	if err != nil {
+		sub.s.tracker.answered(sub, len(pr.Items)) // not sent
 		return err
 	}
 	ans, release := capnp.Client(sub.consumer).SendCall(sub.s.subCtx, capnp.Send{
@@ -427,12 +455,21 @@ func (sub *subscription) deliver(pr storage.PollResult) error {
 		defer sub.delivering.Done()
 		_, err := ans.Struct()
 		release()
+		defer sub.s.tracker.answered(sub, len(pr.Items))
 		if err == nil {
 			return
 		}
 		sub.deliverMu.Lock()
 		if sub.deliverErr == nil {
 			sub.deliverErr = err
+			if !isDisconnect(err) && sub.ctx.Err() == nil {
+				// The consumer refused it, with the subscription live:
+				// the node ends the subscription (and says so with done)
+				// rather than leave it parked, holding its place in the
+				// limits, until the next batch (found by review).
+				sub.refused = err
+				sub.cancel()
+			}
 		}
 		sub.deliverMu.Unlock()
 		// A connection lost, or the call cut short by Stop, leaves the
@@ -465,10 +502,16 @@ func (s *Server) giveBack(queue string, lease storage.LeaseID, ids []storage.Ite
 	s.tracker.settled(lease, codes)
 }
 
-// endReason distinguishes a client cancel (nil) from a server stop.
+// endReason distinguishes a client cancel (nil) from a server stop and
+// a delivery the consumer refused.
 func (sub *subscription) endReason() error {
 	if sub.s.subCtx.Err() != nil {
 		return fmt.Errorf("%w: server shutting down", ErrUnavailable)
+	}
+	sub.deliverMu.Lock()
+	defer sub.deliverMu.Unlock()
+	if sub.refused != nil {
+		return fmt.Errorf("the consumer refused a delivery: %w", sub.refused)
 	}
 	return nil
 }

@@ -94,6 +94,7 @@ type Dispatcher struct {
 		sync.Mutex
 		queues  map[string]*queueState
 		waiters int    // total parked, for metrics
+		exempt  int    // of them, subscriptions' polls (PollExempt)
 		arrived uint64 // numbers polls as they first park (waiter.seq)
 	}
 }
@@ -159,7 +160,28 @@ func (d *Dispatcher) Poll(ctx context.Context, p storage.PollParams, wait time.D
 // attempt a wake-up starts (and its done) run on a goroutine started for
 // it. done must not block for long.
 func (d *Dispatcher) PollAsync(ctx context.Context, p storage.PollParams, wait time.Duration, done func(storage.PollResult, error)) {
-	a := &asyncPoll{d: d, ctx: ctx, p: p, wait: wait, done: done, start: d.clock.Now(), qs: d.acquire(p.Queue)}
+	d.pollAsync(ctx, p, wait, false, done)
+}
+
+// PollExempt is Poll for a subscription's pusher: the subscription counts
+// against the node's limit through Config.Extra and was admitted once, so
+// its polls are refused by neither limit, and a parked one is not counted
+// again against the node's (found by review, session 69: an accepted
+// subscription ended as tooManyWaiters when a long poll took the queue's
+// last place while it waited for credit, and was counted twice).
+func (d *Dispatcher) PollExempt(ctx context.Context, p storage.PollParams, wait time.Duration) (storage.PollResult, error) {
+	type result struct {
+		res storage.PollResult
+		err error
+	}
+	ch := make(chan result, 1)
+	d.pollAsync(ctx, p, wait, true, func(res storage.PollResult, err error) { ch <- result{res, err} })
+	r := <-ch
+	return r.res, r.err
+}
+
+func (d *Dispatcher) pollAsync(ctx context.Context, p storage.PollParams, wait time.Duration, exempt bool, done func(storage.PollResult, error)) {
+	a := &asyncPoll{d: d, ctx: ctx, p: p, wait: wait, done: done, start: d.clock.Now(), qs: d.acquire(p.Queue), exempt: exempt}
 	a.w.a = a
 	a.run(false)
 }
@@ -177,6 +199,8 @@ type asyncPoll struct {
 	start time.Time
 	qs    *queueState
 	w     waiter
+	// exempt: a subscription's poll (PollExempt), which no limit refuses.
+	exempt bool
 
 	// Written by the running attempt while the poll is not parked; read
 	// by whoever completes it.
@@ -308,10 +332,10 @@ func (a *asyncPoll) park(gen uint64) (parked, again bool, err error) {
 	case a.expired || d.isClosed():
 		return false, false, nil
 	}
-	if !a.parkedOnce && qs.waiters.Len() >= d.maxWaiters {
+	if !a.parkedOnce && !a.exempt && qs.waiters.Len() >= d.maxWaiters {
 		return false, false, fmt.Errorf("%w %q (limit %d)", ErrTooManyWaiters, a.p.Queue, d.maxWaiters)
 	}
-	if !a.parkedOnce && d.mu.waiters+d.extra() >= d.maxTotal {
+	if !a.parkedOnce && !a.exempt && d.mu.waiters-d.mu.exempt+d.extra() >= d.maxTotal {
 		return false, false, fmt.Errorf("%w: the node holds %d parked polls and subscriptions (node limit %d)", ErrTooManyWaiters, d.maxTotal, d.maxTotal)
 	}
 	if a.parkedOnce {
@@ -333,6 +357,9 @@ func (a *asyncPoll) park(gen uint64) (parked, again bool, err error) {
 		a.w.elem = qs.waiters.PushBack(&a.w)
 	}
 	d.mu.waiters++
+	if a.exempt {
+		d.mu.exempt++
+	}
 	a.parkedOnce = true
 	return true, false, nil
 }
@@ -690,6 +717,9 @@ func (d *Dispatcher) removeLocked(qs *queueState, w *waiter) {
 	qs.waiters.Remove(w.elem)
 	w.elem = nil
 	d.mu.waiters--
+	if w.a.exempt {
+		d.mu.exempt--
+	}
 }
 
 func (d *Dispatcher) wakeNext(qs *queueState) {
@@ -717,6 +747,15 @@ func (d *Dispatcher) Waiters() int {
 	return d.mu.waiters
 }
 
+// ParkedPolls returns the number of polls parked that count against the
+// node's limit (subscriptions' polls do not: Config.Extra counts their
+// subscriptions), and that limit.
+func (d *Dispatcher) ParkedPolls() (n, limit int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mu.waiters - d.mu.exempt, d.maxTotal
+}
+
 // QueueWaiters returns the number of polls parked on one queue.
 func (d *Dispatcher) QueueWaiters(queue string) int {
 	d.mu.Lock()
@@ -738,6 +777,9 @@ func (d *Dispatcher) Close() {
 			w := qs.waiters.Remove(e).(*waiter)
 			w.elem = nil
 			d.mu.waiters--
+			if w.a.exempt {
+				d.mu.exempt--
+			}
 			parked = append(parked, w.a)
 		}
 	}
