@@ -12,6 +12,7 @@ import (
 	"net/http/pprof"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -92,6 +93,7 @@ type nodeCollector struct {
 	// maxQueues bounds the queues with series of their own; the others are
 	// summed under the queue label otherQueues (0: defaultMetricsQueues).
 	maxQueues int
+	other     otherCounters
 
 	depth, leases, oldest, itemsTotal, queues                                              *prometheus.Desc
 	opCount, opErrors, opLatency                                                           *prometheus.Desc
@@ -187,7 +189,11 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.NewInvalidMetric(c.depth, fmt.Errorf("stats: %w", err))
 	}
 	gauge(c.queues, float64(len(stats)))
-	for _, q := range boundQueues(stats, c.maxQueues) {
+	bounded := boundQueues(stats, c.maxQueues)
+	if n := len(bounded); n > 0 && bounded[n-1].Queue == otherQueues {
+		c.other.keepUp(&bounded[len(bounded)-1], stats, bounded[:len(bounded)-1])
+	}
+	for _, q := range bounded {
 		gauge(c.depth, float64(q.Ready), q.Queue, "ready")
 		gauge(c.depth, float64(q.Delayed), q.Queue, "delayed")
 		gauge(c.depth, float64(q.Inflight), q.Queue, "inflight")
@@ -287,6 +293,54 @@ const defaultMetricsQueues = 200
 // is not a valid queue name, so it cannot collide with one.
 const otherQueues = "(other)"
 
+// otherCounters keeps the otherQueues sum's lifetime counters from going
+// down, as Prometheus counters must not: a queue leaves the sum when it is
+// deleted (or deleted and made again) or ranks among those with series of
+// their own, and the counters it had in the sum stay in base (found by
+// review, session 69: the sum was taken afresh at every scrape).
+type otherCounters struct {
+	sync.Mutex
+	last map[string]storage.QueueStats // the summed queues' counters at the last scrape
+	base storage.QueueStats            // the counters of queues that left the sum
+}
+
+// keepUp adds to other, the sum of the queues in stats that are not in
+// own, the counters of the queues that left the sum since the last scrape.
+func (o *otherCounters) keepUp(other *storage.QueueStats, stats, own []storage.QueueStats) {
+	o.Lock()
+	defer o.Unlock()
+	mine := make(map[string]bool, len(own))
+	for _, q := range own {
+		mine[q.Queue] = true
+	}
+	now := make(map[string]storage.QueueStats, len(stats)-len(own))
+	for _, q := range stats {
+		if !mine[q.Queue] {
+			now[q.Queue] = q
+		}
+	}
+	for name, was := range o.last {
+		if q, ok := now[name]; !ok || q.Enqueued < was.Enqueued || q.Delivered < was.Delivered || q.Acked < was.Acked {
+			addCounters(&o.base, was) // gone, ranked out, or made again from zero
+		}
+	}
+	o.last = now
+	addCounters(other, o.base)
+}
+
+// addCounters adds q's lifetime counters to sum.
+func addCounters(sum *storage.QueueStats, q storage.QueueStats) {
+	sum.Enqueued += q.Enqueued
+	sum.Duplicates += q.Duplicates
+	sum.Delivered += q.Delivered
+	sum.Acked += q.Acked
+	sum.Nacked += q.Nacked
+	sum.Expired += q.Expired
+	sum.DeadLettered += q.DeadLettered
+	sum.Redriven += q.Redriven
+	sum.Purged += q.Purged
+}
+
 // boundQueues keeps the limit queues with the most items ever enqueued (a
 // ranking that rarely changes, so a queue's counters stay in one series)
 // and sums the rest into one otherQueues entry. The oldest-ready age of
@@ -314,15 +368,7 @@ func boundQueues(stats []storage.QueueStats, limit int) []storage.QueueStats {
 		other.Dead += q.Dead
 		other.Leases += q.Leases
 		other.OldestReadyAge = max(other.OldestReadyAge, q.OldestReadyAge)
-		other.Enqueued += q.Enqueued
-		other.Duplicates += q.Duplicates
-		other.Delivered += q.Delivered
-		other.Acked += q.Acked
-		other.Nacked += q.Nacked
-		other.Expired += q.Expired
-		other.DeadLettered += q.DeadLettered
-		other.Redriven += q.Redriven
-		other.Purged += q.Purged
+		addCounters(&other, q)
 	}
 	return append(out, other)
 }
