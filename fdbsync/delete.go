@@ -122,26 +122,24 @@ func (s *Store) removeQueueStep(tx kv.Tx, call *call, q string) (any, error) {
 	} else if !ok {
 		return nil, storage.ErrNotFound
 	}
-	pre := s.k.counters(q)
-	rows, err := tx.GetRange(pre, kv.PrefixEnd(pre), kv.RangeOptions{})
+	// Only the counters that say whether the queue is empty are read (with
+	// conflicts): the lifetime ones change with every duplicate enqueue,
+	// and a producer retrying with dedup keys kept an empty queue from
+	// being removed (found by review, session 69).
+	vals, err := tx.GetMany([][]byte{s.k.counter(q, ctrReady), s.k.counter(q, ctrDelayed),
+		s.k.counter(q, ctrInflight), s.k.counter(q, ctrDead), s.k.counter(q, ctrLeases)}, false)
 	if err != nil {
 		return nil, err
 	}
-	var items, leases int64
-	for _, r := range rows {
-		if len(r.Key) != len(pre)+1 {
-			continue
-		}
-		switch r.Key[len(pre)] {
-		case ctrReady, ctrDelayed, ctrInflight, ctrDead:
-			items += counterValue(r.Value)
-		case ctrLeases:
-			leases += counterValue(r.Value)
-		}
+	var items int64
+	for _, v := range vals[:4] {
+		items += counterValue(v)
 	}
+	leases := counterValue(vals[4])
 	if items != 0 || leases != 0 {
 		return nil, fmt.Errorf("%w: %d items (ready, delayed, inflight or dead); delete them first or force", storage.ErrNotEmpty, items)
 	}
+	pre := s.k.counters(q)
 	tx.ClearRange(pre, kv.PrefixEnd(pre)) // the counters
 	tx.Clear(s.k.queue(q))
 	return s.clearDedup(tx, call, q, nil, func(dedupRec) bool { return true })
@@ -167,7 +165,11 @@ func (s *Store) clearDedup(tx kv.Tx, call *call, q string, cursor []byte, old fu
 	if cursor != nil {
 		begin = cursor
 	}
-	drows, err := tx.GetRange(begin, kv.PrefixEnd(dpre), kv.RangeOptions{Limit: dedupPerTxn + 1})
+	// By snapshot, with a conflict on each key cleared: an enqueue that
+	// writes one of them aborts this step, while the keys a queue of the
+	// same name created since writes among them do not (they aborted every
+	// step, found by review, session 69).
+	drows, err := tx.GetRange(begin, kv.PrefixEnd(dpre), kv.RangeOptions{Limit: dedupPerTxn + 1, Snapshot: true})
 	if err != nil {
 		return nil, err
 	}
@@ -188,6 +190,9 @@ func (s *Store) clearDedup(tx kv.Tx, call *call, q string, cursor []byte, old fu
 		}
 		if !old(d) {
 			continue
+		}
+		if err := tx.AddReadConflictRange(r.Key, kv.KeyAfter(r.Key)); err != nil {
+			return nil, err
 		}
 		exp := s.k.dedupExp(d.expires, q, key)
 		tx.Clear(exp)
