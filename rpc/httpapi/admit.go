@@ -2,12 +2,14 @@ package httpapi
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/benbjohnson/clock"
@@ -22,6 +24,11 @@ type admitListener struct {
 	admit func(net.Conn) (release func(), refused string)
 	clock clock.Clock
 	log   *slog.Logger
+	// stop ends the refusals under way, which wg counts (Stop waits for
+	// them), and refusing bounds (maxRefusing).
+	stop     context.Context
+	wg       *sync.WaitGroup
+	refusing atomic.Int32
 }
 
 // refuseTimeout bounds how long a refused connection may take to send its
@@ -31,6 +38,13 @@ const (
 	refuseTimeout     = 5 * time.Second
 	maxRefusedRequest = 64 << 10
 )
+
+// maxRefusing bounds the refusals under way (each may take refuseTimeout
+// to answer); past it a refused connection is closed at once, with no
+// answer. Found by review (session 69): a peer over its limit that kept
+// connecting made the node hold a goroutine and a socket per refusal,
+// and Stop neither ended nor waited for them.
+const maxRefusing = 64
 
 func (l *admitListener) Accept() (net.Conn, error) {
 	for {
@@ -43,10 +57,21 @@ func (l *admitListener) Accept() (net.Conn, error) {
 			return &admittedConn{Conn: conn, release: release}, nil
 		}
 		l.log.Debug("connection refused", "remote", conn.RemoteAddr().String(), "reason", refused)
+		if l.refusing.Add(1) > maxRefusing {
+			l.refusing.Add(-1)
+			_ = conn.Close()
+			continue
+		}
+		l.wg.Add(1) // the serve goroutine holds one: never from zero
 		go func() {
-			// A peer that neither sends nor reads cannot hold the goroutine.
+			defer l.wg.Done()
+			defer l.refusing.Add(-1)
+			// A peer that neither sends nor reads cannot hold the
+			// goroutine, nor Stop.
 			t := l.clock.AfterFunc(refuseTimeout, func() { _ = conn.Close() })
 			defer t.Stop()
+			stop := context.AfterFunc(l.stop, func() { _ = conn.Close() })
+			defer stop()
 			// Read the request first: an answer that arrives before it is
 			// one a client discards ("unsolicited response").
 			_, _ = http.ReadRequest(bufio.NewReader(io.LimitReader(conn, maxRefusedRequest)))

@@ -72,6 +72,8 @@ func (c *call) readBody(limit int64) ([]byte, error) {
 			c.held -= spare
 		}
 	}()
+	watch := c.watchBody() // a body that stalls ends the request
+	defer watch.stop()
 	for {
 		// A known length is read in one step (+1: room to see EOF),
 		// after the budget admitted it.
@@ -88,6 +90,7 @@ func (c *call) readBody(limit int64) ([]byte, error) {
 		}
 		buf = slices.Grow(buf, int(step))
 		n, err := body.Read(buf[len(buf) : len(buf)+int(step)])
+		watch.read.Add(int64(n))
 		buf = buf[:len(buf)+n]
 		spare -= min(int64(n), spare)
 		if errors.Is(err, io.EOF) {

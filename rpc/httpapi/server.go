@@ -259,7 +259,7 @@ func (s *Server) Start(ctx context.Context, ln net.Listener) error {
 	s.unwatch = context.AfterFunc(ctx, s.Stop)
 	s.mu.Unlock()
 	if s.cfg.Admit != nil {
-		ln = &admitListener{Listener: ln, admit: s.cfg.Admit, clock: s.cfg.Clock, log: s.log}
+		ln = &admitListener{Listener: ln, admit: s.cfg.Admit, clock: s.cfg.Clock, log: s.log, stop: s.stopCtx, wg: &s.wg}
 	}
 	s.wg.Add(1)
 	go func() {
