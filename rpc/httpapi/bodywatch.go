@@ -28,8 +28,9 @@ type bodyWatch struct {
 }
 
 // watchBody starts watching c's body; stop ends it. When the body stalls
-// it sets a read deadline in the past, so that the read waiting for it
-// fails.
+// it sets the connection's read deadline to now, on the injected clock
+// (the past, for a test's mock clock), so that the read waiting for the
+// body fails.
 func (c *call) watchBody() *bodyWatch {
 	w := &bodyWatch{}
 	w.mu.Lock()
@@ -47,7 +48,7 @@ func (c *call) watchBody() *bodyWatch {
 		}
 		w.done = true
 		c.s.log.Debug("request body stalled; ending the request", "remote", c.r.RemoteAddr, "timeout", bodyStallTimeout)
-		_ = http.NewResponseController(c.w).SetReadDeadline(time.Unix(1, 0))
+		_ = http.NewResponseController(c.w).SetReadDeadline(c.s.cfg.Clock.Now())
 	})
 	return w
 }
