@@ -32,6 +32,9 @@ type queueServer struct {
 	remote  string
 	gate    *replyGate      // nil: answers unbounded (or not over a connection)
 	connCtx context.Context // done when the connection ends (nil: not over a connection)
+	// framesCounted: the connection counts every frame it queues in gate
+	// (the lean engine's sendFrame), answers among them.
+	framesCounted bool
 }
 
 // statusResults is what every generated *_Results has.
@@ -96,7 +99,9 @@ func (t callTicket) finish(res statusResults, allocErr error, body func() error)
 		return q.fail(op, res, err)
 	}
 	failed = false
-	q.gate.add(res.Message()) // counted until written (replyGate)
+	if !q.framesCounted {
+		q.gate.add(res.Message()) // counted until written (replyGate)
+	}
 	return nil
 }
 

@@ -245,7 +245,7 @@ func protoErrf(format string, args ...any) error {
 func (s *Server) serveLean(ctx context.Context, cancel context.CancelFunc, conn net.Conn, remote string, gate *replyGate, first func()) {
 	c := &leanConn{
 		s: s, conn: conn, remote: remote, gate: gate, ctx: ctx, cancel: cancel,
-		q:            &queueServer{s: s, remote: remote, gate: gate, connCtx: ctx},
+		q:            &queueServer{s: s, remote: remote, gate: gate, connCtx: ctx, framesCounted: true},
 		maxMsg:       uint64(s.cfg.MaxMessageBytes),
 		first:        first,
 		maxQuestions: cmp.Or(s.cfg.maxOpenQuestions, leanMaxOpenQuestions),

@@ -52,7 +52,8 @@ func (c *leanConn) sendFrame(f outFrame, shared bool) {
 	// not only the Queue results their handlers count: an Unimplemented
 	// echo repeats the client's whole message, and a client that sent such
 	// messages without reading made the node keep every echo (found by
-	// review, session 69). add ignores a message counted already.
+	// review, session 69). Queue results count here only
+	// (queueServer.framesCounted).
 	c.gate.add(f.m)
 	c.w.Lock()
 	if c.w.dead {

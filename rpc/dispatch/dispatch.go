@@ -143,12 +143,17 @@ func New(c Config) (*Dispatcher, error) {
 // dispatcher is closed (an empty result). Errors: the store's, ctx.Err(),
 // ErrTooManyWaiters. It is PollAsync, waited for.
 func (d *Dispatcher) Poll(ctx context.Context, p storage.PollParams, wait time.Duration) (storage.PollResult, error) {
+	return d.pollWaited(ctx, p, wait, false)
+}
+
+// pollWaited is pollAsync, waited for.
+func (d *Dispatcher) pollWaited(ctx context.Context, p storage.PollParams, wait time.Duration, exempt bool) (storage.PollResult, error) {
 	type result struct {
 		res storage.PollResult
 		err error
 	}
 	ch := make(chan result, 1)
-	d.PollAsync(ctx, p, wait, func(res storage.PollResult, err error) { ch <- result{res, err} })
+	d.pollAsync(ctx, p, wait, exempt, func(res storage.PollResult, err error) { ch <- result{res, err} })
 	r := <-ch
 	return r.res, r.err
 }
@@ -170,14 +175,7 @@ func (d *Dispatcher) PollAsync(ctx context.Context, p storage.PollParams, wait t
 // subscription ended as tooManyWaiters when a long poll took the queue's
 // last place while it waited for credit, and was counted twice).
 func (d *Dispatcher) PollExempt(ctx context.Context, p storage.PollParams, wait time.Duration) (storage.PollResult, error) {
-	type result struct {
-		res storage.PollResult
-		err error
-	}
-	ch := make(chan result, 1)
-	d.pollAsync(ctx, p, wait, true, func(res storage.PollResult, err error) { ch <- result{res, err} })
-	r := <-ch
-	return r.res, r.err
+	return d.pollWaited(ctx, p, wait, true)
 }
 
 func (d *Dispatcher) pollAsync(ctx context.Context, p storage.PollParams, wait time.Duration, exempt bool, done func(storage.PollResult, error)) {
