@@ -31,6 +31,7 @@ import (
 	"github.com/leaseq/leaseq/rpc/webui"
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/rocksstore"
+	"github.com/leaseq/leaseq/storage/steadyclock"
 	"github.com/leaseq/leaseq/sweeper"
 )
 
@@ -227,7 +228,9 @@ func fdbPrefix(name string) []byte {
 
 func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	log := c.log
-	clk := e.clock
+	// The node's time never steps back with the wall clock: every instant
+	// it writes comes from clk (storage/steadyclock).
+	clk := steadyclock.New(e.clock)
 	// Every file the node creates (the database, its logs) is the owner's
 	// only: they hold payloads. The unix socket gets --socket-mode.
 	syscall.Umask(0o077)
@@ -275,6 +278,12 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		return err
 	}
 	undo = append(undo, func() error { return closeStore(store) })
+	if rocks != nil {
+		if latest := rocks.Latest(); latest.After(clk.Now()) {
+			log.Warn("the clock reads earlier than the data: the node's time goes on from the data's", "clock", clk.Now(), "data", latest)
+			clk.AtLeast(latest)
+		}
+	}
 	srv, err := rpc.NewServer(rpcConfig(c, store, clk))
 	if err != nil {
 		return fmt.Errorf("rpc server: %w", err)

@@ -67,7 +67,8 @@ func (s *Store) rebuild() error {
 	}
 	// Inflight items: which payloads are external (ack deletes them).
 	lower = dbkeys.NamespacePrefix(dbkeys.NsInProgress)
-	return s.scanOnce(lower, dbkeys.PrefixEnd(lower), func(k, v []byte) (bool, error) {
+	var latest int64
+	err = s.scanOnce(lower, dbkeys.PrefixEnd(lower), func(k, v []byte) (bool, error) {
 		_, id, err := dbkeys.DecodeInProgressKey(k)
 		if err != nil {
 			return false, corrupt("open", k, err)
@@ -82,8 +83,38 @@ func (s *Store) rebuild() error {
 			}
 			l.ext[id] = true
 		}
+		if !rec.Delayed {
+			latest = max(latest, rec.VisibleAt) // ready when claimed
+		}
 		return true, nil
 	})
+	if err != nil {
+		return err
+	}
+	for _, q := range s.mu.queues {
+		latest = max(latest, q.latestReady())
+	}
+	s.latest.Store(latest)
+	return nil
+}
+
+// latestReady returns the latest visible_at of q's ready items (not
+// delayed ones), 0 when it has none, as rebuild left q: each priority's
+// entries in one sorted run, delayed items (q.delayed) among them.
+func (q *queueState) latestReady() int64 {
+	var latest int64
+	for _, h := range q.ready.heaps {
+		if h == nil {
+			continue
+		}
+		for i := len(h.run) - 1; i >= h.off; i-- {
+			if _, delayed := q.delayed[h.run[i].id]; !delayed {
+				latest = max(latest, h.run[i].vis)
+				break
+			}
+		}
+	}
+	return latest
 }
 
 // rebuildReady loads q's serve order from its visibility entries. They

@@ -73,6 +73,7 @@ type Store struct {
 
 	// Owned by the committer goroutine (and Open, before it starts).
 	ids      struct{ next, limit, seen uint64 } // seen: the highest sequence rebuild met, plus one
+	latest   atomic.Int64                       // Latest, unix ns (set by rebuild)
 	leases   map[storage.LeaseID]*leaseState
 	leaseSeq uint64 // the counting half of the next lease token (newToken)
 	inflight map[storage.ItemID]*leaseState
@@ -515,6 +516,20 @@ func (s *Store) Recover() (bool, error) {
 }
 
 func (s *Store) exit() { s.life.RUnlock() }
+
+// Latest returns the latest instant the data showed, as of the last open,
+// that the clock of the node writing it had reached: the latest
+// visible_at of the items ready or inflight then (not of delayed ones,
+// whose visible_at is ahead of the clock), zero when there were none. A
+// node whose clock reads earlier at start (a device booted without a
+// battery-backed clock) would hide those items until its clock caught up:
+// main.go raises its clock to this first (storage/steadyclock).
+func (s *Store) Latest() time.Time {
+	if n := s.latest.Load(); n > 0 {
+		return instant(n)
+	}
+	return time.Time{}
+}
 
 // Metrics returns a snapshot of the write-path counters.
 func (s *Store) Metrics() Metrics {
