@@ -137,14 +137,16 @@ func after(get func() ([]byte, error)) (storage.ItemID, error) {
 }
 
 // DefaultPageLimit is used by peek, deadList, redrive and purgeDead when the
-// request's limit is 0.
+// request's limit is 0 (the node's MaxBatch when that is lower).
 const DefaultPageLimit = 100
 
-// pageLimit is a request's limit with 0 meaning DefaultPageLimit; the
+// pageLimit is a request's limit with 0 meaning DefaultPageLimit, or
+// MaxBatch when the node's is lower (found by review: a node run with
+// --max-batch under 100 refused every page that named no limit); the
 // store checks the range (storage's Params.Validate).
-func pageLimit(n uint32) int {
+func (s *Server) pageLimit(n uint32) int {
 	if n == 0 {
-		return DefaultPageLimit
+		return min(DefaultPageLimit, s.limits.MaxBatch)
 	}
 	return int(n)
 }
@@ -625,7 +627,7 @@ func (q *queueServer) peek(ctx context.Context, args schema.Queue_peek_Params, r
 	if err != nil {
 		return err
 	}
-	limit := q.s.pageItems(pageLimit(args.Limit()))
+	limit := q.s.pageItems(q.s.pageLimit(args.Limit()))
 	items, err := q.s.cfg.Store.Peek(ctx, storage.PeekParams{Queue: queue, Inflight: args.Inflight(), After: aft, Limit: limit, Now: q.s.cfg.Clock.Now()})
 	if err != nil {
 		return err
@@ -697,7 +699,7 @@ func (q *queueServer) deadList(ctx context.Context, args schema.Queue_deadList_P
 	if err != nil {
 		return err
 	}
-	limit := q.s.pageItems(pageLimit(args.Limit()))
+	limit := q.s.pageItems(q.s.pageLimit(args.Limit()))
 	dead, err := q.s.cfg.Store.DeadList(ctx, storage.DeadListParams{Queue: queue, After: aft, Limit: limit})
 	if err != nil {
 		return err
@@ -756,7 +758,7 @@ func (q *queueServer) deadOp(ctx context.Context, args deadArgs, res deadResults
 		}
 		p.Limit = len(p.IDs)
 	} else {
-		p.Limit = pageLimit(args.Limit())
+		p.Limit = q.s.pageLimit(args.Limit())
 	}
 	rr, err := run(ctx, p)
 	if err != nil {

@@ -457,14 +457,15 @@ func (s *Server) page(c *call) (storage.ItemID, int, error) {
 	if err != nil {
 		return after, 0, err
 	}
-	return after, pageLimit(limit), nil
+	return after, s.pageLimit(limit), nil
 }
 
-// pageLimit is a request's limit with 0 meaning DefaultPageLimit; the
-// store checks the range (storage's Params.Validate).
-func pageLimit(n int64) int {
+// pageLimit is a request's limit with 0 meaning DefaultPageLimit, or
+// MaxBatch when the node's is lower; the store checks the range
+// (storage's Params.Validate).
+func (s *Server) pageLimit(n int64) int {
 	if n == 0 {
-		return DefaultPageLimit
+		return min(DefaultPageLimit, s.limits.MaxBatch)
 	}
 	return int(n)
 }
@@ -576,7 +577,7 @@ func (s *Server) deadOp(c *call, run func(context.Context, storage.RedriveParams
 	case req.All && len(req.IDs) > 0:
 		return "", DeadResponse{}, fmt.Errorf("%w: give ids or all, not both", storage.ErrInvalidArgument)
 	case req.All:
-		p.Limit = pageLimit(req.Limit)
+		p.Limit = s.pageLimit(req.Limit)
 	case len(req.IDs) > 0:
 		if req.Limit != 0 {
 			return "", DeadResponse{}, fmt.Errorf("%w: limit goes with all, not with ids", storage.ErrInvalidArgument)

@@ -33,7 +33,8 @@ const (
 	DefaultMaxBodyBytes = 64 << 20
 	// DefaultPageLimit is the page size of peek and the dead-letter list,
 	// and how many dead items "all" redrives or purges, when the request
-	// gives no limit (rpc.DefaultPageLimit).
+	// gives no limit (rpc.DefaultPageLimit; the node's MaxBatch when that
+	// is lower).
 	DefaultPageLimit = 100
 	// readHeaderTimeout bounds how long a connection may take to send its
 	// request line and headers, so silent sockets do not hold

@@ -1,0 +1,48 @@
+package rpc
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/leaseq/leaseq/storage"
+	"github.com/leaseq/leaseq/storage/rocksstore"
+)
+
+// rocksWithLimits opens a RocksDB store with limits lim, as leaseq serve
+// gives the store and the server the same limits.
+func rocksWithLimits(lim storage.Limits) storeFactory {
+	return storeFactory{"rocks", func(t *testing.T) storage.Store {
+		s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncNone, Limits: lim})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}}
+}
+
+// A node started with --max-batch under DefaultPageLimit (100): a page
+// call that names no limit takes MaxBatch. Found by review (session 70):
+// the server passed 100 on, and the store refused every Peek, DeadList,
+// Redrive and PurgeDead without a limit ("limit must be 1-50, got 100").
+func TestLimits_DefaultPageLimitOverMaxBatch(t *testing.T) {
+	lim := storage.Limits{MaxBatch: 50}
+	b := setup(t, bundleOpts{factory: rocksWithLimits(lim), mutate: func(c *ServerConfig) { c.Limits = lim }})
+	c := b.dial()
+	ctx := ctxT(t)
+	_, err := c.Enqueue(ctx, "q", payloads(3, 8))
+	require.NoError(t, err)
+	_, err = c.Enqueue(ctx, "q", []storage.EnqueueItem{{Payload: []byte("d"), MaxAttempts: 1}})
+	require.NoError(t, err)
+
+	items, err := c.Peek(ctx, storage.PeekParams{Queue: "q"})
+	assert.NoError(t, err, "peek without a limit")
+	assert.Len(t, items, 4)
+	_, err = c.DeadList(ctx, storage.DeadListParams{Queue: "q"})
+	assert.NoError(t, err, "dead list without a limit")
+	_, err = c.Redrive(ctx, storage.RedriveParams{Queue: "q"})
+	assert.NoError(t, err, "redrive without a limit")
+	_, err = c.PurgeDead(ctx, storage.RedriveParams{Queue: "q"})
+	assert.NoError(t, err, "purge dead without a limit")
+}
+
