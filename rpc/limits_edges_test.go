@@ -45,4 +45,3 @@ func TestLimits_DefaultPageLimitOverMaxBatch(t *testing.T) {
 	_, err = c.PurgeDead(ctx, storage.RedriveParams{Queue: "q"})
 	assert.NoError(t, err, "purge dead without a limit")
 }
-
