@@ -223,6 +223,10 @@ func NewServer(c ServerConfig) (*Server, error) {
 	if c.Logger == nil {
 		c.Logger = discardLogger()
 	}
+	// A copy of its own: a config shared with another listener (the HTTP
+	// API's, whose http.Server adds its ALPN protocols to the one it is
+	// given) must not change under this one (found by review, session 70).
+	c.TLS = c.TLS.Clone()
 	switch c.Engine {
 	case "", EngineGoCapnp, EngineLean:
 	default:
@@ -538,11 +542,15 @@ func (s *Server) refuse(conn net.Conn, reason string) {
 	// Close after a bound in any case: a peer that never reads or never
 	// closes must not pin this goroutine; nor Stop, which waits for it
 	// (found by review, session 69).
-	t := s.cfg.Clock.AfterFunc(s.cfg.HandshakeTimeout, func() { _ = conn.Close() })
+	// The timers close the socket itself: conn becomes the TLS
+	// connection below, and they must not read the variable while it is
+	// written (a data race, found by review, session 70).
+	raw := conn
+	t := s.cfg.Clock.AfterFunc(s.cfg.HandshakeTimeout, func() { _ = raw.Close() })
 	defer t.Stop()
-	stop := context.AfterFunc(s.subCtx, func() { _ = conn.Close() })
+	stop := context.AfterFunc(s.subCtx, func() { _ = raw.Close() })
 	defer stop()
-	defer conn.Close()
+	defer raw.Close()
 	if s.cfg.TLS != nil {
 		tc := tls.Server(conn, s.cfg.TLS)
 		if err := tc.HandshakeContext(s.subCtx); err != nil {
@@ -566,11 +574,15 @@ func (s *Server) serveConn(conn net.Conn, boot BootstrapFunc) {
 	remote := conn.RemoteAddr().String()
 	// A connection that stays silent (no handshake, no first message)
 	// must not hold its slot: close it after FirstMessageTimeout.
+	// The timer closes the socket itself, never reading conn, which
+	// becomes the TLS connection below (a data race, found by review,
+	// session 70).
 	var spoke atomic.Bool
+	raw := conn
 	silent := s.cfg.Clock.AfterFunc(s.cfg.FirstMessageTimeout, func() {
 		if !spoke.Load() {
 			s.log.Debug("connection closed: no message in time", "remote", remote, "timeout", s.cfg.FirstMessageTimeout)
-			_ = conn.Close()
+			_ = raw.Close()
 		}
 	})
 	defer silent.Stop()

@@ -199,7 +199,10 @@ func New(c Config) (*Server, error) {
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
-		TLSConfig:         c.TLS,
+		// A copy: http.Server adds its ALPN protocols (h2, http/1.1) to
+		// the config it serves with, and the node's RPC listener is
+		// given the same one (found by review, session 70).
+		TLSConfig: c.TLS.Clone(),
 	}
 	return s, nil
 }
