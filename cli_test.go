@@ -633,7 +633,12 @@ func TestCLI_MaxMessage(t *testing.T) {
 	t.Parallel()
 	r := runCLI(t, nil, "", "serve", "--max-message", "64KiB", "--max-payload", "1MiB")
 	require.Equal(t, exitUsage, r.code)
-	require.Contains(t, r.stderr, "--max-payload 1048576 must be below --max-message 65536")
+	require.Contains(t, r.stderr, "--max-payload 1048576 must be at least 4096 bytes below --max-message 65536")
+	// Found by review (session 70): a payload just under --max-message
+	// came in a message over it, and the node ended the session.
+	r = runCLI(t, nil, "", "serve", "--max-message", "64KiB", "--max-payload", "63KiB")
+	require.Equal(t, exitUsage, r.code)
+	require.Contains(t, r.stderr, "must be at least 4096 bytes below --max-message")
 
 	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--max-message", "64KiB", "--max-payload", "32KiB")
 	r = runCLI(t, []string{"LEASEQ_ADDR=" + n.addr}, strings.Repeat("x", 100_000), "enqueue", "jobs", "-")

@@ -129,6 +129,7 @@ section has the details.`,
 }
 
 type serveConfig struct {
+	tlsWarning    string // what is wrong with the certificate's validity period ("": nothing)
 	data          string
 	listen        string
 	qbListen      string // --queueber-listen; "" when off
@@ -347,6 +348,9 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	}
 	undo = nil // from here on, the shutdown below stops everything in order
 	log.Info("leaseq serving", servingAttrs(c, ln, qbln)...)
+	if c.tlsWarning != "" {
+		log.Warn("--tls-cert: " + c.tlsWarning)
+	}
 
 	awaitShutdown(ctx, sigs, log)
 	ready.Store(false)

@@ -145,6 +145,11 @@ func addServeFlags(fs *flag.FlagSet) *serveFlags {
 	return f
 }
 
+// messageHeadroom is what a one-item enqueue's message holds besides the
+// payload, at most: the frame, the RPC call, a queue name and a dedup key
+// at their limits, and the item's other fields (about 1.5 KiB), rounded up.
+const messageHeadroom = 4 << 10
+
 // check refuses flag values that are invalid together (a usage error).
 func (f *serveFlags) check() error {
 	if *f.sweepInterval <= 0 || *f.sweepBatch <= 0 {
@@ -168,8 +173,11 @@ func (f *serveFlags) check() error {
 	if *f.maxWaiters < 0 {
 		return usagef("--max-waiters must be >= 0, got %d", *f.maxWaiters)
 	}
-	if f.maxPayload.val >= f.maxMessage.val {
-		return usagef("--max-payload %d must be below --max-message %d (an item that size could never arrive in one message)", f.maxPayload.val, f.maxMessage.val)
+	if f.maxPayload.val > f.maxMessage.val-messageHeadroom {
+		// Found by review (session 70): with --max-payload just below
+		// --max-message, an item within the limit came in a message over
+		// it, and the node ended the client's whole session.
+		return usagef("--max-payload %d must be at least %d bytes below --max-message %d (an item that size, with its queue name, dedup key and the call around it, must fit in one message)", f.maxPayload.val, messageHeadroom, f.maxMessage.val)
 	}
 	if f.minLease.val > f.maxLease.val {
 		return usagef("--min-lease %v is longer than --max-lease %v", f.minLease.val, f.maxLease.val)
@@ -179,6 +187,20 @@ func (f *serveFlags) check() error {
 	}
 	if *f.tlsClientCA != "" && *f.tlsCert == "" {
 		return usagef("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
+	}
+	// Addresses are checked before anything is opened (found by review,
+	// session 70: a malformed one passed --check-config and failed only
+	// once the database was open, a bad --http with --listen serving).
+	for _, a := range []struct{ flag, addr string }{{"--listen", *f.listen}, {"--http", *f.httpAddr}, {"--queueber-listen", *f.qbListen}, {"--metrics", *f.metricsAddr}} {
+		if a.addr == "" {
+			continue
+		}
+		if err := rpc.CheckAddr(a.addr); err != nil {
+			return usagef("%s: %v", a.flag, strings.TrimPrefix(err.Error(), "rpc: "))
+		}
+	}
+	if strings.HasPrefix(*f.metricsAddr, "unix:") {
+		return usagef("--metrics takes host:port, not a unix socket")
 	}
 	if err := checkQueueberFlags(*f.listen, *f.qbListen, *f.qbQueue); err != nil {
 		return err
@@ -218,10 +240,17 @@ func (f *serveFlags) check() error {
 // the TLS files. Logs go to stderr.
 func (f *serveFlags) config(stderr io.Writer) (serveConfig, error) {
 	var tc *tls.Config
+	var tlsWarning string
 	if *f.tlsCert != "" {
 		var err error
 		if tc, err = serverTLS(*f.tlsCert, *f.tlsKey, *f.tlsClientCA); err != nil {
 			return serveConfig{}, err
+		}
+		// Found by review (session 70): an expired certificate passed
+		// --check-config, and the node started without a word while
+		// every client failed its handshake.
+		if tlsWarning = certValidity(tc.Certificates[0], time.Now()); tlsWarning != "" && *f.checkConfig {
+			return serveConfig{}, fmt.Errorf("--tls-cert %s: %s", *f.tlsCert, tlsWarning)
 		}
 	}
 	return serveConfig{
@@ -243,6 +272,7 @@ func (f *serveFlags) config(stderr io.Writer) (serveConfig, error) {
 		http:        *f.httpAddr,
 		tls:         tc,
 		mutualTLS:   *f.tlsClientCA != "",
+		tlsWarning:  tlsWarning,
 		maxConns:    *f.maxConns,
 		maxWaiters:  *f.maxWaiters,
 		maxPerIP:    *f.maxConnsPerIP,
@@ -325,6 +355,26 @@ func serverTLS(certFile, keyFile, clientCAFile string) (*tls.Config, error) {
 		tc.ClientAuth = tls.RequireAndVerifyClientCert
 	}
 	return tc, nil
+}
+
+// certValidity says what is wrong with cert's validity period at now
+// ("" when nothing): clients refuse a certificate that has expired or is
+// not valid yet.
+func certValidity(cert tls.Certificate, now time.Time) string {
+	leaf := cert.Leaf
+	if leaf == nil {
+		var err error
+		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return ""
+		}
+	}
+	switch {
+	case now.After(leaf.NotAfter):
+		return fmt.Sprintf("the certificate expired at %s: clients will refuse it", leaf.NotAfter.UTC().Format(time.RFC3339))
+	case now.Before(leaf.NotBefore):
+		return fmt.Sprintf("the certificate is not valid before %s: clients will refuse it until then", leaf.NotBefore.UTC().Format(time.RFC3339))
+	}
+	return ""
 }
 
 func loadCertPool(file string) (*x509.CertPool, error) {

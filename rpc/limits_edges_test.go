@@ -45,3 +45,29 @@ func TestLimits_DefaultPageLimitOverMaxBatch(t *testing.T) {
 	_, err = c.PurgeDead(ctx, storage.RedriveParams{Queue: "q"})
 	assert.NoError(t, err, "purge dead without a limit")
 }
+
+// A payload a few dozen bytes under the message limit: the client refuses
+// the call before sending it (its size check counts the call around the
+// items), and the connection serves on. Found by review (session 70): it
+// passed the check (64 bytes per item, nothing for the call), and the
+// node's decoder ended the whole session ("node aborted the session").
+// leaseq serve now also keeps --max-payload 4 KiB under --max-message.
+func TestLimits_PayloadJustUnderTheMessageLimit(t *testing.T) {
+	const msg = 1 << 20
+	lim := storage.Limits{MaxPayload: msg - 1} // what serve's flag check allows
+	b := setup(t, bundleOpts{factory: rocksWithLimits(lim), mutate: func(c *ServerConfig) {
+		c.MaxMessageBytes = msg
+		c.Limits = lim
+	}})
+	c, err := b.dialErr(ClientOptions{FlowLimitBytes: msg})
+	require.NoError(t, err)
+	ctx := ctxT(t)
+	res, err := c.Enqueue(ctx, "q", []storage.EnqueueItem{{Payload: make([]byte, msg-64)}})
+	if err != nil {
+		require.ErrorIs(t, err, storage.ErrInvalidArgument, "refused, then clearly and without the session: %v", err)
+		_, err = c.Stats(ctx, "")
+		require.NoError(t, err, "the connection survives a refused call")
+		return
+	}
+	require.Equal(t, storage.CodeOK, res[0].Code)
+}
