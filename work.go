@@ -91,7 +91,7 @@ Example:
 		conc := newChoice("1", intRange(1, 1000))
 		fs.Var(conc, "concurrency", "most `items` handled at once, each by its own run of CMD")
 		lease := newChoice(storage.DefaultLeaseDuration.String(), positiveDuration)
-		fs.Var(lease, "lease", "lease `duration` of each item, extended every third of it while CMD runs")
+		fs.Var(lease, "lease", "lease `duration` of each item, extended every third of it while CMD runs (not given: the default, or the node's --max-lease when shorter)")
 		timeout := newChoice("0s", nonNegDuration)
 		fs.Var(timeout, "timeout", "kill CMD and nack its item after this `duration` (0: no limit)")
 		retryDelay := &optDuration{}
@@ -113,6 +113,9 @@ Example:
 				return err
 			}
 			w.concurrency, w.lease, w.timeout = conc.val, lease.val, timeout.val
+			if !lease.set {
+				w.lease = 0 // Consume's default: 30 s, or the node's --max-lease when shorter
+			}
 			w.killGrace, w.drainTimeout, w.maxItems = grace.val, drain.val, maxItems.val
 			if retryDelay.set {
 				// One over the most any node takes is refused here, one
@@ -229,7 +232,11 @@ func runWork(ctx context.Context, e *env, c *rpc.Client, w workConfig, stderr *l
 	var wg sync.WaitGroup
 	wg.Go(func() { s.watchSignals(e, sigs, done, stopTaking, &second) })
 
-	log.Info("leaseq work started", "command", w.argv[0], "concurrency", w.concurrency, "lease", w.lease, "timeout", w.timeout)
+	lease := any(w.lease)
+	if w.lease == 0 {
+		lease = "default"
+	}
+	log.Info("leaseq work started", "command", w.argv[0], "concurrency", w.concurrency, "lease", lease, "timeout", w.timeout)
 	err := c.Consume(takeCtx, rpc.ConsumerConfig{
 		Queue:    w.queue,
 		Workers:  w.concurrency,

@@ -19,7 +19,7 @@ type ConsumerConfig struct {
 	Queue   string
 	Workers int           // concurrent pollers, each handling its batch in order (0: 1)
 	Batch   int           // items per poll (0: 1)
-	Lease   time.Duration // per poll, at least 1ms (0: storage.DefaultLeaseDuration); extended every Lease/3 while handlers run
+	Lease   time.Duration // per poll, at least 1ms (0: storage.DefaultLeaseDuration, or the node's --max-lease when shorter); extended every Lease/3 while handlers run
 	Wait    time.Duration // long-poll wait (0: DefaultConsumerWait)
 	// Handler processes one item. nil error acks it; an error or a panic
 	// nacks it with the error text or "panic: <value>" as the reason. Its
@@ -207,7 +207,14 @@ func (c *Client) Consume(ctx context.Context, cfg ConsumerConfig) error {
 		return fmt.Errorf("leaseq consume: %w: Lease %v is under 1ms", storage.ErrInvalidArgument, cfg.Lease)
 	}
 	if cfg.Lease <= 0 {
+		// The default within the node's --max-lease (found by review,
+		// session 70: a node with --max-lease under 30 s refused every
+		// poll). A node that does not say (older, or unreachable now:
+		// the polls will tell) leaves the default.
 		cfg.Lease = storage.DefaultLeaseDuration
+		if ni, err := c.NodeInfo(ctx); err == nil && ni.MaxLease > 0 && ni.MaxLease < cfg.Lease {
+			cfg.Lease = ni.MaxLease
+		}
 	}
 	if cfg.Wait <= 0 {
 		cfg.Wait = DefaultConsumerWait

@@ -1,7 +1,9 @@
 package rpc
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -70,4 +72,35 @@ func TestLimits_PayloadJustUnderTheMessageLimit(t *testing.T) {
 		return
 	}
 	require.Equal(t, storage.CodeOK, res[0].Code)
+}
+
+// Consume with Lease 0 on a node whose --max-lease is under the default
+// 30 s leases for the node's maximum. Found by review (session 70): it
+// sent 30 s on every poll, and every poll was refused.
+func TestLimits_ConsumerDefaultLeaseOverNodeMaxLease(t *testing.T) {
+	lim := storage.Limits{MaxLease: 10 * time.Second}
+	b := setup(t, bundleOpts{factory: rocksWithLimits(lim), mutate: func(c *ServerConfig) { c.Limits = lim }})
+	c := b.dial()
+	ctx := ctxT(t)
+	_, err := c.Enqueue(ctx, "q", payloads(1, 8))
+	require.NoError(t, err)
+	handled := make(chan struct{})
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Consume(cctx, ConsumerConfig{Queue: "q", Clock: b.clock, Handler: func(context.Context, storage.Item) error {
+			close(handled)
+			return nil
+		}})
+	}()
+	select {
+	case <-handled:
+		cancel()
+		require.NoError(t, <-done)
+	case err := <-done:
+		t.Fatalf("Consume with the default lease on a node with --max-lease 10s: %v", err)
+	case <-ctx.Done():
+		t.Fatal("Consume neither handled the item nor returned")
+	}
 }
