@@ -45,7 +45,7 @@ func (s *Store) Enqueue(ctx context.Context, p storage.EnqueueParams) ([]storage
 	var todo []pending
 	for i, it := range p.Items {
 		if err := s.limits.ValidateItem(it); err != nil {
-			res[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: err.Error()}
+			res[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: storage.ItemReason(err)}
 			continue
 		}
 		r := record{

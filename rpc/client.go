@@ -444,7 +444,7 @@ func (c *Client) Enqueue(ctx context.Context, queue string, items []storage.Enqu
 			if err := w.SetPayload(items[i].Payload); err != nil {
 				return err
 			}
-			w.SetDelayMs(msDur(items[i].Delay))
+			w.SetDelayMs(msDurUp(items[i].Delay))
 			w.SetPriority(items[i].Priority)
 			if items[i].DedupKey != "" {
 				if err := w.SetDedupKey(items[i].DedupKey); err != nil {
@@ -666,7 +666,7 @@ func (c *Client) nack(ctx context.Context, queue string, lease storage.LeaseID, 
 			return err
 		}
 		if delay != nil {
-			p.SetDelayMs(int64(msDur(*delay)))
+			p.SetDelayMs(int64(msDurUp(*delay)))
 		}
 		if err := p.SetReason(reason); err != nil {
 			return err
@@ -782,6 +782,9 @@ func (c *Client) NodeInfo(ctx context.Context) (NodeInfo, error) {
 // items than the limit before the end (those that fit in one reply,
 // DefaultMaxReplyBytes): page on from the last item's ID.
 func (c *Client) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item, error) {
+	if err := checkLimit("peek", p.Limit); err != nil {
+		return nil, err
+	}
 	f, release := invoke(ctx, c, mPeek, func(a schema.Queue_peek_Params) error {
 		a.SetInflight(p.Inflight)
 		a.SetLimit(wireLimit(p.Limit))
@@ -838,6 +841,9 @@ func (c *Client) DeleteQueue(ctx context.Context, queue string, force bool) (int
 // DeadList pages through dead items after p.After (p.Limit 0: DefaultPageLimit).
 // A page may hold fewer items than the limit before the end, as Peek's.
 func (c *Client) DeadList(ctx context.Context, p storage.DeadListParams) ([]storage.DeadItem, error) {
+	if err := checkLimit("dead list", p.Limit); err != nil {
+		return nil, err
+	}
 	f, release := invoke(ctx, c, mDeadList, func(a schema.Queue_deadList_Params) error {
 		a.SetLimit(wireLimit(p.Limit))
 		if !p.After.IsZero() {
@@ -921,6 +927,9 @@ func deadResult[R deadAnswer](op string, get func() (R, error)) (storage.Redrive
 // Redrive moves dead items back to ready: p.IDs (one Code each), or up to
 // p.Limit (0: DefaultPageLimit) in id order when p.IDs is empty.
 func (c *Client) Redrive(ctx context.Context, p storage.RedriveParams) (storage.RedriveResult, error) {
+	if err := checkLimit("redrive", p.Limit); err != nil {
+		return storage.RedriveResult{}, err
+	}
 	f, release := invoke(ctx, c, mRedrive, func(a schema.Queue_redrive_Params) error { return setDeadParams(a, p) })
 	defer release()
 	return deadResult("redrive", f.Struct)
@@ -928,6 +937,9 @@ func (c *Client) Redrive(ctx context.Context, p storage.RedriveParams) (storage.
 
 // PurgeDead deletes dead items, selected like Redrive.
 func (c *Client) PurgeDead(ctx context.Context, p storage.RedriveParams) (storage.RedriveResult, error) {
+	if err := checkLimit("purge dead", p.Limit); err != nil {
+		return storage.RedriveResult{}, err
+	}
 	f, release := invoke(ctx, c, mPurgeDead, func(a schema.Queue_purgeDead_Params) error { return setDeadParams(a, p) })
 	defer release()
 	return deadResult("purge dead", f.Struct)

@@ -51,6 +51,27 @@ func msDur(d time.Duration) uint64 {
 	return uint64(d / time.Millisecond)
 }
 
+// msDurUp is msDur rounded up to the next millisecond: a delay the wire
+// carries is never shorter than the one asked for (found by review,
+// session 70: a delay of 0.5 ms went as 0, ready at once, and one 0.5 ms
+// over the node's MaxDelay went as MaxDelay, which the store would have
+// refused).
+func msDurUp(d time.Duration) uint64 {
+	if d <= 0 {
+		return 0
+	}
+	return uint64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// checkLimit refuses a negative page limit, as the stores do (the wire
+// would carry it as 0, the default page; found by review, session 70).
+func checkLimit(op string, n int) error {
+	if n < 0 {
+		return fmt.Errorf("leaseq %s: %w: limit must be >= 0 (0: the default page), got %d", op, storage.ErrInvalidArgument, n)
+	}
+	return nil
+}
+
 func itemID(b []byte) (storage.ItemID, error) {
 	var id storage.ItemID
 	if len(b) != len(id) {

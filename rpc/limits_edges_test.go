@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -103,4 +104,60 @@ func TestLimits_ConsumerDefaultLeaseOverNodeMaxLease(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("Consume neither handled the item nor returned")
 	}
+}
+
+// An item refused by the limits gets the same EnqueueResult.Err from a
+// Store and through the rpc server and client (storage.ItemReason). Found
+// by review (session 70): the stores gave err.Error() of the *ItemError
+// ("storage: invalid argument: payload of ..."), rpc its Detail.
+func TestLimits_ItemReasonSameOnBothPaths(t *testing.T) {
+	lim := storage.DefaultLimits
+	b := setup(t, bundleOpts{factory: rocksWithLimits(storage.Limits{})})
+	c := b.dial()
+	ctx := ctxT(t)
+	// Per-item refusals: the same reason text on both paths.
+	bad := []storage.EnqueueItem{
+		{Payload: make([]byte, lim.MaxPayload+1)},
+		{Payload: []byte("x"), DedupKey: strings.Repeat("k", lim.MaxDedupKey+1)},
+		{Payload: []byte("x"), Delay: lim.MaxDelay + time.Millisecond},
+	}
+	dres, err := b.store.Enqueue(ctx, storage.EnqueueParams{Queue: "z", Items: bad, Now: b.clock.Now()})
+	require.NoError(t, err)
+	rres, err := c.Enqueue(ctx, "z", bad)
+	require.NoError(t, err)
+	for i := range bad {
+		require.Equal(t, storage.CodeInvalid, dres[i].Code)
+		require.Equal(t, storage.CodeInvalid, rres[i].Code)
+		require.Equal(t, dres[i].Err, rres[i].Err, "item %d: store and rpc give the same reason", i)
+	}
+}
+
+// The wire counts milliseconds: the client rounds a delay up (msDurUp),
+// so a delay over MaxDelay by 0.5 ms is refused through the client as by
+// the store, and refuses a negative page limit as the store does. Found
+// by review (session 70): the delay went as MaxDelay (truncated) and was
+// accepted, and the limit -1 went as 0, the default page.
+func TestLimits_SubMillisecondDelayAndNegativeLimitThroughClient(t *testing.T) {
+	lim := storage.DefaultLimits
+	b := setup(t, bundleOpts{factory: rocksWithLimits(storage.Limits{})})
+	c := b.dial()
+	ctx := ctxT(t)
+	items := []storage.EnqueueItem{{Payload: []byte("over"), Delay: lim.MaxDelay + time.Millisecond/2}}
+	direct, err := b.store.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: b.clock.Now()})
+	require.NoError(t, err)
+	viaRPC, err := c.Enqueue(ctx, "q", items)
+	assert.Equal(t, direct[0].Code, storage.CodeInvalid)
+	require.NoError(t, err)
+	assert.Equal(t, direct[0].Code, viaRPC[0].Code, "delay over MaxDelay by 0.5ms: store refuses, client accepts")
+	// Half a millisecond: delayed (by a millisecond), not ready at once.
+	half, err := c.Enqueue(ctx, "half", []storage.EnqueueItem{{Payload: []byte("x"), Delay: time.Millisecond / 2}})
+	require.NoError(t, err)
+	require.Equal(t, storage.CodeOK, half[0].Code)
+	st, err := c.Stats(ctx, "half")
+	require.NoError(t, err)
+	require.EqualValues(t, 1, st[0].Delayed)
+	_, errDirect := b.store.Peek(ctx, storage.PeekParams{Queue: "q", Limit: -1, Now: b.clock.Now()})
+	require.ErrorIs(t, errDirect, storage.ErrInvalidArgument)
+	_, errRPC := c.Peek(ctx, storage.PeekParams{Queue: "q", Limit: -1})
+	assert.ErrorIs(t, errRPC, storage.ErrInvalidArgument, "peek limit -1: store refuses, client pages 100")
 }

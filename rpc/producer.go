@@ -117,7 +117,7 @@ func (p *Producer) Enqueue(ctx context.Context, it storage.EnqueueItem) (storage
 	if it.Delay < 0 {
 		return storage.EnqueueResult{}, fmt.Errorf("leaseq producer: %w: negative delay %v", storage.ErrInvalidArgument, it.Delay)
 	}
-	if err := p.c.checkSize("producer", len(it.Payload)+len(it.DedupKey)+64); err != nil {
+	if err := p.c.checkSize("producer", callOverhead+len(p.queue)+len(it.Payload)+len(it.DedupKey)+64); err != nil {
 		return storage.EnqueueResult{}, err
 	}
 	// The call is built later, on another goroutine, possibly after a
@@ -240,10 +240,11 @@ func (p *Producer) kickLocked() {
 		}
 		n, size := 0, 0
 		// Within MaxBytes, and within the client's flow limit as its
-		// Enqueue counts a call (64 bytes an item besides the payload and
-		// key), which refuses a call over it.
+		// Enqueue counts a call (the call around the items, and 64 bytes
+		// an item besides the payload and key), which refuses a call over
+		// it.
 		for n < len(p.pending) && n < p.opts.MaxBatch && (n == 0 ||
-			size+p.pending[n].size <= p.opts.MaxBytes && int64(size+p.pending[n].size+64*(n+1)) <= p.c.limit) {
+			size+p.pending[n].size <= p.opts.MaxBytes && int64(callOverhead+len(p.queue)+size+p.pending[n].size+64*(n+1)) <= p.c.limit) {
 			size += p.pending[n].size
 			n++
 		}

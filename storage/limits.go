@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
@@ -140,6 +141,18 @@ type ItemError struct{ Detail string }
 func (e *ItemError) Error() string { return ErrInvalidArgument.Error() + ": " + e.Detail }
 
 func (e *ItemError) Unwrap() error { return ErrInvalidArgument }
+
+// ItemReason is the EnqueueResult.Err of an item refused with err: an
+// *ItemError's Detail, as the RPC and HTTP front ends carry it, so a
+// refused item reads the same from a Store and over the wire (found by
+// review, session 70).
+func ItemReason(err error) string {
+	var ie *ItemError
+	if errors.As(err, &ie) {
+		return ie.Detail
+	}
+	return err.Error()
+}
 
 // ValidateItem checks one enqueue item: payload size, delay range, dedup
 // key size, in that order. Every backend and the rpc layer use it, so a

@@ -338,7 +338,7 @@ func (s *Store) enqueueLocked(p storage.EnqueueParams) ([]storage.EnqueueResult,
 	var next time.Time
 	for i, in := range p.Items {
 		if err := s.limits.ValidateItem(in); err != nil {
-			res[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: err.Error()}
+			res[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: storage.ItemReason(err)}
 			continue
 		}
 		if in.DedupKey != "" {

@@ -54,7 +54,7 @@ func (s *Store) enqueueOp(ctx context.Context, p storage.EnqueueParams) (res []s
 	res = make([]storage.EnqueueResult, len(p.Items))
 	for i, in := range p.Items {
 		if err := s.limits.ValidateItem(in); err != nil {
-			res[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: err.Error()}
+			res[i] = storage.EnqueueResult{Code: storage.CodeInvalid, Err: storage.ItemReason(err)}
 			continue
 		}
 		valid++
