@@ -295,6 +295,9 @@ func (s *Store) DeleteQueue(ctx context.Context, p storage.DeleteQueueParams) (i
 				return fail(total, err)
 			}
 		}
+		if err := s.dropDedupChunks(ctx, q); err != nil {
+			return fail(total, err)
+		}
 		var left int64
 		_, err := s.submit(p.Queue, 1, func(o *opTx) error {
 			var err error
@@ -332,6 +335,60 @@ func (s *Store) purgeAllDead(ctx context.Context, q *queueState, now int64) (int
 		total += res.Moved
 		if res.Moved == 0 {
 			return total, nil
+		}
+	}
+}
+
+// dropDedupChunks deletes an empty queue's dedup keys in ops of up to
+// purgeChunk keys each, before removeQueue deletes what is left (keys
+// written meanwhile) with the queue: a queue's dedup keys are bounded only
+// by its enqueue rate times its dedup window, and removeQueue read them
+// all into memory and deleted them in one batch (found by review, session
+// 70: 140 MiB allocated for 8,000 keys of 1 KiB). A queue that is not
+// empty keeps its keys (the delete is refused).
+func (s *Store) dropDedupChunks(ctx context.Context, q *queueState) error {
+	prefix := dbkeys.DedupPrefix(q.name)
+	var seek []byte // past the last chunk: its tombstones are not read again
+	for {
+		if err := checkCtx(ctx, "delete queue"); err != nil {
+			return err
+		}
+		n := 0
+		_, err := s.submit(q.name, purgeChunk, func(o *opTx) error {
+			if !s.live(q) {
+				return nil // removeQueue reports it
+			}
+			q.mu.Lock()
+			c := q.counters
+			q.mu.Unlock()
+			if c.Ready+c.Delayed+c.Inflight+c.Dead != 0 || c.Leases != 0 {
+				return nil // removeQueue refuses it
+			}
+			return s.scanView(prefix, dbkeys.PrefixEnd(prefix), seek, func(k, v []byte) (bool, error) {
+				if ov, found := o.overlay(k); found {
+					if ov == nil {
+						return true, nil // deleted in this batch
+					}
+					v = ov
+				}
+				_, key, err := dbkeys.DecodeDedupKey(k)
+				if err != nil {
+					return false, corrupt("delete queue", k, err)
+				}
+				rec, err := dbkeys.DecodeDedup(v)
+				if err != nil {
+					return false, corrupt("delete queue", k, err)
+				}
+				k = bytes.Clone(k)
+				o.del(k)
+				o.del(dbkeys.DedupExpiryKey(rec.ExpiresAt, q.name, key))
+				seek = append(k, 0) // the next key after k
+				n++
+				return n < purgeChunk, nil
+			})
+		})
+		if err != nil || n < purgeChunk {
+			return err
 		}
 	}
 }

@@ -873,6 +873,7 @@ func (s *Store) runBatch(ops []*op) (wrote bool, err error) {
 		}
 		slot.keepUndo(ot)
 	}
+	s.compactDeadlines() // between ops: no undo can bring a dropped entry back
 	if slot.ov.live == 0 && len(b.deltas) == 0 {
 		if slot.began {
 			if err := slot.t.rollback(); err != nil {

@@ -79,6 +79,9 @@ type Store struct {
 	inflight map[storage.ItemID]*leaseState
 	expiry   timedHeap // lease expiries (stale entries skipped)
 	delayed  timedHeap // delayed items by visible_at (stale entries skipped)
+	// delayedKept is the delayed heap's length after it was last
+	// compacted (compactDelayed).
+	delayedKept int
 
 	// dedupCur is the sweep's lower bound in the dedup_expiry index,
 	// which stays on disk (it can be large); sweepMu serializes sweeps.
@@ -227,6 +230,7 @@ func (s *Store) openDBOnce(migrated bool) error {
 	s.inflight = make(map[storage.ItemID]*leaseState)
 	s.ids.next, s.ids.limit = 0, 0
 	s.expiry, s.delayed = nil, nil
+	s.delayedKept = 0
 	s.rcache.bytes = 0
 	s.dedupCur.reset()
 	if err := s.load(); err != nil {

@@ -3,6 +3,7 @@ package rocksstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -50,6 +51,14 @@ func (s *Store) sweep(ctx context.Context, p storage.SweepParams) (res storage.S
 			res.More, res.Next = false, time.Time{}
 		}
 	}()
+	// First, before the op changes anything (so an undo cannot bring a
+	// dropped entry back), the delayed heap against the live count.
+	if _, err := s.submit("", 0, func(o *opTx) error {
+		s.compactDelayed(s.liveDelayed())
+		return nil
+	}); err != nil {
+		return res, err
+	}
 	if qs := s.queuesWithPrefetch(); len(qs) > 0 && s.prefetchHold() > 0 {
 		if _, err := s.submit("", 0, func(o *opTx) error {
 			s.sweepAhead(o, now, qs)
@@ -132,6 +141,75 @@ func addSweep(res *storage.SweepResult, part storage.SweepResult) {
 	res.DeadLettered += part.DeadLettered
 	res.Promoted += part.Promoted
 	res.DedupDropped += part.DedupDropped
+}
+
+// compactSlack is how many entries a deadline heap may hold beyond twice
+// its length after its last compaction before it is compacted again.
+const compactSlack = 1024
+
+// compactDeadlines drops the stale entries of the deadline heaps once a
+// heap has grown past twice its live entries (plus compactSlack): an
+// amortized O(1) a push. Found by review (session 70): an entry goes
+// stale when its lease is acked, extended or expired, or its delayed item
+// is purged or its queue deleted, and nextDeadline drops stale entries
+// only from the head, so behind one live early deadline (a lease held for
+// hours, an item delayed for days) every later one stayed, 40 bytes each,
+// and kept deleted queues' state alive. The live leases are counted at no
+// cost; the live delayed items only by a sweep (liveDelayed), so between
+// sweeps the delayed heap is held to twice what its last compaction kept.
+// REQUIRES: on the committer, between ops or before an op changes
+// anything (no undo to come that could bring a dropped entry back).
+func (s *Store) compactDeadlines() {
+	if len(s.expiry) > 2*len(s.leases)+compactSlack {
+		s.expiry = compactTimed(s.expiry, func(t timed) bool {
+			l := s.leases[t.token]
+			return l != nil && (l.exp == t.at || l.deadline() == t.at)
+		})
+	}
+	s.compactDelayed(s.delayedKept)
+}
+
+// compactDelayed compacts the delayed heap when it holds more than twice
+// live entries (plus compactSlack). REQUIRES: as compactDeadlines.
+func (s *Store) compactDelayed(live int) {
+	if len(s.delayed) > 2*live+compactSlack {
+		s.delayed = compactTimed(s.delayed, func(t timed) bool {
+			vis, ok := t.q.delayed[t.token]
+			return ok && vis == t.at && s.live(t.q)
+		})
+		s.delayedKept = len(s.delayed)
+	}
+}
+
+// liveDelayed counts the delayed items of every queue. REQUIRES: on the
+// committer.
+func (s *Store) liveDelayed() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, q := range s.mu.queues {
+		n += len(q.delayed)
+	}
+	return n
+}
+
+// compactTimed keeps the entries of h for which keep is true, as a heap.
+func compactTimed(h timedHeap, keep func(timed) bool) timedHeap {
+	n := len(h)
+	kept := h[:0]
+	for _, t := range h {
+		if keep(t) {
+			kept = append(kept, t)
+		}
+	}
+	clear(h[len(kept):n])
+	for i := len(kept)/2 - 1; i >= 0; i-- {
+		kept.down(i)
+	}
+	if cap(kept) > 4*len(kept)+compactSlack {
+		kept = slices.Clone(kept) // give back the room of what was dropped
+	}
+	return kept
 }
 
 // nextDeadline returns the earliest live lease expiry or delayed
