@@ -6,12 +6,14 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/benbjohnson/clock"
@@ -72,7 +74,7 @@ func addConnFlags(fs *flag.FlagSet, e *env) *clientFlags {
 		tlsCA:      fs.String("tls-ca", "", "CA bundle `file` (PEM) to verify the node; enables TLS"),
 		tlsCert:    fs.String("tls-client-cert", "", "client certificate `file` (PEM) for mutual TLS; enables TLS"),
 		tlsKey:     fs.String("tls-client-key", "", "client private key `file` (PEM)"),
-		serverName: fs.String("tls-server-name", "", "`name` expected in the node's certificate (default: the host of --addr)"),
+		serverName: fs.String("tls-server-name", "", "`name` expected in the node's certificate (default: the host of --addr; required with TLS over a unix socket)"),
 		timeout:    &timeout,
 	}
 }
@@ -83,6 +85,12 @@ func (cf *clientFlags) tlsConfig() (*tls.Config, error) {
 	}
 	if (*cf.tlsCert == "") != (*cf.tlsKey == "") {
 		return nil, usagef("--tls-client-cert and --tls-client-key go together")
+	}
+	if strings.HasPrefix(*cf.addr, "unix:") && *cf.serverName == "" {
+		// Found by review (session 70): a unix address has no host to
+		// verify the node's certificate against, and the dial failed
+		// before a byte was sent with a hint about client certificates.
+		return nil, usagef("TLS over a unix socket needs --tls-server-name: the name the node's certificate is for")
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: *cf.serverName}
 	if *cf.tlsCA != "" {
@@ -179,7 +187,15 @@ func (cf *clientFlags) dialError(tc *tls.Config, err error) error {
 	addr := *cf.addr
 	var opErr *net.OpError
 	var verifyErr *tls.CertificateVerificationError
+	var recErr tls.RecordHeaderError
+	var hostErr x509.HostnameError
 	switch {
+	case errors.As(err, &recErr):
+		// Found by review (session 70): the hint was about client
+		// certificates.
+		return fmt.Errorf("the node at %s does not speak TLS (drop --tls-ca, --tls-client-cert and --tls-client-key): %w", addr, err)
+	case errors.As(err, &hostErr):
+		return fmt.Errorf("the TLS certificate of the node at %s is not for the name asked (give --tls-server-name with a name it is for): %w", addr, err)
 	case errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("cannot reach a leaseq node at %s within %v (is 'leaseq serve' running there?)", addr, *cf.timeout)
 	case errors.Is(err, rpc.ErrTooManyConns):
