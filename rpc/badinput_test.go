@@ -697,7 +697,7 @@ func TestServer_LocalHandlers(t *testing.T) {
 	})
 	pr, err := pf.Struct()
 	require.NoError(t, err)
-	got, err := readPoll(pr.Lease, pr.ExpiresAt(), pr.Items)
+	got, err := readPoll(pr.Lease, pr.ExpiresAt(), pr.Items, 0)
 	require.NoError(t, err)
 	release()
 	require.Len(t, got.Items, 1)

@@ -464,6 +464,11 @@ func (c *Client) Enqueue(ctx context.Context, queue string, items []storage.Enqu
 	if err != nil {
 		return nil, fmt.Errorf("leaseq enqueue: results: %w", err)
 	}
+	if l.Len() != len(items) {
+		// Found by review (session 70): a short or long answer was
+		// returned as success, and callers index it by their items.
+		return nil, fmt.Errorf("leaseq enqueue: %w: %d results for %d items", storage.ErrCorrupt, l.Len(), len(items))
+	}
 	out := make([]storage.EnqueueResult, l.Len())
 	for i := range out {
 		r := l.At(i)
@@ -501,7 +506,7 @@ func (c *Client) Poll(ctx context.Context, queue string, max int, lease, wait ti
 	}
 	f, release := invoke(ctx, c, mPoll, pollParams(queue, max, lease, wait))
 	defer release()
-	return pollAnswer(f)
+	return pollAnswer(f, max)
 }
 
 // checkLeaseMs refuses a lease the wire cannot carry: it counts
@@ -523,15 +528,20 @@ func pollParams(queue string, max int, lease, wait time.Duration) func(schema.Qu
 	}
 }
 
-func pollAnswer(f qfuture[schema.Queue_poll_Results]) (storage.PollResult, error) {
+func pollAnswer(f qfuture[schema.Queue_poll_Results], max int) (storage.PollResult, error) {
 	res, err := answer("poll", f.Struct)
 	if err != nil {
 		return storage.PollResult{}, err
 	}
-	return readPoll(res.Lease, res.ExpiresAt(), res.Items)
+	return readPoll(res.Lease, res.ExpiresAt(), res.Items, max)
 }
 
-func readPoll(leaseFn func() ([]byte, error), expires uint64, itemsFn func() (schema.Item_List, error)) (storage.PollResult, error) {
+// readPoll reads a batch leased to the caller: a poll's answer of at most
+// max items, or a subscription's push of at most its prefetch (max 0: no
+// bound to check). A node that answers more broke the protocol (found by
+// review, session 70: the client handed them on, past a consumer's
+// MaxItems); the items stay leased until the lease ends.
+func readPoll(leaseFn func() ([]byte, error), expires uint64, itemsFn func() (schema.Item_List, error), max int) (storage.PollResult, error) {
 	var pr storage.PollResult
 	l, err := itemsFn()
 	if err != nil {
@@ -539,6 +549,9 @@ func readPoll(leaseFn func() ([]byte, error), expires uint64, itemsFn func() (sc
 	}
 	if l.Len() == 0 {
 		return pr, nil
+	}
+	if max > 0 && l.Len() > max {
+		return pr, fmt.Errorf("leaseq poll: %w: %d items for a batch of at most %d", storage.ErrCorrupt, l.Len(), max)
 	}
 	b, err := leaseFn()
 	if err != nil {
@@ -638,7 +651,7 @@ func (c *Client) ackPoll(ctx context.Context, queue string, lease storage.LeaseI
 	defer releaseA()
 	defer releaseP()
 	codes, errA = codesResult("ack", len(ids), fa.Struct)
-	res, errP = pollAnswer(fp)
+	res, errP = pollAnswer(fp, max)
 	return codes, errA, res, errP
 }
 

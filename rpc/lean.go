@@ -354,8 +354,8 @@ func (c *leanConn) readLoop() error {
 			c.first = nil
 		}
 		// As limitedCodec: the traversal limit bounds the work one
-		// message may cost.
-		msg.ResetReadLimit(4 * c.maxMsg)
+		// message may cost, by its own size (traversalLimit).
+		msg.ResetReadLimit(traversalLimit(msg, c.maxMsg))
 		if !sized {
 			size, err := msg.TotalSize()
 			if err == nil {

@@ -780,7 +780,7 @@ func (l *leanClient) readOne() error {
 	if err != nil {
 		return err
 	}
-	msg.ResetReadLimit(4 * l.readLimit)
+	msg.ResetReadLimit(traversalLimit(msg, l.readLimit))
 	return l.handle(msg)
 }
 

@@ -99,7 +99,7 @@ func (s *Subscription) stopPushes() { s.halt.Do(func() { close(s.stop) }) }
 // their give-backs).
 func (cs consumerServer) Deliver(ctx context.Context, call schema.Consumer_deliver) error {
 	args := call.Args()
-	pr, err := readPoll(args.Lease, args.ExpiresAt(), args.Items)
+	pr, err := readPoll(args.Lease, args.ExpiresAt(), args.Items, cap(cs.sub.ch))
 	if err != nil {
 		return err
 	}

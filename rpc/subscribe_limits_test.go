@@ -360,7 +360,7 @@ type gatedRefuser struct {
 
 func (g *gatedRefuser) Deliver(ctx context.Context, call schema.Consumer_deliver) error {
 	args := call.Args()
-	pr, err := readPoll(args.Lease, args.ExpiresAt(), args.Items)
+	pr, err := readPoll(args.Lease, args.ExpiresAt(), args.Items, 0)
 	if err != nil {
 		return err
 	}

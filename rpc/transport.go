@@ -87,9 +87,10 @@ func (c *limitedCodec) Decode() (*capnp.Message, error) {
 		return nil, err
 	}
 	// Traversal may read each byte a few times (lists of structs read
-	// through several accessors); 4x the message size bounds the work
-	// per message while leaving honest messages far from the limit.
-	m.ResetReadLimit(4 * c.maxBytes)
+	// through several accessors); a few times the message's own size
+	// bounds the work per message while leaving honest messages far from
+	// the limit (traversalLimit).
+	m.ResetReadLimit(traversalLimit(m, c.maxBytes))
 	// An RPC message is a struct. go-capnp reads any other root (null, a
 	// list) as a zero rpccp.Message whose Message() is nil, which the
 	// layers above would dereference: refuse it here, once, and the
@@ -747,3 +748,18 @@ func (l clampLimiter) StartMessage(ctx context.Context, size uint64) (func(), er
 }
 
 func (l clampLimiter) Release() { l.inner.Release() }
+
+// traversalLimit is the traversal limit of a received message m: 8 times
+// its size plus 64 KiB, at most 4 times maxBytes. A list of zero-size
+// elements costs 8 bytes on the wire however many elements it declares,
+// and go-capnp charges each element a word: tied to the limit alone
+// (4 times a GiB on the client), a 100-byte answer declared hundreds of
+// millions of elements and made the reader allocate a slice for them
+// all (found by review, session 70: the client died out of memory).
+func traversalLimit(m *capnp.Message, maxBytes uint64) uint64 {
+	size, err := m.TotalSize()
+	if err != nil {
+		return 64 << 10
+	}
+	return min(4*maxBytes, 8*size+64<<10)
+}
