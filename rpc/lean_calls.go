@@ -247,9 +247,27 @@ func (c *leanConn) longPoll(lc *leanCall) {
 	lc.ans.shared = c.async != nil
 	t := c.q.begin(OpPoll)
 	c.calls.Add(1)
+	var queue string // set before the poll can claim
 	complete := func(pr storage.PollResult, err error) {
 		defer c.calls.Done()
 		defer cancel()
+		if err == nil && len(pr.Items) > 0 && c.gate.over() {
+			// The client has not read the answers it has: this one
+			// would be held too. Its items go back, and it answers
+			// empty. Found by review (session 70): the reader admits
+			// calls while the budget has room, and a burst of pipelined
+			// polls was all admitted before the first answer was
+			// counted, each answer up to a whole reply (1 GiB); the
+			// node held them all. The give-back waits for the store, so
+			// not on this goroutine (the store's syncer may run it).
+			c.giveBackLater(queue, pr.Lease, itemIDs(pr.Items), "the client does not read its answers")
+			pr = storage.PollResult{}
+		}
+		if err == nil {
+			if cut := c.s.fitPoll(&pr); cut != nil {
+				c.giveBackLater(queue, pr.Lease, cut, "too large for one answer")
+			}
+		}
 		c.reply(lc, func(seg *capnp.Segment) (capnp.Struct, error) {
 			res, allocErr := schema.NewQueue_poll_Results(seg)
 			err := t.finish(res, allocErr, func() error {
@@ -270,6 +288,7 @@ func (c *leanConn) longPoll(lc *leanCall) {
 		complete(storage.PollResult{}, err)
 		return
 	}
+	queue = p.Queue
 	if c.inline || c.async != nil {
 		// The attempt does not wait: the store never does, or it
 		// completes the poll on the goroutine that makes it durable.
@@ -277,6 +296,17 @@ func (c *leanConn) longPoll(lc *leanCall) {
 		return
 	}
 	c.s.workers.run(func() { c.s.disp.PollAsync(ctx, p, wait, complete) })
+}
+
+// giveBackLater gives back items of a poll answered without them
+// (Server.giveBack) on a worker: it waits for the store, and the poll may
+// complete on the store's own goroutine.
+func (c *leanConn) giveBackLater(queue string, lease storage.LeaseID, ids []storage.ItemID, reason string) {
+	c.calls.Add(1)
+	c.s.workers.run(func() {
+		defer c.calls.Done()
+		c.s.giveBack(queue, lease, ids, reason)
+	})
 }
 
 // reply runs a Queue method's body into a new Return (run builds the

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 	"github.com/leaseq/leaseq/storage/rocksstore"
 )
@@ -16,8 +17,13 @@ import (
 // rocksWithLimits opens a RocksDB store with limits lim, as leaseq serve
 // gives the store and the server the same limits.
 func rocksWithLimits(lim storage.Limits) storeFactory {
+	return rocksWithLimitsSync(lim, rocksstore.SyncNone)
+}
+
+// rocksWithLimitsSync is rocksWithLimits with fsyncs as sync says.
+func rocksWithLimitsSync(lim storage.Limits, sync rocksstore.SyncMode) storeFactory {
 	return storeFactory{"rocks", func(t *testing.T) storage.Store {
-		s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncNone, Limits: lim})
+		s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: sync, Limits: lim})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = s.Close() })
 		return s
@@ -160,4 +166,53 @@ func TestLimits_SubMillisecondDelayAndNegativeLimitThroughClient(t *testing.T) {
 	require.ErrorIs(t, errDirect, storage.ErrInvalidArgument)
 	_, errRPC := c.Peek(ctx, storage.PeekParams{Queue: "q", Limit: -1})
 	assert.ErrorIs(t, errRPC, storage.ErrInvalidArgument, "peek limit -1: store refuses, client pages 100")
+}
+
+// TestLimits_PollOfItemsStoredUnderLargerLimits: a node restarted with a
+// lower --max-payload still holds items of the old size: a poll is cut by
+// the items' stored sizes, as peek and dead-list pages are (fitPoll), and
+// the items cut off go back. Found by review (session 70): a poll was cut
+// only by replyItems, from the present limits; it leased more of the old,
+// larger items than fit in one reply, the client refused the reply
+// (ErrReplyTooLarge) and closed the connection, and every later poll did
+// the same, so the queue never drained. (Reply bound lowered in place of the
+// 1 GiB default: 1000 items of 1 MiB after a restart with --max-payload
+// 64KiB is the same.)
+func TestLimits_PollOfItemsStoredUnderLargerLimits(t *testing.T) {
+	for _, sync := range []rocksstore.SyncMode{rocksstore.SyncNone, rocksstore.SyncAlways} {
+		t.Run(sync.String(), func(t *testing.T) { testPollOfItemsStoredUnderLargerLimits(t, sync) })
+	}
+}
+
+func testPollOfItemsStoredUnderLargerLimits(t *testing.T, sync rocksstore.SyncMode) {
+	limits := storage.Limits{MaxPayload: 1 << 10}.WithDefaults()
+	maxReply := replyReserveBytes + 10*itemReplyBytes(limits) + 100
+	b := setup(t, bundleOpts{factory: rocksWithLimitsSync(storage.Limits{}, sync), mutate: func(c *ServerConfig) {
+		c.Limits = limits
+		c.maxReplyBytes = maxReply
+	}})
+	require.Equal(t, 10, b.srv.replyItems)
+	ctx := ctxT(t)
+	// Written before the restart, under the old limits.
+	old := make([]storage.EnqueueItem, 10)
+	for i := range old {
+		old[i] = storage.EnqueueItem{Payload: make([]byte, 64<<10)}
+	}
+	_, err := b.store.Enqueue(ctx, storage.EnqueueParams{Queue: "old", Items: old, Now: b.clock.Now()})
+	require.NoError(t, err)
+
+	c, err := b.dialErr(ClientOptions{maxReplyBytes: maxReply})
+	require.NoError(t, err)
+	peek, err := c.Peek(ctx, storage.PeekParams{Queue: "old", Limit: 10})
+	require.NoError(t, err, "peek is cut to what fits")
+	require.NotEmpty(t, peek)
+	pr, err := c.Poll(ctx, "old", 10, time.Minute, 0)
+	require.NoError(t, err, "poll must be cut to what fits, as peek is")
+	require.NotEmpty(t, pr.Items)
+	require.Less(t, len(pr.Items), 10)
+	// The items cut off went back: ready for the next poll.
+	rpctest.Eventually(t, 10*time.Second, func() bool {
+		st, err := c.Stats(ctx, "old")
+		return err == nil && len(st) == 1 && st[0].Ready == int64(10-len(pr.Items))
+	}, "the items cut off stay leased")
 }

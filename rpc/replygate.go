@@ -83,6 +83,17 @@ func (g *replyGate) done(m *capnp.Message) {
 	g.mu.Unlock()
 }
 
+// over reports whether the answers pending are over the limit (a
+// client that does not read them). False for a nil gate.
+func (g *replyGate) over() bool {
+	if g == nil {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.pending > g.limit
+}
+
 // Pending is the bytes of answers built and not yet written.
 func (g *replyGate) Pending() int64 {
 	g.mu.Lock()

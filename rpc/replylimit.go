@@ -62,6 +62,27 @@ func fitReply(n int, size func(i int) int64, maxReply int64) int {
 	return n
 }
 
+// fitPoll cuts a poll's batch to what fits in one reply by the items'
+// stored sizes, and returns the ids of the items cut off (nil when all
+// fit), for the caller to give back. The poll's max is already cut to
+// what fits by the present limits (replyItems); items stored under
+// larger ones (a node restarted with a lower --max-payload) may not fit
+// (found by review, session 70: the client refused the answer and
+// closed the connection, the items stayed leased until their lease
+// ended, and every later poll did the same).
+func (s *Server) fitPoll(pr *storage.PollResult) (cut []storage.ItemID) {
+	if len(pr.Items) < 2 {
+		return nil
+	}
+	n := fitReply(len(pr.Items), func(i int) int64 { return storedItemBytes(&pr.Items[i]) }, s.cfg.maxReplyBytes)
+	if n == len(pr.Items) {
+		return nil
+	}
+	cut = itemIDs(pr.Items[n:])
+	pr.Items = pr.Items[:n]
+	return cut
+}
+
 // storedItemBytes bounds the bytes item it takes in a reply (as
 // itemReplyBytes, for the sizes it has).
 func storedItemBytes(it *storage.Item) int64 {
