@@ -216,3 +216,171 @@ func testPollOfItemsStoredUnderLargerLimits(t *testing.T, sync rocksstore.SyncMo
 		return err == nil && len(st) == 1 && st[0].Ready == int64(10-len(pr.Items))
 	}, "the items cut off stay leased")
 }
+
+// TestEdges_NamesAndSizesThroughClient: the longest queue name,
+// prefix names, dedup keys with NUL and 0xff bytes and at the max length,
+// a payload at the max and around the store's inline threshold, priority
+// bounds, poll at MaxBatch and lease/delay at their bounds, end to end
+// through the client and a RocksDB store; a name one byte too long is
+// refused with the store's own message.
+func TestEdges_NamesAndSizesThroughClient(t *testing.T) {
+	lim := storage.DefaultLimits
+	b := setup(t, bundleOpts{factory: rocksWithLimits(storage.Limits{})})
+	c := b.dial()
+	ctx := ctxT(t)
+	long := strings.Repeat("z", lim.MaxQueueName)
+	names := []string{"z", "zz", "z-", "z.", long}
+	keys := []string{"k", "k\x00", "k\x00\x01", "\xff\xfe", strings.Repeat("\x00", lim.MaxDedupKey)}
+	for _, q := range names {
+		var items []storage.EnqueueItem
+		for i, k := range keys {
+			p := make([]byte, []int{0, 4096, 4097, lim.MaxPayload, 1}[i])
+			copy(p, q)
+			items = append(items, storage.EnqueueItem{Payload: p, DedupKey: k, Priority: uint8([]int{255, 0, 7, 255, 0}[i])})
+		}
+		res, err := c.Enqueue(ctx, q, items)
+		require.NoError(t, err, q)
+		for i, r := range res {
+			require.Equal(t, storage.CodeOK, r.Code, "%q item %d: %s", q, i, r.Err)
+			require.False(t, r.Duplicate, "%q item %d: dedup key %q", q, i, keys[i])
+		}
+		again, err := c.Enqueue(ctx, q, items)
+		require.NoError(t, err)
+		for i, r := range again {
+			require.True(t, r.Duplicate, "%q item %d", q, i)
+			require.Equal(t, res[i].ID, r.ID)
+		}
+	}
+	for _, q := range names {
+		pr, err := c.Poll(ctx, q, lim.MaxBatch, lim.MaxLease, 0)
+		require.NoError(t, err)
+		require.Len(t, pr.Items, len(keys), q)
+		require.Equal(t, b.clock.Now().Add(lim.MaxLease), pr.ExpiresAt)
+		got := map[string]int{}
+		for _, it := range pr.Items {
+			require.Equal(t, q, it.Queue)
+			got[it.DedupKey] = len(it.Payload)
+		}
+		require.Equal(t, map[string]int{"k": 0, "k\x00": 4096, "k\x00\x01": 4097, "\xff\xfe": lim.MaxPayload, strings.Repeat("\x00", lim.MaxDedupKey): 1}, got)
+		exp, err := c.Extend(ctx, q, pr.Lease, lim.MinLease)
+		require.NoError(t, err)
+		require.Equal(t, b.clock.Now().Add(lim.MinLease), exp)
+		d := lim.MaxDelay
+		codes, err := c.Nack(ctx, q, pr.Lease, []storage.ItemID{pr.Items[0].ID}, &d, "r\x00eason")
+		require.NoError(t, err)
+		require.Equal(t, []storage.Code{storage.CodeOK}, codes)
+		ids := make([]storage.ItemID, 0, len(pr.Items)-1)
+		for _, it := range pr.Items[1:] {
+			ids = append(ids, it.ID)
+		}
+		codes, err = c.Ack(ctx, q, pr.Lease, ids)
+		require.NoError(t, err)
+		for _, cd := range codes {
+			require.Equal(t, storage.CodeOK, cd)
+		}
+		peek, err := c.Peek(ctx, storage.PeekParams{Queue: q, Limit: lim.MaxBatch})
+		require.NoError(t, err)
+		require.Len(t, peek, 1)
+		require.Equal(t, "r\x00eason", peek[0].LastError)
+		require.Equal(t, storage.StateDelayed, peek[0].State)
+	}
+	st, err := c.Stats(ctx, "")
+	require.NoError(t, err)
+	require.Len(t, st, len(names))
+	for _, s := range st {
+		require.Equal(t, int64(1), s.Delayed, s.Queue)
+		require.Equal(t, int64(0), s.Ready+s.Inflight+s.Dead, s.Queue)
+	}
+
+	// One byte over the name limit: the same refusal on both paths.
+	over := long + "z"
+	_, direct := b.store.Enqueue(ctx, storage.EnqueueParams{Queue: over, Items: payloads(1, 1), Now: b.clock.Now()})
+	_, viaRPC := c.Enqueue(ctx, over, payloads(1, 1))
+	require.ErrorIs(t, direct, storage.ErrInvalidArgument)
+	require.ErrorIs(t, viaRPC, storage.ErrInvalidArgument)
+	require.Contains(t, viaRPC.Error(), "queue name must be 1-200 bytes, got 201")
+	require.Contains(t, direct.Error(), "queue name must be 1-200 bytes, got 201")
+
+}
+
+// TestEdges_ItemReasonSameOnBothPaths: an item refused by the
+// limits gets EnqueueResult.Err "storage: invalid argument: payload of
+// ..." from a Store (rocksstore, memstore: err.Error() of the
+// *ItemError) but "payload of ..." through the rpc server and client
+// (ItemError.Detail): the same call, the same store, two texts.
+func TestEdges_ItemReasonSameOnBothPaths(t *testing.T) {
+	lim := storage.DefaultLimits
+	b := setup(t, bundleOpts{factory: rocksWithLimits(storage.Limits{})})
+	c := b.dial()
+	ctx := ctxT(t)
+	// Per-item refusals: the same reason text on both paths.
+	bad := []storage.EnqueueItem{
+		{Payload: make([]byte, lim.MaxPayload+1)},
+		{Payload: []byte("x"), DedupKey: strings.Repeat("k", lim.MaxDedupKey+1)},
+		{Payload: []byte("x"), Delay: lim.MaxDelay + time.Millisecond},
+	}
+	dres, err := b.store.Enqueue(ctx, storage.EnqueueParams{Queue: "z", Items: bad, Now: b.clock.Now()})
+	require.NoError(t, err)
+	rres, err := c.Enqueue(ctx, "z", bad)
+	require.NoError(t, err)
+	for i := range bad {
+		require.Equal(t, storage.CodeInvalid, dres[i].Code)
+		require.Equal(t, storage.CodeInvalid, rres[i].Code)
+		require.Equal(t, dres[i].Err, rres[i].Err, "item %d: store and rpc give the same reason", i)
+	}
+}
+
+// TestEdges_ItemWithinMaxPayloadKillsSession: leaseq serve
+// accepts any --max-payload below --max-message (serve_flags.go:171), but
+// a message carries ~100-300 bytes besides the payload (frame, rpc Call,
+// queue name, item struct). An item within the node's MaxPayload, a few
+// dozen bytes under MaxMessageBytes, passes the client's checkSize (64
+// bytes per item) and the node's decoder refuses the message by aborting
+// the whole session: the caller gets "node aborted the session" instead
+// of a per-item CodeInvalid or ErrInvalidArgument, and every other call in
+// flight on that connection fails with it.
+func TestEdges_ItemWithinMaxPayloadKillsSession(t *testing.T) {
+	const msg = 1 << 20
+	lim := storage.Limits{MaxPayload: msg - 1} // what serve's flag check allows
+	b := setup(t, bundleOpts{factory: rocksWithLimits(lim), mutate: func(c *ServerConfig) {
+		c.MaxMessageBytes = msg
+		c.Limits = lim
+	}})
+	c, err := b.dialErr(ClientOptions{FlowLimitBytes: msg})
+	require.NoError(t, err)
+	ctx := ctxT(t)
+	res, err := c.Enqueue(ctx, "q", []storage.EnqueueItem{{Payload: make([]byte, msg-64)}})
+	if err != nil {
+		require.ErrorIs(t, err, storage.ErrInvalidArgument, "refused, then clearly and without the session: %v", err)
+		_, err = c.Stats(ctx, "")
+		require.NoError(t, err, "the connection survives a refused call")
+		return
+	}
+	require.Equal(t, storage.CodeOK, res[0].Code)
+}
+
+// TestEdges_SubMillisecondDurationsThroughClient: the wire counts
+// milliseconds and the client truncates (msDur). Poll and Extend refuse a
+// lease under 1ms rather than let it silently change (checkLeaseMs), but
+// Enqueue does not: a delay of MaxDelay+0.5ms, which the store refuses,
+// is accepted through the client as MaxDelay; a delay of 0.5ms becomes 0
+// (ready at once, not delayed). A negative page limit, which the store
+// refuses ("limit must be 1-1000, got -1"), becomes DefaultPageLimit.
+func TestEdges_SubMillisecondDurationsThroughClient(t *testing.T) {
+	lim := storage.DefaultLimits
+	b := setup(t, bundleOpts{factory: rocksWithLimits(storage.Limits{})})
+	c := b.dial()
+	ctx := ctxT(t)
+	items := []storage.EnqueueItem{{Payload: []byte("over"), Delay: lim.MaxDelay + time.Millisecond/2}}
+	direct, err := b.store.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: b.clock.Now()})
+	require.NoError(t, err)
+	viaRPC, err := c.Enqueue(ctx, "q", items)
+	assert.Equal(t, direct[0].Code, storage.CodeInvalid)
+	if err == nil {
+		assert.Equal(t, direct[0].Code, viaRPC[0].Code, "delay over MaxDelay by 0.5ms: store refuses, client accepts")
+	}
+	_, errDirect := b.store.Peek(ctx, storage.PeekParams{Queue: "q", Limit: -1, Now: b.clock.Now()})
+	require.ErrorIs(t, errDirect, storage.ErrInvalidArgument)
+	_, errRPC := c.Peek(ctx, storage.PeekParams{Queue: "q", Limit: -1})
+	assert.ErrorIs(t, errRPC, storage.ErrInvalidArgument, "peek limit -1: store refuses, client pages 100")
+}
