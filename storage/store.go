@@ -102,7 +102,10 @@ type Store interface {
 	// first (inflight items' leases end: acking them gives CodeNotFound).
 	// It returns how many items it deleted; ErrNotFound if no such queue.
 	// An enqueue or SetQueueConfig afterwards creates the queue anew, with
-	// the default config and zeroed counters.
+	// the default config and zeroed counters. A store may refuse an
+	// enqueue or SetQueueConfig of a queue while it deletes it with
+	// ErrUnavailable (rocksstore, once it has begun to drop the dedup
+	// keys); a retry after the delete creates the queue anew.
 	DeleteQueue(ctx context.Context, p DeleteQueueParams) (int, error)
 
 	// DeadList pages through a queue's dead items in id order after

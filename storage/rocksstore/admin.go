@@ -340,30 +340,43 @@ func (s *Store) purgeAllDead(ctx context.Context, q *queueState, now int64) (int
 }
 
 // dropDedupChunks deletes an empty queue's dedup keys in ops of up to
-// purgeChunk keys each, before removeQueue deletes what is left (keys
-// written meanwhile) with the queue: a queue's dedup keys are bounded only
-// by its enqueue rate times its dedup window, and removeQueue read them
-// all into memory and deleted them in one batch (found by review, session
-// 70: 140 MiB allocated for 8,000 keys of 1 KiB). A queue that is not
-// empty keeps its keys (the delete is refused).
+// purgeChunk keys each, before removeQueue deletes what is left with the
+// queue: a queue's dedup keys are bounded only by its enqueue rate times
+// its dedup window, and removeQueue read them all into memory and deleted
+// them in one batch (found by review, session 70: 140 MiB allocated for
+// 8,000 keys of 1 KiB). A queue that is not empty when the first chunk
+// looks keeps its keys (removeQueue refuses the delete); one that is
+// empty is marked deleting in that op, so that nothing enters it until
+// removeQueue removes it (ensureQueue refuses enqueues), and once marked
+// the chunks go on whatever ctx says: a delete refused or cut short
+// after some of its keys went would leave a queue that takes an item it
+// had seen within its dedup window as new (found by the review of this
+// change).
 func (s *Store) dropDedupChunks(ctx context.Context, q *queueState) error {
 	prefix := dbkeys.DedupPrefix(q.name)
 	var seek []byte // past the last chunk: its tombstones are not read again
-	for {
-		if err := checkCtx(ctx, "delete queue"); err != nil {
-			return err
+	for marked := false; ; {
+		if !marked {
+			if err := checkCtx(ctx, "delete queue"); err != nil {
+				return err
+			}
 		}
 		n := 0
 		_, err := s.submit(q.name, purgeChunk, func(o *opTx) error {
 			if !s.live(q) {
 				return nil // removeQueue reports it
 			}
-			q.mu.Lock()
-			c := q.counters
-			q.mu.Unlock()
-			if c.Ready+c.Delayed+c.Inflight+c.Dead != 0 || c.Leases != 0 {
-				return nil // removeQueue refuses it
+			if !q.deleting {
+				q.mu.Lock()
+				c := q.counters
+				q.mu.Unlock()
+				if c.Ready+c.Delayed+c.Inflight+c.Dead != 0 || c.Leases != 0 {
+					return nil // removeQueue refuses it
+				}
+				q.deleting = true
+				o.onUndo(func() { q.deleting = false })
 			}
+			marked = true
 			return s.scanView(prefix, dbkeys.PrefixEnd(prefix), seek, func(k, v []byte) (bool, error) {
 				if ov, found := o.overlay(k); found {
 					if ov == nil {
@@ -387,6 +400,9 @@ func (s *Store) dropDedupChunks(ctx context.Context, q *queueState) error {
 				return n < purgeChunk, nil
 			})
 		})
+		if s.afterDedupChunk != nil {
+			s.afterDedupChunk()
+		}
 		if err != nil || n < purgeChunk {
 			return err
 		}
@@ -404,6 +420,7 @@ func (s *Store) removeQueue(o *opTx, q *queueState) (int64, error) {
 	c := q.counters
 	q.mu.Unlock()
 	if left := c.Ready + c.Delayed + c.Inflight + c.Dead; left != 0 || c.Leases != 0 {
+		q.deleting = false // not to be: the queue takes items again
 		return left, storage.ErrNotEmpty
 	}
 	// Dedup keys: the committed ones, and any this batch wrote.

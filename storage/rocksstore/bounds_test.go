@@ -1,6 +1,7 @@
 package rocksstore
 
 import (
+	"context"
 	"fmt"
 	"runtime"
 	"strings"
@@ -172,5 +173,75 @@ func TestBounds_DeleteQueueNotEmptyKeepsDedupKeys(t *testing.T) {
 	res, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "dq", Items: items[:1], Now: now})
 	require.NoError(t, err)
 	require.True(t, res[0].Duplicate, "the refused delete dropped the dedup keys")
+	b.check()
+}
+
+// dedupQueue fills queue q with n items with dedup keys k0..k(n-1),
+// then claims and acks them all: q is empty and holds n live dedup keys.
+func dedupQueue(b *testBundle, q string, n int) {
+	b.t.Helper()
+	for i := 0; i < n; i += 100 {
+		items := make([]storage.EnqueueItem, 0, 100)
+		for j := i; j < min(n, i+100); j++ {
+			items = append(items, storage.EnqueueItem{Payload: []byte("p"), DedupKey: fmt.Sprintf("k%d", j)})
+		}
+		b.enqueue(q, at(0), items...)
+	}
+	for left := n; left > 0; {
+		res := b.poll(q, 100, time.Minute, at(time.Second))
+		require.NotEmpty(b.t, res.Items)
+		for _, c := range b.ack(q, res.Lease, at(time.Second), itemIDs(res.Items)...) {
+			require.Equal(b.t, storage.CodeOK, c)
+		}
+		left -= len(res.Items)
+	}
+	require.Equal(b.t, int64(0), b.stats(q, at(time.Second)).Ready)
+}
+
+// A DeleteQueue that has begun to drop an empty queue's dedup keys
+// finishes: an enqueue meanwhile is refused (the queue is being deleted)
+// rather than landing in a queue whose keys are partly gone, and one
+// after the delete creates the queue anew. Found by the review of the
+// chunked delete (session 70): the enqueue landed, the delete was
+// refused as not empty, and the queue stayed without the dedup keys
+// dropped so far, so re-enqueues within the window were new items.
+func TestBounds_DeleteQueueRefusesEnqueuesBetweenChunks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 2*purgeChunk + 10
+	dedupQueue(b, "q", n)
+	var during error
+	chunks := 0
+	b.s.afterDedupChunk = func() {
+		if chunks++; chunks == 1 { // between the first chunk and the second
+			_, during = b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Now: at(time.Second),
+				Items: []storage.EnqueueItem{{Payload: []byte("late"), DedupKey: "k0"}}})
+		}
+	}
+	_, err := b.s.DeleteQueue(b.ctx, storage.DeleteQueueParams{Queue: "q", Now: at(time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, 3, chunks)
+	require.ErrorIs(t, during, storage.ErrUnavailable, "an enqueue into a queue being deleted")
+	res, err := b.s.Enqueue(b.ctx, storage.EnqueueParams{Queue: "q", Now: at(2 * time.Second),
+		Items: []storage.EnqueueItem{{Payload: []byte("new"), DedupKey: "k0"}}})
+	require.NoError(t, err)
+	require.False(t, res[0].Duplicate, "the queue created anew has no dedup keys")
+	b.check()
+}
+
+// A DeleteQueue whose context ends once it has begun to drop the dedup
+// keys finishes all the same (found by the review of the chunked delete:
+// it returned with the queue in place and some of its keys gone).
+func TestBounds_DeleteQueueFinishesPastItsContext(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = purgeChunk + 10
+	dedupQueue(b, "q", n)
+	ctx, cancel := context.WithCancel(context.Background())
+	b.s.afterDedupChunk = cancel // the caller goes away after the first chunk
+	_, err := b.s.DeleteQueue(ctx, storage.DeleteQueueParams{Queue: "q", Now: at(time.Second)})
+	require.NoError(t, err)
+	_, err = b.s.Stats(b.ctx, storage.StatsParams{Queue: "q", Now: at(time.Second)})
+	require.ErrorIs(t, err, storage.ErrNotFound, "the queue is gone")
 	b.check()
 }

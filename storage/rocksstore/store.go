@@ -79,6 +79,9 @@ type Store struct {
 	inflight map[storage.ItemID]*leaseState
 	expiry   timedHeap // lease expiries (stale entries skipped)
 	delayed  timedHeap // delayed items by visible_at (stale entries skipped)
+	// afterDedupChunk, when set (tests), runs after each op of
+	// dropDedupChunks.
+	afterDedupChunk func()
 	// delayedKept is the delayed heap's length after it was last
 	// compacted (compactDelayed).
 	delayedKept int
@@ -640,6 +643,11 @@ func (s *Store) scanViewAt(snap *rdbSnap, once bool, lower, upper, seek []byte, 
 // Store.mu -> queueState.mu.
 type queueState struct {
 	name string
+	// deleting is set by DeleteQueue once it has begun to drop the
+	// queue's dedup keys (dropDedupChunks): nothing may enter the queue
+	// (ensureQueue refuses), so the delete that dropped them is the one
+	// that removes the queue. Committer only.
+	deleting bool
 	// countersKey is dbkeys.CountersKey(name), made once: every batch
 	// that changes the queue writes it.
 	countersKey []byte
@@ -716,6 +724,9 @@ func (s *Store) ensureQueue(o *opTx, name string, cfg *storage.QueueConfig) (*qu
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if q := s.mu.queues[name]; q != nil {
+		if q.deleting {
+			return nil, fmt.Errorf("%w: queue %q is being deleted; retry to create it anew", storage.ErrUnavailable, name)
+		}
 		return q, nil
 	}
 	if err := s.limits.CheckNewQueue(len(s.mu.queues)); err != nil {
