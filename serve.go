@@ -144,8 +144,9 @@ type serveConfig struct {
 	prefetch      time.Duration // rocksstore.Options.PrefetchHold
 	socketMode    fs.FileMode
 	metrics       string
-	pprof         string // --pprof; "" when off
-	http          string // the HTTP API's address; "" when off
+	pprof         string   // --pprof; "" when off
+	http          string   // the HTTP API's address; "" when off
+	httpHosts     []string // --http-host
 	tls           *tls.Config
 	mutualTLS     bool
 	maxConns      int
@@ -451,6 +452,7 @@ func startHTTP(ctx context.Context, c *serveConfig, store storage.Store, clk clo
 		Admit:         srv.Admit,
 		MaxBodyBytes:  c.maxMessage,
 		TLS:           c.tls,
+		AllowedHosts:  c.httpHosts,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("http api: %w", err)

@@ -35,6 +35,7 @@ type serveFlags struct {
 	metricsAddr    *string
 	pprofAddr      *string
 	httpAddr       *string
+	httpHosts      *string
 	tlsCert        *string
 	tlsKey         *string
 	tlsClientCA    *string
@@ -97,6 +98,7 @@ func addServeFlags(fs *flag.FlagSet) *serveFlags {
 	f.metricsAddr = fs.String("metrics", "", "serve /metrics, /healthz and /readyz over HTTP on `host:port` (empty: off)")
 	f.pprofAddr = fs.String("pprof", "", "serve Go's profiling endpoints under /debug/pprof/ (CPU profile, heap, goroutines, execution trace) over HTTP on `host:port` (empty: off); they show the process's internals, so keep them on loopback")
 	f.httpAddr = fs.String("http", "", "serve the HTTP/JSON API on `address`, host:port or unix:/path, with the TLS of --tls-* (empty: off)")
+	f.httpHosts = fs.String("http-host", "", "comma-separated host `names` by which browsers may reach --http and its dashboard, besides IP addresses and localhost (a browser's request naming another host is refused: DNS rebinding)")
 	f.tlsCert = fs.String("tls-cert", "", "server certificate `file` (PEM); enables TLS with --tls-key")
 	f.tlsKey = fs.String("tls-key", "", "server private key `file` (PEM)")
 	f.tlsClientCA = fs.String("tls-client-ca", "", "CA bundle `file` (PEM): require client certificates signed by it (mutual TLS)")
@@ -270,6 +272,7 @@ func (f *serveFlags) config(stderr io.Writer) (serveConfig, error) {
 		metrics:     *f.metricsAddr,
 		pprof:       *f.pprofAddr,
 		http:        *f.httpAddr,
+		httpHosts:   splitList(*f.httpHosts),
 		tls:         tc,
 		mutualTLS:   *f.tlsClientCA != "",
 		tlsWarning:  tlsWarning,
@@ -436,4 +439,15 @@ func prefetchOption(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+// splitList splits a comma-separated flag value, dropping blanks.
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }

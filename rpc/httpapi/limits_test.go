@@ -29,3 +29,30 @@ func TestLimits_DefaultPageLimitOverMaxBatch(t *testing.T) {
 	var dr DeadResponse
 	b.call(http.MethodPost, "/v1/queues/q/dlq/redrive", DeadRequest{All: true}, &dr)
 }
+
+// A browser's request (Sec-Fetch-Site or Origin) must name the node by an
+// IP address, localhost or a name of Config.AllowedHosts (421 otherwise:
+// DNS rebinding); clients that are not browsers may use any name (found
+// by review, session 70).
+func TestBrowserGuard_Hosts(t *testing.T) {
+	b := setup(t, func(c *Config) { c.AllowedHosts = []string{"queue.example"} })
+	get := func(host string, browser bool) int {
+		req, err := http.NewRequest(http.MethodGet, b.url+"/v1/queues", nil)
+		require.NoError(t, err)
+		req.Host = host
+		if browser {
+			req.Header.Set("Sec-Fetch-Site", "same-origin")
+		}
+		resp, err := b.client.Do(req)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, h := range []string{"127.0.0.1:7701", "[::1]:7701", "localhost:7701", "app.localhost", "queue.example:7701", "QUEUE.EXAMPLE"} {
+		require.Equal(t, http.StatusOK, get(h, true), h)
+	}
+	for _, h := range []string{"evil.test:7701", "example", "queue.example.evil.test"} {
+		require.Equal(t, http.StatusMisdirectedRequest, get(h, true), h)
+		require.Equal(t, http.StatusOK, get(h, false), "%s without browser headers", h)
+	}
+}

@@ -104,6 +104,10 @@ type Config struct {
 	// TLS, when set, is the server side TLS config (as the RPC server's:
 	// set ClientAuth and ClientCAs to require client certificates).
 	TLS *tls.Config
+	// AllowedHosts are the host names (without port) by which a browser
+	// may reach the node besides IP addresses, "localhost" and names
+	// under ".localhost" (browserGuard).
+	AllowedHosts []string
 }
 
 // Route is one method and path pattern of the API, as registered
@@ -192,7 +196,7 @@ func New(c Config) (*Server, error) {
 	// plain text.
 	s.mux.HandleFunc("/v1/", s.noRoute)
 	s.srv = &http.Server{
-		Handler:           s.mux,
+		Handler:           s.browserGuard(s.mux),
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout + limits.MaxWait,
 		WriteTimeout:      readTimeout + limits.MaxWait + writeSlack,
@@ -247,7 +251,7 @@ func (s *Server) Mount(pattern string, h http.Handler) (err error) {
 // mounted handlers. It is for tests and for embedding the API in another
 // server; Stop's refusal of new requests and its end of parked polls
 // apply to it too.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return s.browserGuard(s.mux) }
 
 // Start serves ln in the background until Stop (or ctx is done, which
 // calls Stop): with TLS when Config.TLS is set. It returns an error when

@@ -1,0 +1,82 @@
+package httpapi
+
+import (
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// Requests from web browsers meet two rules before any route, the API's
+// and the dashboard's (found by review, session 70):
+//
+//   - DNS rebinding: a page of another site whose name the attacker points
+//     at the node's address is, to the browser, of the same origin as
+//     itself; its requests reach the node with that name in Host. A
+//     browser's request (one carrying Sec-Fetch-Site or Origin) must name
+//     the node by an IP address, "localhost", a name under ".localhost",
+//     or a name in Config.AllowedHosts (`leaseq serve --http-host`);
+//     others get 421 Misdirected Request. Clients that are not browsers
+//     (the CLI, curl, the Go client) send neither header and are not held
+//     to it.
+//   - Cross-site requests: a page of another site may send a POST without
+//     a preflight (a "simple" request: no body or a form's content type,
+//     mode no-cors) and, though it cannot read the answer, have it acted
+//     on: a poll costs the item an attempt, and repeated ones dead-letter
+//     it. A request other than GET or HEAD whose Sec-Fetch-Site is
+//     cross-site or same-site, or whose Origin is not the request's Host,
+//     gets 403.
+func (s *Server) browserGuard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		site, origin := r.Header.Get("Sec-Fetch-Site"), r.Header.Get("Origin")
+		if site == "" && origin == "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if !s.hostAllowed(r.Host) {
+			s.log.Warn("browser request for another host name refused (DNS rebinding?)", "remote", r.RemoteAddr, "host", r.Host, "path", r.URL.Path)
+			http.Error(w, "421 misdirected request: this node does not answer to host "+r.Host+" (leaseq serve --http-host)", http.StatusMisdirectedRequest)
+			return
+		}
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			if site == "cross-site" || site == "same-site" || origin != "" && !originIsHost(origin, r.Host) {
+				s.log.Warn("cross-site request refused", "remote", r.RemoteAddr, "path", r.URL.Path, "sec_fetch_site", site, "origin", origin)
+				http.Error(w, "403 forbidden: a request from another site", http.StatusForbidden)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// hostAllowed reports whether a browser may reach the node by host (a
+// Host header, host[:port]).
+func (s *Server) hostAllowed(host string) bool {
+	name := host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		name = h
+	}
+	name = strings.TrimSuffix(strings.ToLower(strings.Trim(name, "[]")), ".")
+	if name == "" {
+		return false
+	}
+	if net.ParseIP(name) != nil || name == "localhost" || strings.HasSuffix(name, ".localhost") {
+		return true
+	}
+	for _, a := range s.cfg.AllowedHosts {
+		if strings.EqualFold(strings.TrimSuffix(a, "."), name) {
+			return true
+		}
+	}
+	return false
+}
+
+// originIsHost reports whether the Origin header origin names host
+// (host[:port], compared without case); "null" never does.
+func originIsHost(origin, host string) bool {
+	u, err := url.Parse(origin)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return false
+	}
+	return strings.EqualFold(u.Host, host)
+}
