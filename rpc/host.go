@@ -162,6 +162,27 @@ func (s *Server) Poll(ctx context.Context, p storage.PollParams, wait time.Durat
 	return s.disp.Poll(ctx, p, wait)
 }
 
+// Poll is Server.Poll for a call of this connection, which answers it
+// with the items: while the connection's unread answers are over its
+// reply budget the items claimed go back and the result is empty, and a
+// batch is cut to one reply by the items' stored sizes (the rest goes
+// back), as on the Queue interface (queueServer.poll). Found by review
+// (session 70): Queueber's polls held their answers past the budget.
+func (c *Conn) Poll(ctx context.Context, p storage.PollParams, wait time.Duration) (storage.PollResult, error) {
+	pr, err := c.s.Poll(ctx, p, wait)
+	if err != nil || len(pr.Items) == 0 {
+		return pr, err
+	}
+	if c.gate.over() {
+		c.s.giveBack(p.Queue, pr.Lease, itemIDs(pr.Items), "the client does not read its answers")
+		return storage.PollResult{}, nil
+	}
+	if cut := c.s.fitPoll(&pr); cut != nil {
+		c.s.giveBack(p.Queue, pr.Lease, cut, "too large for one answer")
+	}
+	return pr, nil
+}
+
 // checkPoll checks a poll's arguments and wait against the limits.
 func (s *Server) checkPoll(p storage.PollParams, wait time.Duration) error {
 	if err := p.Validate(s.limits); err != nil {
