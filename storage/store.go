@@ -224,13 +224,18 @@ type SweepParams struct {
 
 // SweepResult reports one Sweep pass.
 type SweepResult struct {
-	LeasesExpired int      // lease records expired
-	Requeued      int      // items returned to ready by expiry
-	DeadLettered  int      // items sent to dead by expiry
-	Promoted      int      // delayed items that became ready
-	DedupDropped  int      // expired dedup keys removed
-	ReadyQueues   []string // queues that gained ready items, sorted, no duplicates
-	More          bool     // a limit was hit: call again at once
+	LeasesExpired int // lease records expired
+	Requeued      int // items returned to ready by expiry
+	DeadLettered  int // items sent to dead by expiry
+	Promoted      int // delayed items that became ready
+	DedupDropped  int // expired dedup keys removed
+	// ReadyQueues are the queues that gained ready items, sorted, no
+	// duplicates. A store may name more: a queue whose items no poll
+	// could take a moment before (rocksstore gives back a batch it held
+	// for a consumer: storage/rocksstore/prefetch.go), so that polls
+	// parked on it look again.
+	ReadyQueues []string
+	More        bool // a limit was hit: call again at once
 	// Next is the earliest deadline still pending after this pass (lease
 	// expiry, delayed item becoming ready, dedup key expiring); zero when
 	// there is none.

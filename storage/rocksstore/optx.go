@@ -378,6 +378,7 @@ func (o *opTx) finish() {
 			// held batch's items as available, never sees one without
 			// the other.
 			d.q.holdAheadLocked(e)
+			d.q.claimingAhead--
 			held = true
 		}
 		d.q.mu.Unlock()
@@ -394,7 +395,11 @@ func (o *opTx) finish() {
 		}
 	}
 	if e := o.ahead; e != nil && !held {
-		e.l.q.holdAhead(e)
+		q := e.l.q
+		q.mu.Lock()
+		q.holdAheadLocked(e)
+		q.claimingAhead--
+		q.mu.Unlock()
 	}
 	for _, e := range o.returned { // those whose queue's counters did not change
 		q := e.l.q

@@ -67,7 +67,9 @@ func (s *Store) pollOp(ctx context.Context, p storage.PollParams) (res *storage.
 	if lease == 0 {
 		lease = q.cfg.LeaseDuration
 	}
-	held := len(q.prefetch) > 0
+	// Held too: a batch an op is claiming ahead or giving back, whose
+	// items are in neither the ready index nor the list for a moment.
+	held := len(q.prefetch) > 0 || len(q.returning) > 0 || q.claimingAhead > 0
 	q.mu.Unlock()
 	s.m.polls.Add(1)
 	if held {

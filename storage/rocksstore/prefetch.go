@@ -27,7 +27,14 @@ import (
 // after the sweep's first step): their items go back to available exactly
 // as they were (attempts and visibility restored), so no caller can tell
 // a batch was held (the model-based conformance suites run with claims
-// ahead on).
+// ahead on). A sweep that gives batches back reports their queues as
+// gained (the sweeper wakes their parked polls); an ack claims nothing
+// ahead while its queue holds a stale batch, and leaves the batch to the
+// sweep. A poll takes a queue as holding a batch from the moment an op
+// begins to claim it ahead (claimingAhead) until its items are back in
+// the ready index after a give-back (returning): between the two, the
+// items are in neither, and a long poll that looked then parked with
+// them ready (found by review, session 70).
 //
 // A batch held at a crash is a lease in the database like any other but
 // for its record's claimed-ahead mark (dbkeys.LeaseRecord.Ahead, written
@@ -134,13 +141,20 @@ func (s *Store) claimAhead(o *opTx, plan *prefetchPlan) error {
 		return nil
 	}
 	hold := s.prefetchHold()
-	s.releaseStale(o, q, plan.now, hold)
 	if q.prefetchSkip > 0 {
 		q.prefetchSkip--
 		return nil
 	}
 	q.mu.Lock()
-	enough := len(q.prefetch) < maxPrefetched && q.ready.n >= 2*plan.max && plan.dur > 2*hold
+	// A stale batch (its consumer stopped polling) is left for the sweep
+	// to give back, which announces its items to parked polls (an ack
+	// cannot; found by review, session 70), and nothing more is claimed
+	// ahead meanwhile.
+	stale := slices.ContainsFunc(q.prefetch, func(e *prefetched) bool { return plan.now-e.now > hold })
+	enough := !stale && len(q.prefetch) < maxPrefetched && q.ready.n >= 2*plan.max && plan.dur > 2*hold
+	if enough {
+		q.claimingAhead++ // until the batch is held, or the claim undone (pollOp)
+	}
 	q.mu.Unlock()
 	if !enough {
 		return nil
@@ -150,6 +164,9 @@ func (s *Store) claimAhead(o *opTx, plan *prefetchPlan) error {
 	res, err := s.claim(o, q, plan.now, plan.max, plan.dur)
 	o.keepClaimed, o.claimingAhead = nil, false
 	if err != nil || len(took) == 0 {
+		q.mu.Lock()
+		q.claimingAhead--
+		q.mu.Unlock()
 		return err
 	}
 	o.b.polls++
@@ -160,10 +177,11 @@ func (s *Store) claimAhead(o *opTx, plan *prefetchPlan) error {
 		e.recs[i], e.prios[i] = c.rec, c.prio
 	}
 	e.l.ahead = e
-	o.ahead = e // finish puts it in the queue's list, with the claim's counters
+	o.ahead = e // finish puts it in the queue's list, with the claim's counters, and ends claimingAhead
 	o.onUndo(func() {
 		q.mu.Lock()
 		q.dropAheadLocked(e)
+		q.claimingAhead--
 		q.mu.Unlock()
 	})
 	plan.e = e
@@ -382,15 +400,6 @@ func (s *Store) giveBackEvery() error {
 	return err
 }
 
-// releaseStale releases q's batches claimed ahead that are older than
-// hold at now: their consumer stopped polling, so the queue claims
-// nothing ahead for a while. REQUIRES: on the committer.
-func (s *Store) releaseStale(o *opTx, q *queueState, now, hold int64) {
-	if s.releaseAhead(o, q, func(e *prefetched) bool { return now-e.now > hold }) > 0 {
-		q.prefetchSkip = prefetchBackoff
-	}
-}
-
 // releaseAhead releases q's batches claimed ahead for which drop is true
 // and returns how many. REQUIRES: on the committer.
 func (s *Store) releaseAhead(o *opTx, q *queueState, drop func(e *prefetched) bool) int {
@@ -508,13 +517,22 @@ func (q *queueState) dropAheadLocked(e *prefetched) {
 // polling: the sweeper is what notices, within its interval) and those
 // holding an item not yet promoted from delayed, which the sweep would
 // promote. REQUIRES: on the committer.
-func (s *Store) sweepAhead(o *opTx, now int64, qs []*queueState) {
+func (s *Store) sweepAhead(o *opTx, now int64, qs []*queueState, gained map[string]bool) {
 	hold := s.prefetchHold()
 	for _, q := range qs {
-		s.releaseStale(o, q, now, hold)
-		s.releaseAhead(o, q, func(e *prefetched) bool {
+		n := 0
+		if s.releaseAhead(o, q, func(e *prefetched) bool { return now-e.now > hold }) > 0 {
+			q.prefetchSkip = prefetchBackoff
+			n++
+		}
+		n += s.releaseAhead(o, q, func(e *prefetched) bool {
 			return slices.ContainsFunc(e.recs, func(r dbkeys.ItemRecord) bool { return r.Delayed })
 		})
+		if n > 0 {
+			// Their items are ready again: the queue's parked polls are
+			// told (found by review, session 70: they were not).
+			gained[q.name] = true
+		}
 	}
 }
 

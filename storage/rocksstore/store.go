@@ -681,6 +681,13 @@ type queueState struct {
 	// until the op's counters land with them (opTx.finish), or the op
 	// fails and they go back to prefetch. REQUIRES: mu held.
 	returning []*prefetched
+	// claimingAhead counts the claims ahead under way (claimAhead): their
+	// items have left the ready index and their batch is not yet in
+	// prefetch. A poll that looks meanwhile takes the queue as held, as it
+	// does for returning, so that its op, which runs after the claim, sees
+	// the items (found by review, session 70: it found nothing ready and
+	// nothing held, parked, and nobody woke it). REQUIRES: mu held.
+	claimingAhead int
 	// prefetchSkip counts down the ends of leases that claim nothing
 	// ahead. Committer only.
 	prefetchSkip int

@@ -60,11 +60,15 @@ func (s *Store) sweep(ctx context.Context, p storage.SweepParams) (res storage.S
 		return res, err
 	}
 	if qs := s.queuesWithPrefetch(); len(qs) > 0 && s.prefetchHold() > 0 {
+		g := map[string]bool{}
 		if _, err := s.submit("", 0, func(o *opTx) error {
-			s.sweepAhead(o, now, qs)
+			s.sweepAhead(o, now, qs, g)
 			return nil
 		}); err != nil {
 			return res, err
+		}
+		for q := range g {
+			gained[q] = true
 		}
 	}
 	// Each phase runs ops of up to sweepChunk entries until nothing more is

@@ -709,6 +709,9 @@ func (m *modelRun) opSweep() {
 		limit = 1 + m.rng.IntN(3)
 	}
 	now := m.now
+	// ReadyQueues are compared apart: the store's must hold the
+	// reference's, and may hold more (storage.SweepResult.ReadyQueues).
+	ready := map[*side][]string{}
 	out := m.compare(fmt.Sprintf("sweep limit=%d", limit), func(sd *side) any {
 		var total nSweep
 		seen := map[string]bool{}
@@ -740,11 +743,15 @@ func (m *modelRun) opSweep() {
 			}
 		}
 		for q := range seen {
-			total.ReadyQueues = append(total.ReadyQueues, q)
+			ready[sd] = append(ready[sd], q)
 		}
-		sort.Strings(total.ReadyQueues)
+		sort.Strings(ready[sd])
 		return total
 	})
+	for _, q := range ready[m.a] {
+		require.Contains(m.t, ready[m.b], q, "seed %d step %d: sweep: the store did not report queue %s as gaining ready items (reference %v, store %v)\nrecent ops:\n%s",
+			m.seed, m.step, q, ready[m.a], ready[m.b], strings.Join(m.recent, "\n"))
+	}
 	if tot, ok := out.(nSweep); ok {
 		m.tally["sweep requeued"] += tot.Requeued
 		m.tally["sweep dead-lettered"] += tot.DeadLettered
