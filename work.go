@@ -114,7 +114,7 @@ Example:
 			}
 			w.concurrency, w.lease, w.timeout = conc.val, lease.val, timeout.val
 			if !lease.set {
-				w.lease = 0 // Consume's default: 30 s, or the node's --max-lease when shorter
+				w.lease = 0 // the default, or the node's --max-lease when shorter (runWork)
 			}
 			w.killGrace, w.drainTimeout, w.maxItems = grace.val, drain.val, maxItems.val
 			if retryDelay.set {
@@ -232,11 +232,16 @@ func runWork(ctx context.Context, e *env, c *rpc.Client, w workConfig, stderr *l
 	var wg sync.WaitGroup
 	wg.Go(func() { s.watchSignals(e, sigs, done, stopTaking, &second) })
 
-	lease := any(w.lease)
 	if w.lease == 0 {
-		lease = "default"
+		// No --lease: the default, within the node's --max-lease (as
+		// Consume would; found by review, session 70: a node with
+		// --max-lease under 30 s refused every poll).
+		w.lease = storage.DefaultLeaseDuration
+		if ni, err := c.NodeInfo(ctx); err == nil && ni.MaxLease > 0 && ni.MaxLease < w.lease {
+			w.lease = ni.MaxLease
+		}
 	}
-	log.Info("leaseq work started", "command", w.argv[0], "concurrency", w.concurrency, "lease", lease, "timeout", w.timeout)
+	log.Info("leaseq work started", "command", w.argv[0], "concurrency", w.concurrency, "lease", w.lease, "timeout", w.timeout)
 	err := c.Consume(takeCtx, rpc.ConsumerConfig{
 		Queue:    w.queue,
 		Workers:  w.concurrency,

@@ -811,3 +811,18 @@ func TestWork_TooManyWaitersIsNotFatal(t *testing.T) {
 	case <-time.After(3 * time.Second):
 	}
 }
+
+// TestWork_DefaultLeaseWithinNodeMaxLease: without --lease, leaseq work
+// leases for the default 30 s, or the node's --max-lease when shorter.
+// Found by review (session 70): it sent 30 s, and a node with --max-lease
+// 10s refused every poll.
+func TestWork_DefaultLeaseWithinNodeMaxLease(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, filepath.Join(t.TempDir(), "data"), "--sync", "none", "--max-lease", "10s")
+	dir := t.TempDir()
+	job := script(t, dir, "ok.sh", "cat >/dev/null\n")
+	n.cli("enqueue", "leaseq10", "x")
+	w := n.startWork(t, nil, "leaseq10", "--max-items", "1", "--", job)
+	require.Equal(t, 0, w.wait(time.Minute), w.stderr.String())
+	require.Contains(t, w.stderr.String(), "lease=10s")
+}
