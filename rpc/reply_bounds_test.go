@@ -12,29 +12,21 @@ import (
 	"github.com/leaseq/leaseq/schema"
 )
 
-// sendPolls bootstraps (question 0) and sends n poll calls of max items
-// on the bootstrap answer (questions 1..n), never reading anything back.
+// sendPolls sends n poll calls of max items on queue, leased for an hour
+// (sendCalls); the node may close the connection meanwhile.
 func sendPolls(t *testing.T, conn net.Conn, queue string, n int, max uint32) {
-	t.Helper()
-	_, err := conn.Write(bootstrapMsg(t))
-	require.NoError(t, err)
-	for i := 1; i <= n; i++ {
-		_, err := conn.Write(pipelinedCall(t, uint32(i), 0, 1 /* poll */, func(params rpccp.Payload) error {
-			p, err := schema.NewQueue_poll_Params(params.Segment())
-			if err != nil {
-				return err
-			}
-			if err := p.SetQueue(queue); err != nil {
-				return err
-			}
-			p.SetMax(max)
-			p.SetLeaseMs(uint64(time.Hour / time.Millisecond))
-			return params.SetContent(p.ToPtr())
-		}))
+	sendCalls(t, conn, n, 1 /* poll */, true, func(params rpccp.Payload) error {
+		p, err := schema.NewQueue_poll_Params(params.Segment())
 		if err != nil {
-			return // the server stopped reading and closed: fine
+			return err
 		}
-	}
+		if err := p.SetQueue(queue); err != nil {
+			return err
+		}
+		p.SetMax(max)
+		p.SetLeaseMs(uint64(time.Hour / time.Millisecond))
+		return params.SetContent(p.ToPtr())
+	})
 }
 
 // TestReplyGate_UnreadPollAnswersBounded: a client that pipelines polls

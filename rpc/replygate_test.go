@@ -13,26 +13,37 @@ import (
 	"github.com/leaseq/leaseq/storage"
 )
 
-// sendPeeks bootstraps (question 0) and sends n peek calls on the
-// bootstrap answer (questions 1..n), never reading anything back.
-func sendPeeks(t *testing.T, conn net.Conn, queue string, n int, limit uint32) {
+// sendCalls bootstraps (question 0) and sends n calls of method on the
+// bootstrap answer (questions 1..n), their parameters set by params,
+// never reading anything back. A write that fails (the node closed the
+// connection) ends it quietly when quiet, else fails the test.
+func sendCalls(t *testing.T, conn net.Conn, n int, method uint16, quiet bool, params func(rpccp.Payload) error) {
 	t.Helper()
 	_, err := conn.Write(bootstrapMsg(t))
 	require.NoError(t, err)
 	for i := 1; i <= n; i++ {
-		_, err := conn.Write(pipelinedCall(t, uint32(i), 0, 7 /* peek */, func(params rpccp.Payload) error {
-			p, err := schema.NewQueue_peek_Params(params.Segment())
-			if err != nil {
-				return err
-			}
-			if err := p.SetQueue(queue); err != nil {
-				return err
-			}
-			p.SetLimit(limit)
-			return params.SetContent(p.ToPtr())
-		}))
+		_, err := conn.Write(pipelinedCall(t, uint32(i), 0, method, params))
+		if err != nil && quiet {
+			return
+		}
 		require.NoError(t, err)
 	}
+}
+
+// sendPeeks sends n peek calls of limit items on queue (sendCalls).
+func sendPeeks(t *testing.T, conn net.Conn, queue string, n int, limit uint32) {
+	t.Helper()
+	sendCalls(t, conn, n, 7 /* peek */, false, func(params rpccp.Payload) error {
+		p, err := schema.NewQueue_peek_Params(params.Segment())
+		if err != nil {
+			return err
+		}
+		if err := p.SetQueue(queue); err != nil {
+			return err
+		}
+		p.SetLimit(limit)
+		return params.SetContent(p.ToPtr())
+	})
 }
 
 // TestServer_UnreadAnswersAreBounded: a client that sends peeks of ~100
