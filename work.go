@@ -91,7 +91,7 @@ Example:
 		conc := newChoice("1", intRange(1, 1000))
 		fs.Var(conc, "concurrency", "most `items` handled at once, each by its own run of CMD")
 		lease := newChoice(storage.DefaultLeaseDuration.String(), positiveDuration)
-		fs.Var(lease, "lease", "lease `duration` of each item, extended every third of it while CMD runs (not given: the default, or the node's --max-lease when shorter)")
+		fs.Var(lease, "lease", "lease `duration` of each item, extended every third of it while CMD runs (not given: the default 30s, within the node's --min-lease and --max-lease)")
 		timeout := newChoice("0s", nonNegDuration)
 		fs.Var(timeout, "timeout", "kill CMD and nack its item after this `duration` (0: no limit)")
 		retryDelay := &optDuration{}
@@ -237,8 +237,8 @@ func runWork(ctx context.Context, e *env, c *rpc.Client, w workConfig, stderr *l
 		// Consume would; found by review, session 70: a node with
 		// --max-lease under 30 s refused every poll).
 		w.lease = storage.DefaultLeaseDuration
-		if ni, err := c.NodeInfo(ctx); err == nil && ni.MaxLease > 0 && ni.MaxLease < w.lease {
-			w.lease = ni.MaxLease
+		if ni, err := c.NodeInfo(ctx); err == nil {
+			w.lease = ni.LeaseWithin(w.lease)
 		}
 	}
 	log.Info("leaseq work started", "command", w.argv[0], "concurrency", w.concurrency, "lease", w.lease, "timeout", w.timeout)

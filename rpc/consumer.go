@@ -19,7 +19,7 @@ type ConsumerConfig struct {
 	Queue   string
 	Workers int           // concurrent pollers, each handling its batch in order (0: 1)
 	Batch   int           // items per poll (0: 1)
-	Lease   time.Duration // per poll, at least 1ms (0: storage.DefaultLeaseDuration, or the node's --max-lease when shorter); extended every Lease/3 while handlers run
+	Lease   time.Duration // per poll, at least 1ms (0: storage.DefaultLeaseDuration, within the node's --min-lease and --max-lease); extended every Lease/3 while handlers run
 	Wait    time.Duration // long-poll wait (0: DefaultConsumerWait)
 	// Handler processes one item. nil error acks it; an error or a panic
 	// nacks it with the error text or "panic: <value>" as the reason. Its
@@ -212,8 +212,8 @@ func (c *Client) Consume(ctx context.Context, cfg ConsumerConfig) error {
 		// poll). A node that does not say (older, or unreachable now:
 		// the polls will tell) leaves the default.
 		cfg.Lease = storage.DefaultLeaseDuration
-		if ni, err := c.NodeInfo(ctx); err == nil && ni.MaxLease > 0 && ni.MaxLease < cfg.Lease {
-			cfg.Lease = ni.MaxLease
+		if ni, err := c.NodeInfo(ctx); err == nil {
+			cfg.Lease = ni.LeaseWithin(cfg.Lease)
 		}
 	}
 	if cfg.Wait <= 0 {

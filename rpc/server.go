@@ -158,6 +158,20 @@ type NodeInfo struct {
 	MaxDelay   time.Duration
 }
 
+// LeaseWithin returns d within the node's --min-lease and --max-lease as
+// ni carries them (a bound a node older than them left 0 is not applied):
+// a client's default lease, which a node with narrower limits would
+// refuse (found by review, session 70).
+func (ni NodeInfo) LeaseWithin(d time.Duration) time.Duration {
+	if ni.MaxLease > 0 && d > ni.MaxLease {
+		d = ni.MaxLease
+	}
+	if ni.MinLease > 0 && d < ni.MinLease {
+		d = ni.MinLease
+	}
+	return d
+}
+
 // Limits returns the node's limits that ni carries (MaxBatch,
 // MaxPayload, MinLease, MaxLease, MaxDelay); the others, and those a node
 // older than them left 0, are storage.DefaultLimits'.

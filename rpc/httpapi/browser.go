@@ -7,18 +7,19 @@ import (
 	"strings"
 )
 
-// Requests from web browsers meet two rules before any route, the API's
-// and the dashboard's (found by review, session 70):
+// Requests meet two rules before any route, the API's and the
+// dashboard's (found by review, session 70):
 //
 //   - DNS rebinding: a page of another site whose name the attacker points
 //     at the node's address is, to the browser, of the same origin as
-//     itself; its requests reach the node with that name in Host. A
-//     browser's request (one carrying Sec-Fetch-Site or Origin) must name
-//     the node by an IP address, "localhost", a name under ".localhost",
-//     or a name in Config.AllowedHosts (`leaseq serve --http-host`);
-//     others get 421 Misdirected Request. Clients that are not browsers
-//     (the CLI, curl, the Go client) send neither header and are not held
-//     to it.
+//     itself; its requests reach the node with that name in Host, and a
+//     browser sends no Sec-Fetch-Site or Origin with a same-origin GET to
+//     a plain-http origin, so such a request cannot be told from a
+//     non-browser's by its headers. Every request over TCP must name the
+//     node by an IP address, "localhost", a name under ".localhost", or a
+//     name in Config.AllowedHosts (`leaseq serve --http-host`); others get
+//     421 Misdirected Request. A unix socket, which no browser reaches, is
+//     not held to it.
 //   - Cross-site requests: a page of another site may send a POST without
 //     a preflight (a "simple" request: no body or a form's content type,
 //     mode no-cors) and, though it cannot read the answer, have it acted
@@ -28,16 +29,16 @@ import (
 //     gets 403.
 func (s *Server) browserGuard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		site, origin := r.Header.Get("Sec-Fetch-Site"), r.Header.Get("Origin")
-		if site == "" && origin == "" {
+		if la, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok && la.Network() == "unix" {
 			next.ServeHTTP(w, r)
 			return
 		}
 		if !s.hostAllowed(r.Host) {
-			s.log.Warn("browser request for another host name refused (DNS rebinding?)", "remote", r.RemoteAddr, "host", r.Host, "path", r.URL.Path)
+			s.log.Warn("request for another host name refused (DNS rebinding?)", "remote", r.RemoteAddr, "host", r.Host, "path", r.URL.Path)
 			http.Error(w, "421 misdirected request: this node does not answer to host "+r.Host+" (leaseq serve --http-host)", http.StatusMisdirectedRequest)
 			return
 		}
+		site, origin := r.Header.Get("Sec-Fetch-Site"), r.Header.Get("Origin")
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			if site == "cross-site" || site == "same-site" || origin != "" && !originIsHost(origin, r.Host) {
 				s.log.Warn("cross-site request refused", "remote", r.RemoteAddr, "path", r.URL.Path, "sec_fetch_site", site, "origin", origin)

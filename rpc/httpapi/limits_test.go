@@ -1,9 +1,14 @@
 package httpapi
 
 import (
+	"context"
+	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"testing"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/storage"
@@ -30,10 +35,10 @@ func TestLimits_DefaultPageLimitOverMaxBatch(t *testing.T) {
 	b.call(http.MethodPost, "/v1/queues/q/dlq/redrive", DeadRequest{All: true}, &dr)
 }
 
-// A browser's request (Sec-Fetch-Site or Origin) must name the node by an
-// IP address, localhost or a name of Config.AllowedHosts (421 otherwise:
-// DNS rebinding); clients that are not browsers may use any name (found
-// by review, session 70).
+// A request must name the node by an IP address, localhost or a name of
+// Config.AllowedHosts (421 otherwise: DNS rebinding), with or without a
+// browser's headers: a browser sends none with a same-origin GET to a
+// plain-http origin (found by review, session 70).
 func TestBrowserGuard_Hosts(t *testing.T) {
 	b := setup(t, func(c *Config) { c.AllowedHosts = []string{"queue.example"} })
 	get := func(host string, browser bool) int {
@@ -53,6 +58,32 @@ func TestBrowserGuard_Hosts(t *testing.T) {
 	}
 	for _, h := range []string{"evil.test:7701", "example", "queue.example.evil.test"} {
 		require.Equal(t, http.StatusMisdirectedRequest, get(h, true), h)
-		require.Equal(t, http.StatusOK, get(h, false), "%s without browser headers", h)
+		require.Equal(t, http.StatusMisdirectedRequest, get(h, false), "%s without browser headers", h)
 	}
+}
+
+// Over a unix socket, which no browser reaches, any Host is taken.
+func TestBrowserGuard_UnixSocketTakesAnyHost(t *testing.T) {
+	dir, err := os.MkdirTemp("", "lq")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "h.sock")
+	s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncNone})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	srv, err := New(Config{Store: s, Clock: clock.NewMock()})
+	require.NoError(t, err)
+	t.Cleanup(srv.Stop)
+	ln, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	require.NoError(t, srv.Start(context.Background(), ln))
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}
+	t.Cleanup(tr.CloseIdleConnections)
+	resp, err := (&http.Client{Transport: tr}).Get("http://queue.internal/v1/queues")
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 }

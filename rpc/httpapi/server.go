@@ -104,9 +104,9 @@ type Config struct {
 	// TLS, when set, is the server side TLS config (as the RPC server's:
 	// set ClientAuth and ClientCAs to require client certificates).
 	TLS *tls.Config
-	// AllowedHosts are the host names (without port) by which a browser
-	// may reach the node besides IP addresses, "localhost" and names
-	// under ".localhost" (browserGuard).
+	// AllowedHosts are the host names (without port) by which a client
+	// may reach the node over TCP besides IP addresses, "localhost" and
+	// names under ".localhost" (browserGuard).
 	AllowedHosts []string
 }
 

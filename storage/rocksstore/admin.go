@@ -296,6 +296,7 @@ func (s *Store) DeleteQueue(ctx context.Context, p storage.DeleteQueueParams) (i
 			}
 		}
 		if err := s.dropDedupChunks(ctx, q); err != nil {
+			s.undelete(q)
 			return fail(total, err)
 		}
 		var left int64
@@ -304,6 +305,9 @@ func (s *Store) DeleteQueue(ctx context.Context, p storage.DeleteQueueParams) (i
 			left, err = s.removeQueue(o, q)
 			return err
 		})
+		if err != nil && !errors.Is(err, storage.ErrNotEmpty) {
+			s.undelete(q)
+		}
 		switch {
 		case err == nil:
 			s.corruptQ.Lock()
@@ -407,6 +411,18 @@ func (s *Store) dropDedupChunks(ctx context.Context, q *queueState) error {
 			return err
 		}
 	}
+}
+
+// undelete lets a queue whose delete failed take items again (the mark
+// dropDedupChunks set). Found by review (session 70): a chunk that met a
+// damaged dedup record left the queue refusing every enqueue until the
+// node restarted. Its keys dropped so far stay dropped, as after a crash
+// in the middle of a delete.
+func (s *Store) undelete(q *queueState) {
+	_, _ = s.submit(q.name, 0, func(o *opTx) error {
+		q.deleting = false
+		return nil
+	})
 }
 
 // removeQueue deletes an empty queue's config, counters and dedup keys
