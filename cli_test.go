@@ -664,8 +664,17 @@ func TestCLI_Format1Upgrade(t *testing.T) {
 
 	n := startNode(t, data)
 	require.Contains(t, n.logs.String(), "moved the database from format 1")
-	jobs := n.stats("jobs")
-	require.Equal(t, queueStats{Ready: 8, Delayed: 2, Inflight: 2, Leases: 1, Enqueued: 13, Delivered: 4, Acked: 1, Nacked: 1}, jobs)
+	// The data was written at 2031 instants: the node's time goes on from
+	// them (storage/steadyclock), so the item nacked with a backoff of at
+	// most 2 s becomes ready within 2 s of the data's latest instant; the
+	// item delayed by an hour stays delayed.
+	require.Contains(t, n.logs.String(), "the clock reads earlier than the data")
+	var jobs queueStats
+	rpctest.Eventually(t, 30*time.Second, func() bool {
+		jobs = n.stats("jobs")
+		return jobs.Delayed == 1
+	}, "the nacked item's backoff ends")
+	require.Equal(t, queueStats{Ready: 9, Delayed: 1, Inflight: 2, Leases: 1, Enqueued: 13, Delivered: 4, Acked: 1, Nacked: 1}, jobs)
 	dead := n.stats("dead")
 	require.EqualValues(t, 2, dead.Dead)
 	require.Len(t, n.cli("dlq", "ls", "dead").lines(), 2)

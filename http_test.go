@@ -185,9 +185,11 @@ func TestServe_HTTPFlagChecks(t *testing.T) {
 	r := runCLI(t, nil, "", "serve", "--data", filepath.Join(t.TempDir(), "d"), "--listen", "127.0.0.1:7799", "--http", "127.0.0.1:7799")
 	require.Equal(t, exitUsage, r.code, "%s%s", r.stdout, r.stderr)
 	require.Contains(t, r.stderr, "--http 127.0.0.1:7799 is also the address of --listen, --metrics or --queueber-listen")
+	// A malformed address is a usage error, found before anything opens
+	// (session 70).
 	r = runCLI(t, nil, "", "serve", "--data", filepath.Join(t.TempDir(), "d"), "--http", "nonsense")
-	require.Equal(t, exitFailure, r.code, "%s%s", r.stdout, r.stderr)
-	require.Contains(t, r.stderr, "http listener")
+	require.Equal(t, exitUsage, r.code, "%s%s", r.stdout, r.stderr)
+	require.Contains(t, r.stderr, `--http: address "nonsense": want host:port or unix:/path`)
 }
 
 // TestServe_HTTPSharesMaxConns: --max-conns counts the node's connections

@@ -115,7 +115,7 @@ func TestHTTPLimits_SlotsReturnedOnEveryEnd(t *testing.T) {
 	// Client closes mid-headers.
 	c1, err := net.Dial("tcp", b.addr())
 	require.NoError(t, err)
-	_, err = io.WriteString(c1, "POST /v1/queues/q/items HTTP/1.1\r\nHost: x\r\nConte")
+	_, err = io.WriteString(c1, "POST /v1/queues/q/items HTTP/1.1\r\nHost: localhost\r\nConte")
 	require.NoError(t, err)
 	a.waitAdmitted(t, 2)
 	require.NoError(t, c1.Close())
@@ -124,7 +124,7 @@ func TestHTTPLimits_SlotsReturnedOnEveryEnd(t *testing.T) {
 	// Client closes mid-body.
 	c2, err := net.Dial("tcp", b.addr())
 	require.NoError(t, err)
-	_, err = io.WriteString(c2, "POST /v1/queues/q/items HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n[{\"text\"")
+	_, err = io.WriteString(c2, "POST /v1/queues/q/items HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n[{\"text\"")
 	require.NoError(t, err)
 	a.waitAdmitted(t, 3)
 	require.NoError(t, c2.Close())
@@ -233,7 +233,7 @@ func TestHTTPLimits_RefusedRequestWithBodyGets503(t *testing.T) {
 		require.NoError(t, err)
 		body := bytes.Repeat([]byte("a"), 256<<10)
 		go func() {
-			_, _ = fmt.Fprintf(c, "POST /v1/queues/q/items HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", len(body))
+			_, _ = fmt.Fprintf(c, "POST /v1/queues/q/items HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", len(body))
 			_, _ = c.Write(body)
 		}()
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -273,7 +273,7 @@ func TestHTTPLimits_StalledBodyReleasesBudget(t *testing.T) {
 	hostile, err := net.Dial("tcp", b.addr())
 	require.NoError(t, err)
 	defer hostile.Close()
-	_, err = fmt.Fprintf(hostile, "POST /v1/queues/q/items HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", size)
+	_, err = fmt.Fprintf(hostile, "POST /v1/queues/q/items HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", size)
 	require.NoError(t, err)
 	rpctest.Eventually(t, 10*time.Second, func() bool {
 		if sem.TryAcquire(1) {
@@ -322,7 +322,7 @@ func TestHTTPLimits_SlowlorisHeadersBounded(t *testing.T) {
 	closed := make(chan time.Time, 1)
 	start := time.Now()
 	go func() {
-		req := "GET /v1/queues HTTP/1.1\r\nHost: x\r\nX-Pad: " + strings.Repeat("a", 10000)
+		req := "GET /v1/queues HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + strings.Repeat("a", 10000)
 		for i := 0; i < len(req); i++ {
 			select {
 			case <-stop:

@@ -106,7 +106,7 @@ func TestPoll_AnswerThatCannotBeWrittenIsGivenBack(t *testing.T) {
 	b := setup(t, nil)
 	b.enqueueTexts("q", "x", "y")
 
-	req := httptest.NewRequest(http.MethodPost, "/v1/queues/q/poll", strings.NewReader(`{"max": 2}`))
+	req := httptest.NewRequest(http.MethodPost, "http://localhost/v1/queues/q/poll", strings.NewReader(`{"max": 2}`))
 	req.Header.Set("Content-Type", "application/json")
 	w := &brokenWriter{h: http.Header{}}
 	b.srv.Handler().ServeHTTP(w, req)
@@ -128,7 +128,7 @@ func TestPoll_AnswerThatCannotBeWrittenIsGivenBack(t *testing.T) {
 	// An answer that is written keeps its lease.
 	w2 := httptest.NewRecorder()
 	b.enqueueTexts("q", "z")
-	req = httptest.NewRequest(http.MethodPost, "/v1/queues/q/poll", strings.NewReader(`{}`))
+	req = httptest.NewRequest(http.MethodPost, "http://localhost/v1/queues/q/poll", strings.NewReader(`{}`))
 	req.Header.Set("Content-Type", "application/json")
 	b.srv.Handler().ServeHTTP(w2, req)
 	require.Equal(t, http.StatusOK, w2.Code)

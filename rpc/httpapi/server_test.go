@@ -60,7 +60,7 @@ func TestServer_StartStop(t *testing.T) {
 		_, err = net.Dial("tcp", ln.Addr().String())
 		require.Error(t, err, "Start closed the listener it refused")
 		rec := httptest.NewRecorder()
-		srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/v1/queues", nil))
+		srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://localhost/v1/queues", nil))
 		require.Equal(t, http.StatusServiceUnavailable, rec.Code)
 		require.Contains(t, rec.Body.String(), `"code":"unavailable"`)
 	}
