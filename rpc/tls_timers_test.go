@@ -30,7 +30,9 @@ func TestTLS_SilentConnectionTimerRace(t *testing.T) {
 	serverCert := ca.Issue(t, "leaseq server", x509.ExtKeyUsageServerAuth)
 	b := setup(t, bundleOpts{mutate: func(c *ServerConfig) {
 		c.Clock = clock.New() // the timer runs on its own goroutine, as in production
-		c.FirstMessageTimeout = 50 * time.Millisecond
+		// Long enough for a handshake under -race on a busy machine (at
+		// 50 ms a clean-clone run's handshake was cut by the timer).
+		c.FirstMessageTimeout = 500 * time.Millisecond
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil)) // info, as a node runs
 		c.TLS = &tls.Config{Certificates: []tls.Certificate{serverCert}, MinVersion: tls.VersionTLS12}
 	}})
@@ -56,7 +58,7 @@ func TestTLS_RefusalTimerRace(t *testing.T) {
 	b := setup(t, bundleOpts{mutate: func(c *ServerConfig) {
 		c.Clock = clock.New()
 		c.MaxConns = 1
-		c.HandshakeTimeout = 100 * time.Millisecond
+		c.HandshakeTimeout = 500 * time.Millisecond
 		c.FirstMessageTimeout = time.Minute
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 		c.TLS = &tls.Config{Certificates: []tls.Certificate{serverCert}, MinVersion: tls.VersionTLS12}
