@@ -111,7 +111,7 @@ section has the details.`,
 			if err := f.check(); err != nil {
 				return err
 			}
-			c, err := f.config(e.stderr) // reads the TLS files
+			c, err := f.config(e.stderr, e.clock.Now()) // reads the TLS files
 			if err != nil {
 				return err
 			}

@@ -239,8 +239,9 @@ func (f *serveFlags) check() error {
 }
 
 // config is the node's configuration from the checked flags; it reads
-// the TLS files. Logs go to stderr.
-func (f *serveFlags) config(stderr io.Writer) (serveConfig, error) {
+// the TLS files (judging the certificate's validity at now). Logs go to
+// stderr.
+func (f *serveFlags) config(stderr io.Writer, now time.Time) (serveConfig, error) {
 	var tc *tls.Config
 	var tlsWarning string
 	if *f.tlsCert != "" {
@@ -251,7 +252,7 @@ func (f *serveFlags) config(stderr io.Writer) (serveConfig, error) {
 		// Found by review (session 70): an expired certificate passed
 		// --check-config, and the node started without a word while
 		// every client failed its handshake.
-		if tlsWarning = certValidity(tc.Certificates[0], time.Now()); tlsWarning != "" && *f.checkConfig {
+		if tlsWarning = certValidity(tc.Certificates[0], now); tlsWarning != "" && *f.checkConfig {
 			return serveConfig{}, fmt.Errorf("--tls-cert %s: %s", *f.tlsCert, tlsWarning)
 		}
 	}
