@@ -356,16 +356,7 @@ func (q *queueServer) poll(ctx context.Context, args schema.Queue_poll_Params, r
 	if err != nil {
 		return err
 	}
-	if len(pr.Items) > 0 && q.gate.over() {
-		// The client has not read the answers it has: as the lean
-		// engine's long polls (leanConn.longPoll), the items go back and
-		// the poll answers empty.
-		q.s.giveBack(p.Queue, pr.Lease, itemIDs(pr.Items), "the client does not read its answers")
-		return nil
-	}
-	if cut := q.s.fitPoll(&pr); cut != nil {
-		q.s.giveBack(p.Queue, pr.Lease, cut, "too large for one answer")
-	}
+	q.s.trimPoll(q.gate, p.Queue, &pr, q.s.giveBack)
 	return writePoll(res, pr)
 }
 

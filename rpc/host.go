@@ -163,24 +163,15 @@ func (s *Server) Poll(ctx context.Context, p storage.PollParams, wait time.Durat
 }
 
 // Poll is Server.Poll for a call of this connection, which answers it
-// with the items: while the connection's unread answers are over its
-// reply budget the items claimed go back and the result is empty, and a
-// batch is cut to one reply by the items' stored sizes (the rest goes
-// back), as on the Queue interface (queueServer.poll). Found by review
-// (session 70): Queueber's polls held their answers past the budget.
+// with the items, shaped as the Queue interface's polls are (trimPoll:
+// the reply budget, one reply's size). Found by review (session 70):
+// Queueber's polls held their answers past the budget.
 func (c *Conn) Poll(ctx context.Context, p storage.PollParams, wait time.Duration) (storage.PollResult, error) {
 	pr, err := c.s.Poll(ctx, p, wait)
-	if err != nil || len(pr.Items) == 0 {
-		return pr, err
+	if err == nil {
+		c.s.trimPoll(c.gate, p.Queue, &pr, c.s.giveBack)
 	}
-	if c.gate.over() {
-		c.s.giveBack(p.Queue, pr.Lease, itemIDs(pr.Items), "the client does not read its answers")
-		return storage.PollResult{}, nil
-	}
-	if cut := c.s.fitPoll(&pr); cut != nil {
-		c.s.giveBack(p.Queue, pr.Lease, cut, "too large for one answer")
-	}
-	return pr, nil
+	return pr, err
 }
 
 // checkPoll checks a poll's arguments and wait against the limits.

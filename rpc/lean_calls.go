@@ -251,22 +251,10 @@ func (c *leanConn) longPoll(lc *leanCall) {
 	complete := func(pr storage.PollResult, err error) {
 		defer c.calls.Done()
 		defer cancel()
-		if err == nil && len(pr.Items) > 0 && c.gate.over() {
-			// The client has not read the answers it has: this one
-			// would be held too. Its items go back, and it answers
-			// empty. Found by review (session 70): the reader admits
-			// calls while the budget has room, and a burst of pipelined
-			// polls was all admitted before the first answer was
-			// counted, each answer up to a whole reply (1 GiB); the
-			// node held them all. The give-back waits for the store, so
-			// not on this goroutine (the store's syncer may run it).
-			c.giveBackLater(queue, pr.Lease, itemIDs(pr.Items), "the client does not read its answers")
-			pr = storage.PollResult{}
-		}
 		if err == nil {
-			if cut := c.s.fitPoll(&pr); cut != nil {
-				c.giveBackLater(queue, pr.Lease, cut, "too large for one answer")
-			}
+			// What is left out goes back on a worker: the give-back
+			// waits for the store, and the store's syncer may run this.
+			c.s.trimPoll(c.gate, queue, &pr, c.giveBackLater)
 		}
 		c.reply(lc, func(seg *capnp.Segment) (capnp.Struct, error) {
 			res, allocErr := schema.NewQueue_poll_Results(seg)

@@ -85,7 +85,22 @@ func TestLimits_PayloadJustUnderTheMessageLimit(t *testing.T) {
 // 30 s leases for the node's maximum. Found by review (session 70): it
 // sent 30 s on every poll, and every poll was refused.
 func TestLimits_ConsumerDefaultLeaseOverNodeMaxLease(t *testing.T) {
-	lim := storage.Limits{MaxLease: 10 * time.Second}
+	consumeOneWithDefaultLease(t, storage.Limits{MaxLease: 10 * time.Second})
+}
+
+// TestLimits_ConsumerDefaultLeaseUnderNodeMinLease: Consume with Lease
+// 0 (and leaseq work without --lease: NodeInfo.LeaseWithin) leases within
+// the node's --min-lease too. Found by review (session 70): the default
+// 30 s was lowered to --max-lease but not raised to --min-lease, and on a
+// node with --min-lease 1m every poll was refused.
+func TestLimits_ConsumerDefaultLeaseUnderNodeMinLease(t *testing.T) {
+	consumeOneWithDefaultLease(t, storage.Limits{MinLease: time.Minute, MaxLease: 10 * time.Minute})
+}
+
+// consumeOneWithDefaultLease runs Consume with Lease 0 against a node and
+// store with limits lim, and requires it to handle the one item enqueued.
+func consumeOneWithDefaultLease(t *testing.T, lim storage.Limits) {
+	t.Helper()
 	b := setup(t, bundleOpts{factory: rocksWithLimits(lim), mutate: func(c *ServerConfig) { c.Limits = lim }})
 	c := b.dial()
 	ctx := ctxT(t)
@@ -106,7 +121,7 @@ func TestLimits_ConsumerDefaultLeaseOverNodeMaxLease(t *testing.T) {
 		cancel()
 		require.NoError(t, <-done)
 	case err := <-done:
-		t.Fatalf("Consume with the default lease on a node with --max-lease 10s: %v", err)
+		t.Fatalf("Consume with the default lease on a node with leases of %v to %v: %v", lim.MinLease, lim.MaxLease, err)
 	case <-ctx.Done():
 		t.Fatal("Consume neither handled the item nor returned")
 	}
@@ -170,7 +185,7 @@ func TestLimits_SubMillisecondDelayAndNegativeLimitThroughClient(t *testing.T) {
 
 // TestLimits_PollOfItemsStoredUnderLargerLimits: a node restarted with a
 // lower --max-payload still holds items of the old size: a poll is cut by
-// the items' stored sizes, as peek and dead-list pages are (fitPoll), and
+// the items' stored sizes, as peek and dead-list pages are (trimPoll), and
 // the items cut off go back. Found by review (session 70): a poll was cut
 // only by replyItems, from the present limits; it leased more of the old,
 // larger items than fit in one reply, the client refused the reply

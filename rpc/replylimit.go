@@ -62,25 +62,40 @@ func fitReply(n int, size func(i int) int64, maxReply int64) int {
 	return n
 }
 
-// fitPoll cuts a poll's batch to what fits in one reply by the items'
-// stored sizes, and returns the ids of the items cut off (nil when all
-// fit), for the caller to give back. The poll's max is already cut to
-// what fits by the present limits (replyItems); items stored under
-// larger ones (a node restarted with a lower --max-payload) may not fit
-// (found by review, session 70: the client refused the answer and
-// closed the connection, the items stayed leased until their lease
-// ended, and every later poll did the same).
-func (s *Server) fitPoll(pr *storage.PollResult) (cut []storage.ItemID) {
+// giveBackFunc gives back items a poll claimed and will not answer with
+// (Server.giveBack, or the lean engine's giveBackLater).
+type giveBackFunc func(queue string, lease storage.LeaseID, ids []storage.ItemID, reason string)
+
+// trimPoll shapes a poll's batch into the answer a connection sends, and
+// gives back what it leaves out, on every engine and listener:
+//   - while the connection's unread answers are over its reply budget
+//     (gate), none of it: the result is empty. Found by review (session
+//     70): the reader admits calls while the budget has room, and a burst
+//     of pipelined polls was all admitted before the first answer was
+//     counted, each answer up to a whole reply; the node held them all.
+//   - else what fits in one reply by the items' stored sizes. The poll's
+//     max is already cut to what fits by the present limits (replyItems);
+//     items stored under larger ones (a node restarted with a lower
+//     --max-payload) may not fit (found by review, session 70: the client
+//     refused the answer and closed the connection, the items stayed
+//     leased until their lease ended, and every later poll did the same).
+func (s *Server) trimPoll(gate *replyGate, queue string, pr *storage.PollResult, giveBack giveBackFunc) {
+	if len(pr.Items) == 0 {
+		return
+	}
+	if gate.over() {
+		giveBack(queue, pr.Lease, itemIDs(pr.Items), "the client does not read its answers")
+		*pr = storage.PollResult{}
+		return
+	}
 	if len(pr.Items) < 2 {
-		return nil
+		return
 	}
 	n := fitReply(len(pr.Items), func(i int) int64 { return storedItemBytes(&pr.Items[i]) }, s.cfg.maxReplyBytes)
-	if n == len(pr.Items) {
-		return nil
+	if n < len(pr.Items) {
+		giveBack(queue, pr.Lease, itemIDs(pr.Items[n:]), "too large for one answer")
+		pr.Items = pr.Items[:n]
 	}
-	cut = itemIDs(pr.Items[n:])
-	pr.Items = pr.Items[:n]
-	return cut
 }
 
 // storedItemBytes bounds the bytes item it takes in a reply (as

@@ -39,7 +39,7 @@ func TestLimits_DefaultPageLimitOverMaxBatch(t *testing.T) {
 // Config.AllowedHosts (421 otherwise: DNS rebinding), with or without a
 // browser's headers: a browser sends none with a same-origin GET to a
 // plain-http origin (found by review, session 70).
-func TestBrowserGuard_Hosts(t *testing.T) {
+func TestHostGuard_Hosts(t *testing.T) {
 	b := setup(t, func(c *Config) { c.AllowedHosts = []string{"queue.example"} })
 	get := func(host string, browser bool) int {
 		req, err := http.NewRequest(http.MethodGet, b.url+"/v1/queues", nil)
@@ -63,7 +63,7 @@ func TestBrowserGuard_Hosts(t *testing.T) {
 }
 
 // Over a unix socket, which no browser reaches, any Host is taken.
-func TestBrowserGuard_UnixSocketTakesAnyHost(t *testing.T) {
+func TestHostGuard_UnixSocketTakesAnyHost(t *testing.T) {
 	dir, err := os.MkdirTemp("", "lq")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })

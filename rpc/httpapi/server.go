@@ -106,7 +106,7 @@ type Config struct {
 	TLS *tls.Config
 	// AllowedHosts are the host names (without port) by which a client
 	// may reach the node over TCP besides IP addresses, "localhost" and
-	// names under ".localhost" (browserGuard).
+	// names under ".localhost" (hostGuard).
 	AllowedHosts []string
 }
 
@@ -196,7 +196,7 @@ func New(c Config) (*Server, error) {
 	// plain text.
 	s.mux.HandleFunc("/v1/", s.noRoute)
 	s.srv = &http.Server{
-		Handler:           s.browserGuard(s.mux),
+		Handler:           s.hostGuard(s.mux),
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout + limits.MaxWait,
 		WriteTimeout:      readTimeout + limits.MaxWait + writeSlack,
@@ -251,7 +251,7 @@ func (s *Server) Mount(pattern string, h http.Handler) (err error) {
 // mounted handlers. It is for tests and for embedding the API in another
 // server; Stop's refusal of new requests and its end of parked polls
 // apply to it too.
-func (s *Server) Handler() http.Handler { return s.browserGuard(s.mux) }
+func (s *Server) Handler() http.Handler { return s.hostGuard(s.mux) }
 
 // Start serves ln in the background until Stop (or ctx is done, which
 // calls Stop): with TLS when Config.TLS is set. It returns an error when

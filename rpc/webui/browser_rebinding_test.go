@@ -24,7 +24,7 @@ import (
 // dashboard page and API listing of ready items. For an origin that is
 // not potentially trustworthy (plain http, not loopback by name),
 // Chromium sends no Sec-Fetch-* headers, and a same-origin GET carries no
-// Origin: so httpapi's browserGuard holds every request to the rule.
+// Origin: so httpapi's hostGuard holds every request to the rule.
 func TestBrowser_DNSRebindingRefused(t *testing.T) {
 	if _, err := os.Stat(chromiumPath); err != nil {
 		if os.Getenv("LEASEQ_SKIP_BROWSER") == "1" {

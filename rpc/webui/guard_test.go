@@ -74,7 +74,7 @@ func (n *reviewNode) send(method, target, host string, body io.Reader, headers m
 // the attacker re-points at 127.0.0.1 is, to the browser, same-origin with
 // itself: its requests reach the node with Host evil.test:PORT,
 // Sec-Fetch-Site same-origin and Origin http://evil.test:PORT. They get
-// 421 (httpapi's browserGuard). Found by review (session 70): nothing
+// 421 (httpapi's hostGuard). Found by review (session 70): nothing
 // checked that the Host is a name the node is reached by, and the page
 // could read every payload (dashboard and API) and purge the dead
 // letters.

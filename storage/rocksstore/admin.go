@@ -388,17 +388,10 @@ func (s *Store) dropDedupChunks(ctx context.Context, q *queueState) error {
 					}
 					v = ov
 				}
-				_, key, err := dbkeys.DecodeDedupKey(k)
-				if err != nil {
-					return false, corrupt("delete queue", k, err)
-				}
-				rec, err := dbkeys.DecodeDedup(v)
-				if err != nil {
-					return false, corrupt("delete queue", k, err)
-				}
 				k = bytes.Clone(k)
-				o.del(k)
-				o.del(dbkeys.DedupExpiryKey(rec.ExpiresAt, q.name, key))
+				if err := delDedup(o, q, k, v); err != nil {
+					return false, err
+				}
 				seek = append(k, 0) // the next key after k
 				n++
 				return n < purgeChunk, nil
@@ -411,6 +404,22 @@ func (s *Store) dropDedupChunks(ctx context.Context, q *queueState) error {
 			return err
 		}
 	}
+}
+
+// delDedup deletes q's dedup key k, whose record is v, and its expiry
+// entry. REQUIRES: on the committer.
+func delDedup(o *opTx, q *queueState, k, v []byte) error {
+	_, key, err := dbkeys.DecodeDedupKey(k)
+	if err != nil {
+		return corrupt("delete queue", k, err)
+	}
+	rec, err := dbkeys.DecodeDedup(v)
+	if err != nil {
+		return corrupt("delete queue", k, err)
+	}
+	o.del(k)
+	o.del(dbkeys.DedupExpiryKey(rec.ExpiresAt, q.name, key))
+	return nil
 }
 
 // undelete lets a queue whose delete failed take items again (the mark
@@ -439,35 +448,33 @@ func (s *Store) removeQueue(o *opTx, q *queueState) (int64, error) {
 		q.deleting = false // not to be: the queue takes items again
 		return left, storage.ErrNotEmpty
 	}
-	// Dedup keys: the committed ones, and any this batch wrote.
-	prefix := dbkeys.DedupPrefix(q.name)
-	dedup := map[string][]byte{}
-	err := s.scanView(prefix, dbkeys.PrefixEnd(prefix), nil, func(k, v []byte) (bool, error) {
-		dedup[string(k)] = bytes.Clone(v)
-		return true, nil
-	})
-	if err != nil {
-		return 0, err
-	}
-	for _, e := range o.b.slot.ov.ents {
-		if e.live && strings.HasPrefix(e.key, string(prefix)) {
-			dedup[e.key] = e.val // nil: deleted in this batch
-		}
-	}
-	for k, v := range dedup {
-		if v == nil {
-			continue
-		}
-		_, key, err := dbkeys.DecodeDedupKey([]byte(k))
+	// Dedup keys: the committed ones, and any this batch wrote; none
+	// when the queue is marked deleting (dropDedupChunks dropped them all,
+	// and nothing has entered it since), so its tombstones are not read
+	// again.
+	if !q.deleting {
+		prefix := dbkeys.DedupPrefix(q.name)
+		dedup := map[string][]byte{}
+		err := s.scanView(prefix, dbkeys.PrefixEnd(prefix), nil, func(k, v []byte) (bool, error) {
+			dedup[string(k)] = bytes.Clone(v)
+			return true, nil
+		})
 		if err != nil {
-			return 0, corrupt("delete queue", []byte(k), err)
+			return 0, err
 		}
-		rec, err := dbkeys.DecodeDedup(v)
-		if err != nil {
-			return 0, corrupt("delete queue", []byte(k), err)
+		for _, e := range o.b.slot.ov.ents {
+			if e.live && strings.HasPrefix(e.key, string(prefix)) {
+				dedup[e.key] = e.val // nil: deleted in this batch
+			}
 		}
-		o.del([]byte(k))
-		o.del(dbkeys.DedupExpiryKey(rec.ExpiresAt, q.name, key))
+		for k, v := range dedup {
+			if v == nil {
+				continue
+			}
+			if err := delDedup(o, q, []byte(k), v); err != nil {
+				return 0, err
+			}
+		}
 	}
 	o.del(dbkeys.QueueConfigKey(q.name))
 	o.del(dbkeys.CountersKey(q.name))

@@ -27,7 +27,7 @@ import (
 //     it. A request other than GET or HEAD whose Sec-Fetch-Site is
 //     cross-site or same-site, or whose Origin is not the request's Host,
 //     gets 403.
-func (s *Server) browserGuard(next http.Handler) http.Handler {
+func (s *Server) hostGuard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if la, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok && la.Network() == "unix" {
 			next.ServeHTTP(w, r)
