@@ -85,6 +85,13 @@ under http://ADDR/debug/pprof/: a CPU profile (/debug/pprof/profile?seconds=N),
 an execution trace (/debug/pprof/trace?seconds=N), the heap and the
 goroutines. They show the process's internals: keep ADDR on loopback.
 
+--http, --metrics and --pprof answer only requests that name the node
+(their Host) by an IP address, localhost, a name under .localhost or a
+name given with --http-host; any other name gets 421, so a page of
+another site cannot point its own name at the node (DNS rebinding) and
+read it. A scraper or client that reaches the node by a DNS name needs
+that name in --http-host.
+
 The --max-* and --min-lease flags set the limits every request is checked
 against; a request over a limit gets a clear error naming it.
 
@@ -390,7 +397,7 @@ func startMetrics(c *serveConfig, collector *nodeCollector, ready *atomic.Bool) 
 	if c.metrics == "" {
 		return func(bool) {}, nil
 	}
-	return listenAndServe(&c.metrics, "metrics", metricsServer(collector, ready, nodeHealth(collector), c.log), c.log)
+	return listenAndServe(&c.metrics, "metrics", metricsServer(collector, ready, nodeHealth(collector), c.log), c.httpHosts, c.log)
 }
 
 // startPprof serves Go's profiling endpoints on c.pprof (if set; c.pprof
@@ -399,13 +406,21 @@ func startPprof(c *serveConfig) (stop func(graceful bool), err error) {
 	if c.pprof == "" {
 		return func(bool) {}, nil
 	}
-	return listenAndServe(&c.pprof, "pprof", pprofServer(), c.log)
+	return listenAndServe(&c.pprof, "pprof", pprofServer(), c.httpHosts, c.log)
 }
 
 // listenAndServe serves srv on the TCP address *addr, which it replaces with
 // the address it listens on. stop ends it, gracefully (requests get 2 s
 // to finish) or at once.
-func listenAndServe(addr *string, what string, srv *http.Server, log *slog.Logger) (stop func(graceful bool), err error) {
+//
+// Requests must name the node by an IP address, localhost or one of
+// hosts (--http-host), as on --http (httpapi.HostGuard; 421 otherwise):
+// without that rule a page of another site that points its own name at
+// the node's address (DNS rebinding) reads the listener as a same-origin
+// page, /metrics with its queue names and counts, or --pprof's profiles
+// and heap.
+func listenAndServe(addr *string, what string, srv *http.Server, hosts []string, log *slog.Logger) (stop func(graceful bool), err error) {
+	srv.Handler = httpapi.HostGuard(hosts, log.With("svc", what), srv.Handler)
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return nil, fmt.Errorf("%s listener: %w", what, err)

@@ -98,7 +98,7 @@ func addServeFlags(fs *flag.FlagSet) *serveFlags {
 	f.metricsAddr = fs.String("metrics", "", "serve /metrics, /healthz and /readyz over HTTP on `host:port` (empty: off)")
 	f.pprofAddr = fs.String("pprof", "", "serve Go's profiling endpoints under /debug/pprof/ (CPU profile, heap, goroutines, execution trace) over HTTP on `host:port` (empty: off); they show the process's internals, so keep them on loopback")
 	f.httpAddr = fs.String("http", "", "serve the HTTP/JSON API on `address`, host:port or unix:/path, with the TLS of --tls-* (empty: off)")
-	f.httpHosts = fs.String("http-host", "", "comma-separated host `names` by which clients may reach --http and its dashboard over TCP, besides IP addresses and localhost (a request naming another host gets 421: DNS rebinding)")
+	f.httpHosts = fs.String("http-host", "", "comma-separated host `names` by which clients may reach --http and its dashboard, --metrics and --pprof over TCP, besides IP addresses and localhost (a request naming another host gets 421: DNS rebinding)")
 	f.tlsCert = fs.String("tls-cert", "", "server certificate `file` (PEM); enables TLS with --tls-key")
 	f.tlsKey = fs.String("tls-key", "", "server private key `file` (PEM)")
 	f.tlsClientCA = fs.String("tls-client-ca", "", "CA bundle `file` (PEM): require client certificates signed by it (mutual TLS)")

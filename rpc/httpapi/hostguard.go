@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -28,20 +29,30 @@ import (
 //     cross-site or same-site, or whose Origin is not the request's Host,
 //     gets 403.
 func (s *Server) hostGuard(next http.Handler) http.Handler {
+	return HostGuard(s.cfg.AllowedHosts, s.log, next)
+}
+
+// HostGuard holds the requests to next to the rules above, with allowed
+// as the extra host names (Config.AllowedHosts) and log for the refusals.
+// leaseq serve puts its other HTTP listeners (--metrics, --pprof) behind
+// it too: what they show, queue names and counts, profiles and heap
+// dumps, is as much the node's as the API is, so a rebinding page must
+// not read them either.
+func HostGuard(allowed []string, log *slog.Logger, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if la, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok && la.Network() == "unix" {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if !s.hostAllowed(r.Host) {
-			s.log.Warn("request for another host name refused (DNS rebinding?)", "remote", r.RemoteAddr, "host", r.Host, "path", r.URL.Path)
+		if !hostAllowed(allowed, r.Host) {
+			log.Warn("request for another host name refused (DNS rebinding?)", "remote", r.RemoteAddr, "host", r.Host, "path", r.URL.Path)
 			http.Error(w, "421 misdirected request: this node does not answer to host "+r.Host+" (leaseq serve --http-host)", http.StatusMisdirectedRequest)
 			return
 		}
 		site, origin := r.Header.Get("Sec-Fetch-Site"), r.Header.Get("Origin")
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			if site == "cross-site" || site == "same-site" || origin != "" && !originIsHost(origin, r.Host) {
-				s.log.Warn("cross-site request refused", "remote", r.RemoteAddr, "path", r.URL.Path, "sec_fetch_site", site, "origin", origin)
+				log.Warn("cross-site request refused", "remote", r.RemoteAddr, "path", r.URL.Path, "sec_fetch_site", site, "origin", origin)
 				http.Error(w, "403 forbidden: a request from another site", http.StatusForbidden)
 				return
 			}
@@ -51,8 +62,8 @@ func (s *Server) hostGuard(next http.Handler) http.Handler {
 }
 
 // hostAllowed reports whether a browser may reach the node by host (a
-// Host header, host[:port]).
-func (s *Server) hostAllowed(host string) bool {
+// Host header, host[:port]), given the extra names allowed.
+func hostAllowed(allowed []string, host string) bool {
 	name := host
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		name = h
@@ -64,7 +75,7 @@ func (s *Server) hostAllowed(host string) bool {
 	if net.ParseIP(name) != nil || name == "localhost" || strings.HasSuffix(name, ".localhost") {
 		return true
 	}
-	for _, a := range s.cfg.AllowedHosts {
+	for _, a := range allowed {
 		if strings.EqualFold(strings.TrimSuffix(a, "."), name) {
 			return true
 		}

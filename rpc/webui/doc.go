@@ -11,6 +11,9 @@
 // Actions (POST forms from the dead-letter page): PREFIX/queues/Q/dead/redrive
 // and .../dead/purge, for one item, the items ticked on the page, or all of
 // them; each answers with a redirect back and a one-time flash message.
+// "All" posts the page's dead count and the instant it was read, and acts
+// on the items dead by then, no more than that count: an item that dies
+// between the page and the click stays (deadSeen).
 // Queue names ([A-Za-z0-9._-], never "." or "..") are path segments as they
 // are; pages are cursors (?after=ID) as in Store.Peek and Store.DeadList.
 //

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -341,6 +342,11 @@ type deadView struct {
 	Next, First          string
 	After                string // the page cursor, posted back so an action returns to this page
 	RedriveURL, PurgeURL string
+	// SeenAt is the clock's instant (Unix nanoseconds) once the page's
+	// count was read, posted back with that count (Head.Dead) by "Redrive
+	// all" and "Purge all": they act on the items dead by then, no more
+	// than the count the user confirmed (deadSeen).
+	SeenAt string
 }
 
 // deadPage lists a queue's dead items with their reasons, and the redrive
@@ -364,6 +370,8 @@ func (u *UI) deadPage(w http.ResponseWriter, r *http.Request) {
 		Head:       u.header(s),
 		RedriveURL: u.queueHref(name, "dead/redrive"),
 		PurgeURL:   u.queueHref(name, "dead/purge"),
+		// Read after the count: every item it counted died by then.
+		SeenAt: strconv.FormatInt(u.clock.Now().UnixNano(), 10),
 	}
 	base := u.queueHref(name, "dead")
 	if len(items) > u.pageSize {

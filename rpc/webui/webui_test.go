@@ -365,7 +365,8 @@ func TestWebUI_Redrive(t *testing.T) {
 		b.kill("jobs", "boom", p[:4]...)
 		b.kill("jobs", "boom", p[4:8]...)
 		b.kill("jobs", "boom", p[8:]...)
-		res, _ := b.post("/ui/queues/jobs/dead/redrive", url.Values{"all": {"1"}})
+		form := b.allForm("jobs")
+		res, _ := b.post("/ui/queues/jobs/dead/redrive", form)
 		st := b.stats("jobs")
 		require.Zero(t, st.Dead)
 		require.EqualValues(t, 10, st.Ready)
@@ -373,7 +374,7 @@ func TestWebUI_Redrive(t *testing.T) {
 		require.Contains(t, body, "Redrove 10 items.")
 		require.Contains(t, body, "No dead items")
 
-		res, _ = b.post("/ui/queues/jobs/dead/redrive", url.Values{"all": {"1"}})
+		res, _ = b.post("/ui/queues/jobs/dead/redrive", form)
 		_, body = b.follow(res)
 		require.Contains(t, body, "The dead-letter queue was empty: nothing to redrive.")
 	})
@@ -409,7 +410,7 @@ func TestWebUI_Purge(t *testing.T) {
 		b := setup(t, nil)
 		b.kill("jobs", "boom", "a", "b", "c")
 		b.enqueue("jobs", "live")
-		res, _ := b.post("/ui/queues/jobs/dead/purge", url.Values{"all": {"1"}})
+		res, _ := b.post("/ui/queues/jobs/dead/purge", b.allForm("jobs"))
 		st := b.stats("jobs")
 		require.Zero(t, st.Dead)
 		require.EqualValues(t, 1, st.Ready, "live items are untouched")
@@ -419,6 +420,86 @@ func TestWebUI_Purge(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, rep.OK(), "%v", rep.Violations)
 	})
+}
+
+// allForm returns the form the dead-letter page of queue posts for its
+// "Redrive all" and "Purge all" buttons: all=1 and the page's hidden
+// fields, as a browser sends them.
+func (b *testBundle) allForm(queue string) url.Values {
+	b.t.Helper()
+	res, body := b.get("/ui/queues/" + queue + "/dead")
+	require.Equal(b.t, http.StatusOK, res.StatusCode)
+	form := url.Values{"all": {"1"}}
+	for _, m := range regexp.MustCompile(`<input type="hidden" name="(seen|asof)" value="([^"]*)">`).FindAllStringSubmatch(body, -1) {
+		form.Set(m[1], m[2])
+	}
+	require.Len(b.t, form, 3, "the page has no seen/asof fields:\n%s", body)
+	return form
+}
+
+// TestWebUI_PurgeAllStopsAtWhatWasShown: "Purge all" deletes the dead
+// items the page showed when the user confirmed, not items that died
+// between the page and the click. Found by review (session 70): the purge
+// took every item dead when the form arrived (the count read then), so an
+// item dead-lettered after the page was rendered, whatever its id, was
+// deleted unseen. A bound on the count alone would not do: an old item
+// (a lower id) that dies late would be deleted in place of one shown.
+func TestWebUI_PurgeAllStopsAtWhatWasShown(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *Config) { c.PageSize = 2; c.Limits.MaxBatch = 3 }) // pages and batches of the scan
+	ctx := context.Background()
+	res0, err := b.store.Enqueue(ctx, storage.EnqueueParams{Queue: "jobs", Items: []storage.EnqueueItem{{Payload: []byte("early"), Delay: time.Minute}}, Now: b.clock.Now()})
+	require.NoError(t, err)
+	early := res0[0].ID
+	shown := b.kill("jobs", "boom", "a", "b", "c", "d", "e")
+	form := b.allForm("jobs")
+	require.Equal(t, "5", form.Get("seen"))
+
+	// Between the page and the click: the early item (a lower id than those
+	// shown) and a new one die.
+	b.clock.Add(2 * time.Minute)
+	late := b.enqueue("jobs", "late")[0]
+	pr, err := b.store.Poll(ctx, storage.PollParams{Queue: "jobs", Max: 10, Now: b.clock.Now()})
+	require.NoError(t, err)
+	require.Len(t, pr.Items, 2)
+	zero := time.Duration(0)
+	codes, err := b.store.Nack(ctx, storage.NackParams{Queue: "jobs", Lease: pr.Lease, IDs: []storage.ItemID{early, late}, Delay: &zero, Reason: "late", Now: b.clock.Now()})
+	require.NoError(t, err)
+	require.Equal(t, []storage.Code{storage.CodeOK, storage.CodeOK}, codes)
+	require.EqualValues(t, 7, b.stats("jobs").Dead)
+
+	res, _ := b.post("/ui/queues/jobs/dead/purge", form)
+	st := b.stats("jobs")
+	require.EqualValues(t, 5, st.Purged, "purged what the page showed, no more")
+	require.EqualValues(t, 2, st.Dead)
+	dead, err := b.store.DeadList(ctx, storage.DeadListParams{Queue: "jobs", Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, dead, 2)
+	require.Equal(t, early, dead[0].ID, "an item that died after the page was shown stays")
+	require.Equal(t, late, dead[1].ID, "an item that died after the page was shown stays")
+	_, body := b.follow(res)
+	require.Contains(t, body, `<div class="flash flash-warn" role="status">Purged 5 items. 2 items died after the page was shown and were left.</div>`)
+	for _, id := range shown {
+		require.NotContains(t, body, `id="dead-`+id.String())
+	}
+
+	// A form from a page without the fields (or a hand-made all=1) does
+	// nothing: it cannot say what the user saw.
+	res, _ = b.post("/ui/queues/jobs/dead/purge", url.Values{"all": {"1"}})
+	_, body = b.follow(res)
+	require.Contains(t, body, "nothing was purged")
+	require.EqualValues(t, 2, b.stats("jobs").Dead)
+
+	// Redrive all is bounded the same way.
+	form = b.allForm("jobs")
+	b.clock.Add(time.Second)
+	b.kill("jobs", "boom", "f")
+	res, _ = b.post("/ui/queues/jobs/dead/redrive", form)
+	st = b.stats("jobs")
+	require.EqualValues(t, 2, st.Redriven)
+	require.EqualValues(t, 1, st.Dead)
+	_, body = b.follow(res)
+	require.Contains(t, body, "Redrove 2 items. 1 item died after the page was shown and was left.")
 }
 
 func TestWebUI_SameOrigin(t *testing.T) {
