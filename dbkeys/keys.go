@@ -34,6 +34,7 @@ const (
 	MetaIDSeq       byte = 0x02 // -> EncodeUint64 (id sequence high-water mark)
 	MetaQueueConfig byte = 0x03 // queue -> QueueConfigRecord; its presence means the queue exists
 	MetaCounters    byte = 0x04 // queue -> Counters
+	MetaDeleting    byte = 0x05 // queue -> marker; the queue's delete has begun (rocksstore)
 )
 
 // IDLen is the length of item ids and lease tokens.
@@ -430,6 +431,22 @@ func QueueConfigPrefix() []byte { return []byte{NsMeta, MetaQueueConfig} }
 // DecodeQueueConfigKey is the inverse of QueueConfigKey.
 func DecodeQueueConfigKey(k []byte) (string, error) {
 	return decodeMetaQueueKey(k, MetaQueueConfig, "queue config")
+}
+
+// DeletingKey is the key of queue q's delete mark: present from the first
+// write of a delete that takes more than one batch until the queue's
+// config is removed, so that a delete a crash cut short is finished at
+// open.
+func DeletingKey(q string) []byte {
+	return AppendQueue([]byte{NsMeta, MetaDeleting}, q)
+}
+
+// DeletingPrefix is the prefix of every delete mark key.
+func DeletingPrefix() []byte { return []byte{NsMeta, MetaDeleting} }
+
+// DecodeDeletingKey is the inverse of DeletingKey.
+func DecodeDeletingKey(k []byte) (string, error) {
+	return decodeMetaQueueKey(k, MetaDeleting, "delete mark")
 }
 
 // CountersKey is the key of queue q's persisted counters.

@@ -21,7 +21,8 @@
 // storage.DeadlineFunc; if the new deadline is earlier than the armed timer
 // the loop re-arms. On a Sweep failure the loop retries with exponential
 // backoff capped at SweepInterval, logging Warn, and Error once the failures
-// persist. A batch that reports More but did nothing counts as a failure
+// persist. A batch that reports More but did nothing (expired, promoted and
+// dropped nothing, and made no queue gain ready items) counts as a failure
 // (ErrNoProgress), so a stuck store costs a retry every few milliseconds to a
 // second instead of a spinning core.
 //

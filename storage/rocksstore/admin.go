@@ -305,7 +305,7 @@ func (s *Store) DeleteQueue(ctx context.Context, p storage.DeleteQueueParams) (i
 			left, err = s.removeQueue(o, q)
 			return err
 		})
-		if err != nil && !errors.Is(err, storage.ErrNotEmpty) {
+		if err != nil {
 			s.undelete(q)
 		}
 		switch {
@@ -379,6 +379,9 @@ func (s *Store) dropDedupChunks(ctx context.Context, q *queueState) error {
 				}
 				q.deleting = true
 				o.onUndo(func() { q.deleting = false })
+				// Durable, so that a crash before removeQueue does not
+				// leave the queue with part of its keys (deletemark.go).
+				o.put(dbkeys.DeletingKey(q.name), dbkeys.Marker())
 			}
 			marked = true
 			return s.scanView(prefix, dbkeys.PrefixEnd(prefix), seek, func(k, v []byte) (bool, error) {
@@ -423,13 +426,20 @@ func delDedup(o *opTx, q *queueState, k, v []byte) error {
 }
 
 // undelete lets a queue whose delete failed take items again (the mark
-// dropDedupChunks set). Found by review (session 70): a chunk that met a
-// damaged dedup record left the queue refusing every enqueue until the
-// node restarted. Its keys dropped so far stay dropped, as after a crash
-// in the middle of a delete.
+// dropDedupChunks set, in memory and on disk: a mark left on disk would
+// have the next Open finish the delete of a queue that takes items).
+// Found by review (session 70): a chunk that met a damaged dedup record
+// left the queue refusing every enqueue until the node restarted. Its
+// keys dropped so far stay dropped. If this op fails too (the store
+// failed), the mark stays, and the reopen finishes the delete.
 func (s *Store) undelete(q *queueState) {
 	_, _ = s.submit(q.name, 0, func(o *opTx) error {
+		if !q.deleting || !s.live(q) {
+			return nil
+		}
 		q.deleting = false
+		o.onUndo(func() { q.deleting = true })
+		o.del(dbkeys.DeletingKey(q.name))
 		return nil
 	})
 }
@@ -445,8 +455,7 @@ func (s *Store) removeQueue(o *opTx, q *queueState) (int64, error) {
 	c := q.counters
 	q.mu.Unlock()
 	if left := c.Ready + c.Delayed + c.Inflight + c.Dead; left != 0 || c.Leases != 0 {
-		q.deleting = false // not to be: the queue takes items again
-		return left, storage.ErrNotEmpty
+		return left, storage.ErrNotEmpty // the caller undeletes it
 	}
 	// Dedup keys: the committed ones, and any this batch wrote; none
 	// when the queue is marked deleting (dropDedupChunks dropped them all,
@@ -475,6 +484,9 @@ func (s *Store) removeQueue(o *opTx, q *queueState) (int64, error) {
 				return 0, err
 			}
 		}
+	}
+	if q.deleting {
+		o.del(dbkeys.DeletingKey(q.name))
 	}
 	o.del(dbkeys.QueueConfigKey(q.name))
 	o.del(dbkeys.CountersKey(q.name))

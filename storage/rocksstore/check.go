@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 
 	"github.com/leaseq/leaseq/dbkeys"
 	"github.com/leaseq/leaseq/storage"
@@ -94,7 +95,7 @@ type itemKey struct {
 
 func (c *checker) run(ctx context.Context) error {
 	f := &c.f
-	// Every meta key is one of four kinds, and each must decode as Open
+	// Every meta key is one of five kinds, and each must decode as Open
 	// reads it (found by review, session 69: a format version or id
 	// sequence that Open refuses, or any other key, passed).
 	var idSeq uint64 // the id sequence's high-water mark; 0: none
@@ -138,6 +139,21 @@ func (c *checker) run(ctx context.Context) error {
 				return
 			}
 			f.Counters = append(f.Counters, check.Counters{Queue: q, Ready: n.Ready, Delayed: n.Delayed, Inflight: n.Inflight, Dead: n.Dead, Leases: n.Leases})
+		case kind == dbkeys.MetaDeleting:
+			// A queue whose delete a crash cut short; Open finishes it.
+			// The mark is written and deleted with the queue's config
+			// there (configs sort before marks, so f.Queues is full).
+			q, err := dbkeys.DecodeDeletingKey(k)
+			if err != nil {
+				f.Corruptf("meta: bad delete mark key %x: %v", k, err)
+				return
+			}
+			if err := dbkeys.DecodeMarker(v); err != nil {
+				f.Corruptf("queue %q: bad delete mark: %v", q, err)
+			}
+			if !slices.Contains(f.Queues, q) {
+				f.Corruptf("queue %q: delete mark without a config (removeQueue deletes both in one batch; Open drops it)", q)
+			}
 		default:
 			f.Corruptf("meta: unknown key %x", k)
 		}

@@ -67,6 +67,18 @@
 // batch. The merge operator stays registered so that databases holding
 // such operands still open to their sum.
 //
+// DeleteQueue (admin.go) drops an empty queue's dedup keys in ops of
+// purgeChunk keys and removes its config, counters and the rest in a last
+// op. The op that drops the first chunk marks the queue deleting, in
+// memory (ensureQueue refuses enqueues with ErrUnavailable) and on disk
+// (dbkeys.DeletingKey, deletemark.go), and
+// the last op deletes the mark with the config; a delete that fails undoes
+// the mark in both. Open (and Recover) finish the delete of a queue they
+// find marked, which a crash between the two left with part of its dedup
+// keys gone; leaseq check accepts the mark of an existing queue. A binary
+// from before the mark (2026-12-07) opens such a database with the queue
+// as it was left, and its check reports the mark as an unknown meta key.
+//
 // # The commit pipeline (commit.go; its fsyncs in syncer.go)
 //
 // Every mutating call (enqueue, poll, ack, nack, extend, sweep, redrive,
@@ -354,7 +366,9 @@
 // before it claims (so it takes the head, as the model says; claimHead,
 // also for the claim an enqueue makes for a parked poll), and Peek,
 // Purge, Check, a sweep (for stale batches and those holding unpromoted
-// delayed items; at its expiry step, any it finds due) and Close give
+// delayed items; at its expiry step, any it finds due, counted against the
+// sweep's limit and naming their queues in ReadyQueues, which the sweeper
+// takes as progress though no lease expired) and Close give
 // them back first (from the moment Close begins, acks claim nothing
 // ahead); Recover, which cannot write before it reopens a failed store,
 // notes them first and gives back once reopened those whose claim the

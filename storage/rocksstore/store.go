@@ -82,6 +82,12 @@ type Store struct {
 	// afterDedupChunk, when set (tests), runs after each op of
 	// dropDedupChunks.
 	afterDedupChunk func()
+	// afterSweepAhead, when set (tests), runs in each Sweep after its
+	// give-back of stale batches claimed ahead (sweepAhead).
+	afterSweepAhead func()
+	// orphanMarks are the queues whose delete mark Open found without
+	// their config (deletemark.go), for finishDeletes to drop.
+	orphanMarks []string
 	// delayedKept is the delayed heap's length after it was last
 	// compacted (compactDelayed).
 	delayedKept int
@@ -159,6 +165,10 @@ func Open(dir string, opts Options) (*Store, error) {
 	}
 	if err := s.openDB(); err != nil {
 		return nil, err
+	}
+	if s.enter("open") == nil {
+		s.finishDeletes()
+		s.exit()
 	}
 	s.log.Info("rocksstore opened", "data", dir, "sync", opts.Sync.String(), "queues", len(s.mu.queues),
 		"leases", len(s.leases), "prefetch_hold", time.Duration(s.prefetchHold()))
@@ -315,7 +325,7 @@ func (s *Store) load() error {
 		}
 		q.counters = c
 	}
-	return nil
+	return s.loadDeleting()
 }
 
 // defaultMemtable is the memtable size (see doc.go for the measurement).
@@ -472,11 +482,21 @@ func (s *Store) Failed() error {
 // reopened, it gives back the batches claimed ahead that no poll had
 // taken and writes the expiries polls answered with one were promised,
 // as Close does first (prefetch.go, setAside); if that write fails, the
-// store is failed again and Recover returns false with the error.
-func (s *Store) Recover() (bool, error) {
+// store is failed again and Recover returns false with the error. Then,
+// as Open does, it finishes the deletes of queues marked deleting
+// (deletemark.go) before it returns.
+func (s *Store) Recover() (recovered bool, err error) {
 	if s.Failed() == nil {
 		return false, nil
 	}
+	// After s.life is unlocked (deferred below): the deletes a failed
+	// write cut short are finished, as at Open (deletemark.go).
+	defer func() {
+		if recovered && s.enter("recover") == nil {
+			s.finishDeletes()
+			s.exit()
+		}
+	}()
 	if min := s.opts.MinFreeDisk; min > 0 {
 		if free, err := freeDisk(s.dir); err != nil || free < min {
 			return false, err

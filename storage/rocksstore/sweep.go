@@ -71,6 +71,9 @@ func (s *Store) sweep(ctx context.Context, p storage.SweepParams) (res storage.S
 			gained[q] = true
 		}
 	}
+	if s.afterSweepAhead != nil {
+		s.afterSweepAhead()
+	}
 	// Each phase runs ops of up to sweepChunk entries until nothing more is
 	// due or limit entries were handled.
 	phase := func(step func(o *opTx, max int, part *storage.SweepResult, g map[string]bool) int) error {
