@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -44,18 +45,92 @@ type Subscription struct {
 
 	mu  sync.Mutex
 	err error
+
+	// flowMu guards the Deliver calls that have not returned: pending
+	// counts their items (maxPending bounds it), and turn is closed once
+	// the last of them has put its batch in C or given up, so that they
+	// reach C in the order the node sent them although each runs on a
+	// goroutine of its own (call.Go). flooded is set once the node has
+	// pushed past the bound: every later Deliver is refused.
+	flowMu  sync.Mutex
+	pending int
+	turn    chan struct{}
+	flooded bool
 }
+
+// ErrPrefetchExceeded is Subscription.Err when the node pushed more than
+// the subscription's prefetch allows (see Client.Subscribe): the client
+// ended the subscription rather than hold the excess in memory.
+var ErrPrefetchExceeded = errors.New("leaseq subscribe: the node pushed past the prefetch")
 
 // C returns the channel of deliveries. It is closed when the subscription
 // has ended (Cancel, the node ended it, or the connection was lost).
 func (s *Subscription) C() <-chan Delivery { return s.ch }
 
-// Err reports why the node ended the subscription (a *StatusError), once C
-// is closed; nil after Cancel or a plain disconnect.
+// Err reports why the subscription ended, once C is closed: the node's
+// reason (a *StatusError), or an error wrapping ErrPrefetchExceeded when
+// the client ended it because the node pushed past the prefetch; nil
+// after Cancel or a plain disconnect.
 func (s *Subscription) Err() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.err
+}
+
+// setErr records why the subscription ended; the first reason stands (a
+// node told it was refused a push says so with done, after the client's
+// own reason).
+func (s *Subscription) setErr(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil {
+		s.err = err
+	}
+}
+
+// maxPending is how many items the Deliver calls not yet returned may
+// hold: a node keeps to Prefetch items pushed and not answered (its
+// credit counts a push until its answer comes), and the client allows as
+// much again as a margin. Past it the node is ignoring the flow limit,
+// and what it pushes would otherwise wait in go-capnp's call queue,
+// unbounded.
+func (s *Subscription) maxPending() int { return 2 * cap(s.ch) }
+
+// admit counts a Deliver of n items among those not yet returned and
+// returns the channel closed once the Deliver before it is done, and the
+// channel to close once this one is; ok is false, and nothing counted,
+// if the node has pushed past maxPending (now or before), which ends the
+// subscription.
+func (s *Subscription) admit(n int) (prev, mine chan struct{}, ok bool) {
+	s.flowMu.Lock()
+	defer s.flowMu.Unlock()
+	if !s.flooded && s.pending+n > s.maxPending() {
+		s.flooded = true
+		s.setErr(fmt.Errorf("%w: %d items in pushes not yet taken and %d more pushed, past %d (prefetch %d and as much again); the subscription is ended and the pushes past it refused",
+			ErrPrefetchExceeded, s.pending, n, s.maxPending(), cap(s.ch)))
+	}
+	if s.flooded {
+		return nil, nil, false
+	}
+	s.pending += n
+	prev, mine = s.turn, make(chan struct{})
+	s.turn = mine
+	return prev, mine, true
+}
+
+// isFlooded reports whether the node has pushed past maxPending.
+func (s *Subscription) isFlooded() bool {
+	s.flowMu.Lock()
+	defer s.flowMu.Unlock()
+	return s.flooded
+}
+
+// release ends what admit began for a Deliver of n items.
+func (s *Subscription) release(n int, mine chan struct{}) {
+	s.flowMu.Lock()
+	s.pending -= n
+	s.flowMu.Unlock()
+	close(mine)
 }
 
 // Cancel stops the pushes. Deliveries already received keep their leases:
@@ -97,7 +172,20 @@ func (s *Subscription) stopPushes() { s.halt.Do(func() { close(s.stop) }) }
 // batch it cannot put in C (Cancel, Close, the connection lost) is given
 // back: nobody received it. Client.Close waits for running Delivers (and
 // their give-backs).
+//
+// A node that pushes without waiting for the answers (found by review,
+// session 70) would queue its pushes in go-capnp's call queue behind the
+// one blocked here, every one of them in memory. So each Deliver lets the
+// next one start (call.Go) once it is counted, and one that would take
+// the items waiting past maxPending is refused, and ends the
+// subscription (Err: ErrPrefetchExceeded): a refused push is not
+// received, so the node gives it back (a leaseq node does, and ends the
+// subscription; failing that its lease expires), and the pushes already
+// waiting are given back by the client as on Cancel.
 func (cs consumerServer) Deliver(ctx context.Context, call schema.Consumer_deliver) error {
+	if cs.sub.isFlooded() {
+		return cs.sub.Err() // not worth reading
+	}
 	args := call.Args()
 	pr, err := readPoll(args.Lease, args.ExpiresAt(), args.Items, cap(cs.sub.ch))
 	if err != nil {
@@ -110,6 +198,19 @@ func (cs consumerServer) Deliver(ctx context.Context, call schema.Consumer_deliv
 		return fmt.Errorf("leaseq subscribe: %w: the client is closed", storage.ErrClosed)
 	}
 	defer c.exitDeliver()
+	// An empty push counts as one item: it waits like any other, and a
+	// leaseq node sends none.
+	n := max(len(pr.Items), 1)
+	prev, mine, ok := cs.sub.admit(n)
+	if !ok {
+		cs.sub.Cancel()
+		return cs.sub.Err()
+	}
+	defer cs.sub.release(n, mine)
+	call.Go()
+	// The Deliver before this one ends promptly once the subscription
+	// stops (it selects on the same channels), so this wait does too.
+	<-prev
 	d := Delivery{Lease: pr.Lease, ExpiresAt: pr.ExpiresAt, Items: pr.Items}
 	select {
 	case cs.sub.ch <- d:
@@ -133,9 +234,7 @@ func (cs consumerServer) Done(ctx context.Context, call schema.Consumer_done) er
 		return err
 	}
 	detail, _ := st.Detail()
-	cs.sub.mu.Lock()
-	cs.sub.err = errorOf("subscribe", st.Code(), detail)
-	cs.sub.mu.Unlock()
+	cs.sub.setErr(errorOf("subscribe", st.Code(), detail))
 	return nil
 }
 
@@ -154,6 +253,16 @@ const maxPrefetch = storage.MaxBatchCeiling
 // Subscribe starts push delivery from o.Queue. Read C promptly: at most
 // o.Prefetch items are outstanding (pushed but not acked, nacked or
 // expired), and a full C holds back further pushes.
+//
+// The client does not trust the node to keep to the prefetch: besides
+// what C holds (o.Prefetch batches), it holds at most 2*o.Prefetch items
+// in pushes waiting for room in C (a leaseq node has at most o.Prefetch
+// pushed and unanswered). A node that pushes more ends the subscription:
+// the push past the bound is refused (the node gives it back, or its
+// lease expires: items are not lost), the pushes waiting for room are
+// given back as on Cancel, the batches already in C can still be read,
+// and once the node lets go C is closed and Err wraps
+// ErrPrefetchExceeded.
 func (c *Client) Subscribe(ctx context.Context, o SubscribeOptions) (*Subscription, error) {
 	if o.Prefetch <= 0 || o.Prefetch > maxPrefetch || o.Lease < 0 {
 		return nil, fmt.Errorf("leaseq subscribe: %w: prefetch must be 1..%d (the node's --max-batch) and lease non-negative", storage.ErrInvalidArgument, maxPrefetch)
@@ -163,7 +272,8 @@ func (c *Client) Subscribe(ctx context.Context, o SubscribeOptions) (*Subscripti
 		return nil, fmt.Errorf("leaseq subscribe: %w", err)
 	}
 	sub := &Subscription{c: c, queue: o.Queue, ch: make(chan Delivery, o.Prefetch), stop: make(chan struct{}), connDone: done,
-		ended: make(chan struct{})}
+		ended: make(chan struct{}), turn: make(chan struct{})}
+	close(sub.turn) // no Deliver before the first
 	if !c.addSub(sub) {
 		return nil, fmt.Errorf("leaseq subscribe: %w", storage.ErrClosed)
 	}
@@ -188,8 +298,12 @@ func (c *Client) Subscribe(ctx context.Context, o SubscribeOptions) (*Subscripti
 	}
 	sub.capMu.Unlock()
 	if cancelled {
-		// Close cancelled it while the node answered.
+		// Close cancelled it while the node answered, or the node pushed
+		// past the prefetch before it answered.
 		cancelCap(res.Subscription().AddRef())
+		if err := sub.Err(); err != nil {
+			return nil, err
+		}
 		return nil, fmt.Errorf("leaseq subscribe: %w", storage.ErrClosed)
 	}
 	return sub, nil
