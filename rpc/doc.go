@@ -10,14 +10,19 @@
 // connection and waiter bounds, optional TLS). Serve or Start accept on a
 // listener from Listen ("host:port" or "unix:/path"); Stop stops accepting,
 // ends parked long polls and subscriptions, waits for running calls, then
-// closes every connection. On the lean engine, a connection that ends
-// (Stop, the client gone, a failed write) gives back the items of its
-// poll answers not a byte of which was written (ready again at once, as
-// a subscription's undelivered batch; an answer partly written is the
-// client's), and a client is cut off for not reading its answers only
-// when the socket takes no byte of them for ReplyStallTimeout, however
-// large the answer. Each connection gets its own bootstrap Queue
-// object. On the go-capnp engine every handler calls call.Go() first so a
+// closes every connection. On either engine (and on StartBootstrap
+// listeners such as Queueber's), a connection that ends (Stop, the client
+// gone, a failed write) gives back the items of its poll answers not a
+// byte of which was written (ready again at once, as a subscription's
+// undelivered batch; an answer partly written is the client's; on
+// go-capnp its transport sees the Returns written or dropped:
+// unwritten.go). On the lean engine a client is cut off for not reading
+// its answers only when the socket takes no byte of them for
+// ReplyStallTimeout, however large the answer. Neither engine keeps an
+// answer without capabilities once it is written (go-capnp would keep it
+// until the question's Finish, which a client may never send), so the
+// reply budget bounds what a connection's answers hold. Each connection
+// gets its own bootstrap Queue object. On the go-capnp engine every handler calls call.Go() first so a
 // blocking call (a long poll, an fsync) never holds up the connection's
 // other calls; the lean engine (below) gets the same by running such calls
 // off its reader. Wake is the hook for the sweeper's "queues gained ready
@@ -169,7 +174,18 @@
 // maximum message size and traversal limit per incoming message, a
 // per-connection budget of unanswered incoming bytes (reading stops when it
 // is spent), MaxConns (an excess connection receives an RPC Abort saying
-// why), and MaxWaitersPerQueue.
+// why), and MaxWaitersPerQueue. On the lean engine the budget is taken
+// for a message's whole size once its header is read, so its body must
+// keep coming (no byte for FirstMessageTimeout closes the connection) and
+// be whole within FirstMessageTimeout plus the time its size takes at 64
+// KiB/s (bodyMinRate, lean_bodywatch.go), or the connection is closed: a
+// client trickling a large body holds the budget no longer than that.
+// A poll that completes while the connection's unread answers are over
+// its reply budget (ConnReplyLimitBytes) gives its items back and
+// answers empty (trimPoll); one taken while the budget is already spent
+// (either engine, and Queueber's) answers empty without calling the store, so a client
+// that reads none of its answers does not make the node claim items and
+// give them back for every poll it sends.
 //
 // Replies have a bound of their own (replylimit.go): a reply can be far
 // larger than the call that asked for it (a poll of MaxBatch items of
@@ -210,7 +226,15 @@
 // It ends when the client cancels it or drops it, and in any case with
 // its connection: a consumer promise the client resolves to a capability
 // of the node's (the subscription itself) holds no reference to the
-// connection (TestBadInput_ConsumerResolvedToItsSubscription).
+// connection (TestBadInput_ConsumerResolvedToItsSubscription). The Go
+// client does not trust the node to keep to the prefetch: a node that
+// pushes without waiting for the answers would otherwise have every push
+// wait in go-capnp's call queue on the client, in memory. Besides the
+// Prefetch batches C holds, a Subscription takes at most 2*Prefetch items
+// in pushes waiting for room in C (a leaseq node has at most Prefetch
+// pushed and unanswered); a push past that is refused (the node keeps
+// its items) and the subscription ends with Err wrapping
+// ErrPrefetchExceeded (TestHostileNode_SubscribePushFloodBounded).
 //
 // Sharing. Another front end of the same node (rpc/httpapi) shares the
 // server's Dispatcher, its InflightBudget, and reports acks, nacks and
@@ -251,6 +275,14 @@
 //     sends one only when a result resolves to a capability it hosts
 //     itself, and no Queue or Queueber result holds one, so the transport
 //     ends such a connection (TestBadInput_DisembargoOnAnAnswer).
+//   - A capability the client passes (in a Call's params, a Return's
+//     results or a Resolve) that names a field of one of the node's
+//     answers (receiverAnswer) other than a bootstrap capability or a
+//     subscribe's subscription: go-capnp reads that answer's results,
+//     and an answer without capabilities is released once written
+//     (unwritten.go), so the transport ends such a connection, as for a
+//     call pipelined there (TestReviewHostile_CapabilityOnAWrittenAnswer
+//     in rpc/queueber).
 //   - A Resolve of a promise the client passed in to another of its
 //     promises or to itself: go-capnp can follow the chain for ever (a
 //     promise resolved to itself), its receive goroutine spinning and the

@@ -35,6 +35,10 @@ type queueServer struct {
 	// framesCounted: the connection counts every frame it queues in gate
 	// (the lean engine's sendFrame), answers among them.
 	framesCounted bool
+	// answers gives back the items of poll answers never written (the
+	// go-capnp engine's, unwritten.go; nil: the lean engine, which does
+	// it itself).
+	answers *unwrittenAnswers
 }
 
 // statusResults is what every generated *_Results has.
@@ -352,12 +356,21 @@ func (q *queueServer) poll(ctx context.Context, args schema.Queue_poll_Params, r
 	if err != nil {
 		return err
 	}
+	if q.gate.over() {
+		// The reply budget is spent: a claim would only be given back
+		// (trimPoll), as on the lean engine (leanConn.longPoll).
+		return writePoll(res, storage.PollResult{})
+	}
 	pr, err := q.s.disp.Poll(ctx, p, wait)
 	if err != nil {
 		return err
 	}
 	q.s.trimPoll(q.gate, p.Queue, &pr, q.s.giveBack)
-	return writePoll(res, pr)
+	if err := writePoll(res, pr); err != nil {
+		return err
+	}
+	q.answers.pollHook(q.s, res.Message(), p.Queue, pr)
+	return nil
 }
 
 // pollArgs reads and checks a poll's arguments.

@@ -36,6 +36,9 @@ type Conn struct {
 	remote string
 	gate   *replyGate      // nil: answers unbounded
 	ctx    context.Context // done when the connection ends
+	// answers gives back the items of poll answers never written
+	// (unwritten.go).
+	answers *unwrittenAnswers
 }
 
 // Remote is the peer's address, for logs.
@@ -44,7 +47,7 @@ func (c *Conn) Remote() string { return c.remote }
 // queueBootstrap is the bootstrap capability of Start's and Serve's
 // listeners: the Queue interface of schema/queue.capnp.
 func (s *Server) queueBootstrap(c *Conn) capnp.Client {
-	return capnp.Client(schema.Queue_ServerToClient(&queueServer{s: s, remote: c.remote, gate: c.gate, connCtx: c.ctx}))
+	return capnp.Client(schema.Queue_ServerToClient(&queueServer{s: s, remote: c.remote, gate: c.gate, connCtx: c.ctx, answers: c.answers}))
 }
 
 // StartBootstrap is Start for another protocol: it serves ln in the
@@ -163,13 +166,27 @@ func (s *Server) Poll(ctx context.Context, p storage.PollParams, wait time.Durat
 }
 
 // Poll is Server.Poll for a call of this connection, which answers it
-// with the items, shaped as the Queue interface's polls are (trimPoll:
-// the reply budget, one reply's size). Found by review (session 70):
-// Queueber's polls held their answers past the budget.
-func (c *Conn) Poll(ctx context.Context, p storage.PollParams, wait time.Duration) (storage.PollResult, error) {
+// with the items in reply (the call's Return message: the results'
+// Message()), shaped as the Queue interface's polls are (trimPoll: the
+// reply budget, one reply's size). If reply is never written, not a byte
+// of it (the connection ends, or the node stops, while it waits behind a
+// client that does not read), the items are given back, ready again at
+// once (unwritten.go). Found by review (session 70): Queueber's polls
+// held their answers past the budget, and their items stayed leased when
+// the answers were never written.
+func (c *Conn) Poll(ctx context.Context, reply *capnp.Message, p storage.PollParams, wait time.Duration) (storage.PollResult, error) {
+	if err := c.s.checkPoll(p, wait); err != nil {
+		return storage.PollResult{}, err
+	}
+	if c.gate.over() {
+		// The reply budget is spent: a claim would only be given back
+		// (trimPoll), as on the Queue interface's polls.
+		return storage.PollResult{}, nil
+	}
 	pr, err := c.s.Poll(ctx, p, wait)
 	if err == nil {
 		c.s.trimPoll(c.gate, p.Queue, &pr, c.s.giveBack)
+		c.answers.pollHook(c.s, reply, p.Queue, pr)
 	}
 	return pr, err
 }

@@ -338,7 +338,7 @@ func (c *leanConn) readLoop() error {
 		}
 		watch := sized && !c.frameBuffered() // its body has not all come yet
 		if watch {
-			c.bodyBegin()
+			c.bodyBegin(size)
 		}
 		msg, err := c.dec.Decode()
 		if watch {

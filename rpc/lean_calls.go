@@ -190,7 +190,9 @@ func (c *leanConn) dispatch(lc *leanCall, queue bool, cl capnp.Client) {
 		// send a Release for each.
 		lc.in.CapTable().Reset()
 	}
-	if meth.op == OpPoll && (c.async != nil || schema.Queue_poll_Params(lc.args).WaitMs() > 0) {
+	// (A poll taken while the reply budget is spent goes there too: it
+	// answers such a poll without calling the store.)
+	if meth.op == OpPoll && (c.async != nil || schema.Queue_poll_Params(lc.args).WaitMs() > 0 || c.gate.over()) {
 		c.longPoll(lc)
 		return
 	}
@@ -231,7 +233,8 @@ func (c *leanConn) runQueue(ctx context.Context, lc *leanCall, meth *leanMethod)
 // longPoll serves a poll that may wait (waitMs > 0) without a goroutine
 // while it is parked: the dispatcher's PollAsync completes it. Its first
 // attempt runs on the reader when the store never waits for I/O, else on a
-// goroutine that ends when the poll parks or completes.
+// goroutine that ends when the poll parks or completes. A poll taken
+// while the connection's reply budget is spent is answered empty at once.
 func (c *leanConn) longPoll(lc *leanCall) {
 	ctx, cancel := context.WithCancel(c.ctx)
 	c.mu.Lock()
@@ -277,6 +280,15 @@ func (c *leanConn) longPoll(lc *leanCall) {
 		return
 	}
 	queue = p.Queue
+	if c.gate.over() {
+		// The client has not read the answers it has (the reply budget
+		// is spent): claiming would only give the items back (trimPoll),
+		// two store writes for nothing each time it sends a poll. Found
+		// by review (session 70). It gets what trimPoll would give it, an
+		// empty answer, and the store is not called.
+		complete(storage.PollResult{}, nil)
+		return
+	}
 	if c.inline || c.async != nil {
 		// The attempt does not wait: the store never does, or it
 		// completes the poll on the goroutine that makes it durable.

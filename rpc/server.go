@@ -102,7 +102,9 @@ type ServerConfig struct {
 	// FirstMessageTimeout closes a connection that sends no RPC message
 	// for this long after it was accepted (TLS handshake included; 0:
 	// DefaultFirstMessageTimeout), and, with the lean engine, one that
-	// sends a message's header and then none of its body for this long.
+	// sends a message's header and then none of its body for this long,
+	// or whose body is not whole this long plus its size at 64 KiB/s
+	// after its header (lean_bodywatch.go).
 	FirstMessageTimeout time.Duration
 	// ConnReplyLimitBytes bounds the bytes of answers one connection may
 	// have built and not yet written (0: DefaultConnReplyLimitBytes;
@@ -137,7 +139,8 @@ type ServerConfig struct {
 	// write watchdog's tick while a write is in progress; "reply gate":
 	// a wait at the reply gate when its timer fires) before the check
 	// reads progress (the bytes the socket took) to compare it with
-	// last, its reading one check earlier.
+	// last, its reading one check earlier; and in the body watch (kind
+	// "body": progress is the bytes the reader has received).
 	stallCheck func(kind string, progress func() uint64, last uint64)
 }
 
@@ -637,11 +640,14 @@ func (s *Server) serveConn(conn net.Conn, boot BootstrapFunc) {
 		}
 		boot = s.queueBootstrap
 	}
+	c.answers = newUnwrittenAnswers()
 	bootCap := boot(c)
-	tr := newNodeTransport(connCtx, conn, uint64(s.cfg.MaxMessageBytes), s.cfg.ConnFlowLimitBytes, s.inflight, s.cfg.MaxInflightBytes, first)
+	cc := &countingConn{Conn: conn}
+	tr := newNodeTransport(connCtx, cc, uint64(s.cfg.MaxMessageBytes), s.cfg.ConnFlowLimitBytes, s.inflight, s.cfg.MaxInflightBytes, first)
 	if c.gate != nil {
 		tr = &gatedTransport{Transport: tr, gate: c.gate}
 	}
+	tr = &answerTransport{Transport: tr, answers: c.answers, written: &cc.written}
 	rc := capnprpc.NewConn(tr,
 		&capnprpc.Options{BootstrapClient: bootCap, Logger: s.capnpLog})
 	select {
@@ -650,6 +656,10 @@ func (s *Server) serveConn(conn net.Conn, boot BootstrapFunc) {
 		cancel() // unblock a receive loop waiting for flow budget
 		_ = rc.Close()
 	}
+	// rc's transport is closed: the poll answers not written yet never
+	// will be, and give their items back before Stop goes on to close
+	// the store (unwritten.go).
+	c.answers.close()
 	s.log.Debug("connection closed", "remote", remote)
 }
 
@@ -695,7 +705,7 @@ func (s *Server) LeaseExtended(lease storage.LeaseID, expires time.Time, err err
 // Stop stops accepting, ends parked long polls (they return empty) and
 // subscriptions, waits for running calls to finish, then closes every
 // connection and waits for all goroutines. Calls arriving meanwhile are
-// answered with ErrorCode unavailable. On the lean engine, the items of
+// answered with ErrorCode unavailable. On either engine, the items of
 // poll answers still queued, not a byte of them written, are given back
 // (ready again at once, as when a connection ends); an answer partly
 // written is the client's, and its items stay leased. So does a batch

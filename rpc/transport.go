@@ -302,6 +302,12 @@ var errReturnUnasked = errors.New("rpc: return of a question not asked or alread
 // anything but a bootstrap capability or a subscribe's subscription ends.
 var errPipelineTarget = errors.New("rpc: call pipelined on something other than a bootstrap capability or a subscribe's subscription")
 
+// errAnswerCapTarget is why a connection ends whose peer passed, as a
+// capability, a field of one of this side's answers (a receiverAnswer
+// descriptor) other than a bootstrap capability or a subscribe's
+// subscription.
+var errAnswerCapTarget = errors.New("rpc: capability names a promised answer other than a bootstrap capability or a subscribe's subscription")
+
 func (t *guardTransport) RecvMessage() (transport.IncomingMessage, error) {
 	// A broken connection reads nothing more, not even what the closed
 	// transport still has buffered.
@@ -376,6 +382,11 @@ func (t *guardTransport) breakConn(err error) {
 //     Call then fails to go out (still queued when the connection ends,
 //     or its write fails): a panic. The Return of a question whose Call
 //     is being written waits for the write to end;
+//   - a capability the peer passes (in a Call's parameters, a Return's
+//     results or a Resolve) that names a field of one of this side's
+//     answers (receiverAnswer) other than those a call may be pipelined
+//     on: go-capnp reads that answer's results, which are released once
+//     written when they hold no capability (unwritten.go);
 //   - a Resolve of a promise the peer passed in to another promise of
 //     the peer's or to itself: a senderPromise, or a senderHosted (or a
 //     third-party vine) naming an import that is a promise (go-capnp
@@ -420,6 +431,9 @@ func (t *guardTransport) check(m rpccp.Message) error {
 		if id, ok, promise := importOf(d); ok && (promise || t.isPromise(id)) {
 			return errResolveToPromise
 		}
+		if !t.answerCapOK(d) {
+			return errAnswerCapTarget
+		}
 		t.received(d)
 		return nil
 	case rpccp.Message_Which_return:
@@ -432,6 +446,9 @@ func (t *guardTransport) check(m rpccp.Message) error {
 		}
 		if ret.Which() == rpccp.Return_Which_results {
 			if p, err := ret.Results(); err == nil {
+				if !t.answerCapsOK(p) {
+					return errAnswerCapTarget
+				}
 				t.receivedCaps(p)
 			}
 		}
@@ -445,6 +462,9 @@ func (t *guardTransport) check(m rpccp.Message) error {
 		return nil
 	}
 	if p, err := call.Params(); err == nil {
+		if !t.answerCapsOK(p) {
+			return errAnswerCapTarget
+		}
 		t.receivedCaps(p)
 	}
 	qid := call.QuestionId()
@@ -484,6 +504,34 @@ func importOf(d rpccp.CapDescriptor) (id uint32, ok, promise bool) {
 		}
 	}
 	return 0, false, false
+}
+
+// answerCapOK reports whether d, if it names a field of one of this
+// side's answers (receiverAnswer), names one go-capnp may read: a
+// bootstrap capability or a subscribe's subscription, as for a pipelined
+// call. go-capnp reads the answer's results to find the capability, and
+// an answer without capabilities is released once written (unwritten.go):
+// reading it crashed the node (found by review, session 70).
+func (t *guardTransport) answerCapOK(d rpccp.CapDescriptor) bool {
+	if d.Which() != rpccp.CapDescriptor_Which_receiverAnswer {
+		return true
+	}
+	pa, err := d.ReceiverAnswer()
+	return err == nil && pipelineTargetOK(t.pipelinable[pa.QuestionId()], pa)
+}
+
+// answerCapsOK is answerCapOK for each capability of a payload.
+func (t *guardTransport) answerCapsOK(p rpccp.Payload) bool {
+	ct, err := p.CapTable()
+	if err != nil {
+		return true // go-capnp reports it in its own words
+	}
+	for i := 0; i < ct.Len(); i++ {
+		if !t.answerCapOK(ct.At(i)) {
+			return false
+		}
+	}
+	return true
 }
 
 // receivedCaps notes the imports of a payload's capability table.

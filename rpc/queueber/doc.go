@@ -11,6 +11,20 @@
 // limits and reply budget; Stop ends them with the rest. Calls are counted
 // in the rpc metrics under the leaseq operation they map to.
 //
+// Answers, as on the Queue interface (rpc.Conn.Poll; the go-capnp engine
+// serves these connections): a poll that completes while the
+// connection's unwritten answers are over its reply budget gives its
+// items back and answers empty. A poll answer with items that is never
+// written, not a byte of it (the client went away, or Stop came, while
+// the answer waited behind a client that reads nothing), gives its items
+// back when the connection ends: ready again at once, with no attempt
+// counted. An answer partly written is the client's, and its items stay
+// leased. Stop does not wait for such a client: its connection is closed.
+// An answer is not kept once written, so a client that never sends
+// Finish does not make the node hold its answers; a call that passes a
+// capability naming a field of an answer (a receiverAnswer) ends the
+// connection, since Queueber's results hold none.
+//
 // The mapping, in Queueber's whole seconds:
 //
 //   - add: one enqueue of every item, all or nothing (Server.Enqueue checks

@@ -187,7 +187,7 @@ func (q *queueServer) Poll(ctx context.Context, call qbschema.Queue_poll) error 
 			// parks no poll longer than --max-wait.
 			wait = q.limits.MaxWait
 		}
-		pr, err := q.conn.Poll(ctx, storage.PollParams{Queue: q.queue, Max: int(n), Lease: lease}, wait)
+		pr, err := q.conn.Poll(ctx, res.Message(), storage.PollParams{Queue: q.queue, Max: int(n), Lease: lease}, wait)
 		if err != nil {
 			return err
 		}
