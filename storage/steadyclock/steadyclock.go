@@ -25,6 +25,11 @@
 // arithmetic (unix nanoseconds, an instant plus a lease or a delay) holds
 // there, and a wall clock outside it is broken, not a date to work at.
 //
+// While the wall clock goes forward, Now gives its reading as it is, with
+// Go's monotonic reading, so the time between two instants (a call's
+// latency in the node's metrics) is the time that passed, not a step of
+// the wall clock between them.
+//
 // Timers, tickers and sleeps are durations and go to the underlying clock.
 package steadyclock
 
@@ -84,6 +89,12 @@ func (c *Clock) Now() time.Time {
 	}
 	c.last, c.lastMono = n, mono
 	c.mu.Unlock()
+	if n == wall.UnixNano() {
+		// The wall's own reading, with its monotonic one: durations
+		// between two such instants (a call's latency) are the time
+		// that passed, not a wall clock's step forward between them.
+		return wall
+	}
 	return time.Unix(0, n).In(wall.Location())
 }
 

@@ -156,3 +156,18 @@ func TestNow_KeptWithinItsRange(t *testing.T) {
 	r2.mono += time.Second
 	require.True(t, r2.c.Now().Equal(Latest.Add(time.Second)), "it still moves with the monotonic clock")
 }
+
+// Found by review (session 70): the node's latency metrics are durations
+// between two of its instants, and instants made from unix nanoseconds
+// carry no monotonic reading, so a wall clock stepped forward between a
+// call's start and its end showed as one call that slow. Instants that
+// are the wall's own reading keep its monotonic one (Go prints it as
+// "m=+..."), which is what time.Time.Sub then uses.
+func TestNow_KeepsTheMonotonicReading(t *testing.T) {
+	c := New(clock.New())
+	t1 := c.Now()
+	require.Contains(t, t1.String(), " m=", "an instant of the real clock keeps its monotonic reading")
+	t2 := c.Now()
+	require.Contains(t, t2.String(), " m=")
+	require.GreaterOrEqual(t, c.Since(t1), t2.Sub(t1))
+}
