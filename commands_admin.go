@@ -392,7 +392,9 @@ var queueCommand = &command{
 			}
 			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
 				n, err := c.DeleteQueue(ctx, args[1], *force)
-				if errors.Is(err, storage.ErrNotEmpty) {
+				if errors.Is(err, storage.ErrNotEmpty) && !*force {
+					// (A forced delete refused: producers kept enqueueing;
+					// the node's reason says so.)
 					return fmt.Errorf("%w (use --force to delete them with the queue)", err)
 				}
 				if err != nil {

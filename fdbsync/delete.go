@@ -14,7 +14,9 @@ import (
 // its item counters read zero. It reads them without snapshot, so an
 // enqueue or any other change to the queue committing meanwhile makes it
 // retry (and then see the items); an enqueue after it finds no config
-// (also read without snapshot) and creates the queue anew.
+// (also read without snapshot) and creates the queue anew. With Force,
+// items enqueued meanwhile are deleted in another round, up to forceRounds
+// in all.
 func (s *Store) DeleteQueue(ctx context.Context, p storage.DeleteQueueParams) (int, error) {
 	if err := s.checkOpen(); err != nil {
 		return 0, err
@@ -42,15 +44,40 @@ func (s *Store) DeleteQueue(ctx context.Context, p storage.DeleteQueueParams) (i
 			}
 		}
 		err := s.removeQueue(ctx, p.Queue)
-		if errors.Is(err, storage.ErrNotEmpty) && p.Force && attempt < 3 {
-			continue // enqueued meanwhile: delete those too
-		}
-		if err != nil {
+		var ne *notEmptyError
+		switch {
+		case err == nil:
+			return total, nil
+		case !errors.As(err, &ne):
 			return total, fmt.Errorf("fdbsync: delete queue %q: %w", p.Queue, err)
+		case !p.Force:
+			return total, fmt.Errorf("fdbsync: delete queue %q: %w; delete them first or force", p.Queue, err)
+		case attempt < forceRounds-1:
+			continue // enqueued meanwhile: delete those too
+		default:
+			// Producers outpace the rounds. Said plainly: the bare
+			// refusal told a caller who had forced to force (found by
+			// review, session 70). Nothing is half done: the queue,
+			// its config and dedup keys stand, and the items deleted
+			// are gone as by Purge.
+			return total, fmt.Errorf("fdbsync: delete queue %q: %w, enqueued again after each of %d forced rounds (%d items deleted meanwhile); the queue stays as it is: stop its producers and delete it again",
+				p.Queue, err, forceRounds, total)
 		}
-		return total, nil
 	}
 }
+
+// forceRounds is how many times a forced DeleteQueue deletes the items
+// and tries to remove the queue before it gives up.
+const forceRounds = 4
+
+// notEmptyError is removeQueue's refusal of a queue that holds items.
+type notEmptyError struct{ items int64 }
+
+func (e *notEmptyError) Error() string {
+	return fmt.Sprintf("%v: %d items (ready, delayed, inflight or dead)", storage.ErrNotEmpty, e.items)
+}
+
+func (e *notEmptyError) Unwrap() error { return storage.ErrNotEmpty }
 
 // removeQueue removes an empty queue: one transaction checks that it is
 // empty and clears its config, counters and as many of its dedup keys as
@@ -58,26 +85,54 @@ func (s *Store) DeleteQueue(ctx context.Context, p storage.DeleteQueueParams) (i
 // window's worth of keys can exceed one transaction's size). The queue is
 // gone from that commit on, whatever follows, so a refused removal has
 // changed nothing. Dedup keys left over are cleared by the transactions
-// after it; meanwhile they are older than any queue of that name created
-// again (dedupBefore), which ignores them.
+// after it: exactly those written before the removal's commit (their ids
+// begin with an earlier versionstamp). That bound does not depend on the
+// config of a queue of the same name created again meanwhile, which may
+// hold no incarnation (an older node created it, or rewrote its config);
+// judged by that config, the old keys were kept and held as duplicates in
+// the new queue until they expired (found by review, session 70). A queue
+// created again with an incarnation ignores them until they are gone
+// (dedupBefore); if this node stops before they are, the sweeper drops
+// them when they expire.
 func (s *Store) removeQueue(ctx context.Context, q string) error {
 	removed := false // the queue is gone; its dedup keys from cursor on remain
+	var removedAt kv.Versionstamp
 	var cursor []byte
 	for {
-		v, _, _, err := s.mutate(ctx, func(tx kv.Tx, call *call) (any, error) {
+		v, last, _, err := s.mutate(ctx, func(tx kv.Tx, call *call) (any, error) {
 			if call.prior != nil {
 				// An earlier attempt of this step committed: its
-				// result says where it stopped.
+				// result says where it stopped (the first step's
+				// begins with its commit's versionstamp).
 				b, err := call.result()
 				if err != nil {
 					return nil, err
 				}
-				return decodeRemoveStep(b)
+				if removed {
+					return decodeRemoveStep(b)
+				}
+				if len(b) < kv.VersionstampSize {
+					return nil, errBadValue
+				}
+				st, err := decodeRemoveStep(b[kv.VersionstampSize:])
+				st.replayed = true
+				copy(st.at[:], b)
+				return st, err
 			}
 			if !removed {
-				return s.removeQueueStep(tx, call, q)
+				st, err := s.removeQueueStep(tx, q)
+				if err != nil {
+					return nil, err
+				}
+				call.setStamped(tx, st.encode())
+				return st, nil
 			}
-			return s.clearRemovedDedup(tx, call, q, cursor)
+			st, err := s.clearDedup(tx, q, cursor, func(d dedupRec) bool { return dedupBefore(d, removedAt) })
+			if err != nil {
+				return nil, err
+			}
+			call.set(tx, st.encode())
+			return st, nil
 		})
 		if err != nil {
 			return err
@@ -89,15 +144,26 @@ func (s *Store) removeQueue(ctx context.Context, q string) error {
 		if st.done {
 			return nil
 		}
+		if !removed {
+			removedAt = st.at
+			if !st.replayed {
+				if removedAt, err = last.Versionstamp(); err != nil {
+					return fmt.Errorf("fdbsync: versionstamp of the removal: %w", err)
+				}
+			}
+		}
 		removed, cursor = true, st.cursor
 	}
 }
 
 // removeStep is the outcome of one transaction of removeQueue, kept in its
-// marker: done, or the dedup key to go on from.
+// marker: done, or the dedup key to go on from. For the first step
+// replayed from its marker, at is the versionstamp of its commit.
 type removeStep struct {
-	done   bool
-	cursor []byte
+	done     bool
+	cursor   []byte
+	replayed bool
+	at       kv.Versionstamp
 }
 
 func (st removeStep) encode() []byte {
@@ -116,11 +182,11 @@ func decodeRemoveStep(b []byte) (removeStep, error) {
 
 // removeQueueStep is the first transaction of removeQueue: the queue is
 // gone when it commits.
-func (s *Store) removeQueueStep(tx kv.Tx, call *call, q string) (any, error) {
+func (s *Store) removeQueueStep(tx kv.Tx, q string) (removeStep, error) {
 	if _, ok, err := s.config(tx, q); err != nil {
-		return nil, err
+		return removeStep{}, err
 	} else if !ok {
-		return nil, storage.ErrNotFound
+		return removeStep{}, storage.ErrNotFound
 	}
 	// Only the counters that say whether the queue is empty are read (with
 	// conflicts): the lifetime ones change with every duplicate enqueue,
@@ -129,7 +195,7 @@ func (s *Store) removeQueueStep(tx kv.Tx, call *call, q string) (any, error) {
 	vals, err := tx.GetMany([][]byte{s.k.counter(q, ctrReady), s.k.counter(q, ctrDelayed),
 		s.k.counter(q, ctrInflight), s.k.counter(q, ctrDead), s.k.counter(q, ctrLeases)}, false)
 	if err != nil {
-		return nil, err
+		return removeStep{}, err
 	}
 	var items int64
 	for _, v := range vals[:4] {
@@ -137,29 +203,18 @@ func (s *Store) removeQueueStep(tx kv.Tx, call *call, q string) (any, error) {
 	}
 	leases := counterValue(vals[4])
 	if items != 0 || leases != 0 {
-		return nil, fmt.Errorf("%w: %d items (ready, delayed, inflight or dead); delete them first or force", storage.ErrNotEmpty, items)
+		return removeStep{}, &notEmptyError{items: items}
 	}
 	pre := s.k.counters(q)
 	tx.ClearRange(pre, kv.PrefixEnd(pre)) // the counters
 	tx.Clear(s.k.queue(q))
-	return s.clearDedup(tx, call, q, nil, func(dedupRec) bool { return true })
-}
-
-// clearRemovedDedup is a later transaction of removeQueue: it clears the
-// removed queue's dedup keys from cursor on, skipping those of a queue of
-// the same name created since.
-func (s *Store) clearRemovedDedup(tx kv.Tx, call *call, q string, cursor []byte) (any, error) {
-	_, created, ok, err := s.queueConfig(tx, q)
-	if err != nil {
-		return nil, err
-	}
-	return s.clearDedup(tx, call, q, cursor, func(d dedupRec) bool { return !ok || dedupBefore(d, created) })
+	return s.clearDedup(tx, q, nil, func(dedupRec) bool { return true })
 }
 
 // clearDedup clears the dedup keys of q from cursor on (nil: the first)
 // for which old holds, with their expiry entries, as many as fit in tx,
-// and records in call's marker where it stopped.
-func (s *Store) clearDedup(tx kv.Tx, call *call, q string, cursor []byte, old func(dedupRec) bool) (any, error) {
+// and returns where it stopped.
+func (s *Store) clearDedup(tx kv.Tx, q string, cursor []byte, old func(dedupRec) bool) (removeStep, error) {
 	dpre := s.k.dedupPrefix(q)
 	begin := dpre
 	if cursor != nil {
@@ -171,37 +226,33 @@ func (s *Store) clearDedup(tx kv.Tx, call *call, q string, cursor []byte, old fu
 	// step, found by review, session 69).
 	drows, err := tx.GetRange(begin, kv.PrefixEnd(dpre), kv.RangeOptions{Limit: dedupPerTxn + 1, Snapshot: true})
 	if err != nil {
-		return nil, err
+		return removeStep{}, err
 	}
 	size := 0
 	for i, r := range drows {
 		if i == dedupPerTxn || size > txnBudget {
-			st := removeStep{cursor: r.Key} // more for the next transaction
-			call.set(tx, st.encode())
-			return st, nil
+			return removeStep{cursor: r.Key}, nil // more for the next transaction
 		}
 		key, _, err := readStr(r.Key[len(dpre):])
 		if err != nil {
-			return nil, err
+			return removeStep{}, err
 		}
 		d, err := decodeDedup(r.Value)
 		if err != nil {
-			return nil, err
+			return removeStep{}, err
 		}
 		if !old(d) {
 			continue
 		}
 		if err := tx.AddReadConflictRange(r.Key, kv.KeyAfter(r.Key)); err != nil {
-			return nil, err
+			return removeStep{}, err
 		}
 		exp := s.k.dedupExp(d.expires, q, key)
 		tx.Clear(exp)
 		tx.Clear(r.Key)
 		size += 3*(len(exp)+len(r.Key)) + len(r.Value)
 	}
-	st := removeStep{done: true}
-	call.set(tx, st.encode())
-	return st, nil
+	return removeStep{done: true}, nil
 }
 
 // dedupPerTxn is the most dedup keys one removeQueue transaction clears.

@@ -135,10 +135,20 @@
 // DeleteQueue's last transaction checks that the queue is empty and clears
 // its config, counters and as many dedup keys as fit; the queue is gone
 // from that commit on, so a refused removal changes nothing. The dedup
-// keys left over are cleared by the transactions after it. Meanwhile they
-// are older than the incarnation of any queue of that name created again
-// (its config holds the versionstamp of the commit that created it), so
-// they neither suppress its enqueues nor count in Check.
+// keys left over are cleared by the transactions after it: those whose
+// ids are older than the removal's commit, whatever queue of that name
+// exists by then. Meanwhile they are older than the incarnation of any
+// queue of that name created again (its config holds the versionstamp of
+// the commit that created it), so they neither suppress its enqueues nor
+// count in Check; if the removing node stops first, the sweeper drops
+// them when they expire. A queue created again by an older node (its
+// config holds no incarnation) takes them as its own until they are
+// cleared. The item indexes need no such care: the queue goes only once
+// its item counters read zero, and deleting an item clears its entries in
+// every index (d and D for a delayed one). A forced DeleteQueue deletes
+// the items and tries again up to four times; producers that enqueue
+// before every try make it give up with ErrNotEmpty saying so, the queue
+// left whole (the items deleted by then are gone, as by Purge).
 //
 // # Sweeping on every node
 //
