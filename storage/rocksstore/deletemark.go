@@ -7,7 +7,7 @@ import (
 )
 
 // A queue's delete mark (dbkeys.DeletingKey -> dbkeys.Marker()):
-// DeleteQueue writes it in the op that drops the first chunk of the
+// DeleteQueue writes it in an op of its own before the first chunk of the
 // queue's dedup keys and deletes it with the queue's config (found by
 // review, session 70: the mark was in memory only, so a crash after some
 // chunks left, after the restart, a queue that took again, as new, items

@@ -69,7 +69,7 @@
 //
 // DeleteQueue (admin.go) drops an empty queue's dedup keys in ops of
 // purgeChunk keys and removes its config, counters and the rest in a last
-// op. The op that drops the first chunk marks the queue deleting, in
+// op. An op before the first chunk marks the queue deleting, in
 // memory (ensureQueue refuses enqueues with ErrUnavailable) and on disk
 // (dbkeys.DeletingKey, deletemark.go), and
 // the last op deletes the mark with the config; a delete that fails undoes
