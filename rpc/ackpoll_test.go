@@ -189,13 +189,7 @@ func TestClient_AckPollConcurrent(t *testing.T) {
 // returns the store, for its metrics.
 func setupLeanRocksAlways(t *testing.T) (*testBundle, *rocksstore.Store) {
 	var rs *rocksstore.Store
-	f := storeFactory{"rocks", func(t *testing.T) storage.Store {
-		s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = s.Close() })
-		rs = s
-		return s
-	}}
+	f := rocksWith(rocksstore.Options{Sync: rocksstore.SyncAlways}, &rs)
 	b := setup(t, bundleOpts{factory: f, mutate: func(cfg *ServerConfig) { cfg.Engine = EngineLean }})
 	return b, rs
 }

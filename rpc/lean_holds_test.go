@@ -30,13 +30,7 @@ import (
 // rvhSetup is setupLeanRocksAlways with mutate applied to the config.
 func rvhSetup(t *testing.T, mutate func(*ServerConfig)) (*testBundle, *rocksstore.Store) {
 	var rs *rocksstore.Store
-	f := storeFactory{"rocks", func(t *testing.T) storage.Store {
-		s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = s.Close() })
-		rs = s
-		return s
-	}}
+	f := rocksWith(rocksstore.Options{Sync: rocksstore.SyncAlways}, &rs)
 	b := setup(t, bundleOpts{factory: f, mutate: func(cfg *ServerConfig) {
 		cfg.Engine = EngineLean
 		if mutate != nil {

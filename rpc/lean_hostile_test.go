@@ -208,12 +208,7 @@ func TestLeanHostile_AbortMidStreamCleansUp(t *testing.T) {
 	// yet back from the system call) read as a stalled client.
 	calm := func(c *ServerConfig) { c.Engine = EngineLean; c.ReplyStallTimeout = 48 * time.Hour }
 	t.Run("RocksSyncAlways", func(t *testing.T) {
-		f := storeFactory{"rocks", func(t *testing.T) storage.Store {
-			s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = s.Close() })
-			return s
-		}}
+		f := rocksWith(rocksstore.Options{Sync: rocksstore.SyncAlways}, nil)
 		abortMidStream(t, setup(t, bundleOpts{factory: f, mutate: calm}))
 	})
 	t.Run("Mem", func(t *testing.T) {

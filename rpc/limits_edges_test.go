@@ -22,12 +22,7 @@ func rocksWithLimits(lim storage.Limits) storeFactory {
 
 // rocksWithLimitsSync is rocksWithLimits with fsyncs as sync says.
 func rocksWithLimitsSync(lim storage.Limits, sync rocksstore.SyncMode) storeFactory {
-	return storeFactory{"rocks", func(t *testing.T) storage.Store {
-		s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: sync, Limits: lim})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = s.Close() })
-		return s
-	}}
+	return rocksWith(rocksstore.Options{Sync: sync, Limits: lim}, nil)
 }
 
 // A node started with --max-batch under DefaultPageLimit (100): a page

@@ -28,13 +28,7 @@ import (
 func TestReplyGate_SpentBudgetPollsClaimNothing(t *testing.T) {
 	t.Parallel()
 	var rs *rocksstore.Store
-	f := storeFactory{"rocks", func(t *testing.T) storage.Store {
-		s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncAlways})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = s.Close() })
-		rs = s
-		return s
-	}}
+	f := rocksWith(rocksstore.Options{Sync: rocksstore.SyncAlways}, &rs)
 	const limit = 256 << 10
 	b := setup(t, bundleOpts{factory: f, mutate: func(c *ServerConfig) {
 		c.Engine = EngineLean
@@ -112,13 +106,7 @@ func waitPollParams(queue string, max uint32, wait time.Duration) func(rpccp.Pay
 func TestReplyGate_SpentBudgetGoCapnpPollsClaimNothing(t *testing.T) {
 	t.Parallel()
 	var rs *rocksstore.Store
-	f := storeFactory{"rocks", func(t *testing.T) storage.Store {
-		s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: rocksstore.SyncNone})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = s.Close() })
-		rs = s
-		return s
-	}}
+	f := rocksWith(rocksstore.Options{Sync: rocksstore.SyncNone}, &rs)
 	b := setup(t, bundleOpts{factory: f, mutate: func(c *ServerConfig) { c.Engine = EngineGoCapnp }})
 	ctx := ctxT(t)
 	_, err := b.srv.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: payloads(4, 64)})

@@ -18,12 +18,7 @@ import (
 
 // reviewRocks returns a RocksDB factory with the given sync mode.
 func reviewRocks(mode rocksstore.SyncMode) storeFactory {
-	return storeFactory{"rocks", func(t *testing.T) storage.Store {
-		s, err := rocksstore.Open(t.TempDir(), rocksstore.Options{Sync: mode})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = s.Close() })
-		return s
-	}}
+	return rocksWith(rocksstore.Options{Sync: mode}, nil)
 }
 
 // TestWakeups_StressNoReadyItemLeftBehindParkedPolls: consumers
