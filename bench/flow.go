@@ -273,6 +273,9 @@ func runFlow(ctx context.Context, e *env, in target.Instance, s flowSpec) (out f
 				ps := pm.batch(n, int64(sent.Sub(e.base)), seq)
 				if err := c.Enqueue(prodCtx, s.pickQueue(r), ps); err != nil {
 					if isStop(prodCtx, err) {
+						if s.rate > 0 {
+							chargeStall(enqHists[i], sent, next, interval, deadline)
+						}
 						return
 					}
 					fail.set(fmt.Errorf("producer %d: %w", i, err), failAll)
