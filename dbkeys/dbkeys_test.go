@@ -351,6 +351,7 @@ func goldenEntries() []string {
 	add("value/marker", Marker())
 	add("key/meta_format", MetaFormatKey())
 	add("key/meta_idseq", MetaIDSeqKey())
+	add("key/meta_deleting", DeletingKey("orders"))
 	add("key/time_bound_lease_expiry", TimeBound(NsLeaseExpiry, 1_700_000_000_000_000_000))
 	add("key/visibility_prio_bound", VisibilityPrioBound("q", 2, 5))
 	add("id/new", func() []byte { x := NewID(7, 1_700_000_000_000_000_000); return x[:] }())
