@@ -179,8 +179,16 @@ type walLog struct {
 // a started record's next fragment should be. It skips the rest of a block
 // at zeros between records (preallocated space), and reads a record or
 // header cut short by the file's end as the log's end, as it does a file
-// that ends inside a fragmented record. After a failure it starts again at
-// the next block, as RocksDB's own reader does.
+// that ends inside a fragmented record.
+//
+// After a record that fails its checksum or runs past its block, RocksDB's
+// reader drops the rest of the block, since the length itself may be what
+// is damaged. scanLog does not: it looks for the next record in the rest
+// of the block (resync) and goes on from there, since a whole record there
+// may have been acknowledged, and a log with one after the damage is
+// damaged, not torn. Without a record there it goes on at the next block.
+// Only whether a whole record follows the failure depends on this; what is
+// read before it does not.
 func scanLog(b []byte) walLog {
 	l := walLog{bad: -1}
 	var (
@@ -212,7 +220,9 @@ func scanLog(b []byte) walLog {
 			end = recordEnd
 		}
 	}
-	for off := 0; off < len(b); {
+	// Once a whole record follows the first failure nothing later changes
+	// the answer, so a log damaged throughout is not searched to its end.
+	for off := 0; off < len(b) && !l.goodAfter; {
 		blockEnd := (off/walBlockSize + 1) * walBlockSize
 		// The reader reads a block at a time; a short read (the file's
 		// last, partial block) sets its end of file.
@@ -254,13 +264,12 @@ func scanLog(b []byte) walLog {
 			continue
 		case n > left:
 			fail()
-			off = blockEnd
+			off = resync(b, off+walHeaderSize, blockEnd)
 			continue
 		}
-		crc := crc32.Checksum(b[off+walHeaderSize-1:off+n], castagnoli)
-		if crc != unmaskCRC(binary.LittleEndian.Uint32(b[off:])) {
+		if !walRecordOK(b[off : off+n]) {
 			fail()
-			off = blockEnd // the length may be what is damaged
+			off = resync(b, off+walHeaderSize, blockEnd)
 			continue
 		}
 		payload := b[off+hs : off+n]
@@ -302,6 +311,43 @@ func scanLog(b []byte) walLog {
 		}
 	}
 	return l
+}
+
+// walRecordOK reports whether rec, one physical record with its header,
+// passes its checksum: the CRC32C of its type byte, a recyclable record's
+// log number, and its payload.
+func walRecordOK(rec []byte) bool {
+	crc := crc32.Checksum(rec[walHeaderSize-1:], castagnoli)
+	return crc == unmaskCRC(binary.LittleEndian.Uint32(rec))
+}
+
+// resync returns where, in b[from:blockEnd], the first physical record
+// starts that passes its checksum and could follow a record in the middle
+// of a block, or blockEnd when none does. RocksDB's writer starts every
+// fragment after a record's first at a block's start, so in the middle of
+// a block only a kFullType record, holding at least a write batch's
+// header, or a kFirstType one, filling the block to its end, can start
+// (or their recyclable forms). Zeros are neither, so a tear over zeros
+// finds nothing. A record at a random offset passes its checksum about
+// once in 2^32 tries; one that a damaged record's payload happens to hold
+// (an item that is itself a copy of a WAL record) can make a tear look
+// like damage, which refuses the open rather than lose writes.
+func resync(b []byte, from, blockEnd int) int {
+	end := min(blockEnd, len(b))
+	for off := from; off+walHeaderSize <= end; off++ {
+		length, typ := walHeader(b[off:])
+		hs, kind := walHeaderSize, typ
+		if typ >= walRecyclableFullType && typ <= walRecyclableLastType {
+			hs, kind = walRecyclableHeaderSize, typ-walRecyclableTypeDelta
+		}
+		n := hs + length
+		full := kind == walFullType && length >= walBatchHeader && off+n <= end
+		first := kind == walFirstType && off+n == blockEnd && blockEnd <= len(b)
+		if (full || first) && walRecordOK(b[off:off+n]) {
+			return off
+		}
+	}
+	return blockEnd
 }
 
 // walTear is what a read-write Open cuts off the WAL before it replays up

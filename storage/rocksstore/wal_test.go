@@ -171,15 +171,22 @@ func TestFirstDamage(t *testing.T) {
 
 	damaged := append([]byte(nil), b...)
 	damaged[len(rec("first"))+walHeaderSize] ^= 1 // a payload byte of "second"
-	_, bad = firstDamage(damaged)
-	require.False(t, bad, "damage in one block with nothing readable after it is a torn tail")
+	off, bad := firstDamage(damaged)
+	require.True(t, bad, "a readable record after it in the same block makes it damage")
+	require.Equal(t, int64(len(rec("first"))), off)
+
+	torn := append([]byte(nil), b...)
+	third := len(rec("first")) + len(rec("second"))
+	torn[third+walHeaderSize] ^= 1 // a payload byte of "third"
+	_, bad = firstDamage(torn)
+	require.False(t, bad, "damage with nothing readable after it is a torn tail")
 
 	// A readable record in a later block makes it damage.
-	pad := make([]byte, walBlockSize-len(damaged))
-	damaged = append(append(damaged, pad...), rec("fourth")...)
-	off, bad := firstDamage(damaged)
+	pad := make([]byte, walBlockSize-len(torn))
+	torn = append(append(torn, pad...), rec("fourth")...)
+	off, bad = firstDamage(torn)
 	require.True(t, bad)
-	require.Equal(t, int64(len(rec("first"))), off)
+	require.Equal(t, int64(third), off)
 
 }
 
