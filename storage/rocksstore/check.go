@@ -1,6 +1,7 @@
 package rocksstore
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -95,6 +96,21 @@ type itemKey struct {
 
 func (c *checker) run(ctx context.Context) error {
 	f := &c.f
+	// Found by review (session 71): a format 1 database (CheckDir reads
+	// it from default alone, every namespace routed there) with a key
+	// outside every namespace passed, since the scans below read only the
+	// namespaces' prefixes; yet Open's move to format 2 refuses that key.
+	if fams := c.s.fams; fams.byNs[dbkeys.NsMeta]-1 == fams.def {
+		if err := strayKeys(c.s.db, c.snap, fams.def, func(k []byte) bool {
+			f.Corruptf("default: key %x is in no namespace: the move to format 2 (Open) refuses it", k)
+			return ctx.Err() == nil
+		}); err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
 	// Every meta key is one of five kinds, and each must decode as Open
 	// reads it (found by review, session 69: a format version or id
 	// sequence that Open refuses, or any other key, passed).
@@ -297,4 +313,30 @@ func (c *checker) run(ctx context.Context) error {
 		}
 		f.Payloads = append(f.Payloads, check.Payload{Ref: string(k), Parts: 1})
 	})
+}
+
+// strayKeys calls fn with a copy of each key of family fam, read at snap
+// (nil: the latest), whose first byte is no namespace of dbkeys, in key
+// order, until fn returns false. It seeks past each namespace's keys, so
+// it reads the stray keys and about one key per namespace, not the whole
+// family: the move to format 2 runs it before its first write, and check
+// on a format 1 database.
+func strayKeys(db *rdb, snap *rdbSnap, fam int, fn func(k []byte) bool) error {
+	it := db.iter(snap, fam, nil, nil, true)
+	defer it.close()
+	for ok := it.seek(nil); ok; {
+		k := it.key
+		if len(k) > 0 && familyNames[k[0]] != "" {
+			if k[0] == 0xff {
+				break
+			}
+			ok = it.seek([]byte{k[0] + 1})
+			continue
+		}
+		if !fn(bytes.Clone(k)) {
+			return nil
+		}
+		ok = it.next()
+	}
+	return translate("iterate", it.err)
 }

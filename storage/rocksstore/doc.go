@@ -12,7 +12,21 @@
 // byte, so dbkeys' encoding is the same in every family. All families
 // share one WAL, so a batch that touches several namespaces is still one
 // atomic write. Format 1 databases (one family, namespaces as key
-// prefixes) are moved to this layout by the first Open (migrate.go).
+// prefixes) are moved to this layout by the first Open (migrate.go). A
+// key there in no namespace (damage, or another program's) blocks the
+// move: Open refuses the database before it moves anything, naming the
+// key, and leaseq check reports the key.
+//
+// Before Open writes anything (checkFamilies, rdb.cc's lq_open) it
+// refuses, leaving the directory as it found it: a directory another
+// process (or another store in this process) holds, by taking RocksDB's
+// LOCK before it touches the WAL spare or the info log; a database a
+// newer leaseq wrote (ErrNewerFormat, not storage.ErrCorrupt: its format
+// key is above formatVersion, or it has column families this build does
+// not know, in which case the format is read read-only first); and
+// another application's RocksDB database (only the default family, with
+// keys but no format 1 layout), which Open would otherwise have given
+// leaseq's families.
 //
 // Why families: with a single one, every flushed table held keys of
 // several namespaces and overlapped every other table, so compaction

@@ -1,7 +1,13 @@
 package rocksstore
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
 
 	"github.com/leaseq/leaseq/dbkeys"
 )
@@ -104,4 +110,82 @@ func (f *families) of(key []byte) int {
 		panic(fmt.Sprintf("rocksstore: key %x outside every open column family", key))
 	}
 	return f.byNs[key[0]] - 1
+}
+
+// ErrNewerFormat is Open's (and CheckDir's) refusal of a database that a
+// newer leaseq wrote: its format is one this build does not read. Not
+// damage (storage.ErrCorrupt): the data is fine, and the remedy is a
+// newer build, not recovery.
+var ErrNewerFormat = errors.New("database written by a newer leaseq")
+
+func newerFormat(f uint64) error {
+	return fmt.Errorf("rocksstore: open: %w (format %d; this build reads up to %d): upgrade leaseq", ErrNewerFormat, f, formatVersion)
+}
+
+// checkFamilies looks at the column families of the database in dir
+// before Open opens it for writing, which creates every family of
+// familyList that is missing and fails on any it does not name. Found by
+// review (session 71):
+//
+//   - a newer format that added a family failed inside RocksDB ("Column
+//     families not opened"), before Open read the format key that would
+//     have said a newer leaseq wrote it: with families this build does
+//     not know, it reads the format read-only and refuses the database
+//     as newer (ErrNewerFormat), or names the families;
+//   - another application's RocksDB database (keys in default, nothing
+//     else) was refused only after Open had added leaseq's families to
+//     it, which that application then failed to open: a database of
+//     default alone must be empty (new) or format 1 (migrate.go), and
+//     is otherwise refused unchanged.
+//
+// A new directory, or a database this check cannot read, goes on to the
+// open, which creates the one or reports why it cannot open the other.
+func checkFamilies(dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, "CURRENT")); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	names, err := listFamilies(dir)
+	if err != nil {
+		return nil
+	}
+	known := familyList()
+	var unknown []string
+	for _, n := range names {
+		if !slices.Contains(known, n) {
+			unknown = append(unknown, n)
+		}
+	}
+	defaultOnly := len(names) == 1 && names[0] == defaultFamily
+	if len(unknown) == 0 && !defaultOnly {
+		return nil
+	}
+	// Read-only, with RocksDB's info log elsewhere: this look changes
+	// nothing in dir (as CheckDir).
+	logDir, err := os.MkdirTemp("", "leaseq-open-log-")
+	if err != nil {
+		return fmt.Errorf("rocksstore: open: %w", err)
+	}
+	defer os.RemoveAll(logDir)
+	db, err := openRDB(dir, rdbOptions{mode: readOnly, logDir: logDir}, names)
+	if err != nil {
+		return nil
+	}
+	defer db.close()
+	s := &Store{dir: dir, db: db, fams: newFamilies(db, names), log: slog.New(slog.DiscardHandler)}
+	if len(unknown) > 0 {
+		if s.fams.has(dbkeys.NsMeta) {
+			if _, err := s.readFormat(); err != nil && !errors.Is(err, errFormat1) {
+				return err
+			}
+		}
+		return fmt.Errorf("rocksstore: open %s: column families %q are not ones this build of leaseq knows, yet the database format is not newer than %d: refusing to open it", dir, unknown, formatVersion)
+	}
+	if v1, err := s.defaultFormat(); err != nil || v1 {
+		return err
+	}
+	k, err := s.firstKey(s.fams.def)
+	if err != nil || k == nil {
+		return err
+	}
+	return fmt.Errorf("rocksstore: open %s: not a leaseq database (key %x in the default column family, and no leaseq format key): refusing it, and leaving it unchanged", dir, k)
 }

@@ -61,8 +61,13 @@ func (s *Store) readFormat() (ok bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("rocksstore: open: format version: %w: %v", storage.ErrCorrupt, err)
 	}
+	if f > formatVersion {
+		// Not damage: a newer build wrote it (found by review, session
+		// 71: this was ErrCorrupt, which sends an operator to recovery).
+		return false, newerFormat(f)
+	}
 	if f != formatVersion {
-		return false, fmt.Errorf("rocksstore: open: %w: database format %d, this build reads %d", storage.ErrCorrupt, f, formatVersion)
+		return false, fmt.Errorf("rocksstore: open: %w: database format %d in the meta column family, this build reads %d", storage.ErrCorrupt, f, formatVersion)
 	}
 	return true, nil
 }
@@ -105,7 +110,9 @@ func (s *Store) firstKey(fam int) ([]byte, error) {
 
 // migrateFormat1 moves every key of the default family of the database in
 // dir into its namespace's family, on a plain DB opened with Open's
-// options: its compaction then drops the moved keys' old copies.
+// options: its compaction then drops the moved keys' old copies. A key of
+// default in no namespace has no family to go to: the move refuses it
+// before its first write, so the database stays as it was.
 // REQUIRES: the database is closed.
 func migrateFormat1(dir string, cacheBytes, memtable int64) (moved int, err error) {
 	names := familyList()
@@ -115,6 +122,18 @@ func migrateFormat1(dir string, cacheBytes, memtable int64) (moved int, err erro
 	}
 	defer db.close()
 	fams := newFamilies(db, names)
+	// Found by review (session 71): the move met a key in no namespace
+	// only when it reached it, after its batches had moved every key
+	// before it, and failed there at every later Open: a database half
+	// moved that no Open could finish. Look for such a key before the
+	// first write, and move nothing if there is one.
+	var stray []byte
+	if err := strayKeys(db, nil, fams.def, func(k []byte) bool { stray = k; return false }); err != nil {
+		return 0, fmt.Errorf("rocksstore: migrate: %w", err)
+	}
+	if stray != nil {
+		return 0, strayKeyError(dir, stray)
+	}
 	// An implicit snapshot: the deletes below do not disturb it.
 	it := db.iter(nil, fams.def, nil, nil, true)
 	defer it.close()
@@ -139,7 +158,7 @@ func migrateFormat1(dir string, cacheBytes, memtable int64) (moved int, err erro
 			continue // moves last
 		}
 		if len(k) == 0 || !fams.has(k[0]) {
-			return moved, fmt.Errorf("rocksstore: migrate: %w: key %x in no namespace", storage.ErrCorrupt, k)
+			return moved, strayKeyError(dir, k) // not after strayKeys
 		}
 		wb.put(k, v)
 		wb.delIn(fams.def, k)
@@ -170,11 +189,19 @@ func migrateFormat1(dir string, cacheBytes, memtable int64) (moved int, err erro
 	return moved, nil
 }
 
+// strayKeyError is the move's refusal of key, in the default family of
+// the database in dir but in no namespace: not a key leaseq writes (damage,
+// or another program's), so there is no family to move it to.
+func strayKeyError(dir string, key []byte) error {
+	return fmt.Errorf("rocksstore: migrate: %w: key %x in the default column family is in no namespace, so the move to format 2 cannot place it and moved nothing; keep a copy of %s, delete the key (ldb --db=%s --key_hex delete 0x%x) and open again", storage.ErrCorrupt, key, dir, dir, key)
+}
+
 // checkLayout fits the families of a read-only store (CheckDir) to its
 // database's format: format 2 is read family by family; format 1 is read
 // from default alone; a format 1 database part way through its move (an
 // Open that stopped during the migration) is refused, since its keys are
-// in two places.
+// in two places, with the advice to finish the move, or, when a key in no
+// namespace blocks the move, naming that key.
 func (s *Store) checkLayout() error {
 	v1, err := s.defaultFormat()
 	if err != nil {
@@ -197,9 +224,20 @@ func (s *Store) checkLayout() error {
 		if err != nil {
 			return err
 		}
-		if k != nil {
-			return fmt.Errorf("rocksstore: check: the database is part way through its move from format 1 to format 2 (column family %q is in use): open it once (leaseq serve) to finish the move", name)
+		if k == nil {
+			continue
 		}
+		// A key in no namespace blocks the move (migrateFormat1 refuses
+		// it): opening cannot finish it until the key is gone. Found by
+		// review (session 71): check advised an open that always failed.
+		var stray []byte
+		if err := strayKeys(s.db, nil, s.fams.def, func(k []byte) bool { stray = k; return false }); err != nil {
+			return fmt.Errorf("rocksstore: check: %w", err)
+		}
+		if stray != nil {
+			return fmt.Errorf("rocksstore: check: %w: the database is part way through its move from format 1 to format 2 (column family %q is in use), and key %x in the default column family, in no namespace, blocks the move: keep a copy of %s, delete the key (ldb --db=%s --key_hex delete 0x%x); the next open (leaseq serve) then finishes the move", storage.ErrCorrupt, name, stray, s.dir, s.dir, stray)
+		}
+		return fmt.Errorf("rocksstore: check: the database is part way through its move from format 1 to format 2 (column family %q is in use): open it once (leaseq serve) to finish the move", name)
 	}
 	s.fams.singleFamily()
 	return nil

@@ -140,11 +140,63 @@ uint32_t u32(const char* p) {
   return v;
 }
 
+// HeldLock gives RocksDB the LOCK that lq_open took before it touched
+// the directory. A writable open that fails on the lock must change
+// nothing; RocksDB's DB::Open takes the lock only after it has rotated
+// the info log (renaming the running store's LOG), and lq_open prepares
+// or removes the WAL spare (zerowal.h) before DB::Open: both would hit
+// the store that holds the directory. So lq_open locks first, and DB::Open
+// gets that same lock here instead of locking again (RocksDB refuses a
+// lock its own process holds). Found by review (session 71): a refused
+// second open deleted the running store's spare WAL.
+class HeldLock : public FileSystemWrapper {
+ public:
+  HeldLock(const std::shared_ptr<FileSystem>& base, std::string name, FileLock* lock)
+      : FileSystemWrapper(base), name_(std::move(name)), held_(lock) {}
+  ~HeldLock() override {
+    if (held_ != nullptr) target()->UnlockFile(held_, IOOptions(), nullptr);  // DB::Open failed before locking
+  }
+
+  static const char* kClassName() { return "leaseq.HeldLock"; }
+  const char* Name() const override { return kClassName(); }
+
+  IOStatus LockFile(const std::string& fname, const IOOptions& o, FileLock** lock, IODebugContext* dbg) override {
+    if (held_ != nullptr && fname == name_) {
+      *lock = held_;
+      held_ = nullptr;  // RocksDB's now: it unlocks it on close
+      return IOStatus::OK();
+    }
+    return target()->LockFile(fname, o, lock, dbg);
+  }
+
+ private:
+  const std::string name_;
+  FileLock* held_;
+};
+
+// lockDir takes RocksDB's LOCK of dir (nullptr in *lock if dir does not
+// exist yet: DB::Open creates it, and nothing else can hold it).
+Status lockDir(const std::string& dir, FileLock** lock) {
+  *lock = nullptr;
+  const auto& fs = FileSystem::Default();
+  if (!fs->FileExists(dir, IOOptions(), nullptr).ok()) return Status::OK();
+  IOStatus s = fs->LockFile(dir + "/LOCK", IOOptions(), lock, nullptr);
+  if (!s.ok()) {
+    *lock = nullptr;
+    return Status::IOError(
+        "another process holds this data directory (its RocksDB LOCK file is locked; or another store in this "
+        "process has it open): stop that one first",
+        s.ToString());
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 struct lq_db {
   std::shared_ptr<leaseq::ZeroedWALs> walfs;  // lq_options.zeroed_wal only
-  std::unique_ptr<Env> env;                   // over walfs; outlives db
+  std::shared_ptr<HeldLock> lockfs;           // writable modes: over walfs or the default file system
+  std::unique_ptr<Env> env;                   // over lockfs; outlives db
   Options opts;
   DB* db = nullptr;              // every mode; the TransactionDB itself in LQ_TXN_DB
   TransactionDB* tdb = nullptr;  // LQ_TXN_DB only
@@ -284,13 +336,26 @@ lq_db* lq_open(const char* dir, const lq_options* o, const char* const* families
   if (o->del_compact) {
     opts.table_properties_collector_factories.emplace_back(NewCompactOnDeletionCollectorFactory(1000, 500));
   }
-  if (o->mode == LQ_TXN_DB && o->zeroed_wal > 0) {
-    d->walfs = std::make_shared<leaseq::ZeroedWALs>(FileSystem::Default(), dir, uint64_t(o->zeroed_wal));
-    d->walfs->Prepare();
-    d->env = NewCompositeEnv(d->walfs);
+  if (o->mode != LQ_READ_ONLY) {
+    // The lock first (HeldLock): a refused open changes nothing in dir.
+    FileLock* lock = nullptr;
+    Status s = lockDir(dir, &lock);
+    if (!s.ok()) {
+      fail(s, err);
+      delete d;
+      return nullptr;
+    }
+    std::shared_ptr<FileSystem> base = FileSystem::Default();
+    if (o->mode == LQ_TXN_DB && o->zeroed_wal > 0) {
+      d->walfs = std::make_shared<leaseq::ZeroedWALs>(FileSystem::Default(), dir, uint64_t(o->zeroed_wal));
+      d->walfs->Prepare();
+      base = d->walfs;
+    } else if (o->mode == LQ_TXN_DB) {
+      leaseq::ZeroedWALs::RemoveSpare(dir);
+    }
+    d->lockfs = std::make_shared<HeldLock>(base, std::string(dir) + "/LOCK", lock);
+    d->env = NewCompositeEnv(d->lockfs);
     opts.env = d->env.get();
-  } else if (o->mode == LQ_TXN_DB) {
-    leaseq::ZeroedWALs::RemoveSpare(dir);
   }
   opts.wal_recovery_mode = o->point_in_time ? WALRecoveryMode::kPointInTimeRecovery
                                             : WALRecoveryMode::kTolerateCorruptedTailRecords;

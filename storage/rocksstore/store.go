@@ -213,6 +213,9 @@ func (s *Store) openDBOnce(migrated bool) error {
 	if s.opts.Sync == SyncAlways {
 		zeroedWAL = 2 * int64(memtable)
 	}
+	if err := checkFamilies(s.dir); err != nil {
+		return err
+	}
 	names := familyList()
 	o := rdbOptions{
 		mode:          txnDB,
