@@ -209,8 +209,25 @@ func (c *leanConn) giveUpQuestion(ctx context.Context, qid uint32, p *capnp.Prom
 	c.sendFinish(qid, true) // shared: ctx may end on any goroutine
 }
 
+// sendUnimplemented echoes m, a message of a kind the node does not
+// implement, as the protocol asks. A message whose pointers cannot be
+// copied is malformed: the connection ends with that reason (found by a
+// fuzzing run, session 71: the copy's failure was logged as the node's
+// own, "cannot build a message", and the connection went on).
 func (c *leanConn) sendUnimplemented(m rpccp.Message) error {
-	c.sendSmall(false, func(out rpccp.Message) error { return out.SetUnimplemented(m) })
+	msg, seg, err := capnp.NewMessage(capnp.SingleSegment(nil))
+	if err != nil {
+		return err
+	}
+	out, err := rpccp.NewRootMessage(seg)
+	if err == nil {
+		err = out.SetUnimplemented(m)
+	}
+	if err != nil {
+		msg.Release()
+		return protoErrf("unimplemented message that cannot be echoed: %v", err)
+	}
+	c.sendFrom(msg, false, false)
 	return nil
 }
 

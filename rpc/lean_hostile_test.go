@@ -3,6 +3,7 @@ package rpc
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"runtime"
@@ -523,4 +524,26 @@ func TestLeanHostile_PipelinedOnFailedAnswer(t *testing.T) {
 	_ = r.conn.Close()
 	rpctest.Eventually(t, 10*time.Second, func() bool { return b.srv.Metrics().ConnsOpen == 0 })
 	check()
+}
+
+// TestLeanHostile_UnknownMessageWithBadPointerAborts: a message of a kind
+// the node does not implement is echoed as Unimplemented; one whose
+// pointers cannot be copied is malformed, and the connection ends with
+// that reason. Found by a fuzzing run (session 71): the copy's failure
+// was logged as the node's own ("cannot build a message") on every such
+// message, and the connection went on.
+func TestLeanHostile_UnknownMessageWithBadPointerAborts(t *testing.T) {
+	b := setup(t, bundleOpts{mutate: leanOnly})
+	r := newRaw(t, b)
+	frame := make([]byte, 8+3*8)
+	binary.LittleEndian.PutUint32(frame[0:], 0) // one segment
+	binary.LittleEndian.PutUint32(frame[4:], 3) // of three words
+	seg := frame[8:]
+	binary.LittleEndian.PutUint64(seg[0:], 1<<32|1<<48)    // root: a struct of one data word, one pointer
+	binary.LittleEndian.PutUint16(seg[8:], 12336)          // a Message kind the schema does not have
+	binary.LittleEndian.PutUint64(seg[16:], 1000<<2|1<<32) // its pointer: a struct far past the segment
+	_, err := r.conn.Write(frame)
+	require.NoError(t, err)
+	require.Contains(t, r.recvAbort(), "cannot be echoed")
+	requireServing(t, b)
 }

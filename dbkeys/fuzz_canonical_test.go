@@ -6,12 +6,12 @@ import (
 	"testing"
 )
 
-// FuzzReviewS71DecodeCanonical: every key decoder (FuzzDecodeGarbage
+// FuzzDecodeCanonical: every key decoder (FuzzDecodeGarbage
 // checks two; this checks all, and the delete mark and visibility-suffix
 // decoders it leaves out) either fails with ErrMalformed or decodes bytes
 // its encoder gives back exactly (one encoding per key: a scan can never
 // meet two keys for one entry).
-func FuzzReviewS71DecodeCanonical(f *testing.F) {
+func FuzzDecodeCanonical(f *testing.F) {
 	for _, c := range keyCases() {
 		f.Add(c.encode(c))
 	}
