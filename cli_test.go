@@ -872,3 +872,21 @@ func TestEnqueue_LinesIsCommandLineOnly(t *testing.T) {
 	require.Len(t, items, 2)
 	require.Empty(t, items[1].Payload, "enqueue without PAYLOAD stored stdin's line because of LEASEQ_LINES")
 }
+
+// TestServe_SecondNodeOnTheSameDataNamesTheFirst: a second `leaseq serve`
+// on a running node's data directory is refused, naming the process that
+// holds it, and changes nothing there (the first node goes on). Found by
+// review (session 71): the refusal passed on RocksDB's lock error alone
+// (and, before, had deleted the running node's spare WAL).
+func TestServe_SecondNodeOnTheSameDataNamesTheFirst(t *testing.T) {
+	t.Parallel()
+	data := filepath.Join(t.TempDir(), "data")
+	n := startNode(t, data)
+	n.cli("enqueue", "jobs", "one")
+	r := runCLI(t, nil, "", "serve", "--data", data, "--listen", "127.0.0.1:0")
+	require.NotEqual(t, 0, r.code, r.stdout)
+	require.Contains(t, r.stderr, fmt.Sprintf("in use by process %d", n.cmd.Process.Pid))
+	require.Contains(t, r.stderr, "stop it first")
+	require.Equal(t, int64(1), n.stats("jobs").Ready, "the first node goes on")
+	require.Equal(t, 0, n.stop())
+}

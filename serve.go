@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -213,6 +214,15 @@ func openBackend(c serveConfig, clk clock.Clock, onDeadline storage.DeadlineFunc
 		Now:                clk.Now,
 	})
 	if err != nil {
+		// Another node holds the directory: name it, as check does. Not
+		// when this process holds it (an embedding's other store):
+		// lockHolder's look at the LOCK file would drop this process's
+		// own lock on it.
+		if msg := err.Error(); strings.Contains(msg, "another process holds this data directory") && !strings.Contains(msg, "current process") {
+			if pid, ok := lockHolder(c.data); ok {
+				return nil, nil, fmt.Errorf("open store in %s: the database is in use by process %d (another 'leaseq serve'? stop it first): %w", c.data, pid, err)
+			}
+		}
 		return nil, nil, fmt.Errorf("open store in %s: %w", c.data, err)
 	}
 	return rs, rs, nil
