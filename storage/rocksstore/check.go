@@ -52,6 +52,13 @@ func CheckDir(ctx context.Context, dir string) (storage.CheckReport, error) {
 		return storage.CheckReport{}, fmt.Errorf("rocksstore: check: %w", err)
 	}
 	defer os.RemoveAll(logDir)
+	// What Open refuses before it writes (a newer format, another
+	// program's RocksDB database) check names the same way, not as
+	// damage (found by review, session 71: a foreign database read as
+	// "column family meta missing").
+	if err := checkFamilies(dir); err != nil {
+		return storage.CheckReport{}, err
+	}
 	// Read-only, RocksDB opens exactly the families the database has.
 	names, err := listFamilies(dir)
 	if err != nil {

@@ -104,6 +104,10 @@ func TestOpen_ForeignDatabaseLeftUnchanged(t *testing.T) {
 
 	_, err = Open(dir, testOptions(t))
 	require.ErrorContains(t, err, "not a leaseq database")
+	// leaseq check says the same, not that the data is damaged.
+	_, err = CheckDir(context.Background(), dir)
+	require.ErrorContains(t, err, "not a leaseq database")
+	require.NotErrorIs(t, err, storage.ErrCorrupt)
 	names, err := listFamilies(dir)
 	require.NoError(t, err)
 	require.Equal(t, []string{defaultFamily}, names, "Open changed the layout of a database it refused")
