@@ -275,47 +275,22 @@ func TestCrash_SyncNoneKillRestart(t *testing.T) {
 	}
 	n := startNode(t, data, "--sync", "none")
 	c := dialNode(t, n.addr)
-	ctx := context.Background()
 	rpctest.Eventually(t, time.Minute, func() bool {
 		st := crashStats(t, c, queue)
 		return st.Inflight == 0 && st.Leases == 0
 	}, "leases never expired")
-	present := map[storage.ItemID]bool{}
-	var after storage.ItemID
-	for {
-		items, err := c.Peek(ctx, storage.PeekParams{Queue: queue, After: after, Limit: 1000})
-		require.NoError(t, err)
-		for _, it := range items {
-			present[it.ID] = true
-		}
-		if len(items) < 1000 {
-			break
-		}
-		after = items[len(items)-1].ID
-	}
-	after = storage.ItemID{}
-	for {
-		dead, err := c.DeadList(ctx, storage.DeadListParams{Queue: queue, After: after, Limit: 1000})
-		require.NoError(t, err)
-		for _, d := range dead {
-			present[d.ID] = true
-		}
-		if len(dead) < 1000 {
-			break
-		}
-		after = dead[len(dead)-1].ID
-	}
+	present := scanCrashQueue(t, c, queue)
 	ledger.mu.Lock()
 	defer ledger.mu.Unlock()
 	lost := 0
 	for id := range ledger.mu.enqueued {
-		if !present[id] && !ledger.mu.acked[id] && !ledger.mu.maybeAcked[id] {
+		if _, here := present[id]; !here && !ledger.mu.acked[id] && !ledger.mu.maybeAcked[id] {
 			lost++
 		}
 	}
 	back := 0
 	for id := range ledger.mu.acked {
-		if present[id] {
+		if _, here := present[id]; here {
 			back++
 		}
 	}

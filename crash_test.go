@@ -184,37 +184,7 @@ func TestCrash_KillRestart(t *testing.T) {
 		require.NoError(t, err)
 		return len(st) == 1 && st[0].Inflight == 0 && st[0].Leases == 0
 	}, "leases of killed consumers never expired")
-	// scan lists every item of the queue, whatever its state.
-	scan := func() map[storage.ItemID]string {
-		present := map[storage.ItemID]string{}
-		for _, inflight := range []bool{false, true} {
-			var after storage.ItemID
-			for {
-				items, err := c.Peek(ctx, storage.PeekParams{Queue: queue, Inflight: inflight, After: after, Limit: 1000})
-				require.NoError(t, err)
-				for _, it := range items {
-					present[it.ID] = it.State.String()
-				}
-				if len(items) < 1000 {
-					break
-				}
-				after = items[len(items)-1].ID
-			}
-		}
-		var after storage.ItemID
-		for {
-			dead, err := c.DeadList(ctx, storage.DeadListParams{Queue: queue, After: after, Limit: 1000})
-			require.NoError(t, err)
-			for _, d := range dead {
-				present[d.ID] = "dead"
-			}
-			if len(dead) < 1000 {
-				break
-			}
-			after = dead[len(dead)-1].ID
-		}
-		return present
-	}
+	scan := func() map[storage.ItemID]string { return scanCrashQueue(t, c, queue) }
 	stats := func() storage.QueueStats {
 		st, err := c.Stats(ctx, queue)
 		require.NoError(t, err)
@@ -462,4 +432,39 @@ func hashDir(t *testing.T, dir string) map[string][32]byte {
 		return nil
 	}))
 	return m
+}
+
+// scanCrashQueue lists every item of queue on the node c talks to,
+// whatever its state (ready, delayed, inflight or dead).
+func scanCrashQueue(t *testing.T, c *rpc.Client, queue string) map[storage.ItemID]string {
+	t.Helper()
+	ctx := context.Background()
+	present := map[storage.ItemID]string{}
+	for _, inflight := range []bool{false, true} {
+		var after storage.ItemID
+		for {
+			items, err := c.Peek(ctx, storage.PeekParams{Queue: queue, Inflight: inflight, After: after, Limit: 1000})
+			require.NoError(t, err)
+			for _, it := range items {
+				present[it.ID] = it.State.String()
+			}
+			if len(items) < 1000 {
+				break
+			}
+			after = items[len(items)-1].ID
+		}
+	}
+	var after storage.ItemID
+	for {
+		dead, err := c.DeadList(ctx, storage.DeadListParams{Queue: queue, After: after, Limit: 1000})
+		require.NoError(t, err)
+		for _, d := range dead {
+			present[d.ID] = "dead"
+		}
+		if len(dead) < 1000 {
+			break
+		}
+		after = dead[len(dead)-1].ID
+	}
+	return present
 }

@@ -218,7 +218,7 @@ func openBackend(c serveConfig, clk clock.Clock, onDeadline storage.DeadlineFunc
 		// when this process holds it (an embedding's other store):
 		// lockHolder's look at the LOCK file would drop this process's
 		// own lock on it.
-		if msg := err.Error(); strings.Contains(msg, "another process holds this data directory") && !strings.Contains(msg, "current process") {
+		if errors.Is(err, rocksstore.ErrLocked) && !strings.Contains(err.Error(), "current process") {
 			if pid, ok := lockHolder(c.data); ok {
 				return nil, nil, fmt.Errorf("open store in %s: the database is in use by process %d (another 'leaseq serve'? stop it first): %w", c.data, pid, err)
 			}

@@ -118,9 +118,7 @@ func TestFDBDeleteQueue_RecreatedWithoutIncarnation(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, res[0].Duplicate, "k1200 belonged to the removed queue: refused as a duplicate in the new one")
 	require.True(t, res[1].Duplicate, "the new queue's own dedup key holds")
-	rep, err := b.Check(ctx)
-	require.NoError(t, err)
-	require.Empty(t, rep.Violations)
+	requireCheckClean(t, b)
 }
 
 // TestFDBDeleteQueue_NodeStopsAfterRemovingOldQueue: found by review
@@ -171,18 +169,14 @@ func TestFDBDeleteQueue_NodeStopsAfterRemovingOldQueue(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, res[0].Duplicate, "a removed queue's dedup key held in the queue created anew")
 	require.True(t, res[1].Duplicate, "the new queue's own dedup key holds")
-	rep, err = b.Check(ctx)
-	require.NoError(t, err)
-	require.Empty(t, rep.Violations)
+	requireCheckClean(t, b)
 
 	// Past the old keys' window (5 min from now), before the new ones'.
 	sw, err := b.Sweep(ctx, storage.SweepParams{Now: now.Add(5*time.Minute + time.Second), Limit: 1000})
 	require.NoError(t, err)
 	require.Equal(t, 498, sw.DedupDropped, "the old keys left (k1000..k1499 but k1200 and k1300, taken by the new queue)")
 	require.ElementsMatch(t, []string{"fresh", "k1200", "k1300"}, dedupKeys(t, db, q))
-	rep, err = b.Check(ctx)
-	require.NoError(t, err)
-	require.Empty(t, rep.Violations)
+	requireCheckClean(t, b)
 }
 
 // TestFDBDeleteQueue_DelayedItemsOfARemovedQueue: found by review (session
@@ -256,9 +250,7 @@ func TestFDBDeleteQueue_DelayedItemsOfARemovedQueue(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, got.Items, 1)
 	require.Equal(t, []byte("new"), got.Items[0].Payload)
-	rep, err := b.Check(ctx)
-	require.NoError(t, err)
-	require.Empty(t, rep.Violations)
+	requireCheckClean(t, b)
 }
 
 // TestFDBDeleteQueue_ForceOutpacedByProducers: found by review (session
@@ -318,9 +310,7 @@ func TestFDBDeleteQueue_ForceOutpacedByProducers(t *testing.T) {
 	res, err := a.Enqueue(ctx, storage.EnqueueParams{Queue: q, Items: []storage.EnqueueItem{{Payload: []byte("p"), DedupKey: "k3"}}, Now: now})
 	require.NoError(t, err)
 	require.True(t, res[0].Duplicate, "the queue's dedup keys stand")
-	rep, err := a.Check(ctx)
-	require.NoError(t, err)
-	require.Empty(t, rep.Violations)
+	requireCheckClean(t, a)
 
 	// With the producers stopped, it goes.
 	n, err = a.DeleteQueue(ctx, storage.DeleteQueueParams{Queue: q, Force: true, Now: now})
@@ -340,3 +330,11 @@ func anyKey(keys [][]byte, k []byte) bool {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// requireCheckClean requires s's invariant check to find nothing wrong.
+func requireCheckClean(t *testing.T, s *fdbsync.Store) {
+	t.Helper()
+	rep, err := s.Check(context.Background())
+	require.NoError(t, err)
+	require.Empty(t, rep.Violations)
+}

@@ -5,10 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/require"
 
 	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
+	"github.com/leaseq/leaseq/storage/rocksstore"
 )
 
 // TestWakeups_PollRacingAnAckThatClaimsAhead: with claims ahead
@@ -38,32 +40,11 @@ func TestWakeups_PollRacingAnAckThatClaimsAhead(t *testing.T) {
 // or by byAck, the ack of another lease on the queue (claimAhead's
 // releaseStale; an ack wakes nobody).
 func reviewRaceClaimAhead(t *testing.T, byAck bool) {
-	s, d, clk := newSyncedDispatcher(t)
-	ctx := context.Background()
 	// Items far in the future keep the queue's serve order long enough for
 	// an ack to claim ahead (two batches "ready" in its count).
 	const k = 8 // the acker's batch: the more items its claim ahead reads, the wider the race
-	far := make([]storage.EnqueueItem, 2*k)
-	for i := range far {
-		far[i] = storage.EnqueueItem{Payload: []byte("later"), Delay: time.Hour}
-	}
-	_, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: far, Now: clk.Now()})
-	require.NoError(t, err)
-	some := func(n int) {
-		items := make([]storage.EnqueueItem, n)
-		for i := range items {
-			items[i] = storage.EnqueueItem{Payload: []byte("x")}
-		}
-		_, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: clk.Now()})
-		require.NoError(t, err)
-	}
-	ids := func(pr storage.PollResult) []storage.ItemID {
-		out := make([]storage.ItemID, len(pr.Items))
-		for i, it := range pr.Items {
-			out[i] = it.ID
-		}
-		return out
-	}
+	s, d, clk, some := claimAheadRig(t, k)
+	ctx := context.Background()
 	const rounds = 500
 	for r := 0; r < rounds; r++ {
 		some(1)
@@ -151,30 +132,9 @@ func reviewRaceClaimAhead(t *testing.T, byAck bool) {
 // ready (session 70; fixed by pollOp taking a batch being given back,
 // queueState.returning, as held).
 func TestWakeups_PollRacingAGiveBackOfAClaimAhead(t *testing.T) {
-	s, d, clk := newSyncedDispatcher(t)
-	ctx := context.Background()
 	const k = 8
-	far := make([]storage.EnqueueItem, 2*k)
-	for i := range far {
-		far[i] = storage.EnqueueItem{Payload: []byte("later"), Delay: time.Hour}
-	}
-	_, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: far, Now: clk.Now()})
-	require.NoError(t, err)
-	some := func(n int) {
-		items := make([]storage.EnqueueItem, n)
-		for i := range items {
-			items[i] = storage.EnqueueItem{Payload: []byte("x")}
-		}
-		_, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: clk.Now()})
-		require.NoError(t, err)
-	}
-	ids := func(pr storage.PollResult) []storage.ItemID {
-		out := make([]storage.ItemID, len(pr.Items))
-		for i, it := range pr.Items {
-			out[i] = it.ID
-		}
-		return out
-	}
+	s, d, clk, some := claimAheadRig(t, k)
+	ctx := context.Background()
 	ack := func(pr storage.PollResult) {
 		if len(pr.Items) == 0 {
 			return
@@ -221,4 +181,33 @@ func TestWakeups_PollRacingAGiveBackOfAClaimAhead(t *testing.T) {
 		require.Len(t, rest.Items, k-2, "round %d", r)
 		ack(rest)
 	}
+}
+
+// claimAheadRig is a synced dispatcher over a RocksDB store whose queue
+// "q" holds 2*k items delayed an hour (they keep the serve order long
+// enough for an ack to claim ahead), and some, which enqueues n ready
+// items to it.
+func claimAheadRig(t *testing.T, k int) (*rocksstore.Store, *Dispatcher, *clock.Mock, func(n int)) {
+	t.Helper()
+	s, d, clk := newSyncedDispatcher(t)
+	ctx := context.Background()
+	enqueue := func(n int, payload string, delay time.Duration) {
+		items := make([]storage.EnqueueItem, n)
+		for i := range items {
+			items[i] = storage.EnqueueItem{Payload: []byte(payload), Delay: delay}
+		}
+		_, err := s.Enqueue(ctx, storage.EnqueueParams{Queue: "q", Items: items, Now: clk.Now()})
+		require.NoError(t, err)
+	}
+	enqueue(2*k, "later", time.Hour)
+	return s, d, clk, func(n int) { enqueue(n, "x", 0) }
+}
+
+// ids are the ids of pr's items.
+func ids(pr storage.PollResult) []storage.ItemID {
+	out := make([]storage.ItemID, len(pr.Items))
+	for i, it := range pr.Items {
+		out[i] = it.ID
+	}
+	return out
 }

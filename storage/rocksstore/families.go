@@ -118,6 +118,14 @@ func (f *families) of(key []byte) int {
 // newer build, not recovery.
 var ErrNewerFormat = errors.New("database written by a newer leaseq")
 
+// ErrLocked is Open's refusal of a data directory whose RocksDB LOCK is
+// held: by another process, or by another store of this one. Open
+// changes nothing in the directory before it has the lock.
+var ErrLocked = errors.New("data directory in use")
+
+// lockedText is how rdb.cc's lockDir words that refusal.
+const lockedText = "another process holds this data directory"
+
 func newerFormat(f uint64) error {
 	return fmt.Errorf("rocksstore: open: %w (format %d; this build reads up to %d): upgrade leaseq", ErrNewerFormat, f, formatVersion)
 }

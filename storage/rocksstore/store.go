@@ -846,6 +846,9 @@ func translate(op string, err error) error {
 	if strings.HasPrefix(err.Error(), "Corruption") {
 		return fmt.Errorf("rocksstore: %s: %w: %v", op, storage.ErrCorrupt, err)
 	}
+	if strings.Contains(err.Error(), lockedText) {
+		return fmt.Errorf("rocksstore: %s: %w: rocksdb: %v", op, ErrLocked, err)
+	}
 	return fmt.Errorf("rocksstore: %s: rocksdb: %v", op, err)
 }
 

@@ -11,7 +11,7 @@
 // So the node reads its time through Clock: while the wall reads later
 // than the last instant given, Clock gives the wall's reading (a forward
 // step is taken at once); when it reads earlier, Clock goes on from the
-// last instant given by the monotonic time elapsed since (Go's time.Now
+// last instant given by the monotonic time elapsed since (a Go wall-clock reading
 // carries a monotonic reading beside the wall's, which no step moves),
 // until the wall passes it again. A wall clock slewed by NTP (slowed or
 // sped up a little) is followed as it is.
