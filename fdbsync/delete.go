@@ -80,20 +80,20 @@ func (e *notEmptyError) Error() string {
 func (e *notEmptyError) Unwrap() error { return storage.ErrNotEmpty }
 
 // removeQueue removes an empty queue: one transaction checks that it is
-// empty and clears its config, counters and as many of its dedup keys as
-// fit (each clears a key, its expiry entry and their conflict ranges: a
-// window's worth of keys can exceed one transaction's size). The queue is
-// gone from that commit on, whatever follows, so a refused removal has
-// changed nothing. Dedup keys left over are cleared by the transactions
-// after it: exactly those written before the removal's commit (their ids
-// begin with an earlier versionstamp). That bound does not depend on the
-// config of a queue of the same name created again meanwhile, which may
-// hold no incarnation (an older node created it, or rewrote its config);
-// judged by that config, the old keys were kept and held as duplicates in
-// the new queue until they expired (found by review, session 70). A queue
-// created again with an incarnation ignores them until they are gone
-// (dedupBefore); if this node stops before they are, the sweeper drops
-// them when they expire.
+// empty and clears its config, counters, wake key and as many of its
+// dedup keys as fit (each clears a key, its expiry entry and their
+// conflict ranges: a window's worth of keys can exceed one transaction's
+// size). The queue is gone from that commit on, whatever follows, so a
+// refused removal has changed nothing. Dedup keys left over are cleared by
+// the transactions after it: exactly those written before the removal's
+// commit (their ids begin with an earlier versionstamp). That bound does
+// not depend on the config of a queue of the same name created again
+// meanwhile, which may hold no incarnation (an older node created it, or
+// rewrote its config); judged by that config, the old keys were kept and
+// held as duplicates in the new queue until they expired (found by review,
+// session 70). A queue created again with an incarnation ignores them
+// until they are gone (dedupBefore); if this node stops before they are,
+// the sweeper drops them when they expire.
 func (s *Store) removeQueue(ctx context.Context, q string) error {
 	removed := false // the queue is gone; its dedup keys from cursor on remain
 	var removedAt kv.Versionstamp
@@ -208,6 +208,19 @@ func (s *Store) removeQueueStep(tx kv.Tx, q string) (removeStep, error) {
 	pre := s.k.counters(q)
 	tx.ClearRange(pre, kv.PrefixEnd(pre)) // the counters
 	tx.Clear(s.k.queue(q))
+	// The wake key too, or it stays for good: one key per queue name ever
+	// removed, without bound where jobs come with queues of their own
+	// (found by review, session 72). Cleared here, with the queue, not
+	// after its dedup keys: a node that stops in between leaves nothing
+	// else to clear it, and by then a queue of that name created again
+	// owns the key. The clear fires the watches of polls parked on the
+	// queue, on every node, and they find it gone. Nothing is lost by it:
+	// whatever bumps the key once the queue is gone belongs to a queue of
+	// that name created again, and ADD on the absent key writes it anew
+	// (older nodes' too). The wake key is only ever written blind, so
+	// clearing it adds no conflict with enqueues; they conflict with this
+	// transaction through the counters it reads.
+	tx.Clear(s.k.wake(q))
 	return s.clearDedup(tx, q, nil, func(dedupRec) bool { return true })
 }
 

@@ -133,8 +133,11 @@
 // # Removing a queue
 //
 // DeleteQueue's last transaction checks that the queue is empty and clears
-// its config, counters and as many dedup keys as fit; the queue is gone
-// from that commit on, so a refused removal changes nothing. The dedup
+// its config, counters, wake key and as many dedup keys as fit; the queue
+// is gone from that commit on, so a refused removal changes nothing.
+// Clearing the wake key fires the watches of polls parked on the queue, on
+// every node, and they find it gone; a queue of that name created again
+// writes the key anew with its first ADD (an older node's too). The dedup
 // keys left over are cleared by the transactions after it: those whose
 // ids are older than the removal's commit, whatever queue of that name
 // exists by then. Meanwhile they are older than the incarnation of any
