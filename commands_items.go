@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -387,9 +388,10 @@ var extendCommand = &command{
 	args:    "QUEUE LEASE [ID...]",
 	summary: "extend a lease and print its new expiry",
 	help: `
-Set LEASE's expiry to now + --lease (it may also shorten it) and print the
-new expiry (RFC 3339 UTC, milliseconds). Fails if the lease already
-expired (lease expired) or belongs to another queue (lease mismatch).
+Set LEASE's expiry to now + --lease (the queue's lease when not given; it
+may also shorten it) and print the new expiry (RFC 3339 UTC,
+milliseconds). Fails if the lease already expired (lease expired) or
+belongs to another queue (lease mismatch).
 
 A lease covers every item of its poll and is extended as a whole, so ids
 are optional. Given ids (as for ack and nack), extend prints "ID RESULT
@@ -399,8 +401,13 @@ and does not check that each id is one of the lease's items. Exits 1 if
 the lease was not extended.`,
 	setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 		cf := addClientFlags(fs, e)
-		lease := newChoice(storage.DefaultLeaseDuration.String(), positiveDuration)
-		fs.Var(lease, "lease", "new lease `duration`, from now")
+		// 0, as for poll: the queue's own lease (extend on the wire takes
+		// no 0, so the command reads the queue's config first). A fixed
+		// 30 s here cut a queue's longer lease short, and was refused
+		// outright by a node whose --max-lease is under 30 s (found by
+		// review, session 72).
+		lease := newChoice("0s", nonNegDuration)
+		fs.Var(lease, "lease", "new lease `duration`, from now (0: the queue's lease)")
 		return func(ctx context.Context, args []string) error {
 			if err := argsBetween(args, 2, -1, "QUEUE LEASE [ID...]"); err != nil {
 				return err
@@ -414,7 +421,11 @@ the lease was not extended.`,
 				return err
 			}
 			return cf.with(ctx, 0, func(ctx context.Context, c *rpc.Client) error {
-				exp, err := c.Extend(ctx, args[0], l, lease.val)
+				d, err := queueLease(ctx, c, args[0], lease.val)
+				if err != nil {
+					return err
+				}
+				exp, err := c.Extend(ctx, args[0], l, d)
 				if len(ids) == 0 {
 					if err != nil {
 						return err
@@ -440,4 +451,24 @@ the lease was not extended.`,
 			})
 		}
 	},
+}
+
+// queueLease is d, or when d is 0 the queue's configured lease (which the
+// node brought into its --min-lease/--max-lease range when the queue was
+// made). A queue that does not exist holds no live lease: the default
+// lease then, and the node answers the extend as it must.
+func queueLease(ctx context.Context, c *rpc.Client, queue string, d time.Duration) (time.Duration, error) {
+	if d > 0 {
+		return d, nil
+	}
+	cfg, err := c.QueueConfig(ctx, queue)
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
+		return storage.DefaultLeaseDuration, nil
+	case err != nil:
+		return 0, err
+	case cfg.LeaseDuration <= 0:
+		return storage.DefaultLeaseDuration, nil
+	}
+	return cfg.LeaseDuration, nil
 }
