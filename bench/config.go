@@ -206,7 +206,7 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.IntVar(&c.Queues, "queues", c.Queues, "manyqueues: number of queues")
 	fs.Float64Var(&c.ZipfS, "zipf", c.ZipfS, "manyqueues: zipf skew s (> 1)")
 	fs.Int64Var(&c.Seed, "seed", c.Seed, "random seed (queue choice, payload bytes)")
-	fs.IntVar(&c.Rounds, "rounds", c.Rounds, "run every row this many times, the systems taking turns round by round, and report each row's median (items/s, CPU, latency percentiles); results.json keeps every round")
+	fs.IntVar(&c.Rounds, "rounds", c.Rounds, "run every row this many times, the systems taking turns round by round, and report each row's median (items/s, CPU, latency percentiles; with an even number of completed rounds, the lower middle value, so items, seconds and items/s are one round's); a row that failed at least half its rounds is reported failed, not compared; results.json keeps every round")
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "extra time allowed per workload and system before it is aborted")
 	fs.StringVar(&c.OutDir, "out", c.OutDir, "directory for results.json, results.md and chart.svg (empty: none)")
 	fs.BoolVar(&c.GoBench, "gobench", c.GoBench, "also print Go benchmark lines (for benchstat)")

@@ -96,6 +96,7 @@ type flowOut struct {
 	samples     []int64 // acked (or enqueued, for produce-only) per sampleEvery
 	polls       int64   // consumers' poll calls (AckPoll included), over the whole run
 	polled      int64   // items those polls returned
+	acksLost    int64   // deliveries whose ack the system answered was lost (target.LostAcks), over the whole run; not in acked
 	interrupted bool
 }
 
@@ -203,7 +204,7 @@ func runFlow(ctx context.Context, e *env, in target.Instance, s flowSpec) (out f
 	}
 	defer func() { err = errors.Join(err, closeAll(cons)) }()
 
-	var enqueued, acked, ackedInWindow, polls, polled atomic.Int64
+	var enqueued, acked, ackedInWindow, polls, polled, acksLost atomic.Int64
 	var seqNext atomic.Uint64
 	// Producers stop at the deadline or on drain; consumers stop at the
 	// deadline, or on drain once they caught up (or drainGrace passed).
@@ -298,15 +299,27 @@ func runFlow(ctx context.Context, e *env, in target.Instance, s flowSpec) (out f
 				ap = nil
 			}
 			// settled counts a confirmed ack of g at now (ns since base).
-			settled := func(g []target.Delivery, now int64) {
-				for _, d := range g {
+			// The deliveries the system answered it did not ack (lost)
+			// are not items done: they are counted apart, and their
+			// latency is not recorded (a group's whole, when the system
+			// does not say which).
+			settled := func(g []target.Delivery, now int64, lost *target.LostAcks) {
+				for j, d := range g {
+					if lost.Lost(j) {
+						continue
+					}
 					if sent, _, ok := stamp(d.Payload); ok {
 						recordDur(e2eHists[i], time.Duration(now-sent))
 					}
 				}
-				acked.Add(int64(len(g)))
+				n := int64(len(g))
+				if lost != nil {
+					n -= int64(lost.N)
+					acksLost.Add(int64(lost.N))
+				}
+				acked.Add(n)
 				if now <= deadlineNs.Load() {
-					ackedInWindow.Add(int64(len(g)))
+					ackedInWindow.Add(n)
 				}
 			}
 			// held is the last batch polled, not yet acked: with an
@@ -314,13 +327,14 @@ func runFlow(ctx context.Context, e *env, in target.Instance, s flowSpec) (out f
 			var held []target.Delivery
 			var heldQ string
 			ack := func(q string, g []target.Delivery) bool {
-				if err := c.Ack(consCtx, q, g); err != nil {
+				var lost *target.LostAcks
+				if err := c.Ack(consCtx, q, g); err != nil && !errors.As(err, &lost) {
 					if !isStop(consCtx, err) {
 						fail.set(fmt.Errorf("consumer %d: ack: %w", i, err), failAll)
 					}
 					return false
 				}
-				settled(g, e.since())
+				settled(g, e.since(), lost)
 				return true
 			}
 			empty := 0
@@ -330,9 +344,10 @@ func runFlow(ctx context.Context, e *env, in target.Instance, s flowSpec) (out f
 				var err error
 				if len(held) > 0 && q == heldQ {
 					var at atomic.Int64
-					ds, err = ap.AckPoll(consCtx, q, held, func() { at.Store(e.since()) }, s.pollMax, s.pollWait)
+					var lost atomic.Pointer[target.LostAcks]
+					ds, err = ap.AckPoll(consCtx, q, held, func(l *target.LostAcks) { lost.Store(l); at.Store(e.since()) }, s.pollMax, s.pollWait)
 					if t := at.Load(); t != 0 {
-						settled(held, t)
+						settled(held, t, lost.Load())
 						held = nil
 					} else if err == nil {
 						err = fmt.Errorf("AckPoll returned without confirming the ack")
@@ -425,6 +440,7 @@ func runFlow(ctx context.Context, e *env, in target.Instance, s flowSpec) (out f
 	out.enqueued = enqueued.Load()
 	out.acked = ackedInWindow.Load()
 	out.polls, out.polled = polls.Load(), polled.Load()
+	out.acksLost = acksLost.Load()
 	out.enq = mergeHists(enqHists)
 	out.e2e = mergeHists(e2eHists)
 	return out, nil

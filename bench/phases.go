@@ -124,8 +124,9 @@ func (s *seenSet) add(seqs []uint64) int {
 
 // consumeAll polls and acks queue from cs until `want` distinct items were
 // acked, and returns when that happened. Consumers give up with the
-// context.
-func consumeAll(ctx context.Context, e *env, cs []target.Client, queue string, want int, e2e *hdrhistogram.Histogram) (time.Time, error) {
+// context. An ack the system answered was lost (target.LostAcks) does not
+// count its items as seen; they are added to *lost.
+func consumeAll(ctx context.Context, e *env, cs []target.Client, queue string, want int, e2e *hdrhistogram.Histogram, lost *atomic.Int64) (time.Time, error) {
 	seen := newSeenSet(want)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -150,15 +151,27 @@ func consumeAll(ctx context.Context, e *env, cs []target.Client, queue string, w
 				if len(ds) == 0 {
 					continue
 				}
-				if err := c.Ack(ctx, queue, ds); err != nil {
+				var la *target.LostAcks
+				if err := c.Ack(ctx, queue, ds); err != nil && !errors.As(err, &la) {
 					if !isStop(ctx, err) {
 						fail.set(fmt.Errorf("consumer %d: ack: %w", i, err), cancel)
 					}
 					return
 				}
 				now := e.since()
+				if la != nil {
+					lost.Add(int64(la.N))
+				}
 				seqs := make([]uint64, 0, len(ds))
-				for _, d := range ds {
+				for j, d := range ds {
+					// A system that says only how many acks were lost
+					// (Redis) lost them to another consumer that acked
+					// those items first and counts them itself, so its
+					// group is kept whole; one that says which leaves
+					// those out, to be seen when they are acked again.
+					if la != nil && la.Index != nil && la.Lost(j) {
+						continue
+					}
 					if sent, seq, ok := stamp(d.Payload); ok {
 						recordDur(h, time.Duration(now-sent))
 						seqs = append(seqs, seq)
@@ -187,6 +200,7 @@ type drainOut struct {
 	enqueueTook time.Duration
 	drainTook   time.Duration
 	enq, e2e    *hdrhistogram.Histogram
+	acksLost    int64 // acks the system answered were lost (target.LostAcks)
 }
 
 // runDrain enqueues n items, then drains them with `consumers` clients.
@@ -203,7 +217,9 @@ func runDrain(ctx context.Context, e *env, in target.Instance, producers, consum
 	}
 	out.e2e = newHist()
 	start := e.clk.Now()
-	done, err := consumeAll(ctx, e, cs, queue, n, out.e2e)
+	var lost atomic.Int64
+	done, err := consumeAll(ctx, e, cs, queue, n, out.e2e, &lost)
+	out.acksLost = lost.Load()
 	err = errors.Join(err, closeAll(cs))
 	if err != nil {
 		return out, fmt.Errorf("drain: %w", err)
@@ -218,6 +234,7 @@ type stormOut struct {
 	lastExpiry  time.Time // when the last one could
 	done        time.Time // when every item had been redelivered and acked
 	e2e         *hdrhistogram.Histogram
+	acksLost    int64 // acks the system answered were lost (target.LostAcks)
 }
 
 // runStorm enqueues n items, lets `consumers` clients lease all of them
@@ -295,7 +312,9 @@ func runStorm(ctx context.Context, e *env, in target.Instance, producers, consum
 	out.e2e = newHist()
 	rctx, rcancel := e.clk.WithDeadline(ctx, out.lastExpiry.Add(stormWait))
 	defer rcancel()
-	done, err := consumeAll(rctx, e, rescuers, queue, n, out.e2e)
+	var lost atomic.Int64
+	done, err := consumeAll(rctx, e, rescuers, queue, n, out.e2e, &lost)
+	out.acksLost = lost.Load()
 	err = errors.Join(err, closeAll(rescuers))
 	if err != nil {
 		return out, fmt.Errorf("redeliver: %w", err)

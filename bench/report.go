@@ -26,6 +26,13 @@ type Ratio struct {
 	Value  float64 `json:"leaseq_value"`
 	PeerV  float64 `json:"peer_value"`
 	Ratio  float64 `json:"ratio"` // leaseq / peer
+	// Failed names the row of the two that failed at least half of its
+	// rounds ("redis-always failed 2/3 rounds"): Ratio is then 0, as
+	// its few completed rounds do not stand for it (rounds.go).
+	Failed string `json:"failed,omitempty"`
+	// Note names what else qualifies the ratio: a row that lost acks
+	// (Result.AcksLost) or failed a minority of its rounds.
+	Note string `json:"note,omitempty"`
 }
 
 // Goal is one target of the issue, checked on this run's numbers.
@@ -43,19 +50,77 @@ type Goal struct {
 	// day's machine moved it, as the two rows of one round ran minutes
 	// apart and the medians' rounds up to a quarter of an hour.
 	Rounds []float64 `json:"rounds,omitempty"`
+	// Failed and Note are as Ratio's. A goal with Failed set, or whose
+	// rows lost acks, is not met whatever its ratio: a bug that turned
+	// acks into NotFound, or a row that mostly failed, must not read as
+	// speed.
+	Failed string `json:"failed,omitempty"`
+	Note   string `json:"note,omitempty"`
+}
+
+// failedMost reports whether a row of several rounds failed at least
+// half of them: it is then not compared on the rounds that completed.
+func failedMost(r Result) bool {
+	n := len(r.RoundsItemsPerSec)
+	return n > 0 && 2*r.RoundsFailed >= n
+}
+
+// judge says what qualifies a comparison of rows: which failed most of
+// their rounds (failed), and which lost acks or failed fewer (note); lost
+// is whether any lost acks.
+func judge(rows ...Result) (failed, note string, lost bool) {
+	var fs, ns []string
+	for _, r := range rows {
+		switch n := len(r.RoundsItemsPerSec); {
+		case failedMost(r):
+			fs = append(fs, fmt.Sprintf("%s failed %d/%d rounds", r.System, r.RoundsFailed, n))
+		case r.RoundsFailed > 0:
+			ns = append(ns, fmt.Sprintf("%s failed %d/%d rounds, compared on the others", r.System, r.RoundsFailed, n))
+		}
+		if r.AcksLost > 0 {
+			ns = append(ns, fmt.Sprintf("%s lost %d acks", r.System, r.AcksLost))
+			lost = true
+		}
+	}
+	return strings.Join(fs, "; "), strings.Join(ns, "; "), lost
+}
+
+// judged qualifies g by its rows (judge): a failed comparison has no
+// ratio, and neither it nor one whose rows lost acks is met.
+func judged(g Goal, rows ...Result) Goal {
+	failed, note, lost := judge(rows...)
+	g.Failed, g.Note = failed, note
+	if failed != "" {
+		g.Ratio = 0
+	}
+	if failed != "" || lost {
+		g.Met = false
+	}
+	return g
+}
+
+// judgedRatio is judged for a Ratio.
+func judgedRatio(r Ratio, rows ...Result) Ratio {
+	r.Failed, r.Note, _ = judge(rows...)
+	if r.Failed != "" {
+		r.Ratio = 0
+	}
+	return r
 }
 
 func ok(r Result) bool { return r.Err == "" && r.Incomplete == "" && r.Items > 0 }
 
 func isLeaseq(r Result) bool { return r.Family == "leaseq" }
 
-// compare computes ratios and goal checks. Only rows that completed count.
+// compare computes ratios and goal checks. Only rows that completed count,
+// and rows of several rounds that failed at least half of them, which are
+// shown as failed (judge).
 func compare(rs []Result) ([]Ratio, []Goal) {
 	var ratios []Ratio
 	byRow := map[string][]Result{}
 	var rows []string
 	for _, r := range rs {
-		if !ok(r) {
+		if !ok(r) && !failedMost(r) {
 			continue
 		}
 		if _, seen := byRow[r.Row]; !seen {
@@ -84,11 +149,11 @@ func compare(rs []Result) ([]Ratio, []Goal) {
 			}
 			for _, f := range fams {
 				p := best[f]
-				ratios = append(ratios, Ratio{Row: row, Leaseq: l.System, Peer: p.System, Class: l.Class, Metric: "items/s",
-					Value: l.ItemsPerSec, PeerV: p.ItemsPerSec, Ratio: div(l.ItemsPerSec, p.ItemsPerSec)})
+				ratios = append(ratios, judgedRatio(Ratio{Row: row, Leaseq: l.System, Peer: p.System, Class: l.Class, Metric: "items/s",
+					Value: l.ItemsPerSec, PeerV: p.ItemsPerSec, Ratio: div(l.ItemsPerSec, p.ItemsPerSec)}, l, p))
 				if strings.HasPrefix(row, "latency") && l.Enqueue != nil && p.Enqueue != nil {
-					ratios = append(ratios, Ratio{Row: row, Leaseq: l.System, Peer: p.System, Class: l.Class, Metric: "enqueue p50 µs",
-						Value: l.Enqueue.P50, PeerV: p.Enqueue.P50, Ratio: div(l.Enqueue.P50, p.Enqueue.P50)})
+					ratios = append(ratios, judgedRatio(Ratio{Row: row, Leaseq: l.System, Peer: p.System, Class: l.Class, Metric: "enqueue p50 µs",
+						Value: l.Enqueue.P50, PeerV: p.Enqueue.P50, Ratio: div(l.Enqueue.P50, p.Enqueue.P50)}, l, p))
 				}
 			}
 		}
@@ -114,11 +179,11 @@ func goals(byRow map[string][]Result) []Goal {
 		case string(target.ClassDurable):
 			if p, found := find("e2e", "redis-always"); found {
 				r := div(l.ItemsPerSec, p.ItemsPerSec)
-				gs = append(gs, Goal{Goal: "e2e items/s vs Redis appendfsync always", System: l.System, Versus: p.System, Ratio: r, Want: ">= 5", Met: r >= 5})
+				gs = append(gs, judged(Goal{Goal: "e2e items/s vs Redis appendfsync always", System: l.System, Versus: p.System, Ratio: r, Want: ">= 5", Met: r >= 5}, l, p))
 			}
 			if p, found := find("e2e", "redis-everysec"); found {
 				r := div(l.ItemsPerSec, p.ItemsPerSec)
-				gs = append(gs, Goal{Goal: "e2e items/s vs Redis everysec", System: l.System, Versus: p.System, Ratio: r, Want: ">= 1", Met: r >= 1})
+				gs = append(gs, judged(Goal{Goal: "e2e items/s vs Redis everysec", System: l.System, Versus: p.System, Ratio: r, Want: ">= 1", Met: r >= 1}, l, p))
 			}
 		case string(target.ClassRelaxed):
 			var best Result
@@ -129,7 +194,7 @@ func goals(byRow map[string][]Result) []Goal {
 			}
 			if best.System != "" {
 				r := div(l.ItemsPerSec, best.ItemsPerSec)
-				gs = append(gs, Goal{Goal: "e2e items/s vs best no-fsync peer", System: l.System, Versus: best.System, Ratio: r, Want: ">= 2", Met: r >= 2})
+				gs = append(gs, judged(Goal{Goal: "e2e items/s vs best relaxed-durability peer", System: l.System, Versus: best.System, Ratio: r, Want: ">= 2", Met: r >= 2}, l, best))
 			}
 		}
 	}
@@ -147,7 +212,7 @@ func goals(byRow map[string][]Result) []Goal {
 		}
 		if best.Enqueue != nil {
 			r := div(l.Enqueue.P50, best.Enqueue.P50)
-			gs = append(gs, Goal{Goal: "single durable enqueue p50 vs best durable peer", System: l.System, Versus: best.System, Ratio: r, Want: "<= 1", Met: r <= 1})
+			gs = append(gs, judged(Goal{Goal: "single durable enqueue p50 vs best durable peer", System: l.System, Versus: best.System, Ratio: r, Want: "<= 1", Met: r <= 1}, l, best))
 		}
 	}
 	for _, l := range byRow["churn"] {
@@ -155,7 +220,7 @@ func goals(byRow map[string][]Result) []Goal {
 			continue
 		}
 		if v, found := l.Extra["last_first_ratio"]; found {
-			gs = append(gs, Goal{Goal: "tombstone churn last/first interval", System: l.System, Versus: "itself", Ratio: v, Want: ">= 0.8", Met: v >= 0.8})
+			gs = append(gs, judged(Goal{Goal: "tombstone churn last/first interval", System: l.System, Versus: "itself", Ratio: v, Want: ">= 0.8", Met: v >= 0.8}, l))
 		}
 	}
 	return gs
@@ -202,12 +267,12 @@ func speedGoals(byRow map[string][]Result) []Goal {
 				continue
 			}
 			r := div(l.ItemsPerSec, p.ItemsPerSec)
-			gs = append(gs, Goal{Goal: row + " items/s vs Redis, same class", System: l.System, Versus: p.System, Ratio: r,
-				Want: fmt.Sprintf(">= %g", want), Met: r >= want})
+			gs = append(gs, judged(Goal{Goal: row + " items/s vs Redis, same class", System: l.System, Versus: p.System, Ratio: r,
+				Want: fmt.Sprintf(">= %g", want), Met: r >= want}, l, p))
 			if row == "produce-b1" && l.CPUPerItem > 0 && p.CPUPerItem > 0 {
 				r := div(l.CPUPerItem, p.CPUPerItem)
-				gs = append(gs, Goal{Goal: "produce-b1 server cpu-µs per call vs Redis, same class", System: l.System, Versus: p.System, Ratio: r,
-					Want: "<= 1", Met: r <= 1})
+				gs = append(gs, judged(Goal{Goal: "produce-b1 server cpu-µs per call vs Redis, same class", System: l.System, Versus: p.System, Ratio: r,
+					Want: "<= 1", Met: r <= 1}, l, p))
 			}
 		}
 	}
@@ -220,8 +285,8 @@ func speedGoals(byRow map[string][]Result) []Goal {
 			continue
 		}
 		r := div(l.CPUPerItem, p.CPUPerItem)
-		gs = append(gs, Goal{Goal: "roundtrip (nodeInfo vs PING) server cpu-µs per call vs Redis", System: l.System, Versus: p.System, Ratio: r,
-			Want: "<= 1", Met: r <= 1})
+		gs = append(gs, judged(Goal{Goal: "roundtrip (nodeInfo vs PING) server cpu-µs per call vs Redis", System: l.System, Versus: p.System, Ratio: r,
+			Want: "<= 1", Met: r <= 1}, l, p))
 	}
 	for _, l := range byRow["latency-max"] {
 		if !isLeaseq(l) || l.InProcess || l.Class != string(target.ClassDurable) || l.Enqueue == nil {
@@ -232,9 +297,9 @@ func speedGoals(byRow map[string][]Result) []Goal {
 			continue
 		}
 		r := div(l.Enqueue.P50, p.Enqueue.P50)
-		gs = append(gs, Goal{Goal: "single durable enqueue p50 vs Redis appendfsync always", System: l.System, Versus: p.System, Ratio: r, Want: "<= 1", Met: r <= 1})
+		gs = append(gs, judged(Goal{Goal: "single durable enqueue p50 vs Redis appendfsync always", System: l.System, Versus: p.System, Ratio: r, Want: "<= 1", Met: r <= 1}, l, p))
 		r = div(l.Enqueue.P99, p.Enqueue.P99)
-		gs = append(gs, Goal{Goal: "single durable enqueue p99 vs Redis appendfsync always", System: l.System, Versus: p.System, Ratio: r, Want: "<= 2", Met: r <= 2})
+		gs = append(gs, judged(Goal{Goal: "single durable enqueue p99 vs Redis appendfsync always", System: l.System, Versus: p.System, Ratio: r, Want: "<= 2", Met: r <= 2}, l, p))
 	}
 	return gs
 }
@@ -284,6 +349,9 @@ func note(r Result) string {
 	if r.Incomplete != "" {
 		n = append(n, "INCOMPLETE: "+r.Incomplete)
 	}
+	if r.AcksLost > 0 {
+		n = append(n, fmt.Sprintf("ACKS LOST: %d (answered lease expired or not found; not counted as items)", r.AcksLost))
+	}
 	if len(r.RoundsItemsPerSec) > 0 {
 		n = append(n, roundsNote(r))
 	}
@@ -320,7 +388,53 @@ func roundsNote(r Result) string {
 	if r.RoundsFailed > 0 {
 		s += fmt.Sprintf(", %d failed", r.RoundsFailed)
 	}
+	if failedMost(r) {
+		s += ": not compared"
+	}
 	return s
+}
+
+// figure formats a row's items/s or a per-item figure, "-" for a row
+// that did not complete: its 0 items/s, or its CPU over no item, beside
+// real CPU seconds would read as a measurement.
+func figure(r Result, format string, v float64) string {
+	if !ok(r) {
+		return "-"
+	}
+	return fmt.Sprintf(format, v)
+}
+
+// perItemClientCPU is a row's client CPU per item ("-" as clientCPU or
+// figure say).
+func perItemClientCPU(r Result) string {
+	if !ok(r) {
+		return "-"
+	}
+	return clientCPU(r, "%.0f", r.ClientCPUPerItem)
+}
+
+// ratioText is a ratio's figure, or why it has none.
+func ratioText(r Ratio, format string) string {
+	if r.Failed != "" {
+		return r.Failed
+	}
+	return fmt.Sprintf(format, r.Ratio)
+}
+
+// goalStatus is a goal's verdict: MET, SHORT, FAILED (a row failed most
+// of its rounds), or LOST ACKS (the ratio reaches the target, but a row
+// lost acks, so it is not met).
+func goalStatus(g Goal) string {
+	switch {
+	case g.Failed != "":
+		return "FAILED"
+	case g.Met:
+		return "MET"
+	case ratioMeets(g):
+		return "LOST ACKS"
+	default:
+		return "SHORT"
+	}
 }
 
 // WriteTable prints the summary table, the ratios and the goals as
@@ -329,9 +443,9 @@ func WriteTable(w io.Writer, rep *Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "row\tsystem\tdurability\titems/s\te2e p50/p99/p999 ms\tenqueue p50/p99/p999 ms\tcpu s\tcpu µs/item\tclient µs/item\tpeak rss MB\tnotes")
 	for _, r := range rep.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.0f\t%s/%s/%s\t%s/%s/%s\t%.1f\t%.0f\t%s\t%.0f\t%s\n", r.Row, r.System, r.Durability, r.ItemsPerSec,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s/%s/%s\t%s/%s/%s\t%.1f\t%s\t%s\t%.0f\t%s\n", r.Row, r.System, r.Durability, figure(r, "%.0f", r.ItemsPerSec),
 			ms(r.E2E, p50), ms(r.E2E, p99), ms(r.E2E, p999), ms(r.Enqueue, p50), ms(r.Enqueue, p99), ms(r.Enqueue, p999),
-			r.CPUSeconds, r.CPUPerItem, clientCPU(r, "%.0f", r.ClientCPUPerItem), float64(r.PeakRSS)/(1<<20), note(r))
+			r.CPUSeconds, figure(r, "%.0f", r.CPUPerItem), perItemClientCPU(r), float64(r.PeakRSS)/(1<<20), note(r))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -339,9 +453,9 @@ func WriteTable(w io.Writer, rep *Report) error {
 	if len(rep.Ratios) > 0 {
 		fmt.Fprintln(w, "\nratios leaseq/peer (same run, same durability class):")
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "row\tleaseq\tpeer\tclass\tmetric\tleaseq\tpeer\tratio")
+		fmt.Fprintln(tw, "row\tleaseq\tpeer\tclass\tmetric\tleaseq\tpeer\tratio\tnotes")
 		for _, r := range rep.Ratios {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f\t%.0f\t%.2fx\n", r.Row, r.Leaseq, r.Peer, r.Class, r.Metric, r.Value, r.PeerV, r.Ratio)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.0f\t%.0f\t%s\t%s\n", r.Row, r.Leaseq, r.Peer, r.Class, r.Metric, r.Value, r.PeerV, ratioText(r, "%.2fx"), r.Note)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -351,11 +465,7 @@ func WriteTable(w io.Writer, rep *Report) error {
 		fmt.Fprintln(w, "\ngoals:")
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		for _, g := range rep.Goals {
-			met := "MET"
-			if !g.Met {
-				met = "SHORT"
-			}
-			fmt.Fprintf(tw, "%s\t%s\tvs %s\t%s\t(want %s)\t%s\t%s\n", g.Goal, g.System, g.Versus, goalRatio(g), g.Want, met, roundRatios(g))
+			fmt.Fprintf(tw, "%s\t%s\tvs %s\t%s\t(want %s)\t%s\t%s\t%s\n", g.Goal, g.System, g.Versus, goalRatio(g), g.Want, goalStatus(g), roundRatios(g), g.Note)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -416,21 +526,34 @@ func roundGoals(gs []Goal, roundRows []Result) {
 }
 
 // goalRatio formats g.Ratio with two decimals, or with four where two
-// would contradict g.Met: 1.9994 against ">= 2" reads "1.9994", not a
-// "2.00" marked short.
+// would contradict whether the ratio reaches g.Want: 1.9994 against ">= 2"
+// reads "1.9994", not a "2.00" marked short. A failed goal shows why it
+// has no ratio ("redis-always failed 2/3 rounds").
 func goalRatio(g Goal) string {
-	s := fmt.Sprintf("%.2f", g.Ratio)
-	var op string
-	var want float64
-	if _, err := fmt.Sscanf(g.Want, "%s %g", &op, &want); err != nil {
-		return s
+	if g.Failed != "" {
+		return g.Failed
 	}
+	s := fmt.Sprintf("%.2f", g.Ratio)
 	shown, _ := strconv.ParseFloat(s, 64) // s is a number: %.2f wrote it
-	looksMet := (op == ">=" && shown >= want) || (op == "<=" && shown <= want)
-	if looksMet != g.Met {
+	if meets(shown, g.Want) != ratioMeets(g) {
 		return fmt.Sprintf("%.4f", g.Ratio)
 	}
 	return s
+}
+
+// ratioMeets reports whether g.Ratio reaches g.Want, whatever else made
+// the goal short (judged).
+func ratioMeets(g Goal) bool { return meets(g.Ratio, g.Want) }
+
+// meets reports whether v reaches want (">= 2", "<= 1"); false when want
+// is not of that form.
+func meets(v float64, want string) bool {
+	var op string
+	var w float64
+	if _, err := fmt.Sscanf(want, "%s %g", &op, &w); err != nil {
+		return false
+	}
+	return (op == ">=" && v >= w) || (op == "<=" && v <= w)
 }
 
 // WriteMarkdown writes the table, ratios and goals as Markdown (what
@@ -454,24 +577,24 @@ func WriteMarkdown(w io.Writer, rep *Report) error {
 			shape = r.Shape
 			fmt.Fprintf(&b, "| **%s** | *%s* | | | | | | | | | |\n", r.Row, strings.ReplaceAll(r.Shape, "|", "/"))
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %s / %s / %s | %s / %s / %s | %.1f | %.0f | %s | %.0f | %s |\n", r.Row, r.System, r.Durability,
-			r.ItemsPerSec, ms(r.E2E, p50), ms(r.E2E, p99), ms(r.E2E, p999), ms(r.Enqueue, p50), ms(r.Enqueue, p99), ms(r.Enqueue, p999),
-			r.CPUSeconds, r.CPUPerItem, clientCPU(r, "%.0f", r.ClientCPUPerItem), float64(r.PeakRSS)/(1<<20), strings.ReplaceAll(note(r), "|", "/"))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s / %s / %s | %s / %s / %s | %.1f | %s | %s | %.0f | %s |\n", r.Row, r.System, r.Durability,
+			figure(r, "%.0f", r.ItemsPerSec), ms(r.E2E, p50), ms(r.E2E, p99), ms(r.E2E, p999), ms(r.Enqueue, p50), ms(r.Enqueue, p99), ms(r.Enqueue, p999),
+			r.CPUSeconds, figure(r, "%.0f", r.CPUPerItem), perItemClientCPU(r), float64(r.PeakRSS)/(1<<20), strings.ReplaceAll(note(r), "|", "/"))
 	}
 	if len(rep.Ratios) > 0 {
-		b.WriteString("\n| row | leaseq | peer | class | metric | leaseq | peer | leaseq/peer |\n|---|---|---|---|---|--:|--:|--:|\n")
+		b.WriteString("\n| row | leaseq | peer | class | metric | leaseq | peer | leaseq/peer | notes |\n|---|---|---|---|---|--:|--:|--:|---|\n")
 		for _, r := range rep.Ratios {
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.0f | %.0f | %.2f× |\n", r.Row, r.Leaseq, r.Peer, r.Class, r.Metric, r.Value, r.PeerV, r.Ratio)
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.0f | %.0f | %s | %s |\n", r.Row, r.Leaseq, r.Peer, r.Class, r.Metric, r.Value, r.PeerV, ratioText(r, "%.2f×"), r.Note)
 		}
 	}
 	if len(rep.Goals) > 0 {
-		b.WriteString("\n| goal | leaseq | versus | ratio | want | | by round |\n|---|---|---|--:|---|---|---|\n")
+		b.WriteString("\n| goal | leaseq | versus | ratio | want | | by round | notes |\n|---|---|---|--:|---|---|---|---|\n")
 		for _, g := range rep.Goals {
 			met := "met"
-			if !g.Met {
-				met = "**short**"
+			if st := goalStatus(g); st != "MET" {
+				met = "**" + strings.ToLower(st) + "**"
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", g.Goal, g.System, g.Versus, goalRatio(g), g.Want, met, roundRatios(g))
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", g.Goal, g.System, g.Versus, goalRatio(g), g.Want, met, roundRatios(g), g.Note)
 		}
 	}
 	for _, s := range rep.Skipped {

@@ -15,10 +15,19 @@ const maxRounds = 20
 // rounds, every system runs each row once per round, in turn, and the
 // report gives each row's median: items/s, CPU, RSS, each latency
 // percentile and each extra figure are each the median of that figure
-// over the rounds the row completed. Items and seconds are those of the
-// round with the median items/s, so they describe one real window. The
+// over the rounds the row completed. With an even number of completed
+// rounds every figure's median is the lower of its two middle values, not
+// their mean: so a row's items/s is that of one real round, the one with
+// the lower middle items/s, and its items and seconds are that same
+// round's, describing one real window (items / seconds = items/s). The
 // ratios and goals are computed from the medians. Every round's own row
 // stays in the report (Report.RoundResults).
+//
+// A row that failed at least half of its rounds is not compared on the
+// few that completed (they would stand for the row as if it ran well):
+// its ratios and goals say "failed k/n rounds" instead (report.go). One
+// that failed fewer is compared on the rounds it completed, and its notes
+// say how many failed.
 
 // medianRows folds the rows of several rounds (rs, in the order they ran)
 // into one row per row name and system, in order of first appearance.
@@ -55,11 +64,16 @@ func medianRow(rounds []Result) Result {
 	if len(done) > 0 {
 		byRate := slices.Clone(done)
 		sort.SliceStable(byRate, func(i, j int) bool { return byRate[i].ItemsPerSec < byRate[j].ItemsPerSec })
-		m = byRate[(len(byRate)-1)/2] // the lower middle when even
+		m = byRate[(len(byRate)-1)/2] // the lower middle when even, as median()
 	}
 	m.Round = 0
 	m.RoundsItemsPerSec = perRound
 	m.RoundsFailed = len(rounds) - len(done)
+	// A lost ack in any round flags the row, failed rounds' included.
+	m.AcksLost = 0
+	for _, r := range rounds {
+		m.AcksLost += r.AcksLost
+	}
 	if len(done) == 0 {
 		return m
 	}
@@ -78,18 +92,15 @@ func medianRow(rounds []Result) Result {
 	return m
 }
 
-// median returns the median of xs (the mean of the two middle values
-// when their number is even); xs is sorted in place.
+// median returns the median of xs, the lower of the two middle values
+// when their number is even (so that a row's items/s is the median
+// round's, as its items and seconds are); xs is sorted in place.
 func median(xs []float64) float64 {
 	if len(xs) == 0 {
 		return 0
 	}
 	sort.Float64s(xs)
-	n := len(xs)
-	if n%2 == 1 {
-		return xs[n/2]
-	}
-	return (xs[n/2-1] + xs[n/2]) / 2
+	return xs[(len(xs)-1)/2]
 }
 
 // medianBy returns the median of f over xs.

@@ -172,15 +172,17 @@ func (c *httpClient) Poll(ctx context.Context, queue string, max int, wait time.
 
 func (c *httpClient) Ack(ctx context.Context, queue string, ds []target.Delivery) error {
 	var order []string
-	ids := map[string][]string{}
-	for _, d := range ds {
+	ids, at := map[string][]string{}, map[string][]int{}
+	for i, d := range ds {
 		h := d.Handle.(httpHandle)
 		if _, ok := ids[h.lease]; !ok {
 			order = append(order, h.lease)
 		}
 		ids[h.lease] = append(ids[h.lease], h.id)
+		at[h.lease] = append(at[h.lease], i)
 	}
 	var errs []error
+	var lost target.LostAcks
 	for _, l := range order {
 		var res httpapi.SettleResponse
 		if err := c.post(ctx, queue, "/ack", httpapi.SettleRequest{Lease: l, IDs: ids[l]}, &res); err != nil {
@@ -189,11 +191,24 @@ func (c *httpClient) Ack(ctx context.Context, queue string, ds []target.Delivery
 		}
 		for i, r := range res.Results {
 			switch r.Code {
-			case "ok", "leaseExpired", "leaseMismatch", "notFound":
+			case "ok":
+			case "leaseExpired", "leaseMismatch", "notFound":
+				// Not this consumer's to complete any more: not a
+				// failure, nor an item done (target.LostAcks).
+				lost.N++
+				if i < len(at[l]) {
+					lost.Index = append(lost.Index, at[l][i])
+				}
 			default:
 				errs = append(errs, fmt.Errorf("leaseqt: http ack id %d: %s", i, r.Code))
 			}
 		}
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if len(lost.Index) != lost.N {
+		lost.Index = nil // the server did not answer id by id: only how many
+	}
+	return lostOrNil(&lost)
 }

@@ -345,28 +345,35 @@ func deliveries(res storage.PollResult) []target.Delivery {
 	return ds
 }
 
-// byLease groups ids by lease, keeping first-seen order; a poll batch
-// has one lease, so this is normally one group.
-func byLease(ds []target.Delivery) ([]storage.LeaseID, map[storage.LeaseID][]storage.ItemID) {
-	var order []storage.LeaseID
-	m := map[storage.LeaseID][]storage.ItemID{}
-	for _, d := range ds {
+// byLease groups ids by lease, keeping first-seen order, with each id's
+// index in ds (at); a poll batch has one lease, so this is normally one
+// group.
+func byLease(ds []target.Delivery) (order []storage.LeaseID, ids map[storage.LeaseID][]storage.ItemID, at map[storage.LeaseID][]int) {
+	ids, at = map[storage.LeaseID][]storage.ItemID{}, map[storage.LeaseID][]int{}
+	for i, d := range ds {
 		h := d.Handle.(handle)
-		if _, ok := m[h.lease]; !ok {
+		if _, ok := ids[h.lease]; !ok {
 			order = append(order, h.lease)
 		}
-		m[h.lease] = append(m[h.lease], h.id)
+		ids[h.lease] = append(ids[h.lease], h.id)
+		at[h.lease] = append(at[h.lease], i)
 	}
-	return order, m
+	return order, ids, at
 }
 
-// ackCodes accepts CodeOK and the codes an at-least-once consumer meets
-// when its lease ran out (the item went to someone else or was acked by
-// them); anything else is a harness or server bug.
-func ackCodes(codes []storage.Code) error {
+// ackCodes checks an ack's codes, at being each code's delivery index.
+// The codes an at-least-once consumer meets when its lease ran out (the
+// item went to someone else, or was acked by them) are not a failure,
+// but neither are they an ack: they go into lost (target.LostAcks), so
+// the harness does not count those items as done. Anything else is a
+// harness or server bug.
+func ackCodes(codes []storage.Code, at []int, lost *target.LostAcks) error {
 	for i, code := range codes {
 		switch code {
-		case storage.CodeOK, storage.CodeLeaseExpired, storage.CodeLeaseMismatch, storage.CodeNotFound:
+		case storage.CodeOK:
+		case storage.CodeLeaseExpired, storage.CodeLeaseMismatch, storage.CodeNotFound:
+			lost.N++
+			lost.Index = append(lost.Index, at[i])
 		default:
 			return fmt.Errorf("leaseqt: ack id %d: %v", i, code)
 		}
@@ -374,18 +381,36 @@ func ackCodes(codes []storage.Code) error {
 	return nil
 }
 
+// lostOrNil is lost as Ack's error: nil when no ack was lost.
+func lostOrNil(lost *target.LostAcks) error {
+	if lost.N == 0 {
+		return nil
+	}
+	return lost
+}
+
+// lostOrNone is lost as AckPoll's acked argument: nil when no ack was
+// lost.
+func lostOrNone(lost *target.LostAcks) *target.LostAcks {
+	if lost.N == 0 {
+		return nil
+	}
+	return lost
+}
+
 func (c *inprocClient) Ack(ctx context.Context, queue string, ds []target.Delivery) error {
-	order, m := byLease(ds)
+	order, m, at := byLease(ds)
+	var lost target.LostAcks
 	for _, l := range order {
 		codes, err := c.in.store.Ack(ctx, storage.AckParams{Queue: queue, Lease: l, IDs: m[l], Now: c.in.clk.Now()})
 		if err != nil {
 			return fmt.Errorf("leaseqt: ack: %w", err)
 		}
-		if err := ackCodes(codes); err != nil {
+		if err := ackCodes(codes, at[l], &lost); err != nil {
 			return err
 		}
 	}
-	return nil
+	return lostOrNil(&lost)
 }
 
 // AckPoll implements target.AckPoller: on a store that completes calls
@@ -394,9 +419,9 @@ func (c *inprocClient) Ack(ctx context.Context, queue string, ds []target.Delive
 // where it has one (storage.SyncHolder), so both share a commit's fsync
 // as a connection's reader makes a pipelined pair share one. When that
 // poll finds nothing, a plain Poll waits.
-func (c *inprocClient) AckPoll(ctx context.Context, queue string, ack []target.Delivery, acked func(), max int, wait time.Duration) ([]target.Delivery, error) {
+func (c *inprocClient) AckPoll(ctx context.Context, queue string, ack []target.Delivery, acked func(*target.LostAcks), max int, wait time.Duration) ([]target.Delivery, error) {
 	as, ok := c.in.store.(storage.Async)
-	order, m := byLease(ack)
+	order, m, at := byLease(ack)
 	if !ok || len(order) != 1 {
 		return ackThenPoll(ctx, c, queue, ack, acked, max, wait)
 	}
@@ -411,10 +436,11 @@ func (c *inprocClient) AckPoll(ctx context.Context, queue string, ack []target.D
 	}
 	now := c.in.clk.Now()
 	as.AckAsync(ctx, storage.AckParams{Queue: queue, Lease: order[0], IDs: m[order[0]], Now: now}, func(codes []storage.Code, err error) {
+		var lost target.LostAcks
 		if err != nil {
 			err = fmt.Errorf("leaseqt: ack: %w", err)
-		} else if err = ackCodes(codes); err == nil {
-			acked()
+		} else if err = ackCodes(codes, at[order[0]], &lost); err == nil {
+			acked(lostOrNone(&lost))
 		}
 		acks <- err
 	})
@@ -436,10 +462,11 @@ func (c *inprocClient) AckPoll(ctx context.Context, queue string, ack []target.D
 
 // ackThenPoll is AckPoll the plain way, one call after the other: for a
 // store that cannot take both at once, or deliveries of several leases.
-func ackThenPoll(ctx context.Context, c target.Client, queue string, ack []target.Delivery, acked func(), max int, wait time.Duration) ([]target.Delivery, error) {
-	if err := c.Ack(ctx, queue, ack); err != nil {
+func ackThenPoll(ctx context.Context, c target.Client, queue string, ack []target.Delivery, acked func(*target.LostAcks), max int, wait time.Duration) ([]target.Delivery, error) {
+	var lost *target.LostAcks
+	if err := c.Ack(ctx, queue, ack); err != nil && !errors.As(err, &lost) {
 		return nil, err
 	}
-	acked()
+	acked(lost)
 	return c.Poll(ctx, queue, max, wait)
 }

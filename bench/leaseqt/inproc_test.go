@@ -107,9 +107,12 @@ func TestInProcess_ExpiredLeaseIsRedeliveredByTheSweepLoop(t *testing.T) {
 				again = append(again, ds...)
 			}
 			require.NoError(t, b.Ack(ctx, "q", again))
-			// The first holder's lease is stale: its ack changes nothing and
-			// is tolerated, as at-least-once consumers must.
-			require.NoError(t, a.Ack(ctx, "q", first))
+			// The first holder's lease is stale: its ack changes nothing, is
+			// no failure (at-least-once consumers meet it), and is reported
+			// as lost acks, which the harness does not count as done.
+			var lost *target.LostAcks
+			require.ErrorAs(t, a.Ack(ctx, "q", first), &lost)
+			require.Equal(t, 2, lost.N)
 		})
 	}
 }
@@ -195,7 +198,12 @@ func TestLoopback_RPCClientOverAServerInProcess(t *testing.T) {
 		require.NoError(t, b.Ack(ctx, "q", ds))
 	}
 	require.ElementsMatch(t, []string{"y", "z"}, got)
-	require.NoError(t, a.Ack(ctx, "q", first[1:]), "a stale lease's ack is tolerated")
+	// Found by review (session 72): a stale lease's ack is tolerated, but
+	// it is not an ack, and the harness must not count its item as done.
+	var lost *target.LostAcks
+	require.ErrorAs(t, a.Ack(ctx, "q", first[1:]), &lost, "a stale lease's ack reads as an ack")
+	require.Equal(t, 1, lost.N)
+	require.Equal(t, []int{0}, lost.Index)
 }
 
 // An in-process RocksDB store reports its write stalls for the row's
@@ -282,7 +290,7 @@ func TestAckPoll_AcksThenTakesTheNext(t *testing.T) {
 			require.NoError(t, err)
 			require.Len(t, first, 2)
 			acked := 0
-			next, err := ap.AckPoll(ctx, "q", first, func() { acked++ }, 10, 0)
+			next, err := ap.AckPoll(ctx, "q", first, func(*target.LostAcks) { acked++ }, 10, 0)
 			require.NoError(t, err)
 			require.Equal(t, 1, acked, "the ack was confirmed once")
 			require.Len(t, next, 1)
@@ -293,7 +301,7 @@ func TestAckPoll_AcksThenTakesTheNext(t *testing.T) {
 				clock.New().Sleep(50 * time.Millisecond)
 				_ = b.Enqueue(ctx, "q", [][]byte{[]byte("4")})
 			}()
-			last, err := ap.AckPoll(ctx, "q", next, func() { acked++ }, 10, 5*time.Second)
+			last, err := ap.AckPoll(ctx, "q", next, func(*target.LostAcks) { acked++ }, 10, 5*time.Second)
 			require.NoError(t, err)
 			require.Equal(t, 2, acked)
 			require.Len(t, last, 1)

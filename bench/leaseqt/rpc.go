@@ -341,36 +341,41 @@ func (c *rpcClient) Poll(ctx context.Context, queue string, max int, wait time.D
 }
 
 func (c *rpcClient) Ack(ctx context.Context, queue string, ds []target.Delivery) error {
-	order, m := byLease(ds)
+	order, m, at := byLease(ds)
 	var errs []error
+	var lost target.LostAcks
 	for _, l := range order {
 		codes, err := c.c.Ack(ctx, queue, l, m[l])
 		if err != nil {
 			errs = append(errs, fmt.Errorf("leaseqt: rpc ack: %w", err))
 			continue
 		}
-		errs = append(errs, ackCodes(codes))
+		errs = append(errs, ackCodes(codes, at[l], &lost))
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return lostOrNil(&lost)
 }
 
 // AckPoll implements target.AckPoller with Client.AckPoll: the ack and a
 // poll that does not wait go out in one write; when that poll finds
 // nothing, a plain Poll waits. So the ack is confirmed when the pair
 // returns, as with the Redis peer's pipeline.
-func (c *rpcClient) AckPoll(ctx context.Context, queue string, ack []target.Delivery, acked func(), max int, wait time.Duration) ([]target.Delivery, error) {
-	order, m := byLease(ack)
+func (c *rpcClient) AckPoll(ctx context.Context, queue string, ack []target.Delivery, acked func(*target.LostAcks), max int, wait time.Duration) ([]target.Delivery, error) {
+	order, m, at := byLease(ack)
 	if len(order) != 1 {
 		return ackThenPoll(ctx, c, queue, ack, acked, max, wait)
 	}
 	codes, res, err := c.c.AckPoll(ctx, queue, order[0], m[order[0]], max, c.lease, 0)
+	var lost target.LostAcks
 	if err == nil {
-		err = ackCodes(codes)
+		err = ackCodes(codes, at[order[0]], &lost)
 	}
 	if err != nil {
 		return deliveries(res), fmt.Errorf("leaseqt: rpc ack+poll: %w", err)
 	}
-	acked()
+	acked(lostOrNone(&lost))
 	if len(res.Items) == 0 {
 		return c.Poll(ctx, queue, max, wait)
 	}

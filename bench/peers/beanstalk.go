@@ -177,13 +177,23 @@ func (c *beanstalkClient) Poll(ctx context.Context, queue string, max int, wait 
 
 func (c *beanstalkClient) Ack(ctx context.Context, queue string, ds []target.Delivery) error {
 	defer c.watchCtx(ctx)()
-	for _, d := range ds {
+	var lost target.LostAcks
+	for i, d := range ds {
 		err := c.c.Delete(d.Handle.(uint64))
 		// NOT_FOUND: the TTR ran out and another worker holds (or deleted)
-		// the job; at-least-once, so not a failure of the run.
-		if err != nil && !errors.Is(err, beanstalk.ErrNotFound) {
+		// the job; at-least-once, so not a failure of the run, but not a
+		// job this delete completed either (target.LostAcks).
+		if errors.Is(err, beanstalk.ErrNotFound) {
+			lost.N++
+			lost.Index = append(lost.Index, i)
+			continue
+		}
+		if err != nil {
 			return fmt.Errorf("peers: beanstalkd: delete: %w", err)
 		}
+	}
+	if lost.N > 0 {
+		return &lost
 	}
 	return nil
 }

@@ -261,7 +261,10 @@ func (c *natsClient) Ack(ctx context.Context, queue string, ds []target.Delivery
 	}
 	// Acks of one connection reach the consumer in order, so confirming
 	// the last one (a double ack waits for the server's reply) confirms
-	// the batch: one round trip per batch, as for the other systems.
+	// the batch: one round trip per batch, as for the other systems. An
+	// error fails the row; the server does not say when an ack came after
+	// AckWait had handed the message to another consumer, so unlike the
+	// other systems no ack is reported lost (target.LostAcks).
 	for _, d := range ds[:len(ds)-1] {
 		if err := d.Handle.(jetstream.Msg).Ack(); err != nil {
 			return fmt.Errorf("peers: nats: ack: %w", err)

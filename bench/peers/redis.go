@@ -239,13 +239,27 @@ func (c *redisClient) Ack(ctx context.Context, queue string, ds []target.Deliver
 	}
 	// XACK leaves the entry in the stream; a work queue deletes it, so
 	// XDEL goes in the same round trip (Redis 7.0 has no XACKDEL).
+	var xack *redis.IntCmd
 	_, err := c.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.XAck(ctx, queue, redisGroup, ids...)
+		xack = p.XAck(ctx, queue, redisGroup, ids...)
 		p.XDel(ctx, queue, ids...)
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("peers: redis: xack+xdel: %w", err)
+	}
+	if lost := xackLost(xack, len(ids)); lost != nil {
+		return lost
+	}
+	return nil
+}
+
+// xackLost is the acks XACK did not count (nil when it counted every
+// id): an id no longer pending in the group, as another consumer claimed
+// it after its idle time and acked it first. Redis says only how many.
+func xackLost(xack *redis.IntCmd, n int) *target.LostAcks {
+	if got := xack.Val(); got < int64(n) {
+		return &target.LostAcks{N: n - int(got)}
 	}
 	return nil
 }
@@ -256,13 +270,14 @@ func (c *redisClient) Ack(ctx context.Context, queue string, ds []target.Deliver
 // nothing, a plain Poll waits, so the ack is confirmed when the pipeline
 // returns rather than after a blocked read. A due XAUTOCLAIM scan also
 // falls back to Ack then Poll.
-func (c *redisClient) AckPoll(ctx context.Context, queue string, ack []target.Delivery, acked func(), max int, wait time.Duration) ([]target.Delivery, error) {
+func (c *redisClient) AckPoll(ctx context.Context, queue string, ack []target.Delivery, acked func(*target.LostAcks), max int, wait time.Duration) ([]target.Delivery, error) {
 	cl := c.claims[queue]
 	if cl == nil || cl.cursor != "" || c.in.clk.Since(cl.last) >= c.in.lease/4 {
-		if err := c.Ack(ctx, queue, ack); err != nil {
+		var lost *target.LostAcks
+		if err := c.Ack(ctx, queue, ack); err != nil && !errors.As(err, &lost) {
 			return nil, err
 		}
-		acked()
+		acked(lost)
 		return c.Poll(ctx, queue, max, wait)
 	}
 	ids := make([]string, len(ack))
@@ -270,8 +285,9 @@ func (c *redisClient) AckPoll(ctx context.Context, queue string, ack []target.De
 		ids[i] = d.Handle.(string)
 	}
 	var read *redis.XStreamSliceCmd
+	var xack *redis.IntCmd
 	_, err := c.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.XAck(ctx, queue, redisGroup, ids...)
+		xack = p.XAck(ctx, queue, redisGroup, ids...)
 		p.XDel(ctx, queue, ids...)
 		read = p.XReadGroup(ctx, &redis.XReadGroupArgs{
 			Group: redisGroup, Consumer: c.name, Streams: []string{queue, ">"}, Count: int64(max), Block: -1,
@@ -281,7 +297,10 @@ func (c *redisClient) AckPoll(ctx context.Context, queue string, ack []target.De
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("peers: redis: xack+xdel+xreadgroup: %w", err)
 	}
-	acked()
+	if err := xack.Err(); err != nil {
+		return nil, fmt.Errorf("peers: redis: xack: %w", err)
+	}
+	acked(xackLost(xack, len(ids)))
 	res, err := read.Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("peers: redis: xreadgroup: %w", err)

@@ -17,6 +17,7 @@ package target
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/benbjohnson/clock"
@@ -132,21 +133,63 @@ type Client interface {
 	// one (0: return at once). No items is not an error.
 	Poll(ctx context.Context, queue string, max int, wait time.Duration) ([]Delivery, error)
 	// Ack completes deliveries; it returns once the system has confirmed
-	// them, so the harness counts acks seen by the client.
+	// them, so the harness counts acks seen by the client. When the
+	// system answered that some of them were not this client's to
+	// complete any more, it returns a *LostAcks (and only that).
 	Ack(ctx context.Context, queue string, ds []Delivery) error
 	// Close releases the connection. Deliveries not acked are left to
 	// lease expiry (or, for beanstalkd, released by the server).
 	Close() error
 }
 
+// LostAcks is what Client.Ack returns when the system took the ack but
+// answered that some of its deliveries were not completed by it: the
+// lease ran out and the item went to another consumer (leaseq
+// LeaseExpired, LeaseMismatch), or the item is gone (leaseq NotFound, an
+// XACK that Redis counted fewer ids for, beanstalkd NOT_FOUND on delete).
+// An at-least-once consumer meets that when it is slow, so it does not
+// fail the run; but those items were not completed by this ack, and a bug
+// that turned acks into NotFound must not read as throughput: the harness
+// counts them apart (the row's acks_lost), not as items done.
+type LostAcks struct {
+	// N is how many of the deliveries were not acked.
+	N int
+	// Index lists which, by their index in the slice passed to Ack; nil
+	// when the system says only how many (Redis's XACK).
+	Index []int
+}
+
+func (e *LostAcks) Error() string {
+	return fmt.Sprintf("%d of the acked deliveries were no longer this consumer's (lease expired or item gone)", e.N)
+}
+
+// Lost reports whether delivery i of an ack is among the lost ones; when
+// the system did not say which, every one may be.
+func (e *LostAcks) Lost(i int) bool {
+	if e == nil || e.N == 0 {
+		return false
+	}
+	if e.Index == nil {
+		return true
+	}
+	for _, j := range e.Index {
+		if j == i {
+			return true
+		}
+	}
+	return false
+}
+
 // AckPoller is implemented by a Client that can ack one batch and poll for
 // the next in a single round trip: the ack and the poll are sent together
 // (pipelined) and, on a durable system, share one fsync. The harness uses
 // it when run with -ack-poll. acked runs once the ack is confirmed, before
-// AckPoll returns (it may run on another goroutine); a poll that waits for
-// items does not hold up the ack. No items is not an error.
+// AckPoll returns (it may run on another goroutine), with the acks the
+// system answered were lost (as Client.Ack's *LostAcks; nil when none
+// was); a poll that waits for items does not hold up the ack. No items is
+// not an error.
 type AckPoller interface {
-	AckPoll(ctx context.Context, queue string, ack []Delivery, acked func(), max int, wait time.Duration) ([]Delivery, error)
+	AckPoll(ctx context.Context, queue string, ack []Delivery, acked func(lost *LostAcks), max int, wait time.Duration) ([]Delivery, error)
 }
 
 // Pinger is implemented by a Client that can make a round trip to its
