@@ -182,7 +182,11 @@
 // concurrent use. Lock order: per-queue poll lock -> s.mu; s.mu guards only
 // the random source and per-node bookkeeping and is never held across a
 // transaction. Returned slices belong to the caller. Close ends watch
-// goroutines and removes this node's heartbeats.
+// goroutines and removes this node's heartbeats, a transaction per 256 KiB
+// of keys. Per-queue state on a node stays bounded where queues come and
+// go: a poll lock lives while polls of its queue hold or wait on it, and
+// the time of a queue's last heartbeat is forgotten an hour after it was
+// written (heartbeatTTL, when the sweeper deletes the key too).
 //
 // # Check
 //

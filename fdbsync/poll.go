@@ -35,12 +35,42 @@ type pollOut struct {
 	items   []storage.Item
 }
 
-func (s *Store) pollLock(q string) *sync.Mutex {
-	if m, ok := s.pollLocks.Load(q); ok {
-		return m.(*sync.Mutex)
+// pollLock serializes the polls of one queue on this node. users counts
+// the polls holding or waiting on it, so that the entry is dropped when
+// the last one is done: kept for good, the map grew by one entry per queue
+// name ever polled, without bound where jobs come with queues of their own
+// (found by review, session 72). A per-queue lock, not a fixed set of
+// striped ones: a slow poll of one queue must not hold up the polls of
+// another that hashes alike.
+type pollLock struct {
+	sync.Mutex
+	users int // guarded by Store.pollLocks
+}
+
+// lockPoll takes q's poll lock; unlockPoll must release it.
+func (s *Store) lockPoll(q string) *pollLock {
+	s.pollLocks.Lock()
+	l := s.pollLocks.m[q]
+	if l == nil {
+		l = &pollLock{}
+		s.pollLocks.m[q] = l
 	}
-	m, _ := s.pollLocks.LoadOrStore(q, &sync.Mutex{})
-	return m.(*sync.Mutex)
+	// Counted before waiting: an entry is dropped only when no poll holds
+	// it and none waits on it, so two polls of q never hold different
+	// locks.
+	l.users++
+	s.pollLocks.Unlock()
+	l.Lock()
+	return l
+}
+
+func (s *Store) unlockPoll(q string, l *pollLock) {
+	l.Unlock()
+	s.pollLocks.Lock()
+	if l.users--; l.users == 0 {
+		delete(s.pollLocks.m, q)
+	}
+	s.pollLocks.Unlock()
 }
 
 // Poll implements storage.Store. One transaction claims the whole batch:
@@ -65,9 +95,8 @@ func (s *Store) Poll(ctx context.Context, p storage.PollParams) (storage.PollRes
 		return storage.PollResult{}, fmt.Errorf("fdbsync: lease token: %w", err)
 	}
 	lease := storage.LeaseID(tok)
-	mu := s.pollLock(p.Queue)
-	mu.Lock()
-	defer mu.Unlock()
+	l := s.lockPoll(p.Queue)
+	defer s.unlockPoll(p.Queue, l)
 
 	if err := s.heartbeat(ctx, p.Queue, p.Now); err != nil {
 		return storage.PollResult{}, fmt.Errorf("fdbsync: poll %q: %w", p.Queue, err)
@@ -120,8 +149,33 @@ func (s *Store) heartbeat(ctx context.Context, q string, now time.Time) error {
 	s.heartbeats.Add(1)
 	s.mu.Lock()
 	s.mu.heartbeat[q] = now
+	if len(s.mu.heartbeat) > s.mu.hbPruneAt || now.Sub(s.mu.hbPruned) >= hbPruneEvery {
+		s.pruneHeartbeatsLocked(now)
+	}
 	s.mu.Unlock()
 	return nil
+}
+
+// hbPruneEvery spaces the passes of pruneHeartbeatsLocked by the callers'
+// time.
+const hbPruneEvery = time.Minute
+
+// pruneHeartbeatsLocked forgets the queues whose heartbeat this node last
+// wrote more than heartbeatTTL before now: kept for good, the map grew by
+// one entry per queue name ever polled (found by review, session 72).
+// Their keys need no clearing by Close: the sweeper deletes heartbeats of
+// that age, and they stopped counting long before. A pass runs at most
+// every hbPruneEvery, or when the map has doubled since the last one (so
+// that callers' time going back cannot stop it), which keeps its cost
+// amortized constant per heartbeat. Called with s.mu held.
+func (s *Store) pruneHeartbeatsLocked(now time.Time) {
+	for q, t := range s.mu.heartbeat {
+		if now.Sub(t) > heartbeatTTL {
+			delete(s.mu.heartbeat, q)
+		}
+	}
+	s.mu.hbPruned = now
+	s.mu.hbPruneAt = 2*len(s.mu.heartbeat) + 1024
 }
 
 // activePollers counts nodes that claimed from q within pollerTTL of now

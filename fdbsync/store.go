@@ -154,12 +154,17 @@ type Store struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	pollLocks sync.Map // queue -> *sync.Mutex: one claim pass per queue per node
+	pollLocks struct {
+		sync.Mutex
+		m map[string]*pollLock // queue -> one claim pass per queue per node, while polls use it
+	}
 
 	mu struct {
 		sync.Mutex
 		rng       *rand.Rand
-		heartbeat map[string]time.Time // queue -> last heartbeat written
+		heartbeat map[string]time.Time // queue -> last heartbeat written, within about heartbeatTTL
+		hbPruned  time.Time            // caller time of the last pruneHeartbeatsLocked
+		hbPruneAt int                  // prune when heartbeat grows past this many entries
 		lastGC    time.Time            // last collectGarbage, caller time
 		hbCursor  []byte               // where the next garbage pass reads heartbeats from (nil: the start)
 	}
@@ -200,6 +205,7 @@ func New(db kv.DB, o Options) (*Store, error) {
 	}
 	s.mu.rng = rand.New(rand.NewPCG(seed, seed^0xa5a5))
 	s.mu.heartbeat = map[string]time.Time{}
+	s.pollLocks.m = map[string]*pollLock{}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
 }
@@ -234,18 +240,28 @@ func (s *Store) Close() error {
 		queues = append(queues, q)
 	}
 	s.mu.Unlock()
-	if len(queues) == 0 {
-		return nil
-	}
 	// Forget this node as a poller so a single remaining node serves in
-	// strict order at once rather than after pollerTTL.
-	err := s.blind(context.Background(), func(tx kv.Tx) {
-		for _, q := range queues {
-			tx.Clear(s.k.poller(q, s.node))
+	// strict order at once rather than after pollerTTL. A transaction per
+	// txnBudget of keys: a node that polled tens of thousands of queues
+	// within heartbeatTTL cleared them all in one, past FDB's 10 MB (found
+	// by review, session 72).
+	for len(queues) > 0 {
+		n, size := 0, 0
+		for ; n < len(queues) && size < txnBudget; n++ {
+			// The key, its clear and its write conflict range.
+			size += 3 * len(s.k.poller(queues[n], s.node))
 		}
-	})
-	if err != nil {
-		return fmt.Errorf("fdbsync: close: %w", err)
+		batch := queues[:n]
+		queues = queues[n:]
+		err := s.blind(context.Background(), func(tx kv.Tx) {
+			for _, q := range batch {
+				tx.Clear(s.k.poller(q, s.node))
+			}
+		})
+		if err != nil {
+			// The rest stop counting after pollerTTL anyway.
+			return fmt.Errorf("fdbsync: close: %w", err)
+		}
 	}
 	return nil
 }
