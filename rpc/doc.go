@@ -141,6 +141,10 @@
 // the go-capnp engine leaves them leased). It hosts no capabilities, so
 // Subscribe and Queue open a go-capnp connection of their own on first
 // use; NewClient, over a connection the caller made, is go-capnp only.
+// A Call or Bootstrap from the node gets a Return with an exception, and
+// a message kind the client does not know an Unimplemented echo (how a
+// newer node learns to fall back); past 64 such replies the connection
+// ends (leanclient_answer.go).
 // go-capnp's rpc.Conn hands every call and every Finish to a sender
 // goroutine and every Return from its reader, so the client used to cost
 // two to three times the server per call:

@@ -57,7 +57,8 @@ type leanClient struct {
 	readLimit uint64
 
 	w clientWrites // the write side (leanclient_write.go)
-	// pendN is len(pendFin), read without mu on the write path.
+	// pendN is len(pendFin)+len(replies), read without mu on the write
+	// path.
 	pendN atomic.Int32
 
 	flow  *semaphore.Weighted // bytes of calls in flight (FlowLimitBytes)
@@ -76,6 +77,12 @@ type leanClient struct {
 	pendNow bool            // one of them is to be flushed at once
 	done    chan struct{}   // closed when the reader goroutine ends
 	target  uint32          // the bootstrap capability's import id
+
+	// replies answer messages the node started (leanclient_answer.go),
+	// waiting for the write lock's holder as pendFin; nodeReplies counts
+	// those the connection made, up to maxNodeReplies.
+	replies     []*capnp.Message
+	nodeReplies int
 
 	// giveBack nacks the items of a poll whose caller gave up before
 	// reading its answer (abandoned); nil: they stay leased until the
@@ -202,8 +209,14 @@ func (l *leanClient) bootstrap() (uint32, error) {
 			return 0, fmt.Errorf("rpc: bootstrap: node aborted the session: %s", reason)
 		case rpccp.Message_Which_return:
 		default:
+			// Nothing else is expected, but a message the node starts
+			// may need an answer (an echo copies it: before Release).
+			err := l.answerNode(m)
 			msg.Release()
-			continue // nothing else is expected; ignore it
+			if err != nil {
+				return 0, fmt.Errorf("rpc: bootstrap: %w", err)
+			}
+			continue
 		}
 		ret, err := m.Return()
 		if err != nil || ret.AnswerId() != 0 {
@@ -832,10 +845,13 @@ func (l *leanClient) handle(msg *capnp.Message) error {
 		msg.Release()
 		return exc.New(exc.Disconnected, "", "node aborted the session: "+reason)
 	default:
-		// Release, Resolve, Disembargo and the like concern capabilities
-		// and promises this client never holds.
+		// A message the node started: Release, Resolve, Disembargo and
+		// the like concern capabilities and promises this client never
+		// holds; others are answered (an echo copies msg: before
+		// Release).
+		err := l.answerNode(m)
 		msg.Release()
-		return nil
+		return err
 	}
 }
 
@@ -861,6 +877,10 @@ func (l *leanClient) lost(cause error) {
 		err = l.err
 	}
 	l.pendFin, l.pendNow = nil, false
+	for _, r := range l.replies {
+		r.Release()
+	}
+	l.replies = nil
 	l.pendN.Store(0)
 	for qid, q := range l.qs {
 		if q.held > 0 {

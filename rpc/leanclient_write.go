@@ -81,7 +81,10 @@ func (w *clientWrites) Write(p []byte) (int, error) {
 	n := len(p)
 	switch {
 	case w.err != nil:
-	case w.cut || len(w.buf)+len(p) <= writeBufSize:
+	case w.cut || w.later || len(w.buf)+len(p) <= writeBufSize:
+		// After a cut or a flush left for later, the buffer may hold
+		// more than writeBufSize (an echo of the node's message,
+		// writePending) and is the goroutine's to send: append.
 		w.buf = append(w.buf, p...)
 	default:
 		if len(w.buf) > 0 {
@@ -342,11 +345,29 @@ func (l *leanClient) writePending() error {
 		return nil
 	}
 	l.mu.Lock()
-	pend, now := l.pendFin, l.pendNow
-	l.pendFin, l.pendNow = nil, false
+	pend, now, replies := l.pendFin, l.pendNow, l.replies
+	l.pendFin, l.pendNow, l.replies = nil, false, nil
 	l.pendN.Store(0)
 	l.mu.Unlock()
 	w := &l.w
+	for i, r := range replies {
+		// Appended whole, not encoded through Write: an echo may be
+		// larger than the buffer, and Write would then wait on a full
+		// socket, where the holder may be the reader or a Finish's
+		// writer, who must not (flushNow hands what the socket does not
+		// take to a goroutine).
+		b, err := r.Marshal()
+		r.Release()
+		if err != nil {
+			for _, r := range replies[i+1:] {
+				r.Release()
+			}
+			return err
+		}
+		if w.err == nil {
+			w.buf = append(w.buf, b...)
+		}
+	}
 	for _, f := range pend {
 		if err := w.encodeFinish(f.qid, true); err != nil {
 			return err
@@ -384,7 +405,12 @@ func (l *leanClient) addPendingFinish(qid uint32, free, now bool) {
 	}
 	l.pendFin = append(l.pendFin, pendingFinish{qid: qid, free: free})
 	l.pendNow = l.pendNow || now
-	l.pendN.Store(int32(len(l.pendFin)))
+	l.storePendN()
+}
+
+// storePendN sets pendN. REQUIRES: l.mu.
+func (l *leanClient) storePendN() {
+	l.pendN.Store(int32(len(l.pendFin) + len(l.replies)))
 }
 
 // flushPending writes the waiting Finishes if the lock is free; its
