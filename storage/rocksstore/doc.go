@@ -231,7 +231,13 @@
 // the records that newer logs hold after the tear, none of them
 // acknowledged (the fsync that would have answered them syncs the older
 // log too), unless their sequence numbers show them written after a
-// recovery that stopped at the tear. A batch's writes are visible
+// recovery that stopped at the tear. That rule needs every log with
+// records to be one this opening of the database wrote: the TransactionDB
+// keeps the logs it replays at Open (after flushing their records to
+// synced tables), and one that the open read whole from the page cache
+// could be torn on the disk by a power failure, so a read-write open
+// empties every log older than its own before the store writes anything
+// (emptyReplayedLogs in rdb.cc). A batch's writes are visible
 // to later batches before its fsync (see storage.Store for why that is
 // safe); a batch that wrote nothing still waits for the fsync of earlier
 // batches, since its answers may rest on their writes. A failed write or

@@ -13,11 +13,16 @@
 #include <rocksdb/slice_transform.h>
 #include <rocksdb/statistics.h>
 #include <rocksdb/table.h>
+#include <rocksdb/transaction_log.h>
 #include <rocksdb/utilities/table_properties_collectors.h>
 #include <rocksdb/utilities/transaction.h>
 #include <rocksdb/utilities/transaction_db.h>
 #include <rocksdb/utilities/write_batch_with_index.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -187,6 +192,58 @@ Status lockDir(const std::string& dir, FileLock** lock) {
         "another process holds this data directory (its RocksDB LOCK file is locked; or another store in this "
         "process has it open): stop that one first",
         s.ToString());
+  }
+  return Status::OK();
+}
+
+// logNumber parses a RocksDB write-ahead log's name, "<number>.log", into
+// *num; other names (the spare, LOG, a name that overflows) are not logs.
+bool logNumber(const std::string& name, uint64_t* num) {
+  if (name.size() < 5 || name.compare(name.size() - 4, 4, ".log") != 0) return false;
+  *num = 0;
+  for (size_t i = 0; i + 4 < name.size(); i++) {
+    if (name[i] < '0' || name[i] > '9' || *num > (UINT64_MAX - 9) / 10) return false;
+    *num = *num * 10 + uint64_t(name[i] - '0');
+  }
+  return true;
+}
+
+// emptyReplayedLogs truncates to nothing, durably, every write-ahead log in
+// dir older than the one db writes. The TransactionDB (2PC) flushes what
+// it replays at Open into synced tables and a synced MANIFEST, but keeps
+// the logs it replayed, and the next Open reads them again. A log whose
+// last record the replay read whole from the page cache (a batch whose
+// fsync failed, then Store.Recover; a crash of the process and a quick
+// restart) can be torn on the disk if the power fails before the kernel
+// writes it back: the next Open would fail on that old tear, and
+// walTornTail (wal.go), which takes every newer log as written after a
+// torn record, would cut the log this open writes, dropping acknowledged
+// writes. Emptied, an old log holds no tear to find. Nothing is lost:
+// its records are in the tables (leaseq never prepares a transaction, so
+// no log holds a prepared one that only the log keeps), and what a
+// point-in-time recovery did not replay it meant to drop. The log db
+// writes (and the zero-filled spare, which is not named <number>.log) is
+// left alone: logs are made in dir, as lq_open sets no wal_dir. A crash
+// before or while this empties them leaves the rest to be replayed again
+// by the next Open; lq_open has not returned, so nothing in the newer log
+// was acknowledged, and walTornTail may cut it.
+Status emptyReplayedLogs(DB* db, const std::string& dir) {
+  std::unique_ptr<LogFile> cur;
+  Status s = db->GetCurrentWalFile(&cur);
+  if (!s.ok()) return s;
+  std::vector<std::string> names;
+  s = db->GetEnv()->GetChildren(dir, &names);
+  if (!s.ok()) return s;
+  for (const auto& name : names) {
+    uint64_t num;
+    if (!logNumber(name, &num) || num >= cur->LogNumber()) continue;
+    const std::string path = dir + "/" + name;
+    int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) continue;  // RocksDB deleted it meanwhile
+    if (fd < 0) return Status::IOError("empty the replayed write-ahead log " + path, std::strerror(errno));
+    int err = ::ftruncate(fd, 0) == 0 && ::fsync(fd) == 0 ? 0 : errno;
+    ::close(fd);
+    if (err != 0) return Status::IOError("empty the replayed write-ahead log " + path, std::strerror(err));
   }
   return Status::OK();
 }
@@ -381,6 +438,16 @@ lq_db* lq_open(const char* dir, const lq_options* o, const char* const* families
     fail(s, err);
     delete d;
     return nullptr;
+  }
+  // Only the TransactionDB keeps the logs it replayed: a plain DB deletes
+  // them once their records are flushed.
+  if (o->mode == LQ_TXN_DB) {
+    s = emptyReplayedLogs(d->db, dir);
+    if (!s.ok()) {
+      fail(s, err);
+      lq_close(d);
+      return nullptr;
+    }
   }
   d->swo.sync = true;
   // GetForUpdate reads skip range tombstones. Only runs of deleted item

@@ -379,23 +379,33 @@ type walCut struct {
 // Nothing written after a torn record was acknowledged: a batch is
 // answered only after an fsync that began after its record was written,
 // and that fsync (SyncWAL) syncs every live log up to the newest, so it
-// would have made the torn record whole. Records of newer logs that follow
-// a tear are therefore dropped with it, as point-in-time recovery drops
-// them (replaying them past the hole would apply batches without the one
-// they were built on). Unless they continue the sequence numbers where the
-// last whole record before the tear left them: then RocksDB wrote them
-// after a recovery that stopped at the tear and kept its log (an open with
-// Options.RecoverPointInTime, whose DB::Open writes an empty batch of the
-// next sequence number to its new log for this very distinction), they
-// may be acknowledged, and they stay. A newer log whose records start
-// before that sequence number is not a crash's doing, and one after a tear
-// with no whole record before it anywhere cannot be told apart from one
-// written after a recovery: either leaves the WAL to be refused. One case
-// this cannot see: a log left torn by a point-in-time recovery that is
-// still on disk after RocksDB deleted the newer log continuing it (a crash
-// inside its purge of obsolete files, between the two deletes) makes the
-// next tear's log look written after it, and it is dropped although its
-// records may have been acknowledged.
+// would have made the torn record whole. That holds for the logs one
+// opening of the database wrote, and those are the only logs with
+// records: a read-write open empties every log it replayed before the
+// store writes anything (emptyReplayedLogs in rdb.cc). The TransactionDB
+// would keep them, and one whose last record the open replayed whole from
+// the page cache could be torn on the disk after a power failure, which
+// would make this rule drop the acknowledged writes of every newer log
+// (TestOpen_ReplayedLogTornOnDiskKeepsNewerAckedWrites). So the records
+// of newer logs that follow a tear are dropped with it, as point-in-time
+// recovery drops them (replaying them past the hole would apply batches
+// without the one they were built on). Unless they continue the sequence
+// numbers where the last whole record before the tear left them: then
+// RocksDB wrote them after a recovery that stopped at the tear and kept
+// its log (an open with Options.RecoverPointInTime, whose DB::Open writes
+// an empty batch of the next sequence number to its new log for this very
+// distinction), and they stay. Such a log is emptied by that open now, so
+// this is met only after a crash inside the open, before the emptying
+// (nothing in the newer log was acknowledged yet), or in a directory an
+// older leaseq wrote. A newer log whose records start before that
+// sequence number is not a crash's doing, and one after a tear with no
+// whole record before it anywhere cannot be told apart from one written
+// after a recovery: either leaves the WAL to be refused. One case this
+// cannot see, in a directory an older leaseq wrote: a log left torn by a
+// point-in-time recovery that is still on disk after RocksDB deleted the
+// newer log continuing it (a crash inside its purge of obsolete files,
+// between the two deletes) makes the next tear's log look written after
+// it, and it is dropped although its records may have been acknowledged.
 func walTornTail(dir string) (*walTear, error) {
 	files, err := walFiles(dir)
 	if err != nil || len(files) == 0 {
@@ -458,10 +468,10 @@ func walHeader(b []byte) (length int, typ byte) {
 //
 // A read-write open first cuts the torn records, and every newer log's
 // records written after them, off the logs (cutTornTail), then opens as
-// before, so every log ends with its last whole record. RocksDB may keep
-// a log it recovered from (the TransactionDB did), and a log left torn
-// would make the next crash's torn tail, in the log the reopened database
-// writes, fail the next open on the older tear again
+// before, so every log ends with its last whole record, and RocksDB then
+// replays them whole; the open empties them after that (walTornTail). A
+// log left torn would make the next crash's torn tail, in the log the
+// reopened database writes, fail the next open on the older tear again
 // (TestZeroedWAL_TornTwice; found by the crash test). A read-only open
 // (CheckDir) changes nothing on disk and replays to the tear with
 // point-in-time recovery instead, which stops at the same place and drops

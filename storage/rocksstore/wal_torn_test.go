@@ -205,16 +205,21 @@ func TestOpen_TornOlderLogDropsNewerLogRecords(t *testing.T) {
 }
 
 // An open with RecoverPointInTime replays a torn log up to the tear but
-// does not cut it, and RocksDB keeps the log; the writes after it go to a
-// new log, which RocksDB starts with a record of the next sequence number.
-// Those writes were acknowledged: after a crash, Open cuts the older log
-// at its tear and keeps them.
-func TestOpen_TornLogKeptByPointInTimeRecovery(t *testing.T) {
+// does not cut it; the writes after it go to a new log, which RocksDB
+// starts with a record of the next sequence number. Those writes were
+// acknowledged: after a crash, Open keeps them. The TransactionDB keeps
+// the torn log too, but the open empties it once it has replayed it
+// (emptyReplayedLogs in rdb.cc), so the next Open finds no tear. A
+// directory that an older leaseq left with the torn log still on disk, or
+// a crash inside the open before the emptying, has the tear again: Open
+// cuts only the torn log there, since the newer log continues its
+// sequence numbers.
+func TestOpen_TornLogEmptiedByPointInTimeRecovery(t *testing.T) {
 	t.Parallel()
 	b := setup(t, zeroedWALOptions)
 	enqueueOneByOne(b, "q", 100, 100)
 	first := copyDir(t, b.dir)
-	log, _ := tearNewestLog(t, first)
+	log, torn := tearNewestLog(t, first)
 
 	c := setupDir(t, first, zeroedWALOptions, func(o *Options) { o.RecoverPointInTime = true })
 	require.Equal(t, int64(99), c.stats("q", at(time.Second)).Ready)
@@ -224,8 +229,17 @@ func TestOpen_TornLogKeptByPointInTimeRecovery(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, logs, 2, "RocksDB kept the torn log")
 	require.Equal(t, filepath.Base(log), filepath.Base(logs[0]))
-
+	kept, err := os.ReadFile(logs[0])
+	require.NoError(t, err)
+	require.Empty(t, kept, "the open emptied the log it replayed")
 	tear, err := walTornTail(second)
+	require.NoError(t, err)
+	require.Nil(t, tear)
+	requireCheckDir(t, second, 119)
+
+	// The torn log as an older leaseq left it.
+	require.NoError(t, os.WriteFile(logs[0], torn, 0o600))
+	tear, err = walTornTail(second)
 	require.NoError(t, err)
 	require.NotNil(t, tear)
 	require.Len(t, tear.cuts, 1, "only the torn log is cut")
