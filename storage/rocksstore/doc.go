@@ -226,12 +226,21 @@
 // it; a crash then leaves zeros after the last record, and Open cuts a
 // torn last record followed by zeros off the log (walTornTail,
 // cutTornTail) and replays up to it, as it would to one at the file's end.
-// The torn log need not be the newest: RocksDB starts a new log at a
-// memtable switch without syncing the one before it, so Open also drops
-// the records that newer logs hold after the tear, none of them
-// acknowledged (the fsync that would have answered them syncs the older
-// log too), unless their sequence numbers show them written after a
-// recovery that stopped at the tear. That rule needs every log with
+// RocksDB starts a new log at a memtable switch without syncing the one
+// before it, and the pipeline writes into the new log before the fsync
+// that covers both, so a power loss could keep the newer log and lose the
+// older log's end: a plain log cut there reads as a clean end, and
+// RocksDB replayed the newer log past the hole. So a read-write open's
+// file system (OrderedLogs in rdb.cc, in both sync modes) fdatasyncs the
+// older log, then fsyncs the directory, before RocksDB writes a record to
+// the newer one; the directory fsync also makes a log taken from the
+// spare durable under its new name (a spare that holds records is never
+// reused: ZeroedWALs.Prepare). A torn log that is not the newest can
+// still come from a build without that: Open also drops the records that
+// newer logs hold after the tear, none of them acknowledged (the fsync
+// that would have answered them syncs the older log too), unless their
+// sequence numbers show them written after a recovery that stopped at the
+// tear. That rule needs every log with
 // records to be one this opening of the database wrote: the TransactionDB
 // keeps the logs it replays at Open (after flushing their records to
 // synced tables), and one that the open read whole from the page cache

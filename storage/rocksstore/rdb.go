@@ -137,6 +137,15 @@ func (d *rdb) walFiles() (zeroed, plain int64) {
 	return int64(z), int64(p)
 }
 
+// walSynced reports the last WAL made durable as the next was created:
+// its number and its size then (0 and -1: none yet).
+func (d *rdb) walSynced() (log uint64, size int64) {
+	var l C.uint64_t
+	var n C.int64_t
+	C.lq_wal_synced(d.p, &l, &n)
+	return uint64(l), int64(n)
+}
+
 // listFamilies returns the column families of the database in dir.
 func listFamilies(dir string) ([]string, error) {
 	cdir := C.CString(dir)

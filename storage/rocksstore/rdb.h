@@ -79,6 +79,9 @@ char* lq_statistics(lq_db* db);
 // lq_wal_files reports how many WALs this open created over a zero-filled
 // spare and how many empty (both 0 without lq_options.zeroed_wal).
 void lq_wal_files(lq_db* db, int64_t* zeroed, int64_t* plain);
+// lq_wal_synced reports the last WAL made durable as the next was created
+// (rdb.cc, OrderedLogs): its number and its size then (0 and -1: none).
+void lq_wal_synced(lq_db* db, uint64_t* log, int64_t* size);
 // lq_property returns a property of a family (malloc'd), or NULL.
 char* lq_property(lq_db* db, int family, const char* name);
 // lq_write_stall_micros is the time writes have waited on RocksDB's

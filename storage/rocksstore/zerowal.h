@@ -103,8 +103,9 @@ class ZeroedWALs : public rocksdb::FileSystemWrapper {
   static const char* kClassName() { return "leaseq.ZeroedWALs"; }
   const char* Name() const override { return kClassName(); }
 
-  // Prepare makes the spare now, unless one of the right size is left
-  // from before, so the log that DB::Open creates takes it.
+  // Prepare makes the spare now, unless one of the right size whose first
+  // block is zeros is left from before, so the log that DB::Open creates
+  // takes it.
   void Prepare();
   // Stop waits for a spare being made.
   void Stop();
@@ -140,9 +141,12 @@ class ZeroedWALs : public rocksdb::FileSystemWrapper {
   static void RemoveSpare(const std::string& dir);
 
  private:
+  static constexpr size_t kBlock = 32 << 10;  // RocksDB's log block
+
   bool take();
   void refill();
   bool make();
+  bool blank();
 
   const std::string dir_, spare_, tmp_;
   const uint64_t size_;
