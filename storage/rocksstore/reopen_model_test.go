@@ -345,7 +345,7 @@ func TestReopenModelLayouts(t *testing.T) {
 		mode string
 		sync SyncMode
 		hold int
-	}{{"clean+ext", SyncAlways, 1}, {"recover+ext", SyncAlways, 1}, {"crash+ext", SyncNone, -1}, {"clean+small", SyncAlways, 1}, {"recover+small", SyncAlways, 1}} {
+	}{{"recover+ext", SyncAlways, 1}, {"crash+ext", SyncNone, -1}, {"recover+small", SyncAlways, 1}} {
 		t.Run(c.mode, func(t *testing.T) { storagetest.RunModel(t, reopenHarness(c.mode, c.sync, c.hold)) })
 	}
 }
