@@ -37,3 +37,24 @@ func TestCLI_ExtendDefaultDoesNotShortenQueueLease(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, exp.Before(polledExp), "extend without --lease shortened the queue's 10m lease to %v (poll gave %v)", exp, polledExp)
 }
+
+// A queue whose lease is over the --max-lease of the node now serving it
+// (the node was restarted with a narrower range): extend without --lease
+// gives the longest lease the node allows rather than being refused (the
+// node reads the queue's lease into its range).
+func TestCLI_ExtendDefaultWithinTheNodesRange(t *testing.T) {
+	t.Parallel()
+	data := t.TempDir()
+	n := startNode(t, data)
+	n.cli("config", "q", "--lease", "50m")
+	n.cli("enqueue", "q", "x")
+	require.Zero(t, n.stop())
+	n = startNode(t, data, "--max-lease", "10m")
+	items := parsePolled(t, n.cli("poll", "q", "--lease", "1m"))
+	require.Len(t, items, 1)
+	r := n.cli("extend", "q", items[0].Lease)
+	exp, err := time.Parse(time.RFC3339Nano, r.lines()[0])
+	require.NoError(t, err)
+	left := time.Until(exp)
+	require.True(t, left > 9*time.Minute && left <= 10*time.Minute, "extend without --lease on a node with --max-lease 10m: %v left", left)
+}
