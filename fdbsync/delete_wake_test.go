@@ -6,6 +6,7 @@ package fdbsync_test
 import (
 	"bytes"
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -241,6 +242,114 @@ func TestFDBDeleteQueue_RecreatedDuringRemovalKeepsItsWakeKey(t *testing.T) {
 	require.NoError(t, err)
 	requireFired(t, onA, "an enqueue on the queue created during the removal did not wake a parked poll")
 	requireCheckClean(t, b)
+}
+
+// TestFDBDeleteQueue_WatchSetBeforeRemovalWokenByRecreatedQueue: found by
+// review (session 72), with the wake key cleared at the removal. The
+// key's value is then no longer monotonic: a queue removed and created
+// again gets the same wake value back after as many bumps as the old one
+// had (here 1 -> absent -> 1). A watch whose transaction read the old
+// value before the removal and is registered after the new queue's first
+// enqueue saw the value it read (FDB's ABA: a watch fires only if the
+// value differs), so the parked poll was not woken although an item was
+// ready, and waited for its whole long-poll wait. WatchReady now watches
+// the queue's config too, which the re-creation writes with a new
+// incarnation; the watch still pending is released once one fires.
+func TestFDBDeleteQueue_WatchSetBeforeRemovalWokenByRecreatedQueue(t *testing.T) {
+	t.Parallel()
+	db, rdb, a, others := hookNodes(t, 1)
+	b := others[0]
+	ctx := context.Background()
+	now := time.Unix(1_900_000_000, 0)
+	const q = "job"
+
+	// The old queue: one enqueue (wake = 1), served, empty.
+	_, err := b.Enqueue(ctx, storage.EnqueueParams{Queue: q, Items: []storage.EnqueueItem{{Payload: []byte("old")}}, Now: now})
+	require.NoError(t, err)
+	p, err := b.Poll(ctx, storage.PollParams{Queue: q, Max: 1, Now: now})
+	require.NoError(t, err)
+	require.Len(t, p.Items, 1)
+	_, err = b.Ack(ctx, storage.AckParams{Queue: q, Lease: p.Lease, IDs: []storage.ItemID{p.Items[0].ID}, Now: now})
+	require.NoError(t, err)
+
+	// Node A sets a watch (ready index empty, wake read as 1); before its
+	// transaction commits, node B removes the queue and creates it again
+	// with one item.
+	var once sync.Once
+	var hookErr error
+	rdb.mu.Lock()
+	rdb.before = func(*hookTxInfo) {
+		once.Do(func() {
+			if _, err := b.DeleteQueue(ctx, storage.DeleteQueueParams{Queue: q, Now: now}); err != nil {
+				hookErr = err
+				return
+			}
+			_, hookErr = b.Enqueue(ctx, storage.EnqueueParams{Queue: q, Items: []storage.EnqueueItem{{Payload: []byte("new")}}, Now: now})
+		})
+	}
+	rdb.mu.Unlock()
+	ch, err := a.WatchReady(ctx, q)
+	require.NoError(t, err)
+	rdb.mu.Lock()
+	rdb.before = nil
+	rdb.mu.Unlock()
+	require.NoError(t, hookErr)
+	require.Equal(t, []byte{1, 0, 0, 0, 0, 0, 0, 0}, rawRange(t, db, wakeKey(q), kv.KeyAfter(wakeKey(q)))[0].Value,
+		"the wake key is not back at the value the watch read: the test no longer shows the ABA")
+
+	// The item is there.
+	st, err := b.Stats(ctx, storage.StatsParams{Queue: q, Now: now})
+	require.NoError(t, err)
+	require.Len(t, st, 1)
+	require.Equal(t, int64(1), st[0].Ready)
+
+	requireFired(t, ch, "a poll parked on the queue was not woken by the first enqueue of the queue created again: the wake key came back to the value its watch read")
+	require.Zero(t, db.Stats().Watches, "the wake key's watch stayed registered after the config's fired")
+	p, err = a.Poll(ctx, storage.PollParams{Queue: q, Max: 10, Now: now})
+	require.NoError(t, err)
+	require.Len(t, p.Items, 1)
+}
+
+// TestFDBWatchReady_ReleasesBothWatches: found by review (session 72),
+// with WatchReady setting two watches (wake key and config). Whichever
+// way a watch ends (the wake key's fires, the caller's context ends, the
+// store closes), the channel closes and neither watch stays registered.
+func TestFDBWatchReady_ReleasesBothWatches(t *testing.T) {
+	t.Parallel()
+	db, _, a, others := hookNodes(t, 1)
+	b := others[0]
+	ctx := context.Background()
+	now := time.Unix(1_900_000_000, 0)
+	const q = "job"
+	require.NoError(t, b.SetQueueConfig(ctx, q, storage.DefaultQueueConfig()))
+
+	// Fired by an enqueue (the wake key's watch).
+	ch := parkedWatch(t, a, q)
+	require.Equal(t, 2, db.Stats().Watches)
+	_, err := b.Enqueue(ctx, storage.EnqueueParams{Queue: q, Items: []storage.EnqueueItem{{Payload: []byte("x")}}, Now: now})
+	require.NoError(t, err)
+	requireFired(t, ch, "an enqueue did not wake a parked poll")
+	require.Zero(t, db.Stats().Watches, "the config's watch stayed registered after the wake key's fired")
+	purged, err := b.Purge(ctx, storage.PurgeParams{Queue: q, Now: now})
+	require.NoError(t, err)
+	require.Equal(t, 1, purged)
+
+	// The caller stops waiting.
+	wctx, cancel := context.WithCancel(ctx)
+	ch, err = a.WatchReady(wctx, q)
+	require.NoError(t, err)
+	requireParked(t, ch, "the watch fired on an empty queue")
+	require.Equal(t, 2, db.Stats().Watches)
+	cancel()
+	requireFired(t, ch, "a watch whose context ended did not close its channel")
+	require.Zero(t, db.Stats().Watches, "watches stayed registered after their caller stopped waiting")
+
+	// The store closes.
+	ch = parkedWatch(t, a, q)
+	require.Equal(t, 2, db.Stats().Watches)
+	require.NoError(t, a.Close())
+	requireFired(t, ch, "a watch did not end with its store")
+	require.Zero(t, db.Stats().Watches, "watches stayed registered after their store closed")
 }
 
 // TestFDBDeleteQueue_NothingOfTheQueueOutlivesIt: found by review

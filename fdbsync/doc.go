@@ -25,7 +25,7 @@
 // traps; times are big-endian unix nanoseconds with the sign bit flipped;
 // ids and leases are 16 raw bytes. So byte order is component order.
 //
-//	q <queue>                      queue config (exists = queue exists) and incarnation
+//	q <queue>                      queue config (exists = queue exists) and incarnation; watched
 //	c <queue> <ctr>                counters, little-endian int64, atomic ADD only
 //	w <queue>                      wake key: ADD 1 whenever items become ready; watched
 //	a <queue> <id>                 available item record
@@ -135,9 +135,10 @@
 // DeleteQueue's last transaction checks that the queue is empty and clears
 // its config, counters, wake key and as many dedup keys as fit; the queue
 // is gone from that commit on, so a refused removal changes nothing.
-// Clearing the wake key fires the watches of polls parked on the queue, on
-// every node, and they find it gone; a queue of that name created again
-// writes the key anew with its first ADD (an older node's too). The dedup
+// Clearing the wake key (and the config) fires the watches of polls parked
+// on the queue, on every node, and they find it gone; a queue of that name
+// created again writes the key anew with its first ADD (an older node's
+// too). The dedup
 // keys left over are cleared by the transactions after it: those whose
 // ids are older than the removal's commit, whatever queue of that name
 // exists by then. Meanwhile they are older than the incarnation of any
@@ -167,6 +168,14 @@
 // ADD; the watch fires on every node. The same transaction snapshot-reads
 // the ready index and returns an already-closed channel when items are
 // ready, so an enqueue between an empty poll and the watch is not lost.
+// It watches the queue's config key too and wakes when either fires
+// (cancelling the other): a removal clears the wake key, so a queue
+// removed and created again between the watch's read and its commit can
+// bring the key back to the value the watch read, and an FDB watch fires
+// only on a different value. The config cannot come back, since each
+// creation writes a new incarnation into it; a queue an older node
+// creates again (no incarnation) with the same config may still miss that
+// wake-up until the poll's wait ends, never an item.
 //
 // # Leases
 //
@@ -211,7 +220,8 @@
 // read version (retried, never lost or doubled; a risk to "claims without
 // conflict storms" with producers and consumers in step, which the
 // benchmark's pre-filled queue does not show); and FDB allows 10,000
-// watches per database handle, past which a parked poll's watch fails and
-// it wakes only on its own node's notices or at its wait's end.
+// watches per database handle, two per parked poll (so about 5,000 parked
+// polls a node), past which a parked poll's watch fails and it wakes only
+// on its own node's notices or at its wait's end.
 // docs/FDB.md says how to run a cluster.
 package fdbsync

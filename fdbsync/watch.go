@@ -10,14 +10,27 @@ import (
 
 var _ storage.ReadyWatcher = (*Store)(nil)
 
-// WatchReady implements storage.ReadyWatcher with an FDB watch on the
+// WatchReady implements storage.ReadyWatcher with FDB watches on the
 // queue's wake key, which every transaction that makes items ready in that
 // queue bumps by atomic add (enqueue, nack, lease expiry, promotion,
-// redrive). The same transaction that sets the watch snapshot-reads the
-// ready index: if it is not empty the channel is closed at once, so an
-// enqueue that landed between an empty Poll and this call is not missed.
-// The watch goroutine ends when the watch fires, ctx ends or the store
-// closes.
+// redrive), and on its config key. The same transaction that sets the
+// watches snapshot-reads the ready index: if it is not empty the channel
+// is closed at once, so an enqueue that landed between an empty Poll and
+// this call is not missed. The channel closes when either watch fires;
+// the watch goroutine then cancels the other, and likewise both when ctx
+// ends or the store closes.
+//
+// The wake key alone is not enough since a queue's removal clears it: a
+// FDB watch fires only if the key's value differs from the one its
+// transaction read, and a queue removed and created again between that
+// read and the commit brings the key back to the same value after as many
+// bumps (1 -> absent -> 1), so the watch would sleep through an item
+// ready (FDB's ABA; found by review, session 72). The config key cannot
+// come back: the removal clears it and a creation writes a new
+// incarnation (the creating commit's versionstamp) into it. Configs
+// written by older nodes hold no incarnation, so a queue an older node
+// creates again with the same config may still miss that one wake-up,
+// until the poll's wait ends; never an item.
 func (s *Store) WatchReady(ctx context.Context, queue string) (<-chan struct{}, error) {
 	if err := s.checkOpen(); err != nil {
 		return nil, err
@@ -25,10 +38,13 @@ func (s *Store) WatchReady(ctx context.Context, queue string) (<-chan struct{}, 
 	if err := s.limits.ValidateQueueName(queue); err != nil {
 		return nil, err
 	}
-	var w kv.Watch
+	// The watches of an attempt that is retried or fails are failed by
+	// the transaction (OnError, Cancel), so only the last attempt's two
+	// can still be registered.
+	var wake, conf kv.Watch
 	ready := false
 	_, err := s.r.Transact(ctx, func(tx kv.Tx) (any, error) {
-		w, ready = nil, false
+		wake, conf, ready = nil, nil, false
 		rp := s.k.readyPrefix(queue)
 		rows, err := tx.GetRange(rp, kv.PrefixEnd(rp), kv.RangeOptions{Snapshot: true, Limit: 1})
 		if err != nil {
@@ -38,7 +54,10 @@ func (s *Store) WatchReady(ctx context.Context, queue string) (<-chan struct{}, 
 			ready = true
 			return nil, nil
 		}
-		w, err = tx.Watch(s.k.wake(queue))
+		if wake, err = tx.Watch(s.k.wake(queue)); err != nil {
+			return nil, err
+		}
+		conf, err = tx.Watch(s.k.queue(queue))
 		return nil, err
 	})
 	if err != nil {
@@ -52,7 +71,8 @@ func (s *Store) WatchReady(ctx context.Context, queue string) (<-chan struct{}, 
 	s.mu.Lock()
 	if s.closed.Load() {
 		s.mu.Unlock()
-		w.Cancel()
+		wake.Cancel()
+		conf.Cancel()
 		return nil, storage.ErrClosed
 	}
 	s.wg.Add(1)
@@ -60,12 +80,16 @@ func (s *Store) WatchReady(ctx context.Context, queue string) (<-chan struct{}, 
 	go func() {
 		defer s.wg.Done()
 		defer close(ch)
+		// Cancelling a watch that has fired is a no-op; cancelling the
+		// one still pending releases its registration (on a cluster,
+		// one of the database handle's 10,000 watches).
+		defer wake.Cancel()
+		defer conf.Cancel()
 		select {
-		case <-w.Done():
+		case <-wake.Done():
+		case <-conf.Done():
 		case <-ctx.Done():
-			w.Cancel()
 		case <-s.ctx.Done():
-			w.Cancel()
 		}
 	}()
 	return ch, nil

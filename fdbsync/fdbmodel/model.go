@@ -96,6 +96,7 @@ type Stats struct {
 	MaxTxnSize        int   // largest write transaction size seen, bytes
 	TxnsOver1MB       int64 // write transactions larger than 1 MB
 	Keys              int   // live keys in the store (including unpruned versions)
+	Watches           int   // watches registered, neither fired nor cancelled
 }
 
 // DB is the model database. It is safe for concurrent use.
@@ -149,6 +150,9 @@ func (db *DB) Stats() Stats {
 	defer db.mu.Unlock()
 	s := db.mu.stats
 	s.Keys = db.mu.data.len
+	for _, ws := range db.mu.watches {
+		s.Watches += len(ws)
+	}
 	return s
 }
 
