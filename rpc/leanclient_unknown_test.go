@@ -2,14 +2,20 @@ package rpc
 
 import (
 	"context"
+	"io"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
 	"capnproto.org/go/capnp/v3"
 	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/require"
 
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/schema"
+	"github.com/leaseq/leaseq/storage"
 )
 
 // Messages the node starts, on the lean Go client's connection. The
@@ -314,4 +320,167 @@ func TestLeanClient_NodeReplyCap(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "more than")
 	require.Equal(t, maxNodeReplies, <-echoes)
+}
+
+// bigUnknownMessage is a Message member the client does not know, whose
+// body holds a text of n bytes: its echo is larger than writeBufSize.
+func bigUnknownMessage(which uint16, n int) func(rpccp.Message) error {
+	return func(m rpccp.Message) error {
+		s := capnp.Struct(m)
+		s.SetUint16(0, which)
+		body, err := capnp.NewStruct(s.Segment(), capnp.ObjectSize{DataSize: 8, PointerCount: 1})
+		if err != nil {
+			return err
+		}
+		body.SetUint64(0, 42)
+		if err := setText(body, 0, strings.Repeat("x", n)); err != nil {
+			return err
+		}
+		return s.SetPtr(0, body.ToPtr())
+	}
+}
+
+// Found by review (session 72): writePending appended the replies to
+// the node's messages to the buffer whole (an echo may be larger than
+// writeBufSize), then encoded the waiting Finishes through
+// clientWrites.Write. With the buffer already past writeBufSize and
+// neither cut nor later set, Write's default branch computed
+// k := writeBufSize - len(w.buf) < 0 and sliced p[:k]: a panic in the
+// goroutine holding the write lock, which killed the client's process.
+// Here: a caller's large Enqueue holds the lock on a full socket; the
+// node sends a message of a kind the client does not know (about 20 KiB)
+// and the Return of another call, whose Finish must wait for the lock;
+// when the socket drains, the Enqueue's caller writes both.
+func TestLeanClient_EchoLargerThanBufferWithPendingFinish(t *testing.T) {
+	f := newEvoNode(t)
+	gotCall := make(chan uint32, 1)
+	node := make(chan error, 1)
+	go func() {
+		f.accept()
+		if tc, ok := f.conn.(*net.TCPConn); ok {
+			_ = tc.SetReadBuffer(64 << 10)
+		}
+		f.serveBootstrap()
+		var m rpccp.Message
+		for {
+			var err error
+			m, err = f.recv()
+			if err != nil {
+				node <- err
+				return
+			}
+			if m.Which() == rpccp.Message_Which_call {
+				break
+			}
+		}
+		call, err := m.Call()
+		if err != nil {
+			node <- err
+			return
+		}
+		gotCall <- call.QuestionId()
+		node <- nil
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, f.ln.Addr().String(), ClientOptions{})
+	require.NoError(t, err)
+	defer func() { _ = c.Close() }()
+	l := c.lean
+	require.NotNil(t, l, "the lean engine")
+
+	// Call A, unanswered for now.
+	first := make(chan error, 1)
+	go func() { _, err := c.NodeInfo(ctx); first <- err }()
+	var qidA uint32
+	select {
+	case qidA = <-gotCall:
+	case <-ctx.Done():
+		t.Fatal("the node did not see the first call")
+	}
+	require.NoError(t, <-node)
+
+	// The node stops reading: a large Enqueue fills the socket and holds
+	// the write lock.
+	ectx, ecancel := context.WithCancel(ctx)
+	defer ecancel()
+	enq := make(chan error, 1)
+	go func() {
+		_, err := c.Enqueue(ectx, "q", []storage.EnqueueItem{{Payload: make([]byte, 24<<20)}})
+		enq <- err
+	}()
+	// Its first byte on the wire says the Enqueue took the lock and wrote
+	// what waited before it (nothing): from there its write, more than
+	// the sockets' buffers hold, keeps the lock until the node reads, so
+	// the echo and the Finish below must wait for it (had they come
+	// before, the Enqueue's caller would have written them ahead of its
+	// call, not the path this test is about).
+	require.NoError(t, f.conn.SetReadDeadline(time.Now().Add(60*time.Second)))
+	var oneByte [1]byte
+	_, err = io.ReadFull(f.conn, oneByte[:])
+	require.NoError(t, err, "the Enqueue's first byte")
+	require.NoError(t, f.conn.SetReadDeadline(time.Time{}))
+	require.Len(t, l.w.lock, 1, "the Enqueue holds the write lock")
+
+	// Something new from the node, then call A's Return: the echo and
+	// call A's Finish both wait for the lock.
+	f.send(bigUnknownMessage(200, 20<<10))
+	_, err = f.conn.Write(nodeInfoReturnBytes(t, qidA, 7))
+	require.NoError(t, err)
+	select {
+	case err := <-first:
+		require.NoError(t, err)
+	case <-ctx.Done():
+		t.Fatal("call A not answered")
+	}
+	rpctest.Eventually(t, 20*time.Second, func() bool { return l.pendN.Load() == 2 }, "the echo and the Finish to wait for the lock")
+
+	// The node reads again: the Enqueue's write completes and its caller
+	// writes what waited.
+	go func() { _, _ = io.Copy(io.Discard, f.conn) }()
+	rpctest.Eventually(t, 20*time.Second, func() bool { return l.pendN.Load() == 0 && len(l.w.lock) == 0 }, "what waited to be written")
+	ecancel()
+	<-enq
+	l.mu.Lock()
+	lostErr := l.err
+	l.mu.Unlock()
+	require.NoError(t, lostErr, "the connection ended")
+}
+
+// Found by review (session 72): clientWrites.Write sliced p[:k] with
+// k := writeBufSize - len(w.buf), negative when the buffer already held
+// more than writeBufSize with neither cut nor later set (replies to the
+// node's messages are appended whole). Whatever puts the buffer there, a
+// message encoded after it must go in behind it, without a panic and
+// without waiting on the socket (the holder may be the reader).
+func TestLeanClient_WriteAfterBufferPastItsSize(t *testing.T) {
+	cc, sc := connPair(t, "tcp")
+	t.Cleanup(func() { _ = sc.Close() })
+	resume := make(chan struct{})
+	close(resume)
+	seen := make(chan uint32, 16)
+	go stallingNodeSeeing(t, sc, 0, resume, func(qid uint32) { seen <- qid })
+	ctx := ctxT(t)
+	l, err := newLeanClient(ctx, cc, DefaultMaxMessageBytes, DefaultMaxReplyBytes, clock.New())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.close() })
+
+	require.True(t, l.tryLockWrite())
+	// A message of a kind the node ignores, larger than the buffer, put
+	// there whole as writePending puts a reply.
+	big := rpcMessageBytes(t, bigUnknownMessage(200, 20<<10))
+	require.Greater(t, len(big), writeBufSize)
+	l.w.buf = append(l.w.buf, big...)
+	require.NoError(t, l.w.encodeFinish(7, true))
+	require.Greater(t, len(l.w.buf), len(big), "the Finish is in the buffer")
+	require.Equal(t, big, l.w.buf[:len(big)], "behind the message, nothing sent yet")
+	l.w.flushNow()
+	require.NoError(t, l.w.err)
+	l.handOn()
+	select {
+	case qid := <-seen:
+		require.Equal(t, uint32(7), qid)
+	case <-ctx.Done():
+		t.Fatal("the Finish was not written")
+	}
 }

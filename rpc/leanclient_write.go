@@ -86,6 +86,13 @@ func (w *clientWrites) Write(p []byte) (int, error) {
 		// more than writeBufSize (an echo of the node's message,
 		// writePending) and is the goroutine's to send: append.
 		w.buf = append(w.buf, p...)
+	case len(w.buf) >= writeBufSize:
+		// Already full or past it (replies appended whole, writePending),
+		// with nothing to top up: append, and leave the sending to the
+		// caller's writeBuf or flushNow. Writing the buffer out here would
+		// wait on a full socket, where the holder may be the reader or a
+		// Finish's writer, who must not.
+		w.buf = append(w.buf, p...)
 	default:
 		if len(w.buf) > 0 {
 			k := writeBufSize - len(w.buf)
@@ -350,12 +357,25 @@ func (l *leanClient) writePending() error {
 	l.pendN.Store(0)
 	l.mu.Unlock()
 	w := &l.w
+	// The Finishes go first, through Write, while the buffer is within
+	// writeBufSize: the replies after them may take it past that, and a
+	// Finish encoded then would find a buffer Write cannot top up. The
+	// protocol does not order a Finish against a reply to a message the
+	// node started.
+	for _, f := range pend {
+		if err := w.encodeFinish(f.qid, true); err != nil {
+			for _, r := range replies {
+				r.Release()
+			}
+			return err
+		}
+	}
 	for i, r := range replies {
 		// Appended whole, not encoded through Write: an echo may be
 		// larger than the buffer, and Write would then wait on a full
 		// socket, where the holder may be the reader or a Finish's
 		// writer, who must not (flushNow hands what the socket does not
-		// take to a goroutine).
+		// take to a goroutine; queueReply set now).
 		b, err := r.Marshal()
 		r.Release()
 		if err != nil {
@@ -366,11 +386,6 @@ func (l *leanClient) writePending() error {
 		}
 		if w.err == nil {
 			w.buf = append(w.buf, b...)
-		}
-	}
-	for _, f := range pend {
-		if err := w.encodeFinish(f.qid, true); err != nil {
-			return err
 		}
 	}
 	l.mu.Lock()
