@@ -18,7 +18,9 @@ var _ storage.ReadyWatcher = (*Store)(nil)
 // is closed at once, so an enqueue that landed between an empty Poll and
 // this call is not missed. The channel closes when either watch fires;
 // the watch goroutine then cancels the other, and likewise both when ctx
-// ends or the store closes.
+// ends or the store closes. A watch refused past FDB's 10,000 watches per
+// database handle does not close it: the goroutine stops waiting on it
+// (see below).
 //
 // The wake key alone is not enough since a queue's removal clears it: a
 // FDB watch fires only if the key's value differs from the one its
@@ -85,11 +87,34 @@ func (s *Store) WatchReady(ctx context.Context, queue string) (<-chan struct{}, 
 		// one of the database handle's 10,000 watches).
 		defer wake.Cancel()
 		defer conf.Cancel()
-		select {
-		case <-wake.Done():
-		case <-conf.Done():
-		case <-ctx.Done():
-		case <-s.ctx.Done():
+		// A watch refused for too many watches (past the handle's
+		// 10,000, FDB fails each new one at once) is no wake-up: closing
+		// the channel would have the dispatcher poll, park and watch
+		// again at once, a busy loop of transactions per parked poll. It
+		// is dropped (a nil channel never receives), and a poll left with
+		// no watch waits for its own node's notices or its wait's end.
+		// Any other failure (a recovery of the cluster, say) still wakes
+		// the poll, which polls and watches again, as a change would.
+		// Only this goroutine cancels the watches, and only on its way
+		// out, so an error seen here is never that cancellation.
+		wakeDone, confDone := wake.Done(), conf.Done()
+		for {
+			select {
+			case <-wakeDone:
+				if kv.CodeOf(wake.Err()) != kv.CodeTooManyWatches {
+					return
+				}
+				wakeDone = nil
+			case <-confDone:
+				if kv.CodeOf(conf.Err()) != kv.CodeTooManyWatches {
+					return
+				}
+				confDone = nil
+			case <-ctx.Done():
+				return
+			case <-s.ctx.Done():
+				return
+			}
 		}
 	}()
 	return ch, nil

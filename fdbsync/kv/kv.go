@@ -137,6 +137,7 @@ const (
 	CodeCommitUnknownResult      = 1021
 	CodeTransactionCancelled     = 1025
 	CodeTransactionTimedOut      = 1031
+	CodeTooManyWatches           = 1032
 	CodeAccessedUnreadable       = 1036
 	CodeProcessBehind            = 1037
 	CodeDatabaseLocked           = 1038
@@ -185,6 +186,8 @@ func codeName(c int) string {
 		return "transaction_cancelled"
 	case CodeTransactionTimedOut:
 		return "transaction_timed_out"
+	case CodeTooManyWatches:
+		return "too_many_watches"
 	case CodeAccessedUnreadable:
 		return "accessed_unreadable"
 	case CodeProcessBehind:
