@@ -114,9 +114,7 @@ func TestLeanClient_EchoesUnknownMessage(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := Dial(ctx, f.ln.Addr().String(), ClientOptions{})
-	require.NoError(t, err)
-	defer func() { _ = c.Close() }()
+	c := f.dial(ctx)
 	ni, err := c.NodeInfo(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 7, ni.MaxBatch)
@@ -168,11 +166,9 @@ func TestLeanClient_AnswersNodeCallAndBootstrap(t *testing.T) {
 				return err
 			}
 			requireEcho(t, m, 200)
-			m, err = f.recv()
-			if err != nil {
+			if err := f.recvExceptionReturn(6); err != nil {
 				return err
 			}
-			requireExceptionReturn(t, m, 6)
 			if _, err := f.conn.Write(bootstrapReturnBytes(t, bs.QuestionId())); err != nil {
 				return err
 			}
@@ -211,16 +207,12 @@ func TestLeanClient_AnswersNodeCallAndBootstrap(t *testing.T) {
 				b.SetQuestionId(7)
 				return err
 			})
-			m, err = f.recv()
-			if err != nil {
+			if err := f.recvExceptionReturn(5); err != nil {
 				return err
 			}
-			requireExceptionReturn(t, m, 5)
-			m, err = f.recv()
-			if err != nil {
+			if err := f.recvExceptionReturn(7); err != nil {
 				return err
 			}
-			requireExceptionReturn(t, m, 7)
 			f.send(func(m rpccp.Message) error {
 				u, err := m.NewUnimplemented()
 				if err != nil {
@@ -257,9 +249,7 @@ func TestLeanClient_AnswersNodeCallAndBootstrap(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := Dial(ctx, f.ln.Addr().String(), ClientOptions{})
-	require.NoError(t, err)
-	defer func() { _ = c.Close() }()
+	c := f.dial(ctx)
 	ni, err := c.NodeInfo(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 7, ni.MaxBatch)
@@ -313,10 +303,8 @@ func TestLeanClient_NodeReplyCap(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := Dial(ctx, f.ln.Addr().String(), ClientOptions{})
-	require.NoError(t, err)
-	defer func() { _ = c.Close() }()
-	_, err = c.NodeInfo(ctx)
+	c := f.dial(ctx)
+	_, err := c.NodeInfo(ctx)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "more than")
 	require.Equal(t, maxNodeReplies, <-echoes)
@@ -383,9 +371,7 @@ func TestLeanClient_EchoLargerThanBufferWithPendingFinish(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := Dial(ctx, f.ln.Addr().String(), ClientOptions{})
-	require.NoError(t, err)
-	defer func() { _ = c.Close() }()
+	c := f.dial(ctx)
 	l := c.lean
 	require.NotNil(t, l, "the lean engine")
 
@@ -417,7 +403,7 @@ func TestLeanClient_EchoLargerThanBufferWithPendingFinish(t *testing.T) {
 	// call, not the path this test is about).
 	require.NoError(t, f.conn.SetReadDeadline(time.Now().Add(60*time.Second)))
 	var oneByte [1]byte
-	_, err = io.ReadFull(f.conn, oneByte[:])
+	_, err := io.ReadFull(f.conn, oneByte[:])
 	require.NoError(t, err, "the Enqueue's first byte")
 	require.NoError(t, f.conn.SetReadDeadline(time.Time{}))
 	require.Len(t, l.w.lock, 1, "the Enqueue holds the write lock")

@@ -415,6 +415,26 @@ func (f *evoNode) recv() (rpccp.Message, error) {
 	return rpccp.ReadRootMessage(msg)
 }
 
+// dial connects a Go client to the node, closed at the test's end.
+func (f *evoNode) dial(ctx context.Context) *Client {
+	f.t.Helper()
+	c, err := Dial(ctx, f.ln.Addr().String(), ClientOptions{})
+	require.NoError(f.t, err)
+	f.t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// recvExceptionReturn reads the next message, which must be a Return of
+// question qid carrying an exception.
+func (f *evoNode) recvExceptionReturn(qid uint32) error {
+	m, err := f.recv()
+	if err != nil {
+		return err
+	}
+	requireExceptionReturn(f.t, m, qid)
+	return nil
+}
+
 // serveBootstrap answers the client's Bootstrap with export id 0.
 func (f *evoNode) serveBootstrap() {
 	f.t.Helper()
@@ -469,9 +489,7 @@ func TestSchemaEvo_ClientReadsOlderNodeInfo(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := Dial(ctx, f.ln.Addr().String(), ClientOptions{})
-	require.NoError(t, err)
-	defer func() { _ = c.Close() }()
+	c := f.dial(ctx)
 	ni, err := c.NodeInfo(ctx)
 	require.NoError(t, err)
 	require.NoError(t, <-done)
