@@ -90,7 +90,8 @@ func (t callTicket) finish(res statusResults, allocErr error, body func() error)
 	if !ok {
 		return q.fail(op, res, fmt.Errorf("%w: server shutting down", ErrUnavailable))
 	}
-	if op == OpPeek || op == OpDeadList {
+	listing := op == OpPeek || op == OpDeadList
+	if listing {
 		// Listing answers can be large: a client that does not read its
 		// answers gets no new ones built.
 		if err := q.gate.acquire(); err != nil {
@@ -103,8 +104,14 @@ func (t callTicket) finish(res statusResults, allocErr error, body func() error)
 		return q.fail(op, res, err)
 	}
 	failed = false
-	if !q.framesCounted {
-		q.gate.add(res.Message()) // counted until written (replyGate)
+	if !q.framesCounted || listing {
+		// Counted until written (replyGate). A listing answer is counted
+		// here even where the connection counts its frames when it queues
+		// them: between the release of its building slot and that, the
+		// answer was counted nowhere, and calls run on goroutines of
+		// their own (a store that waits) each built one in that gap, past
+		// the budget. Found by CI (session 73). add counts a message once.
+		q.gate.add(res.Message())
 	}
 	return nil
 }

@@ -147,3 +147,35 @@ func TestReplyGate_SpentBudgetGoCapnpPollsClaimNothing(t *testing.T) {
 	require.Equal(t, before.Polls, after.Polls, "a poll taken while the budget was spent reached the store")
 	require.Equal(t, before.Claimed, after.Claimed, "a poll taken while the budget was spent claimed items")
 }
+
+// TestReplyGate_ListingAnswerCountedBeforeItsSlotIsFreed: on the lean
+// engine (a connection that counts its frames when it queues them) a
+// peek's answer is counted in the reply budget before its building slot
+// is given up. It was counted only when queued, after the slot was free:
+// peeks running on goroutines of their own (RocksDB with sync=always)
+// each built an answer in that gap, past the budget
+// (TestServer_UnreadAnswersAreBounded failed in CI, session 73).
+func TestReplyGate_ListingAnswerCountedBeforeItsSlotIsFreed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{})
+	ctx := ctxT(t)
+	var total atomic.Int64
+	gate := newReplyGate(ctx, func() {}, 1<<20, time.Hour, b.clock, &total)
+	q := &queueServer{s: b.srv, gate: gate, connCtx: ctx, framesCounted: true}
+	for _, op := range []Op{OpPeek, OpDeadList, OpStats} {
+		_, seg := capnp.NewSingleSegmentMessage(nil)
+		res, err := schema.NewRootQueue_peek_Results(seg)
+		require.NoError(t, err)
+		require.NoError(t, q.begin(op).finish(res, nil, func() error {
+			_, err := res.NewItems(100)
+			return err
+		}))
+		if op == OpStats {
+			// Not a listing: counted when the connection queues it.
+			require.Zero(t, gate.Pending(), "%v counted twice", op)
+			continue
+		}
+		require.Positive(t, gate.Pending(), "%v: its slot is free and its answer counted nowhere", op)
+		gate.done(res.Message())
+	}
+}
