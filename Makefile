@@ -160,7 +160,7 @@ test: deps ## go vet, then all tests (-tags invariants), with -race for RACE_PKG
 	$(GO) test -race -tags '$(TEST_TAGS)' $(CPU_FLAG) -count=$(COUNT) -timeout $(TIMEOUT) $$race
 	@# The rpc and HTTP API tests again on RocksDB with sync=always, the
 	@# node's default store.
-	LEASEQ_RPC_TEST_STORE=rocks $(GO) test -race -tags '$(TEST_TAGS)' $(CPU_FLAG) -count=$(COUNT) -timeout 5m ./rpc/ ./rpc/httpapi/
+	LEASEQ_RPC_TEST_STORE=rocks $(GO) test -race -tags '$(TEST_TAGS)' $(CPU_FLAG) -count=$(COUNT) -timeout 10m ./rpc/ ./rpc/httpapi/
 	@# Under -race the multi-node FDB history test runs 10k items; issue 5
 	@# asks for >= 100k, which only a plain build finishes in time.
 	$(GO) test -tags '$(TEST_TAGS)' -count=$(COUNT) -timeout $(TIMEOUT) -run '^TestFDBMultiNodeHistory$$' ./fdbsync/
