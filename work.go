@@ -114,7 +114,7 @@ Example:
 			}
 			w.concurrency, w.lease, w.timeout = conc.val, lease.val, timeout.val
 			if !lease.set {
-				w.lease = 0 // the default, or the node's --max-lease when shorter (runWork)
+				w.lease = 0 // the default, or the node's --max-lease when shorter (fromNode)
 			}
 			w.killGrace, w.drainTimeout, w.maxItems = grace.val, drain.val, maxItems.val
 			if retryDelay.set {
@@ -131,8 +131,8 @@ Example:
 			log := lf.logger(stderr)
 			dctx, cancel := context.WithTimeout(ctx, *cf.timeout)
 			c, err := cf.dial(dctx)
-			if err == nil && w.retryDelay != nil {
-				err = checkRetryDelay(dctx, c, *w.retryDelay)
+			if err == nil {
+				err = w.fromNode(dctx, c)
 				if err != nil {
 					c.Close()
 				}
@@ -147,16 +147,33 @@ Example:
 	},
 }
 
-// checkRetryDelay refuses a --retry-delay over the node's --max-delay,
-// which the node would refuse at every nack. A node too old to report
-// its --max-delay (0) passes.
-func checkRetryDelay(ctx context.Context, c *rpc.Client, d time.Duration) error {
-	ni, err := c.NodeInfo(ctx)
-	if err != nil {
-		return err
+// fromNode completes w with what the node says, on the dial's bounded
+// ctx: a --retry-delay over the node's --max-delay, which the node would
+// refuse at every nack, is refused (a node too old to report its
+// --max-delay, 0, passes); without --lease the lease is the default,
+// within the node's --max-lease (as Consume would; found by review,
+// session 70: a node with --max-lease under 30 s refused every poll).
+// Asked after the signals were set up, with no deadline, a node that
+// stalled held leaseq work there, deaf to SIGTERM (found by review,
+// session 73).
+func (w *workConfig) fromNode(ctx context.Context, c *rpc.Client) error {
+	if w.retryDelay == nil && w.lease != 0 {
+		return nil
 	}
-	if ni.MaxDelay > 0 && d > ni.MaxDelay {
-		return usagef("--retry-delay %v is over the node's --max-delay %v", d, ni.MaxDelay)
+	ni, err := c.NodeInfo(ctx)
+	if w.retryDelay != nil {
+		if err != nil {
+			return err
+		}
+		if ni.MaxDelay > 0 && *w.retryDelay > ni.MaxDelay {
+			return usagef("--retry-delay %v is over the node's --max-delay %v", *w.retryDelay, ni.MaxDelay)
+		}
+	}
+	if w.lease == 0 {
+		w.lease = storage.DefaultLeaseDuration
+		if err == nil {
+			w.lease = ni.LeaseWithin(w.lease)
+		}
 	}
 	return nil
 }
@@ -232,15 +249,6 @@ func runWork(ctx context.Context, e *env, c *rpc.Client, w workConfig, stderr *l
 	var wg sync.WaitGroup
 	wg.Go(func() { s.watchSignals(e, sigs, done, stopTaking, &second) })
 
-	if w.lease == 0 {
-		// No --lease: the default, within the node's --max-lease (as
-		// Consume would; found by review, session 70: a node with
-		// --max-lease under 30 s refused every poll).
-		w.lease = storage.DefaultLeaseDuration
-		if ni, err := c.NodeInfo(ctx); err == nil {
-			w.lease = ni.LeaseWithin(w.lease)
-		}
-	}
 	log.Info("leaseq work started", "command", w.argv[0], "concurrency", w.concurrency, "lease", w.lease, "timeout", w.timeout)
 	err := c.Consume(takeCtx, rpc.ConsumerConfig{
 		Queue:    w.queue,
