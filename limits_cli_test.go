@@ -147,3 +147,38 @@ func TestDLQ_AllIsCommandLineOnly(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	require.Equal(t, "purged 1\n", out)
 }
+
+// TestServe_LimitsFitInMaxMessage: serve refuses limits an item or a
+// nack within them could not fit in --max-message with. Found by review
+// (session 73): the check counted a dedup key of the default 1 KiB, so
+// --max-message 1MiB, --max-payload 1MiB-4KiB and --max-dedup-key 64KiB
+// started, and an enqueue within every limit came in a message over
+// --max-message: the node ended the client's session. A nack of
+// --max-batch ids with a --max-reason reason likewise. Limits that pass
+// the check do fit: an item at both limits is taken.
+func TestServe_LimitsFitInMaxMessage(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		flags []string
+		want  string
+	}{
+		{[]string{"--max-message", "1048576", "--max-payload", "1044480", "--max-dedup-key", "65536"},
+			"--max-payload 1044480 plus --max-dedup-key 65536 must be at least 3072 bytes below --max-message 1048576"},
+		{[]string{"--max-message", "64KiB", "--max-payload", "32KiB", "--max-reason", "40000", "--max-batch", "1000"},
+			"--max-reason 40000 with --max-batch 1000 ids (24 bytes each) must be at least 4096 bytes below --max-message 65536"},
+	} {
+		te := newTestEnv(nil)
+		code := run(context.Background(), append([]string{"serve", "--check-config", "--data", t.TempDir()}, tc.flags...), &te.env)
+		require.Equal(t, exitUsage, code, "%v: %s", tc.flags, te.errOut)
+		require.Contains(t, te.errOut.String(), tc.want)
+	}
+
+	// The largest payload the check allows with a 64 KiB key.
+	const payload = 1048576 - 4096 - (65536 - 1024)
+	addr, stop := startServeInProcess(t, "--max-message", "1048576", "--max-payload", "979968", "--max-dedup-key", "65536")
+	defer stop()
+	te := newTestEnv(nil)
+	te.stdin = strings.NewReader(strings.Repeat("p", payload))
+	code := run(context.Background(), []string{"enqueue", "--addr", addr, "--key", strings.Repeat("k", 65536), "big", "-"}, &te.env)
+	require.Equal(t, exitOK, code, te.errOut.String())
+}

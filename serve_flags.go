@@ -148,9 +148,15 @@ func addServeFlags(fs *flag.FlagSet) *serveFlags {
 }
 
 // messageHeadroom is what a one-item enqueue's message holds besides the
-// payload, at most: the frame, the RPC call, a queue name and a dedup key
-// at their limits, and the item's other fields (about 1.5 KiB), rounded up.
+// payload, at most: the frame, the RPC call, a queue name at its limit, a
+// dedup key of the default limit, and the item's other fields (about 1.5
+// KiB), rounded up. A longer --max-dedup-key adds what it is over the
+// default.
 const messageHeadroom = 4 << 10
+
+// idWireBytes is what one id takes in a call's List(Data): its pointer
+// and its 16 bytes.
+const idWireBytes = 8 + 16
 
 // check refuses flag values that are invalid together (a usage error).
 func (f *serveFlags) check() error {
@@ -180,6 +186,18 @@ func (f *serveFlags) check() error {
 		// --max-message, an item within the limit came in a message over
 		// it, and the node ended the client's whole session.
 		return usagef("--max-payload %d must be at least %d bytes below --max-message %d (an item that size, with its queue name, dedup key and the call around it, must fit in one message)", f.maxPayload.val, messageHeadroom, f.maxMessage.val)
+	}
+	if over := f.maxDedupKey.val - storage.DefaultLimits.MaxDedupKey; over > 0 && f.maxPayload.val+over > f.maxMessage.val-messageHeadroom {
+		// Found by review (session 73): the check above counts a dedup
+		// key of the default size; a longer --max-dedup-key let an item
+		// within both limits come in a message over --max-message, and
+		// the node ended the client's whole session.
+		return usagef("--max-payload %d plus --max-dedup-key %d must be at least %d bytes below --max-message %d (an item with both at their limits must fit in one message)", f.maxPayload.val, f.maxDedupKey.val, messageHeadroom-storage.DefaultLimits.MaxDedupKey, f.maxMessage.val)
+	}
+	if f.maxReason.val+f.maxBatch.val*idWireBytes > f.maxMessage.val-messageHeadroom {
+		// Likewise a nack of --max-batch ids with a reason within
+		// --max-reason (found by review, session 73).
+		return usagef("--max-reason %d with --max-batch %d ids (%d bytes each) must be at least %d bytes below --max-message %d (a nack with both at their limits must fit in one message)", f.maxReason.val, f.maxBatch.val, idWireBytes, messageHeadroom, f.maxMessage.val)
 	}
 	if f.minLease.val > f.maxLease.val {
 		return usagef("--min-lease %v is longer than --max-lease %v", f.minLease.val, f.maxLease.val)
