@@ -84,6 +84,9 @@ func (c *call) readBody(limit int64) ([]byte, error) {
 		if need := step - spare; need > 0 {
 			took, err := c.take(need)
 			if err != nil {
+				// take gives back all the request held when its
+				// wait fails: the spare bytes are no longer held.
+				spare = min(spare, c.held)
 				return nil, err
 			}
 			spare += took
@@ -109,6 +112,19 @@ func (c *call) readBody(limit int64) ([]byte, error) {
 // take draws up to n bytes from the in-flight budget for this request
 // and returns how many it took (0 without a budget, or once the request
 // holds the whole budget).
+//
+// A request never waits for the budget while it holds some of it. The
+// budget serves its waiters in order, so a request of unknown length
+// (chunked) that held its first step and waited in line for the next
+// could wait behind another user of the budget (an RPC message, another
+// body) that needs exactly the bytes this request holds: neither would
+// ever proceed, and every later user, RPC messages too, would queue behind
+// them (found by review, session 73). So a request that holds bytes takes
+// more only if they are free at once; else it gives back all it holds and
+// waits, holding nothing, for the whole amount again. The bytes of the
+// body read so far are in memory but unaccounted during that wait; they
+// are at most the budget's size. On an error the request holds nothing
+// (c.held is 0) when it held something before.
 func (c *call) take(n int64) (int64, error) {
 	b := c.s.cfg.Inflight
 	if b == nil {
@@ -121,10 +137,21 @@ func (c *call) take(n int64) (int64, error) {
 	if hook := c.s.onBudgetWait; hook != nil {
 		hook()
 	}
-	if err := b.Acquire(c.r.Context(), n); err != nil {
+	if c.held > 0 {
+		if b.TryAcquire(n) {
+			c.held += n
+			return n, nil
+		}
+		b.Release(c.held)
+	}
+	// c.held+n is at most InflightLimit (n was cut to it), so the wait
+	// can end.
+	want := c.held + n
+	c.held = 0
+	if err := b.Acquire(c.r.Context(), want); err != nil {
 		return 0, fmt.Errorf("%w: waiting for the node's in-flight bytes budget: %v", errcode.ErrUnavailable, err)
 	}
-	c.held += n
+	c.held = want
 	return n, nil
 }
 

@@ -33,8 +33,12 @@
 // enqueue through either front end, a nack, a redrive or the sweeper wakes
 // them, and they count against the same per-queue and per-node waiter
 // limits. Request bodies draw on the node's in-flight bytes budget
-// (Config.Inflight: the RPC server's) while they are handled, and are
-// bounded by Config.MaxBodyBytes (413 beyond it). Acks, nacks and extends
+// (Config.Inflight: the RPC server's) while they are handled (a request
+// never waits for it while holding some: call.take), and are bounded by
+// Config.MaxBodyBytes (413 beyond it). A poll answer is bounded
+// too, as the RPC server bounds its replies: the items that would take it
+// past DefaultMaxAnswerBytes of JSON (at least one is served) are given
+// back at once, as an undelivered nack (trimPoll). Acks, nacks and extends
 // are reported to Config.Leases, so RPC subscriptions get their credit
 // back whichever front end settled their items.
 //
@@ -46,8 +50,9 @@
 // Durations are integer milliseconds (*_ms); instants are RFC 3339 in UTC
 // with milliseconds, as the CLI prints them; ids and leases are 32 hex
 // digits; payloads are standard base64 ("payload"), and items also carry
-// "text", the payload itself, when it is valid UTF-8. An error is an HTTP
-// status with the body {"error": {"code": ..., "message": ...}}.
+// "text", the payload itself, when it is valid UTF-8; strings are not
+// HTML-escaped ('<' stays '<', not "\u003c"). An error is an HTTP status
+// with the body {"error": {"code": ..., "message": ...}}.
 //
 // Mounting. The Server's handler serves /v1/; Mount adds other handlers on
 // the same listener (the web dashboard at /ui/), before Start.

@@ -214,6 +214,7 @@ func (s *Server) poll(c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.trimPoll(queue, &pr) // an answer too large for one gives back the rest
 	out := &pollAnswer{PollResponse: PollResponse{Items: toItems(pr.Items)}}
 	if len(pr.Items) > 0 {
 		out.Lease, out.ExpiresAt = pr.Lease.String(), fmtTime(pr.ExpiresAt)

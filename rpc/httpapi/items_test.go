@@ -1,8 +1,11 @@
 package httpapi
 
 import (
+	"bytes"
 	"encoding/base64"
+	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -266,4 +269,80 @@ func TestHTTP_LeaseObserverIsTold(t *testing.T) {
 	require.Equal(t, []storage.Code{storage.CodeOK}, <-obs.settled)
 	b.call(http.MethodPost, "/v1/queues/q/nack", SettleRequest{Lease: p.Lease, IDs: ids[1:]}, nil)
 	require.Equal(t, []storage.Code{storage.CodeOK}, <-obs.settled)
+}
+
+// Found by review (session 73): a poll's answer is built whole in memory
+// (writeJSON), and with encoding/json's default HTML escaping each '<',
+// '>' or '&' of a payload that is valid UTF-8 took six bytes in "text"
+// ("\u003c"), on top of the payload's base64: one item of 1 MiB of '<' was
+// a 7.3 MiB answer, and a poll of the default MaxBatch (1000) such items a
+// 7.3 GiB buffer. An item now takes its base64 (4/3), its text (1) and a
+// little framing.
+func TestPoll_AnswerIsNotHTMLEscaped(t *testing.T) {
+	const n = 1 << 20
+	for _, c := range []byte{'a', '<', '&'} {
+		it := storage.Item{Queue: "q", Payload: bytes.Repeat([]byte{c}, n)}
+		rec := httptest.NewRecorder()
+		require.NoError(t, writeJSON(rec, http.StatusOK, &pollAnswer{PollResponse: PollResponse{Items: toItems([]storage.Item{it})}}))
+		got := rec.Body.Len()
+		require.LessOrEqualf(t, got, n*4/3+n+1024,
+			"a poll answer of one item of %d bytes of %q takes %d bytes (x%.1f): HTML escaping of \"text\"", n, c, got, float64(got)/n)
+	}
+}
+
+// Found by review (session 73): nothing but MaxBatch bounded a poll
+// answer, where the RPC server bounds every reply (rpc.trimPoll). The
+// items past DefaultMaxAnswerBytes (lowered here) are given back at once,
+// ready with no attempt counted, and an item larger than the bound alone
+// is still served alone.
+func TestPoll_AnswerIsCutToItsBound(t *testing.T) {
+	t.Parallel()
+	const bound = 10_000
+	b := setupWith(t, nil, func(s *Server) { s.maxAnswer = bound })
+	b.enqueueTexts("q", strings.Repeat("x", 1000), strings.Repeat("x", 1000), strings.Repeat("x", 1000),
+		strings.Repeat("x", 1000), strings.Repeat("x", 1000))
+	status, raw := b.request(http.MethodPost, "/v1/queues/q/poll", "application/json", PollRequest{Max: ptr[int64](5), LeaseMs: 60000})
+	require.Equal(t, http.StatusOK, status, "%s", raw)
+	var p PollResponse
+	require.NoError(t, json.Unmarshal(raw, &p))
+	require.LessOrEqual(t, len(raw), bound)
+	require.Less(t, len(p.Items), 5, "a poll answer of 5 items of ~2.9 KB of JSON each is over %d bytes", bound)
+	require.Greater(t, len(p.Items), 1, "as many as fit are served")
+	var st QueueStats
+	b.call(http.MethodGet, "/v1/queues/q", nil, &st)
+	require.EqualValues(t, len(p.Items), st.Inflight)
+	require.EqualValues(t, 5-len(p.Items), st.Ready, "the items left out are ready again at once")
+	var page PageResponse
+	b.call(http.MethodGet, "/v1/queues/q/items?state=ready", nil, &page)
+	require.Len(t, page.Items, 5-len(p.Items))
+	for _, it := range page.Items {
+		require.EqualValues(t, 0, it.Attempts, "an item left out of the answer counts no attempt")
+	}
+
+	// An item larger than the bound is served alone.
+	big := strings.Repeat("y", 2*bound)
+	b.enqueueTexts("big", big, big)
+	p = b.poll("big", PollRequest{Max: ptr[int64](5)})
+	require.Len(t, p.Items, 1)
+	require.Equal(t, big, *p.Items[0].Text)
+	b.call(http.MethodGet, "/v1/queues/big", nil, &st)
+	require.EqualValues(t, 1, st.Ready)
+}
+
+// Found by review (session 73), with TestPoll_AnswerIsCutToItsBound: the
+// size a poll answer is cut by (itemAnswerBytes) is never less than the
+// item's JSON, for every kind of character encoding/json escapes.
+func TestPoll_ItemAnswerBytesBoundsTheJSON(t *testing.T) {
+	for _, payload := range []string{
+		"", "plain", strings.Repeat("<>&", 100), "\x00\x01\x1f\b\f\n\r\t", `"quoted\\"`,
+		"\u2028\u2029 line separators", "caf\u00e9 \U0001f600", "\xff\xfe not UTF-8", "ok \xe2\x80 cut",
+	} {
+		it := storage.Item{Queue: "q<&>", DedupKey: "k\x01\"", LastError: "bad \xff <reason>", Payload: []byte(payload),
+			Attempts: 4294967295, MaxAttempts: 4294967295, Priority: 255, EnqueuedAt: testStart, VisibleAt: testStart, State: storage.StateInflight}
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false)
+		require.NoError(t, enc.Encode(toItem(&it)))
+		require.GreaterOrEqualf(t, itemAnswerBytes(&it), int64(buf.Len()), "payload %q: %s", payload, buf.Bytes())
+	}
 }

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/semaphore"
 
+	"github.com/leaseq/leaseq/rpc/rpctest"
 	"github.com/leaseq/leaseq/storage"
 )
 
@@ -99,6 +101,103 @@ func TestServer_ShortReadsKeepTheirBudget(t *testing.T) {
 		t.Fatal("A's body was fully sent 5 s ago, with 1346 of 3096 free bytes, and it is still unanswered: A and B wait on each other")
 	}
 	require.NoError(t, <-bDone)
+}
+
+// Found by review (session 73): a body of unknown length
+// (Transfer-Encoding: chunked) is drawn from the node's in-flight budget a
+// step at a time (readStep), and the request waited in the budget's line
+// for each next step while it held what it already took. The budget serves
+// in order, so when another user of the budget (an RPC message, or a
+// known-length body) asked for more than was free, and the bytes it needed
+// were the ones the chunked request held, the two waited on each other for
+// ever: the request was blocked in Acquire, not in a read, so neither the
+// stall watch nor a client that hung up ended it, and every later user of
+// the budget, RPC messages too, queued behind them. A request now gives
+// back what it holds before it waits (call.take).
+func TestServer_ChunkedBodyWaitsForBudgetHoldingNone(t *testing.T) {
+	const size = 256 << 10
+	sem := semaphore.NewWeighted(size)
+	asking := make(chan struct{}, 64)
+	b := setupWith(t, func(c *Config) { c.Inflight, c.InflightLimit = sem, size },
+		func(s *Server) { s.onBudgetWait = func() { asking <- struct{}{} } })
+
+	// A: an enqueue with a chunked body; it takes its first step (64 KiB).
+	pr, pw := io.Pipe()
+	t.Cleanup(func() { _ = pw.Close() })
+	aDone := make(chan error, 1)
+	go func() {
+		req, err := http.NewRequest(http.MethodPost, b.url+"/v1/queues/q/items", pr)
+		if err != nil {
+			aDone <- err
+			return
+		}
+		req.Header.Set("Content-Type", "application/octet-stream")
+		resp, err := b.client.Do(req)
+		if err == nil {
+			if resp.StatusCode != http.StatusOK {
+				raw, _ := io.ReadAll(resp.Body)
+				err = fmt.Errorf("status %d: %s", resp.StatusCode, raw)
+			}
+			resp.Body.Close()
+		}
+		aDone <- err
+	}()
+	<-asking
+	free := int64(size - readStep)
+	rpctest.Eventually(t, 10*time.Second, func() bool {
+		if sem.TryAcquire(free + 1) {
+			sem.Release(free + 1)
+			return false
+		}
+		return true
+	}, "A did not take its first step of the budget")
+
+	// M: an RPC message larger than what is free arrives: it waits for
+	// bytes A holds (the RPC transport's flowBudget.acquire).
+	mctx, mcancel := context.WithCancel(context.Background())
+	defer mcancel()
+	mDone := make(chan error, 1)
+	go func() {
+		err := sem.Acquire(mctx, free+1)
+		if err == nil {
+			sem.Release(free + 1) // its call is answered at once
+		}
+		mDone <- err
+	}()
+	rpctest.Eventually(t, 10*time.Second, func() bool {
+		if sem.TryAcquire(1) { // fails only while M waits in line
+			sem.Release(1)
+			return false
+		}
+		return true
+	}, "M did not queue for the budget")
+
+	// A's client sends its body (a hundred bytes) and ends it.
+	_, err := pw.Write([]byte(strings.Repeat("a", 100)))
+	require.NoError(t, err)
+	<-asking // A asks the budget for its next step, behind M
+	require.NoError(t, pw.Close())
+
+	select {
+	case err := <-aDone:
+		require.NoError(t, err)
+		require.NoError(t, <-mDone)
+		// The request gave back all it took, across its give-back and
+		// wait (its deferred release may run just after the answer).
+		rpctest.Eventually(t, 10*time.Second, func() bool {
+			if sem.TryAcquire(size) {
+				sem.Release(size)
+				return true
+			}
+			return false
+		}, "the budget is not whole after the chunked enqueue was answered")
+	case <-time.After(10 * time.Second):
+		mcancel() // unblock, so the test can end
+		<-aDone
+		<-mDone
+		t.Fatal("a 100-byte chunked enqueue, sent in full, was unanswered after 10 s: it waits in the budget's line " +
+			"behind an RPC message that waits for the 64 KiB the enqueue holds (hold and wait); neither ever proceeds")
+	}
 }
 
 // TestServer_PollAfterLongBudgetWaitGetsItsAnswer: a poll that waited
