@@ -48,10 +48,12 @@ type ConsumerConfig struct {
 	// saying so that wraps the code's storage error (ErrLeaseExpired and
 	// the like). The item comes back once its lease runs out; Consume
 	// logs it either way. A batch's ack rides the poll for the next
-	// batch, so it is reported once that poll ends (at most Wait later);
-	// one whose outcome is unknown (the call failed) is made again on its
-	// own, and only that one's outcome counts: not found from it means
-	// the first one was applied, and is no failure. An item whose handler failed
+	// batch, so it is reported once that poll ends (at most Wait later,
+	// and given up, as any settle, once its lease has surely ended); one
+	// whose outcome is unknown (the call failed) is made again on its
+	// own, while the batch that poll leased is handled, and only that
+	// one's outcome counts: not found from it means the first one was
+	// applied, and is no failure. An item whose handler failed
 	// after Consume found its lease lost is not nacked (the node delivers
 	// it again; the nack could only be refused) and not reported; a
 	// success is acked all the same, and reported if that fails. Called
@@ -291,28 +293,27 @@ func (cs *consumer) loop(pollCtx, parent context.Context) error {
 		var pr storage.PollResult
 		var err error
 		var answered time.Time // when the poll's answer came
+		var retry settle       // an ack whose outcome is unknown
 		if len(held.ids) > 0 {
-			var codes []storage.Code
-			var errA error
-			codes, errA, pr, err = cs.c.ackPoll(pollCtx, cfg.Queue, held.lease, held.ids, n, cfg.Lease, cfg.Wait)
+			retry, pr, err = cs.ackPoll(pollCtx, held, n)
 			answered = cfg.Clock.Now()
-			if errA != nil {
-				// The ack's outcome is unknown: ack again on its own (an
-				// item acked already answers notFound).
-				cs.ackNow(settleCtx, held, true)
-			} else {
-				cs.ackCodes(held, codes, false)
-			}
 			held = settle{}
 		} else {
 			pr, err = cs.c.Poll(pollCtx, cfg.Queue, n, cfg.Lease, cfg.Wait)
 			answered = cfg.Clock.Now()
 		}
 		cs.budget.give(n - len(pr.Items))
+		// The ack made again (ackNow may wait up to the old lease's end)
+		// runs alongside the handlers of the batch the poll leased, whose
+		// own lease runs meanwhile (found by review, session 73: made
+		// first, it held that batch unhandled and unextended, and a wait
+		// of a whole Lease lost it). It is joined before the next poll.
+		retried := cs.ackAside(settleCtx, retry)
 		if len(pr.Items) > 0 {
 			// Leased even when the call also failed: handle them.
 			held = cs.handleBatch(settleCtx, pr, answered)
 		}
+		<-retried
 		if err != nil {
 			if pollCtx.Err() != nil {
 				return nil
@@ -377,11 +378,66 @@ type settle struct {
 // that no worker (and no drain) waits for it without bound.
 func (cs *consumer) untilEnded(ctx context.Context, ended time.Time) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(ctx)
-	t := cs.cfg.Clock.AfterFunc(ended.Sub(cs.cfg.Clock.Now()), cancel)
+	left := ended.Sub(cs.cfg.Clock.Now())
+	if left <= 0 {
+		// Ended already: the settle is given up before it is sent (a
+		// timer would end it a moment later at best, or, on a mock
+		// clock, not before the clock next moves).
+		cancel()
+		return ctx, cancel
+	}
+	t := cs.cfg.Clock.AfterFunc(left, cancel)
 	return ctx, func() {
 		t.Stop()
 		cancel()
 	}
+}
+
+// ackPoll sends held's ack with the poll for the next batch of at most n
+// items (Client.ackPoll: one round trip) and returns held again when the
+// ack's outcome is unknown (to be made again on its own: an item acked
+// already answers notFound), and the poll's outcome. The call is bounded
+// by held's lease's end, as ackNow's ack is (found by review, session 73:
+// a node that never answered the ack held the worker for good, and the
+// batch the poll had leased to it stranded, unhandled and unextended).
+// The poll's wait is at most half the time left until then, so that a
+// long poll that finds nothing is answered before that bound cuts it. A
+// call cut there is taken as an empty poll: the items it may have claimed
+// are given back by the client (leanClient.abandoned; on the go-capnp
+// client engine they wait for their lease), and the next poll goes out on
+// its own.
+func (cs *consumer) ackPoll(pollCtx context.Context, held settle, n int) (retry settle, pr storage.PollResult, err error) {
+	cfg := cs.cfg
+	wait := min(cfg.Wait, max(held.ended.Sub(cfg.Clock.Now())/2, 0))
+	actx, stop := cs.untilEnded(pollCtx, held.ended)
+	codes, errA, pr, err := cs.c.ackPoll(actx, cfg.Queue, held.lease, held.ids, n, cfg.Lease, wait)
+	cut := actx.Err() != nil && pollCtx.Err() == nil
+	stop()
+	if err != nil && cut {
+		cs.log.Warn("ack with the next poll unanswered at the lease's end: given up", "lease_id", held.lease.String(), "err", err)
+		err = nil
+	}
+	if errA != nil {
+		return held, pr, err
+	}
+	cs.ackCodes(held, codes, false)
+	return settle{}, pr, err
+}
+
+// ackAside makes again, on a goroutine of its own, an ack of s whose
+// outcome is unknown (ackNow with retry), if s holds anything, and
+// returns a channel closed once it is done.
+func (cs *consumer) ackAside(ctx context.Context, s settle) <-chan struct{} {
+	done := make(chan struct{})
+	if len(s.ids) == 0 {
+		close(done)
+		return done
+	}
+	go func() {
+		defer close(done)
+		cs.ackNow(ctx, s, true)
+	}()
+	return done
 }
 
 // ackNow acks s on its own, if it holds anything. retry says an ack of s
@@ -454,6 +510,13 @@ func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult, answ
 	surelyEnded := cfg.Clock.Timer(endedAt().Sub(cfg.Clock.Now()))
 	ticker := cfg.Clock.Ticker(cfg.Lease / 3)
 	extDone := make(chan struct{})
+	// extCtx ends the extend in flight as the last handler returns: no
+	// handler needs the lease any more, and the successes' ack must not
+	// wait for that extend's answer (found by review, session 73: a node
+	// slow to answer it held the ack up to a whole Lease, after which the
+	// lease counted as lost and the ack was given up).
+	extCtx, extCancel := context.WithCancel(ctx)
+	defer extCancel()
 	var extWG sync.WaitGroup
 	extWG.Add(1)
 	go func() {
@@ -468,9 +531,14 @@ func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult, answ
 				loseLease(noExtendThrough, nil)
 				return
 			case <-ticker.C:
-				ectx, stop := cs.untilEnded(ctx, endedAt())
+				ectx, stop := cs.untilEnded(extCtx, endedAt())
 				exp, err := cs.c.Extend(ectx, cfg.Queue, pr.Lease, cfg.Lease)
 				stop()
+				if err != nil && extCtx.Err() != nil {
+					// Given up as the batch ended (extCancel): nothing
+					// to report, and the lease is not lost.
+					return
+				}
 				if cfg.OnExtend != nil {
 					cfg.OnExtend(pr.Lease, exp, err)
 				}
@@ -516,6 +584,7 @@ func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult, answ
 		cs.nack(nctx, pr.Lease, it.ID, err)
 		stop()
 	}
+	extCancel()
 	close(extDone)
 	extWG.Wait()
 	return settle{lease: pr.Lease, ids: ok, ended: endedAt()}
