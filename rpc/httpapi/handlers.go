@@ -471,9 +471,14 @@ func (s *Server) pageLimit(n int64) int {
 	return int(n)
 }
 
-func pageOf(items []Item, limit int) PageResponse {
+// pageOf is a page of items, of limit asked for, of which cut were left
+// out to keep the answer within its bound (fitAnswer): a full page, or
+// one cut short, names where the next begins. Found by review (session
+// 73): peek and dead-list pages were built whole whatever their size, up
+// to --max-batch items at --max-payload each, where polls are bound.
+func pageOf(items []Item, limit int, cut bool) PageResponse {
 	p := PageResponse{Items: items}
-	if len(items) == limit && limit > 0 {
+	if (cut || len(items) == limit) && len(items) > 0 {
 		p.NextAfter = items[len(items)-1].ID
 	}
 	return p
@@ -500,7 +505,8 @@ func (s *Server) peek(c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return pageOf(toItems(items), limit), nil
+	n := fitAnswer(items, s.maxAnswer)
+	return pageOf(toItems(items[:n]), limit, n < len(items)), nil
 }
 
 func (s *Server) purge(c *call) (any, error) {
@@ -554,12 +560,13 @@ func (s *Server) deadList(c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	items := make([]Item, len(dead))
-	for i := range dead {
+	n := fitDead(dead, s.maxAnswer)
+	items := make([]Item, n)
+	for i := range items {
 		items[i] = toItem(&dead[i].Item)
 		items[i].Reason, items[i].DeadAt = dead[i].Reason, fmtTime(dead[i].DeadAt)
 	}
-	return pageOf(items, limit), nil
+	return pageOf(items, limit, n < len(dead)), nil
 }
 
 // deadOp runs a redrive or dead purge on the ids of the body, or with

@@ -346,3 +346,56 @@ func TestPoll_ItemAnswerBytesBoundsTheJSON(t *testing.T) {
 		require.GreaterOrEqualf(t, itemAnswerBytes(&it), int64(buf.Len()), "payload %q: %s", payload, buf.Bytes())
 	}
 }
+
+// TestPages_CutToTheAnswerBound: a peek page and a dead-letter page are
+// cut, as a poll answer is, to what fits in the answer bound (at least
+// one item), with next_after set so the client pages on; paging on
+// reaches every item once. Found by review (session 73): only polls were
+// bound; a page of --max-batch items at --max-payload each was built
+// whole (about 2.3 GiB of JSON with the default limits).
+func TestPages_CutToTheAnswerBound(t *testing.T) {
+	t.Parallel()
+	const bound = 10_000
+	b := setupWith(t, nil, func(s *Server) { s.maxAnswer = bound })
+	x := strings.Repeat("x", 1000)
+	ids := b.enqueueTexts("q", x, x, x, x, x)
+	b.call(http.MethodPut, "/v1/queues/q/config", ConfigUpdate{MaxAttempts: ptr[int64](1)}, nil)
+
+	pageAll := func(path string) []string {
+		var seen []string
+		after := ""
+		for range 10 {
+			status, raw := b.request(http.MethodGet, path+"?limit=5&after="+after, "", nil)
+			require.Equal(t, http.StatusOK, status, "%s", raw)
+			require.LessOrEqual(t, len(raw), bound, "%s: a page over the answer bound", path)
+			var page PageResponse
+			require.NoError(t, json.Unmarshal(raw, &page))
+			for _, it := range page.Items {
+				seen = append(seen, it.ID)
+			}
+			if page.NextAfter == "" {
+				return seen
+			}
+			require.Less(t, len(page.Items), 5, "%s: the page was not cut", path)
+			after = page.NextAfter
+		}
+		t.Fatalf("%s: paging did not end", path)
+		return nil
+	}
+	require.Equal(t, ids, pageAll("/v1/queues/q/items"))
+
+	// Dead, with their reasons: the dead-letter list is cut the same way.
+	for dead := 0; dead < len(ids); {
+		// A poll answer is cut to the bound too: several polls.
+		p := b.poll("q", PollRequest{Max: ptr[int64](5)})
+		require.NotEmpty(t, p.Items)
+		var got []string
+		for _, it := range p.Items {
+			got = append(got, it.ID)
+		}
+		var res SettleResponse
+		b.call(http.MethodPost, "/v1/queues/q/nack", SettleRequest{Lease: p.Lease, IDs: got, Reason: "no"}, &res)
+		dead += len(got)
+	}
+	require.Equal(t, ids, pageAll("/v1/queues/q/dlq"))
+}

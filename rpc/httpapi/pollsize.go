@@ -7,7 +7,8 @@ import (
 	"github.com/leaseq/leaseq/storage"
 )
 
-// DefaultMaxAnswerBytes bounds the JSON of one poll answer. An answer is
+// DefaultMaxAnswerBytes bounds the JSON of one poll answer, and of one
+// page of peek or the dead-letter list (pageOf). An answer is
 // built whole in memory (writeJSON), and an item takes much more room in
 // it than in the store: its payload in base64 (4/3) and again as "text"
 // when it is valid UTF-8, where a control character takes six bytes
@@ -60,13 +61,31 @@ func (s *Server) trimPoll(queue string, pr *storage.PollResult) {
 // maxAnswer bytes: at least one when there are any, as over RPC (a lone
 // item larger than the bound is served rather than never).
 func fitAnswer(items []storage.Item, maxAnswer int64) int {
+	return fitCount(len(items), maxAnswer, func(i int) int64 { return itemAnswerBytes(&items[i]) })
+}
+
+// fitDead is fitAnswer for a page of dead items, each with its reason
+// and its instant of death.
+func fitDead(dead []storage.DeadItem, maxAnswer int64) int {
+	return fitCount(len(dead), maxAnswer, func(i int) int64 {
+		return itemAnswerBytes(&dead[i].Item) + jsonStringBytes(dead[i].Reason) + deadFieldBytes
+	})
+}
+
+// deadFieldBytes bounds a dead item's fields besides its reason: the
+// names of both and the instant.
+const deadFieldBytes = 64
+
+// fitCount returns how many of n elements, the i-th of size(i) bytes of
+// JSON, fit in one answer of maxAnswer bytes (at least one when n > 0).
+func fitCount(n int, maxAnswer int64, size func(i int) int64) int {
 	left := maxAnswer - answerReserveBytes
-	for i := range items {
-		if left -= itemAnswerBytes(&items[i]); left < 0 {
+	for i := range n {
+		if left -= size(i); left < 0 {
 			return max(i, 1)
 		}
 	}
-	return len(items)
+	return n
 }
 
 // itemAnswerBytes bounds the bytes the JSON of it takes in an answer

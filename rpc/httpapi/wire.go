@@ -342,7 +342,8 @@ type QueuesResponse struct {
 }
 
 // PageResponse is one page of peek or the dead-letter list. NextAfter,
-// when present, is the "after" of the next page (the page was full).
+// when present, is the "after" of the next page (the page was full, or
+// cut to the answer bound, DefaultMaxAnswerBytes).
 type PageResponse struct {
 	Items     []Item `json:"items"`
 	NextAfter string `json:"next_after,omitempty"`
