@@ -22,7 +22,8 @@ type ConsumerConfig struct {
 	Lease   time.Duration // per poll, at least 1ms (0: storage.DefaultLeaseDuration, within the node's --min-lease and --max-lease); extended every Lease/3 while handlers run
 	Wait    time.Duration // long-poll wait (0: DefaultConsumerWait)
 	// Handler processes one item. nil error acks it; an error or a panic
-	// nacks it with the error text or "panic: <value>" as the reason. Its
+	// nacks it with the error text or "panic: <value>" as the reason (its
+	// first 4096 bytes, what a node with the default --max-reason keeps). Its
 	// ctx is cancelled if the lease is lost (an extend finds it gone, or
 	// none has gone through for a whole Lease, as when the connection
 	// ended: the item may be redelivered elsewhere; an error returned
@@ -596,7 +597,11 @@ func (cs *consumer) handleBatch(ctx context.Context, pr storage.PollResult, answ
 // nacked all the same rather than left in flight without its reason.
 func (cs *consumer) nack(ctx context.Context, lease storage.LeaseID, id storage.ItemID, herr error) {
 	ids := []storage.ItemID{id}
-	reason := herr.Error()
+	// Cut to what a node with the default --max-reason keeps (it cuts
+	// longer ones itself): a handler's error text can be any size, and a
+	// nack over the node's --max-message ends the connection, losing the
+	// nack and every call in flight on it (found by review, session 73).
+	reason := storage.Limits{}.TruncateReason(herr.Error())
 	delay := nackDelay(cs.cfg, herr)
 	if delay != nil {
 		if refusal := cs.refusedFor(*delay); refusal != nil {

@@ -2,7 +2,10 @@ package rpc
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -237,4 +240,40 @@ func TestConsume_RetriedAckDoesNotHoldTheNewBatch(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the item leased by the poll waits, unextended, for the retry of the previous batch's ack")
 	}
+}
+
+// TestConsume_LongErrorTextStillNacks: a handler whose error text is
+// larger than the node's --max-message still has its item nacked, with
+// the text's start as the reason. Found by review (session 73): the whole
+// text went in the nack, a message over the node's limit, and the node
+// ended the connection: the nack was lost and the item stayed leased.
+func TestConsume_LongErrorTextStillNacks(t *testing.T) {
+	t.Parallel()
+	b := setup(t, bundleOpts{mutate: func(c *ServerConfig) { c.MaxMessageBytes = 64 << 10 }})
+	c := b.dial()
+	ctx := ctxT(t)
+	_, err := c.Enqueue(ctx, "q", payloads(1, 8))
+	require.NoError(t, err)
+	hour := time.Hour // not redelivered during the test
+	long := strings.Repeat("é", 100<<10)
+	handled := make(chan struct{})
+	var failed atomic.Int32
+	r := startConsume(c, ConsumerConfig{
+		Queue: "q", Lease: time.Minute, Clock: b.clock, NackDelay: &hour, Logger: rpctest.Logger(t),
+		OnSettleFailed: func(storage.ItemID, bool, error) { failed.Add(1) },
+		Handler: func(context.Context, storage.Item) error {
+			defer close(handled)
+			return errors.New(long)
+		},
+	})
+	<-handled
+	require.NoError(t, r.stop(t))
+	require.Zero(t, failed.Load(), "the nack failed")
+	st, err := c.Stats(ctx, "q")
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), st[0].Nacked)
+	peek, err := c.Peek(ctx, storage.PeekParams{Queue: "q"})
+	require.NoError(t, err)
+	require.Len(t, peek, 1)
+	require.True(t, strings.HasPrefix(long, peek[0].LastError) && len(peek[0].LastError) > 1000, "reason %d bytes", len(peek[0].LastError))
 }
