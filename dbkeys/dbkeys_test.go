@@ -222,6 +222,15 @@ func TestIDs_OrderBySequence(t *testing.T) {
 	require.Equal(t, uint64(2), IDSeq(b))
 }
 
+func TestIDs_EnqueuedAtRoundTrip(t *testing.T) {
+	t.Parallel()
+	for _, at := range []int64{0, 1, -1, 999, -999, 1_700_000_000_123_456_789, math.MaxInt64, math.MinInt64} {
+		id := NewID(42, at)
+		require.Equal(t, at, IDEnqueuedAt(id), "enqueued at %d", at)
+		require.Equal(t, uint64(42), IDSeq(id))
+	}
+}
+
 func TestValues_RoundTrip(t *testing.T) {
 	t.Parallel()
 	for i, r := range itemCases() {

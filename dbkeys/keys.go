@@ -489,6 +489,13 @@ func NewID(seq uint64, enqueuedAt int64) [16]byte {
 // IDSeq returns the sequence number of an id built by NewID.
 func IDSeq(id [16]byte) uint64 { return binary.BigEndian.Uint64(id[:8]) }
 
+// IDEnqueuedAt returns the enqueue instant (Unix nanoseconds) of an id
+// built by NewID. rocksstore reads it back to judge a dedup key by the
+// queue's current window: the key was seen when its first item was
+// enqueued, and the dedup record itself keeps only the expiry fixed by
+// the window then in force.
+func IDEnqueuedAt(id [16]byte) int64 { return readInt64(id[8:]) }
+
 // VisibilitySuffixLen is the length of a visibility key after its
 // queue's VisibilityPrefix: priority, visible_at, id.
 const VisibilitySuffixLen = 1 + 8 + IDLen

@@ -23,8 +23,15 @@ import (
 
 // rvDedup is the model's view of one dedup record of a live queue.
 type rvDedup struct {
-	id  storage.ItemID
-	exp time.Time
+	id   storage.ItemID
+	seen time.Time
+	exp  time.Time
+}
+
+// holds: the record suppresses an enqueue at now under the queue's
+// current window (which may have been shortened since it was written).
+func (d rvDedup) holds(now time.Time, window time.Duration) bool {
+	return window > 0 && d.exp.After(now) && now.Sub(d.seen) < window
 }
 
 type rvQueue struct {
@@ -135,7 +142,7 @@ func (h *rvHarness) applyEnqueue(m *rvQueue, name string, keys []string, res []s
 				require.Equal(t, id, r.ID)
 				continue
 			}
-			if d, ok := m.dedup[k]; ok && d.exp.After(now) {
+			if d, ok := m.dedup[k]; ok && d.holds(now, m.window) {
 				require.True(t, r.Duplicate, "queue %q key %q (first id %s, expires %v, now %v): not suppressed", name, k, d.id, d.exp, now)
 				require.Equal(t, d.id, r.ID, "queue %q key %q: duplicate of the wrong item", name, k)
 				continue
@@ -146,7 +153,7 @@ func (h *rvHarness) applyEnqueue(m *rvQueue, name string, keys []string, res []s
 		require.False(t, seen, "id %s assigned twice", r.ID)
 		h.items[r.ID] = &rvItem{q: name}
 		if k != "" && m.window > 0 {
-			m.dedup[k] = rvDedup{id: r.ID, exp: now.Add(m.window)}
+			m.dedup[k] = rvDedup{id: r.ID, seen: now, exp: now.Add(m.window)}
 			here[k] = r.ID
 		}
 	}

@@ -36,7 +36,7 @@
 //	l <lease>                      lease: queue, expiry, ids
 //	e <expiry> <lease>             lease expiry index
 //	x <queue> <id>                 dead item record with reason and time
-//	u <queue> <key>                dedup key: first id, expiry
+//	u <queue> <key>                dedup key: first id, expiry, when seen
 //	U <expires> <queue> <key>      dedup expiry index (one entry per key)
 //	p <payload id> <n>             payload chunk n (payloads over 16 KiB)
 //	P <created> <payload id>       chunks not yet referenced by an item

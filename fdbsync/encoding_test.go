@@ -49,6 +49,7 @@ func goldenFDBEntries() []string {
 	add("value/lease", l.encode())
 	add("value/config", encodeConfig(goldenConfig, kv.Versionstamp{0, 0, 0, 0, 0, 0, 0, 7, 0, 1}))
 	add("value/dedup", dedupRec{id: gid, expires: gt0}.encode())
+	add("value/dedup_seen", dedupRec{id: gid, expires: gt0, seen: gt0.Add(-time.Minute)}.encode())
 	k := keys{prefix: []byte("lq")}
 	add("key/queue", k.queue("jobs"))
 	add("key/counter", k.counter("jobs", 'r'))
@@ -116,10 +117,44 @@ func TestFDBGoldenRecords_RoundTrip(t *testing.T) {
 	gl, err := decodeLease(l.encode())
 	require.NoError(t, err)
 	require.Equal(t, l.encode(), gl.encode())
-	d := dedupRec{id: gid, expires: gt0}
-	gd, err := decodeDedup(d.encode())
+	for _, d := range []dedupRec{{id: gid, expires: gt0}, {id: gid, expires: gt0, seen: gt0.Add(-time.Minute)}} {
+		gd, err := decodeDedup(d.encode())
+		require.NoError(t, err)
+		require.Equal(t, d.encode(), gd.encode())
+		require.True(t, d.seen.Equal(gd.seen))
+	}
+}
+
+// TestFDBDedup_SeenIsOptional: a dedup record written before records
+// kept when their key was seen (the golden value of then) still decodes,
+// with no seen, and is judged by its expiry alone; a newer record is
+// judged by the queue's current window from seen too. Window 0 turns
+// dedup off for both.
+func TestFDBDedup_SeenIsOptional(t *testing.T) {
+	t.Parallel()
+	b, err := hex.DecodeString("010000000000000001179b4a000000000717979cfe3d85cd15")
 	require.NoError(t, err)
-	require.Equal(t, d.encode(), gd.encode())
+	old, err := decodeDedup(b)
+	require.NoError(t, err)
+	require.Equal(t, dedupRec{id: gid, expires: gt0}.encode(), old.encode())
+	require.True(t, old.seen.IsZero())
+	seen := gt0.Add(-5 * time.Minute)
+	cur := dedupRec{id: gid, expires: gt0, seen: seen}
+	for _, c := range []struct {
+		now          time.Time
+		window       time.Duration
+		oldDup, newD bool
+	}{
+		{seen.Add(time.Minute), 5 * time.Minute, true, true},
+		{seen.Add(time.Minute), time.Second, true, false},
+		{seen.Add(time.Second - 1), time.Second, true, true},
+		{seen.Add(time.Minute), 0, false, false},
+		{gt0.Add(-1), time.Hour, true, true},
+		{gt0, time.Hour, false, false},
+	} {
+		require.Equal(t, c.oldDup, old.holds(c.now, c.window), "old record at %v, window %v", c.now.Sub(seen), c.window)
+		require.Equal(t, c.newD, cur.holds(c.now, c.window), "new record at %v, window %v", c.now.Sub(seen), c.window)
+	}
 }
 
 func FuzzFDBDecode(f *testing.F) {
@@ -128,6 +163,7 @@ func FuzzFDBDecode(f *testing.F) {
 	}
 	f.Add((&leaseRec{queue: "q", expiry: gt0, ids: []storage.ItemID{gid}}).encode())
 	f.Add(dedupRec{id: gid, expires: gt0}.encode())
+	f.Add(dedupRec{id: gid, expires: gt0, seen: gt0}.encode())
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if r, err := decodeRecord(b); err == nil {
@@ -141,7 +177,7 @@ func FuzzFDBDecode(f *testing.F) {
 			require.Equal(t, l.encode(), again.encode())
 		}
 		if d, err := decodeDedup(b); err == nil {
-			require.Equal(t, d.encode(), dedupRec{id: d.id, expires: d.expires}.encode())
+			require.Equal(t, d.encode(), dedupRec{id: d.id, expires: d.expires, seen: d.seen}.encode())
 		}
 		_, _ = decodeConfig(b)
 	})

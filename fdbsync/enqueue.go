@@ -213,7 +213,7 @@ func (s *Store) enqueueTxn(ctx context.Context, p storage.EnqueueParams, items [
 		di := 0
 		for i := range items {
 			r := items[i].rec
-			var staleExp []byte // the expiry entry of an expired dedup record this item replaces
+			var staleExp []byte // the expiry entry of a dedup record that no longer holds, which this item replaces
 			if r.dedupKey != "" {
 				cur := dvals[di]
 				di++
@@ -229,7 +229,7 @@ func (s *Store) enqueueTxn(ctx context.Context, p storage.EnqueueParams, items [
 					}
 					// A record from before the queue came to be (or from
 					// before this commit creates it) is a removed queue's.
-					if ok && !dedupBefore(d, created) && d.expires.After(p.Now) {
+					if ok && !dedupBefore(d, created) && d.holds(p.Now, cfg.DedupWindow) {
 						outs[i] = enqOutcome{kind: enqDup, dup: d.id}
 						dups++
 						continue
@@ -255,7 +255,7 @@ func (s *Store) enqueueTxn(ctx context.Context, p storage.EnqueueParams, items [
 				ready++
 			}
 			if r.dedupKey != "" && cfg.DedupWindow > 0 {
-				// Replace the expired record's expiry entry: one entry
+				// Replace the old record's expiry entry: one entry
 				// per key, as in rocksstore (a rule of storage/check). The
 				// sweeper would skip a stale one, but DeleteQueue, which
 				// clears the current one, would leave it behind.
@@ -263,7 +263,7 @@ func (s *Store) enqueueTxn(ctx context.Context, p storage.EnqueueParams, items [
 					tx.Clear(staleExp)
 				}
 				exp := p.Now.Add(cfg.DedupWindow)
-				tx.SetVersionstampedValue(s.k.dedup(q, r.dedupKey), withOffset(dedupRec{id: id, expires: exp}.encode(), dedupIDOffset))
+				tx.SetVersionstampedValue(s.k.dedup(q, r.dedupKey), withOffset(dedupRec{id: id, expires: exp, seen: p.Now}.encode(), dedupIDOffset))
 				tx.Set(s.k.dedupExp(exp, q, r.dedupKey), nil)
 			}
 			if r.chunked {

@@ -271,12 +271,19 @@ func decodeConfig(b []byte) (storage.QueueConfig, error) {
 	return c, d.err
 }
 
-// dedupRec is the value of a dedup key: the first item's id and when the
-// key stops suppressing. The id sits at offset 1 so it can be written by
-// SetVersionstampedValue in the enqueue that creates the item.
+// dedupRec is the value of a dedup key: the first item's id, when the
+// key stops suppressing, and when it was seen (the first item's enqueue).
+// The id sits at offset 1 so it can be written by SetVersionstampedValue
+// in the enqueue that creates the item. The key is a duplicate only
+// within the queue's current window from seen (holds), so seen is kept:
+// ids here are versionstamps and carry no time. It was added after the
+// first release, at the end of the value: a record from an older node has
+// none (zero seen, judged by its expiry alone), and an older node reading
+// a newer record ignores the trailing bytes as its decoder always has.
 type dedupRec struct {
 	id      storage.ItemID
 	expires time.Time
+	seen    time.Time
 }
 
 const dedupIDOffset = 1
@@ -286,6 +293,9 @@ func (r dedupRec) encode() []byte {
 	e.u8(fmtDedup)
 	e.raw(r.id[:])
 	e.t(r.expires)
+	if !r.seen.IsZero() {
+		e.t(r.seen)
+	}
 	return e.b
 }
 
@@ -297,7 +307,24 @@ func decodeDedup(b []byte) (dedupRec, error) {
 	}
 	copy(r.id[:], d.take(16))
 	r.expires = d.t()
+	if d.err == nil && len(d.b) >= 8 {
+		r.seen = d.t()
+	}
 	return r, d.err
+}
+
+// holds reports whether the record still makes an enqueue at now a
+// duplicate under the queue's current window. Its expiry was fixed by
+// the window when the key was seen; a window shortened since (or set to
+// 0, which turns dedup off) applies at once, or producers' items would be
+// dropped for up to the old window. A longer window does not stretch the
+// record: the sweep drops it at its expiry either way. A record without
+// seen (an older node's) is judged by its expiry alone.
+func (r dedupRec) holds(now time.Time, window time.Duration) bool {
+	if window <= 0 || !r.expires.After(now) {
+		return false
+	}
+	return r.seen.IsZero() || now.Sub(r.seen) < window
 }
 
 // counterValue decodes an atomic-add counter (absent is 0).

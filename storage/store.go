@@ -29,12 +29,12 @@ type Store interface {
 	// Enqueue adds items to a queue, creating the queue with
 	// DefaultQueueConfig if it does not exist. An item whose DedupKey was
 	// enqueued in the same queue less than the queue's DedupWindow ago
-	// (judged at p.Now) is not written: its result carries the first item's
-	// id and Duplicate=true. Two items in one batch with the same key: the
-	// second is a duplicate of the first. Errors: ErrInvalidArgument (queue
-	// name, batch size); per-item limits give CodeInvalid. The store keeps
-	// no reference to p's payloads once Enqueue returns: the caller may
-	// reuse their buffers.
+	// (judged at p.Now, by the window in force then) is not written: its
+	// result carries the first item's id and Duplicate=true. Two items in
+	// one batch with the same key: the second is a duplicate of the first.
+	// Errors: ErrInvalidArgument (queue name, batch size); per-item limits
+	// give CodeInvalid. The store keeps no reference to p's payloads once
+	// Enqueue returns: the caller may reuse their buffers.
 	Enqueue(ctx context.Context, p EnqueueParams) ([]EnqueueResult, error)
 
 	// Poll claims up to p.Max ready items (VisibleAt <= p.Now) in serve
@@ -126,7 +126,11 @@ type Store interface {
 
 	// SetQueueConfig replaces a queue's config, creating the queue if
 	// needed. The new MaxAttempts applies to items whose own MaxAttempts is
-	// 0 at their next end of delivery. ErrInvalidArgument for a bad config.
+	// 0 at their next end of delivery. A shorter DedupWindow (or 0, which
+	// turns dedup off) applies at once to keys already seen; a longer one
+	// does not stretch them: a key stays a duplicate at most until the end
+	// of the window it was recorded under, when the sweep drops it, and a
+	// dropped key cannot come back. ErrInvalidArgument for a bad config.
 	SetQueueConfig(ctx context.Context, queue string, c QueueConfig) error
 
 	// Check verifies every invariant of DESIGN.md with a full scan and

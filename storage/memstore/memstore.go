@@ -98,8 +98,17 @@ type dedupEntry struct {
 	q       *queue
 	key     string
 	id      storage.ItemID
-	expires time.Time
+	seen    time.Time // when id was enqueued: the key's window runs from here
+	expires time.Time // the end of the window in force then
 	idx     int
+}
+
+// holds: the key makes an enqueue at now a duplicate under the queue's
+// current window. A window shortened since the key was seen (or 0: dedup
+// off) applies at once, or producers' items would be dropped for up to
+// the old window; a longer one does not stretch the key past its expiry.
+func (d *dedupEntry) holds(now time.Time, window time.Duration) bool {
+	return window > 0 && now.Before(d.expires) && now.Sub(d.seen) < window
 }
 
 // New returns an empty Store.
@@ -342,7 +351,7 @@ func (s *Store) enqueueLocked(p storage.EnqueueParams) ([]storage.EnqueueResult,
 			continue
 		}
 		if in.DedupKey != "" {
-			if d := q.dedup[in.DedupKey]; d != nil && now.Before(d.expires) {
+			if d := q.dedup[in.DedupKey]; d != nil && d.holds(now, q.cfg.DedupWindow) {
 				q.st.Duplicates++
 				res[i] = storage.EnqueueResult{Code: storage.CodeOK, ID: d.id, Duplicate: true}
 				continue
@@ -366,21 +375,22 @@ func (s *Store) enqueueLocked(p storage.EnqueueParams) ([]storage.EnqueueResult,
 		next = earliest(next, s.makeAvailableLocked(q, e, now))
 		q.st.Enqueued++
 		if in.DedupKey != "" && q.cfg.DedupWindow > 0 {
-			s.setDedupLocked(q, in.DedupKey, e.item.ID, now.Add(q.cfg.DedupWindow))
+			s.setDedupLocked(q, in.DedupKey, e.item.ID, now, now.Add(q.cfg.DedupWindow))
 		}
 		res[i] = storage.EnqueueResult{Code: storage.CodeOK, ID: e.item.ID}
 	}
 	return res, next, nil
 }
 
-// setDedupLocked records (or replaces an expired) dedup key. REQUIRES: s.mu held.
-func (s *Store) setDedupLocked(q *queue, key string, id storage.ItemID, expires time.Time) {
+// setDedupLocked records (or replaces one that no longer holds) a dedup
+// key seen at seen. REQUIRES: s.mu held.
+func (s *Store) setDedupLocked(q *queue, key string, id storage.ItemID, seen, expires time.Time) {
 	if d := q.dedup[key]; d != nil {
-		d.id, d.expires = id, expires
+		d.id, d.seen, d.expires = id, seen, expires
 		s.mu.dedupHeap.fix(d.idx)
 		return
 	}
-	d := &dedupEntry{q: q, key: key, id: id, expires: expires}
+	d := &dedupEntry{q: q, key: key, id: id, seen: seen, expires: expires}
 	q.dedup[key] = d
 	s.mu.dedupHeap.push(d)
 }

@@ -106,7 +106,7 @@ func (s *Store) enqueueOp(ctx context.Context, p storage.EnqueueParams) (res []s
 					if err != nil {
 						return corrupt("enqueue", dbkeys.DedupKey(q.name, in.DedupKey), err)
 					}
-					if now < rec.ExpiresAt {
+					if dedupHolds(rec, now, cfg.DedupWindow) {
 						out[i] = storage.EnqueueResult{Code: storage.CodeOK, ID: rec.ID, Duplicate: true}
 						d.Duplicates++
 						continue
@@ -136,6 +136,18 @@ func (s *Store) enqueueOp(ctx context.Context, p storage.EnqueueParams) (res []s
 		}
 		return nil
 	}, nil
+}
+
+// dedupHolds reports whether a recorded dedup key still makes an enqueue
+// at now a duplicate under the queue's current window: the record's
+// expiry was fixed by the window in force when the key was seen, and a
+// window shortened since (or set to 0, which turns dedup off) must apply
+// at once, or producers' items would be dropped as duplicates for up to
+// the old window. A longer window does not stretch the record: the sweep
+// drops it at its expiry either way. The key was seen when its item was
+// enqueued, which the item's id carries.
+func dedupHolds(rec dbkeys.DedupRecord, now int64, window time.Duration) bool {
+	return window > 0 && now < rec.ExpiresAt && now-dbkeys.IDEnqueuedAt(rec.ID) < int64(window)
 }
 
 // newRecord is the available record of a new item enqueued at now,

@@ -78,6 +78,7 @@ func conformanceCases() []testCase {
 		{"SweepDropsExpiredDedupKeys", testDedupKeyDroppedBySweep},
 		{"DedupKeyRepeatedWithinOneBatch", testDedupWithinOneBatch},
 		{"DedupWindowZeroDisablesDedup", testDedupWindowZeroDisablesDedup},
+		{"DedupWindowChangeAppliesToKeysAlreadySeen", testDedupWindowChangeAppliesToKeysSeen},
 		{"PurgeDropsAvailableAndInflightButKeepsDead", testPurge},
 		{"DeleteQueueRefusesItemsUnlessForced", testDeleteQueueRefusesItemsUnlessForced},
 		{"DeleteEmptyQueue", testDeleteEmptyQueue},

@@ -261,3 +261,45 @@ func testDedupWindowZeroDisablesDedup(t *testing.T, f *fixture) {
 	require.NotEqual(t, a[0].ID, b[0].ID)
 	require.True(t, f.sweep(at(0), 100).Next.IsZero(), "no dedup key deadline")
 }
+
+// Found by review (session 73): a dedup key is judged by the queue's
+// window at the time of the enqueue, not the one in force when the key
+// was first seen. Every backend fixed the record's expiry at the first
+// enqueue and never looked at the current window again, so after the
+// window was shortened (or set to 0, which turns dedup off) an enqueue
+// of a key seen longer ago than the new window still came back as a
+// duplicate until the old window ran out, and the producer's item was
+// silently dropped. A longer window does not stretch a key already
+// seen: it stays a duplicate at most until the expiry it was recorded
+// with (the sweep may already have dropped it).
+func testDedupWindowChangeAppliesToKeysSeen(t *testing.T, f *fixture) {
+	first := f.enqueueIDs("q", at(0),
+		storage.EnqueueItem{Payload: []byte("a"), DedupKey: "k"},
+		storage.EnqueueItem{Payload: []byte("a"), DedupKey: "long"},
+	)
+	c := storage.DefaultQueueConfig()
+	c.DedupWindow = time.Second
+	f.setConfig("q", c)
+	res := f.enqueue("q", at(time.Second-1), storage.EnqueueItem{Payload: []byte("b"), DedupKey: "k"})
+	require.Equal(t, storage.EnqueueResult{Code: storage.CodeOK, ID: first[0], Duplicate: true}, res[0], "still within the shortened window")
+	second := f.enqueueIDs("q", at(time.Second), storage.EnqueueItem{Payload: []byte("b"), DedupKey: "k"})[0]
+	require.NotEqual(t, first[0], second)
+	res = f.enqueue("q", at(time.Second+500*time.Millisecond), storage.EnqueueItem{Payload: []byte("c"), DedupKey: "k"})
+	require.Equal(t, storage.EnqueueResult{Code: storage.CodeOK, ID: second, Duplicate: true}, res[0], "the new item opened a new window")
+
+	c.DedupWindow = 0
+	f.setConfig("q", c)
+	third := f.enqueueIDs("q", at(time.Second+600*time.Millisecond), storage.EnqueueItem{Payload: []byte("d"), DedupKey: "k"})[0]
+	require.NotEqual(t, second, third, "dedup is off")
+
+	c.DedupWindow = time.Hour
+	f.setConfig("q", c)
+	res = f.enqueue("q", at(storage.DefaultDedupWindow-1), storage.EnqueueItem{Payload: []byte("e"), DedupKey: "long"})
+	require.Equal(t, storage.EnqueueResult{Code: storage.CodeOK, ID: first[1], Duplicate: true}, res[0])
+	f.enqueueIDs("q", at(storage.DefaultDedupWindow), storage.EnqueueItem{Payload: []byte("e"), DedupKey: "long"})
+
+	st := f.stats("q", at(storage.DefaultDedupWindow))
+	require.Equal(t, uint64(5), st.Enqueued)
+	require.Equal(t, uint64(3), st.Duplicates)
+	require.Equal(t, int64(5), st.Ready)
+}
