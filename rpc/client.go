@@ -245,74 +245,28 @@ func startCapnp(ctx context.Context, conn net.Conn, log *slog.Logger, limit int6
 	return rc, q, codec, nil
 }
 
-// capnpConn returns the go-capnp connection's Queue capability and its
-// Done channel, opening the connection the first time when the client
-// runs the lean engine.
-func (c *Client) capnpConn(ctx context.Context) (schema.Queue, <-chan struct{}, error) {
-	if c.lean == nil {
-		return c.q, c.rc.Done(), nil
-	}
-	c.gcMu.Lock()
-	defer c.gcMu.Unlock()
-	select {
-	case <-c.closed:
-		return schema.Queue{}, nil, fmt.Errorf("rpc: %w", net.ErrClosed)
-	default:
-	}
-	if c.rc == nil {
-		// Close ends the dial: it closes c.closed before it waits for
-		// gcMu (a node that accepts and never answers would hold both).
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		go func() {
-			select {
-			case <-c.closed:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
-		conn, err := c.redial(ctx)
-		if err != nil {
-			return schema.Queue{}, nil, c.closedOr(err)
-		}
-		rc, q, _, err := startCapnp(ctx, conn, c.log, c.limit, c.readLimit)
-		if err != nil {
-			_ = conn.Close()
-			return schema.Queue{}, nil, c.closedOr(err)
-		}
-		select {
-		case <-c.closed:
-			q.Release()
-			_ = rc.Close()
-			return schema.Queue{}, nil, fmt.Errorf("rpc: %w", net.ErrClosed)
-		default:
-		}
-		c.conn, c.rc, c.q = conn, rc, q
-	}
-	return c.q, c.rc.Done(), nil
-}
-
-// closedOr is err, or net.ErrClosed once Close has begun.
-func (c *Client) closedOr(err error) error {
-	select {
-	case <-c.closed:
-		return fmt.Errorf("rpc: %w", net.ErrClosed)
-	default:
-		return err
-	}
-}
-
 // Close ends the connection. Leases held by this client stay valid until
 // they expire or are acked from another connection. It first cancels the
-// client's subscriptions and waits, at most 5 s on ClientOptions.Clock,
-// for the node to end them, a batch pushed that C had no room for being
-// given back; then it waits for the give-backs (of those batches, and of
-// polls given up: items claimed for a caller that stopped waiting), each
-// bounded by 5 s. A Subscribe once Close has begun fails with
-// storage.ErrClosed. Close is idempotent.
+// client's subscriptions and, with the lean engine, stops its polls in
+// flight (their callers get a disconnected error at once, and the node is
+// told to cancel them), and waits, at most 5 s in all on ClientOptions.Clock, for the node to end
+// those subscriptions and to answer those polls: a batch pushed that C
+// had no room for, and a poll's answer, whose items nobody will receive,
+// are given back. Then it waits for the give-backs (of those, and of
+// polls given up earlier: items claimed for a caller that stopped
+// waiting), each bounded by 5 s. A Subscribe once Close has begun fails,
+// and so does a Poll with the lean engine. Close is idempotent.
 func (c *Client) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
+		// Polls stop first, so that their answers come while the
+		// subscriptions end (found by review, session 73: an answer on
+		// the wire when the connection closed left its items leased to
+		// nobody until the lease ended).
+		var polls <-chan struct{}
+		if c.lean != nil {
+			polls = c.lean.drainPolls()
+		}
 		// Subscriptions stop taking batches: a Deliver waiting for room
 		// in C gives its batch back, and is waited for.
 		c.gbMu.Lock()
@@ -320,7 +274,16 @@ func (c *Client) Close() error {
 		subs := c.subs
 		c.subs = nil
 		c.gbMu.Unlock()
-		c.endSubs(subs)
+		expired := make(chan struct{})
+		if len(subs) > 0 || !isClosedChan(polls) {
+			t := c.clk.AfterFunc(giveBackTimeout, func() { close(expired) })
+			defer t.Stop()
+		}
+		c.endSubs(subs, expired)
+		if polls != nil {
+			// Not under gbMu: the give-backs of the answers take it.
+			c.awaitPolls(polls, expired)
+		}
 		c.gbMu.Lock()
 		for c.delivers > 0 {
 			c.deliversIdle.Wait()
@@ -360,7 +323,10 @@ func (c *Client) Done() <-chan struct{} {
 // Queue returns the raw capnp capability, for callers that pipeline or
 // batch calls themselves. It stays owned by the Client. With the lean
 // engine it lives on a go-capnp connection opened on first use; if that
-// fails, the capability fails every call with the reason.
+// fails, the capability fails every call with the reason. Once that
+// connection has ended (the lean one going on), the next Queue or
+// Subscribe opens another, and releases the capability Queue returned
+// before: ask Queue again after a disconnected error.
 func (c *Client) Queue() schema.Queue {
 	q, _, err := c.capnpConn(context.Background())
 	if err != nil {

@@ -107,24 +107,44 @@ func (c *Client) giveBackPoll(clk clock.Clock) func(pollGiveBack) {
 	}
 }
 
-// endSubs cancels subs and waits, at most giveBackTimeout in all, for the
-// node to end each (it drops the Consumer once its pushes have stopped),
-// so that no batch is pushed after the Deliver that found C full gave its
+// endSubs cancels subs and waits, until expired is closed, for the node
+// to end each (it drops the Consumer once its pushes have stopped), so
+// that no batch is pushed after the Deliver that found C full gave its
 // own back: pushed to a closed Client, it would stay leased to nobody.
-func (c *Client) endSubs(subs map[*Subscription]struct{}) {
-	if len(subs) == 0 {
-		return
-	}
+func (c *Client) endSubs(subs map[*Subscription]struct{}, expired <-chan struct{}) {
 	for s := range subs {
 		s.Cancel()
 	}
-	t := c.clk.Timer(giveBackTimeout)
-	defer t.Stop()
 	for s := range subs {
 		select {
 		case <-s.ended:
-		case <-t.C:
+		case <-expired:
 			return
 		}
+	}
+}
+
+// isClosedChan reports whether ch is closed; a nil ch counts as closed.
+func isClosedChan(ch <-chan struct{}) bool {
+	if ch == nil {
+		return true
+	}
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// awaitPolls waits, until expired is closed, for the answers of the polls
+// Close stopped (drained, from leanClient.drainPolls): an answer read in
+// time has its items given back (counted in giveBacks) before Close goes
+// on; one later stays leased until its lease ends.
+func (c *Client) awaitPolls(drained, expired <-chan struct{}) {
+	select {
+	case <-drained:
+	case <-c.lean.quit: // the connection ended: no answer will come
+	case <-expired:
 	}
 }

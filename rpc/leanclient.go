@@ -89,6 +89,13 @@ type leanClient struct {
 	// lease expires.
 	giveBack func(pollGiveBack)
 
+	// draining: Close has begun stopping the polls (leanclient_drain.go);
+	// drainLeft of them are still to be answered, and drainDone is closed
+	// when none is.
+	draining  bool
+	drainLeft int
+	drainDone chan struct{}
+
 	intr deadlineInterrupt // how a reading caller's context ends its read
 	idle *clock.Timer      // starts watchIdle; plain sockets only
 }
@@ -107,6 +114,9 @@ type leanQuestion struct {
 	answered bool   // a reply was handed over
 	held     int64  // flow bytes, given back when the Return comes
 	method   uint16 // the Queue method called (a poll's items are given back when it is gone)
+	// Polls only (leanclient_drain.go): sent, its Call is written (a
+	// Finish may follow); closeWait, Close waits for its Return.
+	sent, closeWait bool
 }
 
 type leanReply struct {
@@ -292,6 +302,9 @@ func (l *leanClient) call(ctx context.Context, method uint16, build func(*capnp.
 	}
 	st, err := l.send(ctx, lc.msg)
 	lc.msg.Release()
+	if st != notSent {
+		l.pollSent(lc)
+	}
 	if err := l.sendFailed(st, err, lc); err != nil {
 		return capnp.Struct{}, nil, err
 	}
@@ -311,6 +324,10 @@ func (l *leanClient) callPair(ctx context.Context, m1 uint16, b1 func(*capnp.Seg
 	st, err := l.send(ctx, c1.msg, c2.msg)
 	c1.msg.Release()
 	c2.msg.Release()
+	if st != notSent {
+		l.pollSent(c1)
+		l.pollSent(c2)
+	}
 	if err := l.sendFailed(st, err, c1, c2); err != nil {
 		r1.err, r2.err = err, err
 		return r1, r2
@@ -460,6 +477,7 @@ func (l *leanClient) unregister(lc outCall) {
 	if l.qs[lc.qid] != lc.q {
 		return // the connection was lost: lost() cleared it
 	}
+	l.pollDrained(lc.q)
 	delete(l.qs, lc.qid)
 	l.free = append(l.free, lc.qid)
 	l.pending--
@@ -533,6 +551,9 @@ func (l *leanClient) ask(q *leanQuestion) (uint32, error) {
 	defer l.mu.Unlock()
 	if l.err != nil {
 		return 0, l.err
+	}
+	if l.draining && q.method == mPoll.id {
+		return 0, errClientClosing // its answer could not be given back
 	}
 	var id uint32
 	if n := len(l.free); n > 0 {
@@ -627,11 +648,12 @@ func (l *leanClient) readOwn(ctx context.Context, q *leanQuestion) error {
 	return nil
 }
 
-// answered reports whether q's reply was handed over.
+// answered reports whether q's reply was handed over, or Close stopped
+// it (gone: its reply is the error, its Return yet to come).
 func (l *leanClient) answered(q *leanQuestion) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return q.answered
+	return q.answered || q.gone
 }
 
 // deadlineInterrupt ends the read (or write) of a caller whose context
@@ -826,15 +848,18 @@ func (l *leanClient) handle(msg *capnp.Message) error {
 		l.pending--
 		if q.gone {
 			// The give-back starts (Client.Close counts it) before the
-			// question is freed: a Close that follows the free waits
+			// question is freed, and before a Close waiting for this
+			// answer (pollDrained) goes on: a Close that follows waits
 			// for it.
 			l.abandoned(q, ret)
+			l.pollDrained(q)
 			delete(l.qs, qid)
 			l.free = append(l.free, qid)
 			l.mu.Unlock()
 			msg.Release()
 			return nil
 		}
+		l.pollDrained(q) // its caller has the items
 		q.answered = true
 		q.reply <- leanReply{msg: msg, ret: ret}
 		l.mu.Unlock()

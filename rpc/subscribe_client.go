@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -277,6 +278,17 @@ func (c *Client) Subscribe(ctx context.Context, o SubscribeOptions) (*Subscripti
 	if !c.addSub(sub) {
 		return nil, fmt.Errorf("leaseq subscribe: %w", storage.ErrClosed)
 	}
+	// A Subscribe that fails forgets its Subscription (found by review,
+	// session 73: left registered, it made every later Close wait the
+	// whole giveBackTimeout for an end that never comes). A push that
+	// came meanwhile is given back rather than put in C.
+	started := false
+	defer func() {
+		if !started {
+			sub.stopPushes()
+			c.dropSub(sub)
+		}
+	}()
 	consumer := schema.Consumer_ServerToClient(consumerServer{sub: sub})
 	f, release := q.Subscribe(ctx, func(p schema.Queue_subscribe_Params) error {
 		p.SetPrefetch(uint32(o.Prefetch))
@@ -306,5 +318,76 @@ func (c *Client) Subscribe(ctx context.Context, o SubscribeOptions) (*Subscripti
 		}
 		return nil, fmt.Errorf("leaseq subscribe: %w", storage.ErrClosed)
 	}
+	started = true
 	return sub, nil
+}
+
+// capnpConn returns the go-capnp connection's Queue capability and its
+// Done channel. When the client runs the lean engine it opens the
+// connection the first time, and again once the last one has ended.
+func (c *Client) capnpConn(ctx context.Context) (schema.Queue, <-chan struct{}, error) {
+	if c.lean == nil {
+		return c.q, c.rc.Done(), nil
+	}
+	c.gcMu.Lock()
+	defer c.gcMu.Unlock()
+	select {
+	case <-c.closed:
+		return schema.Queue{}, nil, fmt.Errorf("rpc: %w", net.ErrClosed)
+	default:
+	}
+	if c.rc != nil {
+		select {
+		case <-c.rc.Done():
+			// This connection alone ended (found by review, session 73:
+			// a NAT dropped the idle subscription socket, say) while the
+			// lean one is fine: a new one is opened, as the Client is not
+			// Done. Subscriptions on the old one end with it (connDone).
+			c.q.Release()
+			_ = c.rc.Close()
+			c.conn, c.rc, c.q = nil, nil, schema.Queue{}
+		default:
+		}
+	}
+	if c.rc == nil {
+		// Close ends the dial: it closes c.closed before it waits for
+		// gcMu (a node that accepts and never answers would hold both).
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			select {
+			case <-c.closed:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		conn, err := c.redial(ctx)
+		if err != nil {
+			return schema.Queue{}, nil, c.closedOr(err)
+		}
+		rc, q, _, err := startCapnp(ctx, conn, c.log, c.limit, c.readLimit)
+		if err != nil {
+			_ = conn.Close()
+			return schema.Queue{}, nil, c.closedOr(err)
+		}
+		select {
+		case <-c.closed:
+			q.Release()
+			_ = rc.Close()
+			return schema.Queue{}, nil, fmt.Errorf("rpc: %w", net.ErrClosed)
+		default:
+		}
+		c.conn, c.rc, c.q = conn, rc, q
+	}
+	return c.q, c.rc.Done(), nil
+}
+
+// closedOr is err, or net.ErrClosed once Close has begun.
+func (c *Client) closedOr(err error) error {
+	select {
+	case <-c.closed:
+		return fmt.Errorf("rpc: %w", net.ErrClosed)
+	default:
+		return err
+	}
 }
