@@ -15,26 +15,26 @@ import (
 	"github.com/leaseq/leaseq/storage"
 )
 
-// reviewClock is a logical clock: every read advances it by step, so the
+// opClock is a logical clock: every read advances it by step, so the
 // instants callers pass are monotonic in the order they are read.
-type reviewClock struct {
+type opClock struct {
 	n    atomic.Int64
 	step time.Duration
 }
 
-func (c *reviewClock) now() time.Time { return at(time.Duration(c.n.Add(1)) * c.step) }
+func (c *opClock) now() time.Time { return at(time.Duration(c.n.Add(1)) * c.step) }
 
-// reviewTrack records, per item, who acked it with CodeOK, so that an item
+// ackTrack records, per item, who acked it with CodeOK, so that an item
 // acked twice (two consumers held it at once) or delivered after its ack
 // is caught.
-type reviewTrack struct {
+type ackTrack struct {
 	mu     sync.Mutex
 	acked  map[storage.ItemID]storage.LeaseID
 	errs   []string
 	polled map[storage.ItemID]int
 }
 
-func (r *reviewTrack) fail(format string, a ...any) {
+func (r *ackTrack) fail(format string, a ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(r.errs) < 20 {
@@ -42,12 +42,12 @@ func (r *reviewTrack) fail(format string, a ...any) {
 	}
 }
 
-// reviewWorkload runs workers polling, acking, nacking and extending one
+// concurrentWorkload runs workers polling, acking, nacking and extending one
 // queue while a sweeper runs, and checks that no item is acked OK twice
 // nor polled after its OK ack.
-func reviewWorkload(t *testing.T, b *testBundle, clk *reviewClock, seed uint64, workers, rounds int, extra func(ctx context.Context, r *rand.Rand)) *reviewTrack {
+func concurrentWorkload(t *testing.T, b *testBundle, clk *opClock, seed uint64, workers, rounds int, vary bool, extra func(ctx context.Context, r *rand.Rand)) *ackTrack {
 	t.Helper()
-	tr := &reviewTrack{acked: map[storage.ItemID]storage.LeaseID{}, polled: map[storage.ItemID]int{}}
+	tr := &ackTrack{acked: map[storage.ItemID]storage.LeaseID{}, polled: map[storage.ItemID]int{}}
 	ctx := b.ctx
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
@@ -102,7 +102,7 @@ func reviewWorkload(t *testing.T, b *testBundle, clk *reviewClock, seed uint64, 
 					}
 				}
 				max, lease := 2, 300*time.Millisecond
-				if reviewVary {
+				if vary {
 					max = 1 + r.IntN(3)
 					lease = time.Duration(r.IntN(2)) * 300 * time.Millisecond
 				}
@@ -174,25 +174,26 @@ func reviewWorkload(t *testing.T, b *testBundle, clk *reviewClock, seed uint64, 
 	return tr
 }
 
-var reviewVary bool
-
-func reviewStatsKey(st storage.QueueStats) storage.QueueStats {
+// statsKey is st without the fields a reopen may change (an age read
+// at another instant, the corruption counter of this process).
+func statsKey(st storage.QueueStats) storage.QueueStats {
 	st.OldestReadyAge = 0
 	st.CorruptErrors = 0
 	return st
 }
 
-// A concurrent workload (claims ahead on) keeps every acknowledged item
+// TestConcurrentReopen_WorkloadAgrees: kept from a review (session 73)
+// that found the engine right. A concurrent workload (claims ahead on) keeps every acknowledged item
 // acked once and never redelivered; Check passes, and a clean reopen
 // rebuilds the same Stats and the same available and inflight items.
-func TestReviewEngine_ConcurrentWorkloadReopenAgrees(t *testing.T) {
+func TestConcurrentReopen_WorkloadAgrees(t *testing.T) {
 	for seed := uint64(1); seed <= 3; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			b := setup(t, func(o *Options) { o.Sync = SyncAlways })
-			clk := &reviewClock{step: time.Millisecond}
+			clk := &opClock{step: time.Millisecond}
 			require.NoError(t, b.s.SetQueueConfig(b.ctx, "q", storage.QueueConfig{MaxAttempts: 3, LeaseDuration: 300 * time.Millisecond, DedupWindow: time.Minute, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}))
 			b.enqueueN("q", clk.now(), 200)
-			tr := reviewWorkload(t, b, clk, seed, 4, 150, nil)
+			tr := concurrentWorkload(t, b, clk, seed, 4, 150, false, nil)
 			require.Empty(t, tr.errs)
 			m := b.s.Metrics()
 			t.Logf("prefetched %d hits %d released %d", m.Prefetched, m.PrefetchHits, m.PrefetchReleased)
@@ -204,7 +205,7 @@ func TestReviewEngine_ConcurrentWorkloadReopenAgrees(t *testing.T) {
 			require.NoError(t, err)
 			b.reopen()
 			after := b.stats("q", now)
-			require.Equal(t, reviewStatsKey(before), reviewStatsKey(after))
+			require.Equal(t, statsKey(before), statsKey(after))
 			peekA2, err := b.s.Peek(b.ctx, storage.PeekParams{Queue: "q", Limit: 1000, Now: now})
 			require.NoError(t, err)
 			peekI2, err := b.s.Peek(b.ctx, storage.PeekParams{Queue: "q", Limit: 1000, Now: now, Inflight: true})
@@ -219,11 +220,17 @@ func TestReviewEngine_ConcurrentWorkloadReopenAgrees(t *testing.T) {
 
 // The same workload with admin calls racing it: config changes (max
 // attempts, default lease), redrive, dead purge and purge.
-func TestReviewEngine_ConcurrentAdminReopenAgrees(t *testing.T) {
+func TestConcurrentReopen_AdminAgrees(t *testing.T) { concurrentAdmin(t, false) }
+
+// concurrentAdmin is the admin workload; vary: each poll's max (1-3) and
+// lease (300 ms, or 0 for the queue's default) at random, so that held
+// batches often do not match the next poll and config changes meet
+// lease-0 polls.
+func concurrentAdmin(t *testing.T, vary bool) {
 	for seed := uint64(1); seed <= 3; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			b := setup(t, func(o *Options) { o.Sync = SyncAlways })
-			clk := &reviewClock{step: time.Millisecond}
+			clk := &opClock{step: time.Millisecond}
 			cfg := storage.QueueConfig{MaxAttempts: 2, LeaseDuration: 300 * time.Millisecond, DedupWindow: time.Minute, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second}
 			require.NoError(t, b.s.SetQueueConfig(b.ctx, "q", cfg))
 			b.enqueueN("q", clk.now(), 200)
@@ -251,7 +258,7 @@ func TestReviewEngine_ConcurrentAdminReopenAgrees(t *testing.T) {
 					admErr = append(admErr, err.Error())
 				}
 			}
-			tr := reviewWorkload(t, b, clk, seed, 4, 150, extra)
+			tr := concurrentWorkload(t, b, clk, seed, 4, 150, vary, extra)
 			require.Empty(t, tr.errs)
 			require.Empty(t, admErr)
 			now := clk.now()
@@ -262,7 +269,7 @@ func TestReviewEngine_ConcurrentAdminReopenAgrees(t *testing.T) {
 			require.NoError(t, err)
 			b.reopen()
 			after := b.stats("q", now)
-			require.Equal(t, reviewStatsKey(before), reviewStatsKey(after))
+			require.Equal(t, statsKey(before), statsKey(after))
 			peekA2, err := b.s.Peek(b.ctx, storage.PeekParams{Queue: "q", Limit: 1000, Now: now})
 			require.NoError(t, err)
 			peekI2, err := b.s.Peek(b.ctx, storage.PeekParams{Queue: "q", Limit: 1000, Now: now, Inflight: true})
@@ -275,8 +282,24 @@ func TestReviewEngine_ConcurrentAdminReopenAgrees(t *testing.T) {
 	}
 }
 
-func TestReviewEngine_ConcurrentVariedReopenAgrees(t *testing.T) {
-	reviewVary = true
-	defer func() { reviewVary = false }()
-	TestReviewEngine_ConcurrentAdminReopenAgrees(t)
+func TestConcurrentReopen_VariedAgrees(t *testing.T) { concurrentAdmin(t, true) }
+
+// A forced delete of a queue holding a batch claimed ahead, then the
+// queue made anew: zeroed counters, Check passes, a reopen agrees.
+func TestConcurrentReopen_DeleteQueueWithHeldBatch(t *testing.T) {
+	b, _, _ := prefetchSetup(t, 8)
+	b.pollAck(2, at(time.Second)) // the ack claims the next 2 ahead
+	require.Equal(t, uint64(1), b.s.Metrics().Prefetched)
+	n, err := b.s.DeleteQueue(b.ctx, storage.DeleteQueueParams{Queue: "q", Force: true, Now: at(time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, 6, n)
+	b.enqueueN("q", at(2*time.Second), 3)
+	st := b.stats("q", at(2*time.Second))
+	require.Equal(t, int64(3), st.Ready)
+	require.Zero(t, st.Inflight)
+	require.Zero(t, st.Leases)
+	require.Zero(t, st.Delivered)
+	b.check()
+	b.reopen()
+	require.Equal(t, statsKey(st), statsKey(b.stats("q", at(2*time.Second))))
 }
