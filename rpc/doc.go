@@ -16,7 +16,9 @@
 // byte of which was written (ready again at once, as a subscription's
 // undelivered batch; an answer partly written is the client's; on
 // go-capnp its transport sees the Returns written or dropped:
-// unwritten.go). On the lean engine a client is cut off for not reading
+// unwritten.go). On go-capnp, so does a poll answer the client finishes
+// (cancels) before a byte of it is written (Queueber has no nack; the
+// Return still goes out, and the client's library drops it). On the lean engine a client is cut off for not reading
 // its answers only when the socket takes no byte of them for
 // ReplyStallTimeout, however large the answer. Neither engine keeps an
 // answer without capabilities once it is written (go-capnp would keep it
@@ -334,9 +336,11 @@
 // into a returned answer without capabilities read that Return after its
 // buffer was reused, and panicked (settle keeps no results pointer for
 // such an answer; test
-// TestBadInput_CallPipelinedOnAReturnedAnswerWithoutCapabilities). The
-// lean engine also bounds a connection's questions without a Finish
-// (leanMaxOpenQuestions), since it keeps an answer for each.
+// TestBadInput_CallPipelinedOnAReturnedAnswerWithoutCapabilities). Both
+// engines also bound a connection's questions without a Finish
+// (leanMaxOpenQuestions; on go-capnp the transport's guard counts them,
+// guardTransport.open), since each keeps an answer for every one, and end
+// the connection past it (TestGuardTransport_OpenQuestionsBounded).
 //
 // Concurrency: Server, Client and Subscription are safe for concurrent use.
 // Lock order: Server.mu and leaseTracker.mu are leaves (never held while

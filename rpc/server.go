@@ -128,8 +128,9 @@ type ServerConfig struct {
 	// Listeners of StartBootstrap always use go-capnp.
 	Engine string
 
-	// maxOpenQuestions bounds a lean connection's questions without a
-	// Finish (0: leanMaxOpenQuestions); tests lower it.
+	// maxOpenQuestions bounds a connection's questions without a Finish
+	// on either engine (0: leanMaxOpenQuestions; on go-capnp,
+	// guardTransport.open); tests lower it.
 	maxOpenQuestions int
 	// maxReplyBytes bounds one reply (0: DefaultMaxReplyBytes, what
 	// clients read); tests lower it to see polls and pages cut short.
@@ -643,7 +644,7 @@ func (s *Server) serveConn(conn net.Conn, boot BootstrapFunc) {
 	c.answers = newUnwrittenAnswers()
 	bootCap := boot(c)
 	cc := &countingConn{Conn: conn}
-	tr := newNodeTransport(connCtx, cc, uint64(s.cfg.MaxMessageBytes), s.cfg.ConnFlowLimitBytes, s.inflight, s.cfg.MaxInflightBytes, first)
+	tr := newNodeTransport(connCtx, cc, uint64(s.cfg.MaxMessageBytes), s.cfg.ConnFlowLimitBytes, s.inflight, s.cfg.MaxInflightBytes, s.cfg.maxOpenQuestions, first)
 	if c.gate != nil {
 		tr = &gatedTransport{Transport: tr, gate: c.gate}
 	}

@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -242,6 +243,20 @@ type guardTransport struct {
 	// a call may be pipelined on: its Bootstraps (the capability itself)
 	// and its subscribe calls (the subscription in the results).
 	pipelinable map[uint32]pipelineKind
+	// open are the peer's questions (its Bootstraps and Calls) without a
+	// Finish yet, and maxOpen bounds them. go-capnp keeps an answer (about
+	// a KiB) for each until its Finish, returned or not, so a peer that
+	// never finishes would grow the node's memory without end; past
+	// maxOpen the connection ends, as on the lean engine
+	// (leanMaxOpenQuestions). A conforming client stays far below: the Go
+	// client on go-capnp sends each Finish some 250 ms after the Return
+	// (go-capnp's own delay), so reaching the default takes over 250,000
+	// calls a second on one connection, while the go-capnp engine spends
+	// 80 cpu-µs or more a call (docs/BENCHMARKS.md): some 20 cores busy
+	// with that one connection. Parked polls are bounded lower still
+	// (MaxWaitersPerQueue).
+	open    map[uint32]struct{}
+	maxOpen int
 
 	// imports mirrors go-capnp's import table: the peer's capabilities
 	// this side holds, by the peer's export id, with the references
@@ -279,7 +294,19 @@ const (
 )
 
 func newGuardTransport(t transport.Transport) *guardTransport {
-	return &guardTransport{Transport: t, pipelinable: make(map[uint32]pipelineKind), imports: make(map[uint32]importRefs), asked: make(map[uint32]*askedQuestion)}
+	return &guardTransport{Transport: t, pipelinable: make(map[uint32]pipelineKind), imports: make(map[uint32]importRefs), asked: make(map[uint32]*askedQuestion),
+		open: make(map[uint32]struct{}), maxOpen: leanMaxOpenQuestions}
+}
+
+// opened notes the peer's question id, and fails if it is one more than
+// the open questions the connection may have (guardTransport.open). A
+// question id already open is go-capnp's to refuse.
+func (t *guardTransport) opened(id uint32) error {
+	if _, dup := t.open[id]; !dup && len(t.open) >= t.maxOpen {
+		return fmt.Errorf("rpc: more than %d questions without a Finish (the node keeps an answer for each until its Finish)", t.maxOpen)
+	}
+	t.open[id] = struct{}{}
+	return nil
 }
 
 // errCallOnOwnAnswer is why a connection whose peer pipelined a call on
@@ -394,7 +421,9 @@ func (t *guardTransport) breakConn(err error) {
 //     descriptor says). go-capnp can follow such a chain for ever in its
 //     receive goroutine (a promise resolved to itself), and the
 //     connection then spins and never closes. A client resolves its
-//     promise to the capability it stands for.
+//     promise to the capability it stands for;
+//   - a Bootstrap or Call past the bound of the peer's open questions
+//     (guardTransport.open): not a crash, but memory without end.
 //
 // Anything it cannot read is left to go-capnp, which reports it in its
 // own words.
@@ -402,12 +431,16 @@ func (t *guardTransport) check(m rpccp.Message) error {
 	switch m.Which() {
 	case rpccp.Message_Which_bootstrap:
 		if b, err := m.Bootstrap(); err == nil {
+			if err := t.opened(b.QuestionId()); err != nil {
+				return err
+			}
 			t.pipelinable[b.QuestionId()] = onBootstrap
 		}
 		return nil
 	case rpccp.Message_Which_finish:
 		if f, err := m.Finish(); err == nil {
 			delete(t.pipelinable, f.QuestionId())
+			delete(t.open, f.QuestionId())
 		}
 		return nil
 	case rpccp.Message_Which_disembargo:
@@ -479,6 +512,9 @@ func (t *guardTransport) check(m rpccp.Message) error {
 		if !pipelineTargetOK(t.pipelinable[pa.QuestionId()], pa) {
 			return errPipelineTarget
 		}
+	}
+	if err := t.opened(qid); err != nil {
+		return err
 	}
 	if call.InterfaceId() == schema.Queue_TypeID && call.MethodId() == subscribeMethod {
 		t.pipelinable[qid] = onSubscribe
@@ -684,16 +720,20 @@ func pipelineTargetOK(kind pipelineKind, pa rpccp.PromisedAnswer) bool {
 // newServerTransport builds the transport of one accepted connection.
 // first runs once the first message has arrived.
 func newServerTransport(ctx context.Context, conn net.Conn, maxMsg uint64, flowLimit int64, first func()) transport.Transport {
-	return newNodeTransport(ctx, conn, maxMsg, flowLimit, nil, 0, first)
+	return newNodeTransport(ctx, conn, maxMsg, flowLimit, nil, 0, 0, first)
 }
 
 // newNodeTransport is newServerTransport whose flow budget also draws on
-// node, the budget shared by every connection (nil: none).
-func newNodeTransport(ctx context.Context, conn net.Conn, maxMsg uint64, flowLimit int64, node *semaphore.Weighted, nodeLimit int64, first func()) transport.Transport {
+// node, the budget shared by every connection (nil: none), and whose peer
+// may have maxQuestions questions without a Finish (0:
+// leanMaxOpenQuestions; guardTransport.open).
+func newNodeTransport(ctx context.Context, conn net.Conn, maxMsg uint64, flowLimit int64, node *semaphore.Weighted, nodeLimit int64, maxQuestions int, first func()) transport.Transport {
 	codec := newLimitedCodec(conn, maxMsg)
 	codec.first = first
 	// The guard sits below the flow budget: a refused message takes none.
-	var t transport.Transport = newGuardTransport(transport.New(codec))
+	g := newGuardTransport(transport.New(codec))
+	g.maxOpen = cmp.Or(maxQuestions, leanMaxOpenQuestions)
+	var t transport.Transport = g
 	if flowLimit <= 0 {
 		flowLimit = 1 << 62 // per connection unbounded; the node budget may still apply
 	}

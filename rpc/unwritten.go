@@ -26,6 +26,14 @@ import (
 //     connection closed, and their items stayed leased for the poll's
 //     whole lease. An answer partly written is the client's, and its items
 //     stay leased, as on the lean engine.
+//   - So does one the client finished (cancelled) before a byte of it was
+//     written: per Cap'n Proto a caller does not use the results of a
+//     question it finished, and Queueber has no nack; its RPC library
+//     drops the late answer. go-capnp still writes the Return (the client
+//     needs it to reuse the question id), so the items may go out too,
+//     but they are already ready again. Found by review (session 73): an
+//     early Finish gave nothing back, and the items stayed leased for
+//     the poll's whole lease with an attempt counted.
 //   - A Return without capabilities is released once written. go-capnp
 //     keeps a Return until the question's Finish, for calls pipelined on
 //     its results; the transport's guard refuses those on any answer but
@@ -34,40 +42,97 @@ import (
 //     and never sent Finish made the node keep every one of them (up to a
 //     GiB a poll), uncounted by the reply budget, which counts an answer
 //     until it is written.
+//
+// Each poll answer gives its items back at most once, by whichever of
+// these removes its hook first under unwrittenAnswers.mu: the Finish, a
+// drop, a write that wrote nothing, or the connection's end. The writer
+// marks a hook as being written (sending) under the same lock before the
+// first byte goes out, and a Finish leaves such a hook alone: once a
+// write has started, it alone decides (nothing written: given back;
+// anything written: the client's). A Finish that wins the lock takes the
+// hook away, and the write that follows sends the answer unhooked. A
+// Finish that comes before the handler hooked its answer is remembered
+// (unwrittenAnswers.pending), and the hook gives back at once.
 
 // unwrittenAnswers holds the give-back hooks of one go-capnp connection's
 // poll answers, by their Return message, from when the handler built the
 // answer until it is written, dropped, or the connection ends (close).
 type unwrittenAnswers struct {
-	mu      sync.Mutex
-	hooks   map[*capnp.Message]*answerHook
+	mu    sync.Mutex
+	hooks map[*capnp.Message]*answerHook
+	// byQuestion are the hooked answers by their question id, for the
+	// peer's Finish.
+	byQuestion map[uint32]*capnp.Message
+	// pending are the peer's calls whose Return has not started to go out
+	// (nor been dropped) yet; true once the peer finished the call. A
+	// Finish can come before the handler hooks its answer (between the
+	// store's claim and the hook): register then gives back at once. A
+	// call leaves pending before its Return's first byte is written, so
+	// before the client can reuse its id.
+	pending map[uint32]bool
 	closed  bool           // the connection ended: nothing more is written
-	running sync.WaitGroup // writes of hooked answers in progress
+	running sync.WaitGroup // writes of hooked answers, and give-backs on a Finish, in progress
 }
 
 type answerHook struct {
-	giveBack func()
-	sending  bool // its message is being written
+	giveBack func(reason string)
+	sending  bool   // its message is being written
+	qid      uint32 // the question it answers
+	hasQID   bool   // qid was read from the message
 }
 
+// Why a hooked answer's items are given back.
+const (
+	reasonConnEnded = "the connection ended before the poll's answer was written"
+	reasonFinished  = "the client finished the poll before its answer was written"
+)
+
 func newUnwrittenAnswers() *unwrittenAnswers {
-	return &unwrittenAnswers{hooks: make(map[*capnp.Message]*answerHook)}
+	return &unwrittenAnswers{hooks: make(map[*capnp.Message]*answerHook), byQuestion: make(map[uint32]*capnp.Message), pending: make(map[uint32]bool)}
+}
+
+// returnOf reports the question m answers, if m is a Return.
+func returnOf(m rpccp.Message) (qid uint32, ok bool) {
+	if m.Which() != rpccp.Message_Which_return {
+		return 0, false
+	}
+	r, err := m.Return()
+	if err != nil {
+		return 0, false
+	}
+	return r.AnswerId(), true
 }
 
 // register runs giveBack if reply, the Return message of a call, is never
-// written, not a byte of it. Once the connection has ended it runs it at
-// once. A nil u (not a go-capnp connection) does nothing.
-func (u *unwrittenAnswers) register(reply *capnp.Message, giveBack func()) {
+// written, not a byte of it, or if the client finishes the call before a
+// byte of it is written. Once the connection has ended, or the client
+// has finished the call, it runs it at once. A nil u (not a go-capnp
+// connection) does nothing.
+func (u *unwrittenAnswers) register(reply *capnp.Message, giveBack func(reason string)) {
 	if u == nil || reply == nil {
 		return
+	}
+	// go-capnp sets the Return's answer id before it calls the handler,
+	// which is the only one to touch reply until it returns.
+	h := &answerHook{giveBack: giveBack}
+	if root, err := rpccp.ReadRootMessage(reply); err == nil {
+		h.qid, h.hasQID = returnOf(root)
 	}
 	u.mu.Lock()
 	if u.closed {
 		u.mu.Unlock()
-		giveBack()
+		giveBack(reasonConnEnded)
 		return
 	}
-	u.hooks[reply] = &answerHook{giveBack: giveBack}
+	if h.hasQID && u.pending[h.qid] {
+		u.mu.Unlock()
+		giveBack(reasonFinished)
+		return
+	}
+	u.hooks[reply] = h
+	if h.hasQID {
+		u.byQuestion[h.qid] = reply
+	}
 	u.mu.Unlock()
 }
 
@@ -77,15 +142,56 @@ func (u *unwrittenAnswers) pollHook(s *Server, reply *capnp.Message, queue strin
 		return
 	}
 	ids := itemIDs(pr.Items)
-	u.register(reply, func() {
-		s.giveBack(queue, pr.Lease, ids, "the connection ended before the poll's answer was written")
+	u.register(reply, func(reason string) {
+		s.giveBack(queue, pr.Lease, ids, reason)
 	})
 }
 
+// unhookLocked removes h, m's hook.
+// REQUIRES: u.mu held.
+func (u *unwrittenAnswers) unhookLocked(m *capnp.Message, h *answerHook) {
+	delete(u.hooks, m)
+	if h.hasQID && u.byQuestion[h.qid] == m {
+		delete(u.byQuestion, h.qid)
+	}
+}
+
+// called notes a Call of the peer's, question qid.
+func (u *unwrittenAnswers) called(qid uint32) {
+	u.mu.Lock()
+	u.pending[qid] = false
+	u.mu.Unlock()
+}
+
+// finished handles the peer's Finish of question qid, before go-capnp
+// reads it: the items of its answer, if hooked and not being written,
+// are given back (see the top of the file for the rule).
+func (u *unwrittenAnswers) finished(qid uint32) {
+	u.mu.Lock()
+	if _, ok := u.pending[qid]; ok {
+		u.pending[qid] = true
+	}
+	m, ok := u.byQuestion[qid]
+	h := u.hooks[m]
+	if !ok || h == nil || h.sending || u.closed {
+		u.mu.Unlock()
+		return
+	}
+	u.unhookLocked(m, h)
+	u.running.Add(1) // close waits for the give-back, which uses the store
+	u.mu.Unlock()
+	defer u.running.Done()
+	h.giveBack(reasonFinished)
+}
+
 // sending marks m's hook (nil: none) as being written; done ends it.
-func (u *unwrittenAnswers) sending(m *capnp.Message) *answerHook {
+// qid is the question m answers, if it is a Return (isReturn).
+func (u *unwrittenAnswers) sending(m *capnp.Message, qid uint32, isReturn bool) *answerHook {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	if isReturn {
+		delete(u.pending, qid)
+	}
 	h := u.hooks[m]
 	if h != nil {
 		h.sending = true
@@ -98,25 +204,29 @@ func (u *unwrittenAnswers) sending(m *capnp.Message) *answerHook {
 // back if not a byte of it was written.
 func (u *unwrittenAnswers) done(m *capnp.Message, h *answerHook, wroteNothing bool) {
 	u.mu.Lock()
-	delete(u.hooks, m)
+	u.unhookLocked(m, h)
 	u.mu.Unlock()
 	if wroteNothing {
-		h.giveBack()
+		h.giveBack(reasonConnEnded)
 	}
 	u.running.Done()
 }
 
-// dropped gives back the items of m, released without being written.
-func (u *unwrittenAnswers) dropped(m *capnp.Message) {
+// dropped gives back the items of m, released without being written
+// (qid: the question it answers, if it is a Return).
+func (u *unwrittenAnswers) dropped(m *capnp.Message, qid uint32, isReturn bool) {
 	u.mu.Lock()
+	if isReturn {
+		delete(u.pending, qid)
+	}
 	h := u.hooks[m]
 	if h == nil || h.sending {
 		u.mu.Unlock()
 		return
 	}
-	delete(u.hooks, m)
+	u.unhookLocked(m, h)
 	u.mu.Unlock()
-	h.giveBack()
+	h.giveBack(reasonConnEnded)
 }
 
 // close runs when the connection has ended and its socket is closed: no
@@ -130,12 +240,12 @@ func (u *unwrittenAnswers) close() {
 	for m, h := range u.hooks {
 		if !h.sending {
 			left = append(left, h)
-			delete(u.hooks, m)
+			u.unhookLocked(m, h)
 		}
 	}
 	u.mu.Unlock()
 	for _, h := range left {
-		h.giveBack()
+		h.giveBack(reasonConnEnded)
 	}
 	u.running.Wait()
 }
@@ -154,11 +264,32 @@ func (c *countingConn) Write(b []byte) (int, error) {
 }
 
 // answerTransport is a go-capnp connection's transport seen from its
-// outgoing messages (see the top of this file).
+// outgoing messages and the peer's Calls and Finishes (see the top of
+// this file).
 type answerTransport struct {
 	transport.Transport
 	answers *unwrittenAnswers
 	written *atomic.Uint64 // bytes written to the connection (countingConn)
+}
+
+// RecvMessage notes the peer's Calls and Finishes before go-capnp reads
+// them: go-capnp may write a finished call's Return all the same.
+func (t *answerTransport) RecvMessage() (transport.IncomingMessage, error) {
+	in, err := t.Transport.RecvMessage()
+	if err != nil {
+		return nil, err
+	}
+	switch m := in.Message(); m.Which() {
+	case rpccp.Message_Which_call:
+		if c, err := m.Call(); err == nil {
+			t.answers.called(c.QuestionId())
+		}
+	case rpccp.Message_Which_finish:
+		if f, err := m.Finish(); err == nil {
+			t.answers.finished(f.QuestionId())
+		}
+	}
+	return in, nil
 }
 
 func (t *answerTransport) NewMessage() (transport.OutgoingMessage, error) {
@@ -173,6 +304,7 @@ type answerMsg struct {
 	transport.OutgoingMessage
 	t        *answerTransport
 	key      *capnp.Message // the message handlers and hooks know it by
+	sent     bool           // Send was called
 	released bool
 }
 
@@ -180,8 +312,10 @@ type answerMsg struct {
 func (m *answerMsg) Send() error {
 	// Read before the write: a Return without capabilities is released
 	// after it (nothing reads it again; see the top of the file).
-	drop := m.OutgoingMessage.Message().Which() == rpccp.Message_Which_return && m.key.CapTable().Len() == 0
-	h := m.t.answers.sending(m.key)
+	m.sent = true
+	qid, isReturn := returnOf(m.OutgoingMessage.Message())
+	drop := isReturn && m.key.CapTable().Len() == 0
+	h := m.t.answers.sending(m.key, qid, isReturn)
 	before := m.t.written.Load()
 	err := m.OutgoingMessage.Send()
 	if h != nil {
@@ -196,7 +330,10 @@ func (m *answerMsg) Send() error {
 // Release gives back the items of a poll answer never written, and frees
 // the message (once: Send may have freed it already).
 func (m *answerMsg) Release() {
-	m.t.answers.dropped(m.key)
+	if !m.sent {
+		qid, isReturn := returnOf(m.OutgoingMessage.Message())
+		m.t.answers.dropped(m.key, qid, isReturn)
+	}
 	m.release()
 }
 

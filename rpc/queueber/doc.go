@@ -20,10 +20,15 @@
 // back when the connection ends: ready again at once, with no attempt
 // counted. An answer partly written is the client's, and its items stay
 // leased. Stop does not wait for such a client: its connection is closed.
-// An answer is not kept once written, so a client that never sends
-// Finish does not make the node hold its answers; a call that passes a
-// capability naming a field of an answer (a receiverAnswer) ends the
-// connection, since Queueber's results hold none.
+// A poll the client finishes (cancels) before a byte of its answer was
+// written gives its items back at once too: Queueber has no nack, and its
+// client library drops the answer, which still goes out. An answer is
+// not kept once written, so a client that never sends Finish does not
+// make the node hold its answers, and a connection may have at most
+// 65,536 questions without a Finish (as on the Queue interface; one more
+// ends it); a call that passes a capability naming a field of an answer
+// (a receiverAnswer) ends the connection, since Queueber's results hold
+// none.
 //
 // The mapping, in Queueber's whole seconds:
 //

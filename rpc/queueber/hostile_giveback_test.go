@@ -273,3 +273,82 @@ func TestReviewHostile_CapabilityOnAWrittenAnswer(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, ids, p.ids)
 }
+
+// TestHostile_FinishedPollAnswerGivenBack: a Queueber client finishes
+// (cancels) its polls while their answers, with items, wait unwritten
+// behind answers it has not read yet. Per Cap'n Proto the caller will not
+// use the results of a question it finished, and Queueber has no verb to
+// give items back (no nack): the items of an answer not a byte of which
+// was written when its Finish came are ready again at once, and those of
+// the answers already in the sockets stay leased (the client's). The
+// answers still go out, every one (the client needs each Return to reuse
+// its question ids), and no item is given back twice.
+// Found by review (session 73): the node gave items back only when an
+// answer was dropped, its write failed or the connection ended, never on
+// a Finish; the answers stayed queued, were written whenever the client
+// read again (and discarded by its RPC library), and their items stayed
+// leased for the poll's lease (an hour here) with an attempt counted.
+func TestHostile_FinishedPollAnswerGivenBack(t *testing.T) {
+	t.Parallel()
+	const n, size = 48, 256 << 10 // 12 MiB of answers; the sockets hold ~4 MiB
+	b := setupWith(t, func(c *rpc.ServerConfig) {
+		c.ConnReplyLimitBytes = 1 << 30 // the budget plays no part here
+		c.ReplyStallTimeout = time.Hour
+	})
+	conn := b.rvNoReadConn()
+	b.rvParkPolls(conn, n)
+	b.rvFill(n, size)
+	rpctest.Eventually(t, 60*time.Second, func() bool {
+		m := b.srv.Metrics()
+		return m.Waiters == 0 && m.Ops[rpc.OpPoll].Count == n
+	}, "every parked poll completed")
+	// The client gives up every poll.
+	for i := 1; i <= n; i++ {
+		_, err := conn.Write(rvFinish(t, uint32(i)))
+		require.NoError(t, err)
+	}
+	// At most ~4 MiB (16 answers) went into the sockets; the rest were
+	// not written when their Finish came.
+	var st storage.QueueStats
+	rpctest.Eventually(t, 30*time.Second, func() bool {
+		sts, err := b.store.Stats(ctxT(t), storage.StatsParams{Queue: testQueue, Now: b.clock.Now()})
+		require.NoError(t, err)
+		st = sts[0]
+		return st.Ready >= n/2
+	}, "the items of poll answers not written when their Finish came stay leased for the poll's hour")
+
+	// The client reads again: every poll is still answered, and the
+	// connection serves on (a probe: an exception, lease 0).
+	_, err := conn.Write(rvPollCall(t, n+1, 0, 1, 1))
+	require.NoError(t, err)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(60*time.Second)))
+	dec := capnp.NewDecoder(conn)
+	dec.MaxMessageSize = 1 << 30
+	answered, withItems := 0, 0
+	for answered < n+1 {
+		msg, err := dec.Decode()
+		require.NoError(t, err, "%d of %d questions answered", answered, n+1)
+		m, err := rpccp.ReadRootMessage(msg)
+		require.NoError(t, err)
+		if m.Which() == rpccp.Message_Which_return {
+			ret, err := m.Return()
+			require.NoError(t, err)
+			if ret.AnswerId() != 0 {
+				answered++
+				if ret.Which() == rpccp.Return_Which_results && ret.AnswerId() <= n {
+					withItems++
+				}
+			}
+		}
+		msg.Release()
+	}
+	require.Equal(t, n, withItems, "every poll's answer went out")
+	sts, err := b.store.Stats(ctxT(t), storage.StatsParams{Queue: testQueue, Now: b.clock.Now()})
+	require.NoError(t, err)
+	st = sts[0]
+	t.Logf("after the answers were read: inflight %d, ready %d", st.Inflight, st.Ready)
+	require.Equal(t, int64(n), st.Ready+st.Inflight)
+	// The first answer was being written when the Finishes came (the
+	// sockets took its first bytes at least): the client's, still leased.
+	require.GreaterOrEqual(t, st.Inflight, int64(1), "an answer partly written was given back")
+}
