@@ -79,10 +79,14 @@ func (c *leanConn) sendFrame(f outFrame, shared bool) {
 // writeElsewhere leaves the writing (what spill holds, then the queue) to
 // a goroutine of the connection, which may wait for the socket.
 // REQUIRES: the writer of the moment (c.w.writing set for the caller).
+//
+// It is not counted in c.calls: shutdown waits for the writer of the
+// moment through c.w.idle. A sender that is no call (a Finish sent as a
+// ctx ends, a subscription's push) may get here while shutdown waits for
+// the calls, and a WaitGroup must not go up from zero during its Wait
+// (the race detector caught it in FuzzServerConnAbortReason, session 73).
 func (c *leanConn) writeElsewhere() {
-	c.calls.Add(1)
 	c.s.workers.run(func() {
-		defer c.calls.Done()
 		if len(c.spill) > 0 {
 			c.writeSpill()
 		}
