@@ -174,6 +174,29 @@ func concurrentWorkload(t *testing.T, b *testBundle, clk *opClock, seed uint64, 
 	return tr
 }
 
+// requireReopenAgrees checks, at now, that a clean reopen rebuilds the
+// same Stats and the same available and inflight items, and that every
+// item enqueued is accounted for once.
+func requireReopenAgrees(t *testing.T, b *testBundle, now time.Time) {
+	t.Helper()
+	peek := func() (ready, inflight []storage.Item) {
+		ready, err := b.s.Peek(b.ctx, storage.PeekParams{Queue: "q", Limit: 1000, Now: now})
+		require.NoError(t, err)
+		inflight, err = b.s.Peek(b.ctx, storage.PeekParams{Queue: "q", Limit: 1000, Now: now, Inflight: true})
+		require.NoError(t, err)
+		return ready, inflight
+	}
+	before := b.stats("q", now)
+	ready, inflight := peek()
+	b.reopen()
+	require.Equal(t, statsKey(before), statsKey(b.stats("q", now)))
+	ready2, inflight2 := peek()
+	require.Equal(t, ready, ready2)
+	require.Equal(t, inflight, inflight2)
+	total := before.Ready + before.Delayed + before.Inflight + before.Dead + int64(before.Acked) + int64(before.Purged)
+	require.Equal(t, int64(before.Enqueued), total, "items lost or counted twice: %+v", before)
+}
+
 // statsKey is st without the fields a reopen may change (an age read
 // at another instant, the corruption counter of this process).
 func statsKey(st storage.QueueStats) storage.QueueStats {
@@ -197,23 +220,7 @@ func TestConcurrentReopen_WorkloadAgrees(t *testing.T) {
 			require.Empty(t, tr.errs)
 			m := b.s.Metrics()
 			t.Logf("prefetched %d hits %d released %d", m.Prefetched, m.PrefetchHits, m.PrefetchReleased)
-			now := clk.now()
-			before := b.stats("q", now)
-			peekA, err := b.s.Peek(b.ctx, storage.PeekParams{Queue: "q", Limit: 1000, Now: now})
-			require.NoError(t, err)
-			peekI, err := b.s.Peek(b.ctx, storage.PeekParams{Queue: "q", Limit: 1000, Now: now, Inflight: true})
-			require.NoError(t, err)
-			b.reopen()
-			after := b.stats("q", now)
-			require.Equal(t, statsKey(before), statsKey(after))
-			peekA2, err := b.s.Peek(b.ctx, storage.PeekParams{Queue: "q", Limit: 1000, Now: now})
-			require.NoError(t, err)
-			peekI2, err := b.s.Peek(b.ctx, storage.PeekParams{Queue: "q", Limit: 1000, Now: now, Inflight: true})
-			require.NoError(t, err)
-			require.Equal(t, peekA, peekA2)
-			require.Equal(t, peekI, peekI2)
-			total := before.Ready + before.Delayed + before.Inflight + before.Dead + int64(before.Acked) + int64(before.Purged)
-			require.Equal(t, int64(before.Enqueued), total, "items lost or counted twice: %+v", before)
+			requireReopenAgrees(t, b, clk.now())
 		})
 	}
 }
@@ -261,23 +268,7 @@ func concurrentAdmin(t *testing.T, vary bool) {
 			tr := concurrentWorkload(t, b, clk, seed, 4, 150, vary, extra)
 			require.Empty(t, tr.errs)
 			require.Empty(t, admErr)
-			now := clk.now()
-			before := b.stats("q", now)
-			peekA, err := b.s.Peek(b.ctx, storage.PeekParams{Queue: "q", Limit: 1000, Now: now})
-			require.NoError(t, err)
-			peekI, err := b.s.Peek(b.ctx, storage.PeekParams{Queue: "q", Limit: 1000, Now: now, Inflight: true})
-			require.NoError(t, err)
-			b.reopen()
-			after := b.stats("q", now)
-			require.Equal(t, statsKey(before), statsKey(after))
-			peekA2, err := b.s.Peek(b.ctx, storage.PeekParams{Queue: "q", Limit: 1000, Now: now})
-			require.NoError(t, err)
-			peekI2, err := b.s.Peek(b.ctx, storage.PeekParams{Queue: "q", Limit: 1000, Now: now, Inflight: true})
-			require.NoError(t, err)
-			require.Equal(t, peekA, peekA2)
-			require.Equal(t, peekI, peekI2)
-			total := before.Ready + before.Delayed + before.Inflight + before.Dead + int64(before.Acked) + int64(before.Purged)
-			require.Equal(t, int64(before.Enqueued), total, "items lost or counted twice: %+v", before)
+			requireReopenAgrees(t, b, clk.now())
 		})
 	}
 }
