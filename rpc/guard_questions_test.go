@@ -21,6 +21,18 @@ func TestGuardTransport_OpenQuestionsBounded(t *testing.T) {
 	t.Parallel()
 	const limit = 8
 	b := setup(t, bundleOpts{factory: rocksFactory(), mutate: func(c *ServerConfig) { c.maxOpenQuestions = limit }})
+	reason := abortPastOpenQuestions(t, b, limit)
+	t.Logf("engine %s: abort %q", testEngine, reason)
+	require.Contains(t, reason, "more than 8 questions without a Finish")
+	requireServing(t, b)
+}
+
+// abortPastOpenQuestions opens and finishes 3*limit questions on a raw
+// connection to b, each answered, then keeps limit open (the bootstrap
+// among them) and sends one more call: it returns the reason of the
+// Abort that answers it.
+func abortPastOpenQuestions(t *testing.T, b *testBundle, limit uint32) string {
+	t.Helper()
 	r := newRaw(t, b)
 	boot := r.bootstrap(0) // open question 1 of limit
 	for q := uint32(1); q <= 3*limit; q++ {
@@ -33,8 +45,5 @@ func TestGuardTransport_OpenQuestionsBounded(t *testing.T) {
 		requireNodeInfoReturn(t, r.recvReturn(q))
 	}
 	r.call(200, methodNodeInfo, onImport(boot), nil)
-	reason := r.recvAbort()
-	t.Logf("engine %s: abort %q", testEngine, reason)
-	require.Contains(t, reason, "more than 8 questions without a Finish")
-	requireServing(t, b)
+	return r.recvAbort()
 }

@@ -286,19 +286,7 @@ func TestLean_Protocol(t *testing.T) {
 		t.Parallel()
 		const limit = 8
 		b := setup(t, bundleOpts{mutate: func(c *ServerConfig) { c.Engine, c.maxOpenQuestions = EngineLean, limit }})
-		r := newRaw(t, b)
-		boot := r.bootstrap(0) // open question 1 of limit
-		for q := uint32(1); q <= 3*limit; q++ {
-			r.call(q, methodNodeInfo, onImport(boot), nil)
-			requireNodeInfoReturn(t, r.recvReturn(q))
-			r.finish(q, true)
-		}
-		for q := uint32(100); q < 100+limit-1; q++ {
-			r.call(q, methodNodeInfo, onImport(boot), nil)
-			requireNodeInfoReturn(t, r.recvReturn(q))
-		}
-		r.call(200, methodNodeInfo, onImport(boot), nil)
-		require.Contains(t, r.recvAbort(), "more than 8 questions without a Finish")
+		require.Contains(t, abortPastOpenQuestions(t, b, limit), "more than 8 questions without a Finish")
 		requireServing(t, b)
 	})
 

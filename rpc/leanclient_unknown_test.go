@@ -313,19 +313,7 @@ func TestLeanClient_NodeReplyCap(t *testing.T) {
 // bigUnknownMessage is a Message member the client does not know, whose
 // body holds a text of n bytes: its echo is larger than writeBufSize.
 func bigUnknownMessage(which uint16, n int) func(rpccp.Message) error {
-	return func(m rpccp.Message) error {
-		s := capnp.Struct(m)
-		s.SetUint16(0, which)
-		body, err := capnp.NewStruct(s.Segment(), capnp.ObjectSize{DataSize: 8, PointerCount: 1})
-		if err != nil {
-			return err
-		}
-		body.SetUint64(0, 42)
-		if err := setText(body, 0, strings.Repeat("x", n)); err != nil {
-			return err
-		}
-		return s.SetPtr(0, body.ToPtr())
-	}
+	return unknownMessageWith(which, strings.Repeat("x", n))
 }
 
 // Found by review (session 72): writePending appended the replies to

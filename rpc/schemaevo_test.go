@@ -338,6 +338,11 @@ func TestSchemaEvo_UnknownMethodsAndInterfaces(t *testing.T) {
 // unknownMessage is a Message whose union member is which, one this
 // rpc.capnp does not know, holding a small struct.
 func unknownMessage(which uint16) func(rpccp.Message) error {
+	return unknownMessageWith(which, "from the future")
+}
+
+// unknownMessageWith is unknownMessage with text in its struct.
+func unknownMessageWith(which uint16, text string) func(rpccp.Message) error {
 	return func(m rpccp.Message) error {
 		s := capnp.Struct(m)
 		s.SetUint16(0, which)
@@ -346,7 +351,7 @@ func unknownMessage(which uint16) func(rpccp.Message) error {
 			return err
 		}
 		body.SetUint64(0, 42)
-		if err := setText(body, 0, "from the future"); err != nil {
+		if err := setText(body, 0, text); err != nil {
 			return err
 		}
 		return s.SetPtr(0, body.ToPtr())

@@ -235,12 +235,18 @@ type pollAnswer struct {
 // (dispatch.GiveBack), as the RPC server does: one claimed as its client
 // went away, or one whose write failed.
 func (s *Server) giveBack(queue string, pr storage.PollResult) {
-	ids := make([]storage.ItemID, len(pr.Items))
-	for i := range pr.Items {
-		ids[i] = pr.Items[i].ID
+	s.giveBackItems(queue, pr.Lease, pr.Items, "of a poll whose client went away")
+}
+
+// giveBackItems gives back items claimed under lease that no client will
+// read; why, what they are, goes to the log if the give-back fails.
+func (s *Server) giveBackItems(queue string, lease storage.LeaseID, items []storage.Item, why string) {
+	ids := make([]storage.ItemID, len(items))
+	for i := range items {
+		ids[i] = items[i].ID
 	}
-	if _, err := s.disp.GiveBack(s.cfg.Store, queue, pr.Lease, ids); err != nil {
-		s.log.Warn("items of a poll whose client went away stay leased until the lease ends", "queue", queue, "items", len(ids), "err", err)
+	if _, err := s.disp.GiveBack(s.cfg.Store, queue, lease, ids); err != nil {
+		s.log.Warn("items "+why+" stay leased until the lease ends", "queue", queue, "items", len(ids), "err", err)
 	}
 }
 

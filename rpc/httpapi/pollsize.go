@@ -47,14 +47,8 @@ func (s *Server) trimPoll(queue string, pr *storage.PollResult) {
 		return
 	}
 	rest := pr.Items[n:]
-	ids := make([]storage.ItemID, len(rest))
-	for i := range rest {
-		ids[i] = rest[i].ID
-	}
 	pr.Items = pr.Items[:n]
-	if _, err := s.disp.GiveBack(s.cfg.Store, queue, pr.Lease, ids); err != nil {
-		s.log.Warn("items left out of a poll answer too large for one stay leased until the lease ends", "queue", queue, "items", len(ids), "err", err)
-	}
+	s.giveBackItems(queue, pr.Lease, rest, "left out of a poll answer too large for one")
 }
 
 // fitAnswer returns how many of the first items fit in one poll answer of

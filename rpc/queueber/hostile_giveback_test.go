@@ -33,18 +33,8 @@ import (
 // whole lease.
 func TestReviewHostile_StopGivesBackUnwrittenAnswers(t *testing.T) {
 	t.Parallel()
-	const n, size = 48, 256 << 10 // 12 MiB of answers; the sockets hold ~4 MiB
-	b := setupWith(t, func(c *rpc.ServerConfig) {
-		c.ConnReplyLimitBytes = 1 << 30 // the budget plays no part here
-		c.ReplyStallTimeout = time.Hour
-	})
-	conn := b.rvNoReadConn()
-	b.rvParkPolls(conn, n)
-	b.rvFill(n, size)
-	rpctest.Eventually(t, 60*time.Second, func() bool {
-		m := b.srv.Metrics()
-		return m.Waiters == 0 && m.Ops[rpc.OpPoll].Count == n
-	}, "every parked poll completed")
+	const n = 48
+	b, conn := answersPiledUp(t, n)
 
 	stopped := rpctest.Go(func() struct{} { b.srv.Stop(); return struct{}{} })
 	rpctest.Recv(t, stopped, 30*time.Second) // Stop must not hang
@@ -290,18 +280,8 @@ func TestReviewHostile_CapabilityOnAWrittenAnswer(t *testing.T) {
 // leased for the poll's lease (an hour here) with an attempt counted.
 func TestHostile_FinishedPollAnswerGivenBack(t *testing.T) {
 	t.Parallel()
-	const n, size = 48, 256 << 10 // 12 MiB of answers; the sockets hold ~4 MiB
-	b := setupWith(t, func(c *rpc.ServerConfig) {
-		c.ConnReplyLimitBytes = 1 << 30 // the budget plays no part here
-		c.ReplyStallTimeout = time.Hour
-	})
-	conn := b.rvNoReadConn()
-	b.rvParkPolls(conn, n)
-	b.rvFill(n, size)
-	rpctest.Eventually(t, 60*time.Second, func() bool {
-		m := b.srv.Metrics()
-		return m.Waiters == 0 && m.Ops[rpc.OpPoll].Count == n
-	}, "every parked poll completed")
+	const n = 48
+	b, conn := answersPiledUp(t, n)
 	// The client gives up every poll.
 	for i := 1; i <= n; i++ {
 		_, err := conn.Write(rvFinish(t, uint32(i)))
@@ -351,4 +331,23 @@ func TestHostile_FinishedPollAnswerGivenBack(t *testing.T) {
 	// The first answer was being written when the Finishes came (the
 	// sockets took its first bytes at least): the client's, still leased.
 	require.GreaterOrEqual(t, st.Inflight, int64(1), "an answer partly written was given back")
+}
+
+// answersPiledUp parks n polls of an hour's lease on a connection that
+// reads nothing and fills them with items of 256 KiB: 12 MiB of answers,
+// of which the sockets hold about 4 MiB, the rest queued on the node.
+func answersPiledUp(t *testing.T, n int) (*testBundle, net.Conn) {
+	t.Helper()
+	b := setupWith(t, func(c *rpc.ServerConfig) {
+		c.ConnReplyLimitBytes = 1 << 30 // the budget plays no part here
+		c.ReplyStallTimeout = time.Hour
+	})
+	conn := b.rvNoReadConn()
+	b.rvParkPolls(conn, n)
+	b.rvFill(n, 256<<10)
+	rpctest.Eventually(t, 60*time.Second, func() bool {
+		m := b.srv.Metrics()
+		return m.Waiters == 0 && m.Ops[rpc.OpPoll].Count == uint64(n)
+	}, "every parked poll completed")
+	return b, conn
 }
