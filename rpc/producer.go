@@ -31,7 +31,19 @@ type ProducerOptions struct {
 	// MaxInflight is how many enqueue calls may be in flight at once (0:
 	// DefaultProducerInflight).
 	MaxInflight int
-	// Clock runs the linger timer; required when Linger > 0.
+	// CallTimeout bounds each enqueue call (0: DefaultProducerCallTimeout).
+	// A call the node has not answered by then (it stalled, or the network
+	// dropped the connection without a word) is given up: each of its
+	// items' callers gets an error wrapping context.DeadlineExceeded that
+	// says the outcome is unknown (the items may have been enqueued; a
+	// caller may retry, at the risk of a duplicate, as with any call whose
+	// answer was not seen), and the call's slot goes to the items waiting.
+	// An item waits for its call at most about CallTimeout for each
+	// MaxInflight calls queued before it.
+	CallTimeout time.Duration
+	// Clock runs the linger timer and the CallTimeout bound; required when
+	// Linger > 0. nil (without Linger): the Client's (ClientOptions.Clock,
+	// the real clock by default).
 	Clock clock.Clock
 }
 
@@ -40,6 +52,10 @@ const (
 	DefaultProducerBatch    = 128
 	DefaultProducerBytes    = 1 << 20
 	DefaultProducerInflight = 2
+	// DefaultProducerCallTimeout is far beyond what a healthy node takes
+	// for one batch (an fsync and a few MiB at most), so that only a node
+	// that stalled, or a connection silently gone, meets it.
+	DefaultProducerCallTimeout = 30 * time.Second
 )
 
 // Producer coalesces concurrent single-item enqueues to one queue into
@@ -48,11 +64,13 @@ const (
 // call each. Items wait while MaxInflight calls are in flight (and, with
 // Linger, up to Linger for company) and then leave together, in arrival
 // order, up to MaxBatch items or MaxBytes per call. Each caller gets its
-// own result. Safe for concurrent use; Close flushes.
+// own result. Each call is bounded by CallTimeout. Safe for concurrent
+// use; Close and CloseContext flush.
 type Producer struct {
 	c     *Client
 	queue string
 	opts  ProducerOptions
+	clk   clock.Clock // opts.Clock, or the Client's
 
 	mu       sync.Mutex
 	pending  []*produced
@@ -62,6 +80,9 @@ type Producer struct {
 	timer    *clock.Timer
 	closed   bool
 	idle     chan struct{} // closed when closed and nothing is pending or in flight
+	// calls cancels the calls in flight, which CloseContext gives up
+	// when its ctx ends.
+	calls map[*produced]context.CancelCauseFunc
 
 	// onCall, if set, sees the size of every call before it is sent
 	// (tests).
@@ -83,7 +104,7 @@ func (c *Client) Producer(queue string, opts ProducerOptions) (*Producer, error)
 	if queue == "" {
 		return nil, fmt.Errorf("leaseq producer: %w: queue name is empty", storage.ErrInvalidArgument)
 	}
-	if opts.MaxBatch < 0 || opts.MaxBytes < 0 || opts.Linger < 0 || opts.MaxInflight < 0 {
+	if opts.MaxBatch < 0 || opts.MaxBytes < 0 || opts.Linger < 0 || opts.MaxInflight < 0 || opts.CallTimeout < 0 {
 		return nil, fmt.Errorf("leaseq producer: %w: negative option", storage.ErrInvalidArgument)
 	}
 	if opts.Linger > 0 && opts.Clock == nil {
@@ -98,7 +119,18 @@ func (c *Client) Producer(queue string, opts ProducerOptions) (*Producer, error)
 	if opts.MaxInflight == 0 {
 		opts.MaxInflight = DefaultProducerInflight
 	}
-	return &Producer{c: c, queue: queue, opts: opts, idle: make(chan struct{})}, nil
+	if opts.CallTimeout == 0 {
+		opts.CallTimeout = DefaultProducerCallTimeout
+	}
+	clk := opts.Clock
+	if clk == nil {
+		clk = c.clk
+	}
+	if clk == nil {
+		clk = clock.New() // a Client not made by Dial or NewClient
+	}
+	return &Producer{c: c, queue: queue, opts: opts, clk: clk, idle: make(chan struct{}),
+		calls: make(map[*produced]context.CancelCauseFunc)}, nil
 }
 
 // Enqueue adds one item through the next batched call and waits for its
@@ -106,8 +138,11 @@ func (c *Client) Producer(queue string, opts ProducerOptions) (*Producer, error)
 // request-level: every item of that call gets it) or when the node refused
 // this item (res.Code is not CodeOK; res.Err says why). If ctx ends before
 // the item was sent it is not sent; if it ends after, the item may have
-// been enqueued (as with any call whose answer was not seen). The payload
-// is copied: the caller may reuse its buffer once Enqueue returns.
+// been enqueued (as with any call whose answer was not seen). A call not
+// answered within CallTimeout fails with an error wrapping
+// context.DeadlineExceeded: the item may have been enqueued, and may be
+// enqueued again. The payload is copied: the caller may reuse its buffer
+// once Enqueue returns.
 func (p *Producer) Enqueue(ctx context.Context, it storage.EnqueueItem) (storage.EnqueueResult, error) {
 	if err := ctx.Err(); err != nil {
 		return storage.EnqueueResult{}, err
@@ -178,9 +213,23 @@ func (p *Producer) Enqueue(ctx context.Context, it storage.EnqueueItem) (storage
 }
 
 // Close sends every pending item, waits for the calls in flight and
-// returns; later Enqueues fail with storage.ErrClosed. It does not close
-// the Client.
+// returns; later Enqueues fail with storage.ErrClosed. Each call ends at
+// its CallTimeout at the latest: against a node that never answers, Close
+// returns after about CallTimeout for each round of MaxInflight calls
+// that its pending items need. It does not close the Client. Close is
+// CloseContext without a deadline.
 func (p *Producer) Close() error {
+	return p.CloseContext(context.Background())
+}
+
+// CloseContext is Close bounded by ctx. If ctx ends first, the items not
+// yet sent are not sent (their callers get an error wrapping
+// storage.ErrClosed), the calls in flight are given up (their callers get
+// an error wrapping storage.ErrClosed that says the outcome is unknown),
+// and once those calls have returned it returns ctx's error. It is
+// idempotent: a later Close or CloseContext waits for the same flush, or
+// ends it by its own ctx.
+func (p *Producer) CloseContext(ctx context.Context) error {
 	p.mu.Lock()
 	if !p.closed {
 		p.closed = true
@@ -193,8 +242,29 @@ func (p *Producer) Close() error {
 		p.idleLocked()
 	}
 	p.mu.Unlock()
+	select {
+	case <-p.idle:
+		return nil
+	case <-ctx.Done():
+	}
+	p.mu.Lock()
+	err := ctx.Err()
+	for _, e := range p.pending {
+		e.err = fmt.Errorf("leaseq producer: %w before the item was sent (not enqueued): %v", storage.ErrClosed, err)
+		close(e.done)
+	}
+	clear(p.pending)
+	p.pending = p.pending[:0]
+	p.bytes = 0
+	for _, cancel := range p.calls {
+		cancel(fmt.Errorf("leaseq producer: %w while the call was in flight (%v): outcome unknown, the item may have been enqueued", storage.ErrClosed, err))
+	}
+	p.idleLocked()
+	p.mu.Unlock()
+	// The calls given up return at once (Client calls end with their
+	// ctx), so that no send outlives CloseContext.
 	<-p.idle
-	return nil
+	return err
 }
 
 // rearmLocked sets due and the linger timer for the item now at the head
@@ -255,7 +325,11 @@ func (p *Producer) kickLocked() {
 		p.bytes -= size
 		p.inflight++
 		p.rearmLocked() // a new head, or none
-		go p.send(batch)
+		// Registered here, under p.mu, so that a CloseContext that gives
+		// up the calls in flight sees every call it waits for.
+		ctx, cancel := context.WithCancelCause(context.Background())
+		p.calls[batch[0]] = cancel
+		go p.send(ctx, cancel, batch)
 	}
 }
 
@@ -271,8 +345,9 @@ func (p *Producer) idleLocked() {
 	}
 }
 
-// send makes one enqueue call for batch and hands each caller its result.
-func (p *Producer) send(batch []*produced) {
+// send makes one enqueue call for batch, bounded by ctx (cancel ends it)
+// and CallTimeout, and hands each caller its result.
+func (p *Producer) send(ctx context.Context, cancel context.CancelCauseFunc, batch []*produced) {
 	if p.onCall != nil {
 		p.onCall(len(batch))
 	}
@@ -281,8 +356,21 @@ func (p *Producer) send(batch []*produced) {
 		items[i] = e.item
 	}
 	// The call belongs to every caller in it, so no caller's ctx bounds
-	// it; it ends with its answer or with the connection.
-	res, err := p.c.Enqueue(context.Background(), p.queue, items)
+	// it; it ends with its answer, with the connection, at CallTimeout,
+	// or when CloseContext gives it up. Found by review (session 74): it
+	// had no bound, and a node that never answered held its callers
+	// without a deadline, and Close, for good.
+	d := p.opts.CallTimeout
+	t := p.clk.AfterFunc(d, func() {
+		cancel(fmt.Errorf("leaseq producer: enqueue call not answered within %v: outcome unknown, the item may have been enqueued: %w", d, context.DeadlineExceeded))
+	})
+	res, err := p.c.Enqueue(ctx, p.queue, items)
+	t.Stop()
+	if err != nil && ctx.Err() != nil {
+		// Cut by the bound or by CloseContext: the cause says which.
+		err = context.Cause(ctx)
+	}
+	cancel(nil)
 	if err == nil && len(res) != len(batch) {
 		err = fmt.Errorf("leaseq producer: %w: %d results for %d items", storage.ErrCorrupt, len(res), len(batch))
 	}
@@ -295,6 +383,7 @@ func (p *Producer) send(batch []*produced) {
 		close(e.done)
 	}
 	p.mu.Lock()
+	delete(p.calls, batch[0])
 	p.inflight--
 	p.kickLocked()
 	p.idleLocked()
