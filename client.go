@@ -59,7 +59,12 @@ const defaultClientTimeout = 10 * time.Second
 
 func addClientFlags(fs *flag.FlagSet, e *env) *clientFlags {
 	cf := addConnFlags(fs, e)
-	cf.timeout = fs.Duration("timeout", defaultClientTimeout, "give up on the node after this long (a poll's --wait comes on top)")
+	// A choice, not fs.Duration: a bad value ("10", "0") is refused
+	// saying what is wanted, where the flag package says "parse error"
+	// (found by review, session 74).
+	timeout := newChoice(defaultClientTimeout.String(), positiveDuration)
+	fs.Var(timeout, "timeout", "give up on the node after this `duration` (a poll's --wait comes on top)")
+	cf.timeout = &timeout.val
 	return cf
 }
 
@@ -110,15 +115,17 @@ func (cf *clientFlags) tlsConfig() (*tls.Config, error) {
 	return tc, nil
 }
 
-// with dials the node, runs fn with a context bounded by --timeout plus
-// extra, and closes the connection.
+// with dials the node within --timeout, runs fn with a context bounded by
+// --timeout plus extra (a poll's --wait: how long the node may hold the
+// call, not more time to connect) in all, and closes the connection.
 func (cf *clientFlags) with(ctx context.Context, extra time.Duration, fn func(ctx context.Context, c *rpc.Client) error) error {
-	if *cf.timeout <= 0 {
-		return usagef("--timeout must be positive")
-	}
 	ctx, cancel := cf.clk.WithTimeout(ctx, *cf.timeout+extra)
 	defer cancel()
-	c, err := cf.dial(ctx)
+	// Found by review (session 74): the dial had --timeout plus --wait,
+	// and the error then said "within --timeout".
+	dctx, dcancel := cf.clk.WithTimeout(ctx, *cf.timeout)
+	c, err := cf.dial(dctx)
+	dcancel()
 	if err != nil {
 		return err
 	}
@@ -135,9 +142,6 @@ type callFunc func(fn func(ctx context.Context) error) error
 // --timeout of their own, and the time between calls, spent waiting for
 // input, is not bounded.
 func (cf *clientFlags) withCalls(ctx context.Context, fn func(c *rpc.Client, call callFunc) error) error {
-	if *cf.timeout <= 0 {
-		return usagef("--timeout must be positive")
-	}
 	dctx, cancel := cf.clk.WithTimeout(ctx, *cf.timeout)
 	c, err := cf.dial(dctx)
 	cancel()

@@ -78,10 +78,11 @@ without waiting for the node).
 
 Exit codes: 0 after a signal, or with --max-items once that many items
 were handled and all succeeded, provided every ack and nack reached the
-node; 3 with --max-items if any item's command failed; 1 if leaseq work
-failed (lost the node, a bad queue name or lease), an item's ack or nack
-failed (the item comes back once its lease runs out), or a second signal
-stopped it; 2 for a bad command line.
+node; 3 with --max-items if any item's command failed, a signal or not
+(an item killed by the stop, after --drain-timeout, is not counted as
+failed); 1 if leaseq work failed (lost the node, a bad queue name or
+lease), an item's ack or nack failed (the item comes back once its lease
+runs out), or a second signal stopped it; 2 for a bad command line.
 
 Example:
   leaseq work thumbnails --concurrency 4 --timeout 5m -- ./make-thumbnail.sh`,
@@ -266,7 +267,7 @@ func runWork(ctx context.Context, e *env, c *rpc.Client, w workConfig, stderr *l
 	})
 	close(done)
 	wg.Wait()
-	handled, failed, unsettled := s.handled.Load(), s.failed.Load(), s.unsettled.Load()
+	handled, failed, interrupted, unsettled := s.handled.Load(), s.failed.Load(), s.stopKilled.Load(), s.unsettled.Load()
 	log.Info("leaseq work stopped", "handled", handled, "failed", failed, "not_settled", unsettled)
 	switch {
 	case err != nil:
@@ -275,14 +276,28 @@ func runWork(ctx context.Context, e *env, c *rpc.Client, w workConfig, stderr *l
 		return exitError{exitFailure, fmt.Errorf("stopped by a second signal (%d items handled, %d failed)", handled, failed)}
 	case unsettled > 0:
 		return exitError{exitFailure, fmt.Errorf("%d of %d items could not be acked or nacked (see the log): they will be delivered again once their lease runs out", unsettled, handled)}
-	case w.maxItems > 0 && failed > 0:
-		msg := fmt.Sprintf("%d of %d items failed (nacked)", failed, handled)
+	case w.maxItems > 0 && failed > interrupted:
+		// Found by review (session 74): an item killed by the stop
+		// (--drain-timeout) counted as failed, so a drain that ran out
+		// exited 3 with --max-items and 0 without it.
+		msg := fmt.Sprintf("%d of %d items failed (nacked)", failed-interrupted, handled)
 		if n := s.backoffNacks.Load(); n > 0 {
 			msg += fmt.Sprintf("; %d of them with the queue's backoff, as the node refused --retry-delay %v", n, *w.retryDelay)
+		}
+		if interrupted > 0 {
+			msg += fmt.Sprintf("; %d more %s interrupted by the stop and nacked for redelivery", interrupted, plural(interrupted, "was", "were"))
 		}
 		return exitError{exitItemsFailed, errors.New(msg)}
 	}
 	return nil
+}
+
+// plural is one when n is 1, else many.
+func plural(n int64, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // settleFailed counts an item whose ack or nack failed (Consume's

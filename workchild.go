@@ -60,12 +60,14 @@ type supervisor struct {
 	interrupted, killed *stopper
 
 	// handled: items CMD ran for (or failed to start for); failed: those
-	// whose run failed; unsettled: those whose ack or nack failed (they
+	// whose run failed; stopKilled: those of failed that leaseq work
+	// killed itself as it stopped (--drain-timeout, a second signal), not
+	// a failure of CMD; unsettled: those whose ack or nack failed (they
 	// come back once their lease runs out); backoffNacks: nacks made with
 	// the queue's backoff because the node refused --retry-delay;
 	// retryDelayRefused: that refusal was logged.
-	running, handled, failed, unsettled, backoffNacks atomic.Int64
-	retryDelayRefused                                 atomic.Bool
+	running, handled, failed, stopKilled, unsettled, backoffNacks atomic.Int64
+	retryDelayRefused                                             atomic.Bool
 }
 
 func newSupervisor(w workConfig, clk clock.Clock, stdout io.Writer, stderr *lockedWriter, log *slog.Logger) *supervisor {
@@ -97,6 +99,9 @@ func (s *supervisor) handle(ctx context.Context, it storage.Item) error {
 	s.handled.Add(1)
 	if err != nil {
 		s.failed.Add(1)
+		if stoppedByWork(o.killed) {
+			s.stopKilled.Add(1)
+		}
 		s.log.Info("item failed", "job_id", it.ID.String(), "attempts", it.Attempts, "outcome", what)
 		return err
 	}
@@ -254,7 +259,7 @@ func (s *supervisor) verdict(o childOutcome) (what string, err error) {
 		what = "cannot start the command: " + unwrapExecError(o.startErr).Error()
 	case o.killed != nil:
 		what = o.killed.Error() + " (process group killed)"
-		if errors.Is(o.killed, errSecondSignal) || errors.Is(o.killed, errDrainTimeout) {
+		if stoppedByWork(o.killed) {
 			now := time.Duration(0) // not the item's fault: up for another worker at once
 			delay = &now
 		}
@@ -274,6 +279,12 @@ func (s *supervisor) verdict(o childOutcome) (what string, err error) {
 		err = rpc.RetryAfter(*delay, err)
 	}
 	return what, err
+}
+
+// stoppedByWork reports whether killed (a childOutcome's) says leaseq work
+// killed CMD as it stopped, through no fault of the item.
+func stoppedByWork(killed error) bool {
+	return errors.Is(killed, errSecondSignal) || errors.Is(killed, errDrainTimeout)
 }
 
 // childEnv is the LEASEQ_* environment of CMD for one item. The formats
