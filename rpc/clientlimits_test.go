@@ -235,7 +235,9 @@ func TestClient_ProducerBatchesFitClientFlowLimit(t *testing.T) {
 	mock.Set(testStart)
 	// A long Linger on a clock that does not move until the first call
 	// left: that call leaves when MaxBatch (the default, 128) items wait.
-	p, cs := newProducer(t, c, ProducerOptions{Linger: time.Hour, Clock: mock})
+	// The clock moves an hour at a tick below: the calls' bound
+	// (CallTimeout, on the same clock) must not cut a call in flight.
+	p, cs := newProducer(t, c, ProducerOptions{Linger: time.Hour, Clock: mock, CallTimeout: 100 * 365 * 24 * time.Hour})
 
 	const n = DefaultProducerBatch
 	errs := make(chan error, n)
