@@ -452,6 +452,9 @@ func (c *leanConn) releaseCall(lc *leanCall) {
 // starts the calls pipelined on a.
 func (c *leanConn) settle(qid uint32, a *leanAnswer, err error, content capnp.Ptr, caps []uint32, msg *capnp.Message) {
 	var release []capnp.Client
+	// Only a poll answer with items is one whose items may go back
+	// (writeBatch, shutdown): an empty one is written as any other.
+	poll := a.poll && err == nil && msg != nil && schema.Queue_poll_Results(content.Struct()).HasItems()
 	if len(caps) == 0 {
 		// The message goes back to its pool once written (see below), so
 		// its results cannot be read later; with no capability in them,
@@ -474,7 +477,7 @@ func (c *leanConn) settle(qid uint32, a *leanAnswer, err error, content capnp.Pt
 	if msg != nil {
 		// Keep the message when pipelined calls may still read its
 		// results (it has capabilities).
-		c.sendFrame(outFrame{m: msg, keep: len(caps) > 0, poll: a.poll && err == nil}, a.shared)
+		c.sendFrame(outFrame{m: msg, keep: len(caps) > 0, poll: poll}, a.shared)
 	}
 	for _, cl := range release {
 		cl.Release()

@@ -70,23 +70,30 @@ func (c *leanConn) sendFrame(f outFrame, shared bool) {
 	c.w.writing = true
 	c.w.Unlock()
 	if shared && c.raw == nil {
-		c.writeElsewhere()
+		c.writeElsewhere(nil)
 		return
 	}
 	c.writeQueue(shared)
 }
 
-// writeElsewhere leaves the writing (what spill holds, then the queue) to
-// a goroutine of the connection, which may wait for the socket.
-// REQUIRES: the writer of the moment (c.w.writing set for the caller).
+// writeElsewhere leaves the writing (the give-back of finished, the
+// items of poll answers the client gave up before they were written
+// (finishedUnwritten); then what spill holds, then the queue) to a
+// goroutine of the connection, which may wait for the socket and the
+// store. REQUIRES: the writer of the moment (c.w.writing set for the
+// caller).
 //
 // It is not counted in c.calls: shutdown waits for the writer of the
-// moment through c.w.idle. A sender that is no call (a Finish sent as a
-// ctx ends, a subscription's push) may get here while shutdown waits for
-// the calls, and a WaitGroup must not go up from zero during its Wait
-// (the race detector caught it in FuzzServerConnAbortReason, session 73).
-func (c *leanConn) writeElsewhere() {
+// moment through c.w.idle, and so for its give-backs too. A sender that
+// is no call (a Finish sent as a ctx ends, a subscription's push) may get
+// here while shutdown waits for the calls, and a WaitGroup must not go up
+// from zero during its Wait (the race detector caught it in
+// FuzzServerConnAbortReason, session 73).
+func (c *leanConn) writeElsewhere(finished []pollGiveBack) {
 	c.s.workers.run(func() {
+		for _, p := range finished {
+			c.s.giveBack(p.queue, p.lease, p.ids, reasonFinished)
+		}
 		if len(c.spill) > 0 {
 			c.writeSpill()
 		}
@@ -148,15 +155,18 @@ func (c *leanConn) writeQueue(shared bool) {
 		c.w.spare = nil
 		c.w.Unlock()
 		c.nonblock = shared
-		c.writeBatch(batch)
+		finished := c.writeBatch(batch)
 		c.nonblock = false
 		clear(batch)
 		done = batch
-		if len(c.spill) > 0 {
+		// A give-back waits for the store, which the reader and a
+		// shared writer (the store's syncer) must not: a goroutine of
+		// the connection does it, as the writer of the moment.
+		if len(c.spill) > 0 || len(finished) > 0 {
 			c.w.Lock()
 			c.w.spare = done[:0]
 			c.w.Unlock()
-			c.writeElsewhere()
+			c.writeElsewhere(finished)
 			return
 		}
 	}
@@ -251,8 +261,10 @@ func (c *leanConn) writeConn(p []byte) (int, error) {
 }
 
 // writeBatch writes batch with one flush (one write when it fits the
-// buffer), then lets go of its messages.
-func (c *leanConn) writeBatch(batch []outFrame) {
+// buffer), then lets go of its messages. It returns the items of the
+// poll answers in batch whose question the client finished before their
+// write started (finishedUnwritten), for the caller to give back.
+func (c *leanConn) writeBatch(batch []outFrame) (finished []pollGiveBack) {
 	c.writeSeq.Add(1) // odd: a write in progress
 	err := c.werr
 	tried, polls := 0, false
@@ -261,6 +273,14 @@ func (c *leanConn) writeBatch(batch []outFrame) {
 			break
 		}
 		f := &batch[i]
+		if f.poll {
+			if items, ok := c.finishedUnwritten(f.m); ok {
+				// Still written, as a plain answer: its items are
+				// given back, and no more (notWritten).
+				finished = append(finished, items)
+				f.poll = false
+			}
+		}
 		if f.poll {
 			f.start = c.passed + uint64(c.bw.Buffered())
 			polls = true
@@ -282,6 +302,48 @@ func (c *leanConn) writeBatch(batch []outFrame) {
 		c.werr = err
 		_ = c.conn.Close() // the reader sees it and ends the connection
 	}
+	return finished
+}
+
+// finishedUnwritten reports the items of m, a poll answer whose write is
+// about to start, if the client has finished its question: per Cap'n
+// Proto a caller does not use the results of a question it finished, and
+// a client other than the Go one drops such an answer with its items (the
+// Go client gives them back itself). Not a byte of m is written yet, so
+// they go back (Server.giveBack: ready again at once, the claim taken
+// back), as on the go-capnp engine (unwritten.go); m is still written,
+// for the client needs its Return to reuse the question id. A question
+// whose answer was queued is finished once it has left c.mu.answers: the
+// Finish of a returned answer removes it, and so does settle when the
+// Finish came first. A client reuses the id only after the Return, so an
+// answer under it is this one (a client that reuses it sooner keeps the
+// items, leased until the lease ends, as before). Once the answer's
+// write has started, the write alone decides (notWritten: nothing of it
+// written, given back when the connection ends; anything, the
+// client's), as on go-capnp. Each answer is looked at once, by its
+// writer, which owns m. With the connection ending (c.mu.closed), the
+// answers are the connection's end's to give back (giveBackUnwritten).
+// Found by review (session 74): the lean engine wrote such answers as
+// any other, and their items stayed leased, to a client that had dropped
+// them, until the lease ended.
+func (c *leanConn) finishedUnwritten(m *capnp.Message) (pollGiveBack, bool) {
+	m.ResetReadLimit(math.MaxUint64) // the node's own message
+	root, err := rpccp.ReadRootMessage(m)
+	if err != nil || root.Which() != rpccp.Message_Which_return {
+		return pollGiveBack{}, false
+	}
+	ret, err := root.Return()
+	if err != nil {
+		return pollGiveBack{}, false
+	}
+	c.mu.Lock()
+	_, open := c.mu.answers[ret.AnswerId()]
+	closed := c.mu.closed
+	c.mu.Unlock()
+	if open || closed {
+		return pollGiveBack{}, false
+	}
+	return returnPollGiveBack(ret)
 }
 
 // notWritten looks, after a write of batch whose first tried frames were
@@ -554,6 +616,6 @@ func (c *leanConn) giveBackUnwritten() {
 	c.unwritten.polls, c.unwritten.done = nil, true
 	c.unwritten.Unlock()
 	for _, p := range polls {
-		c.s.giveBack(p.queue, p.lease, p.ids, "the connection ended before the poll's answer was written")
+		c.s.giveBack(p.queue, p.lease, p.ids, reasonConnEnded)
 	}
 }

@@ -33,7 +33,9 @@ import (
 //     needs it to reuse the question id), so the items may go out too,
 //     but they are already ready again. Found by review (session 73): an
 //     early Finish gave nothing back, and the items stayed leased for
-//     the poll's whole lease with an attempt counted.
+//     the poll's whole lease with an attempt counted. (The lean engine
+//     looks when the answer's write would start instead:
+//     leanConn.finishedUnwritten.)
 //   - A Return without capabilities is released once written. go-capnp
 //     keeps a Return until the question's Finish, for calls pipelined on
 //     its results; the transport's guard refuses those on any answer but
