@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -56,8 +57,18 @@ nodes run; it needs a 'make build-fdb' binary.`,
 
 func check(ctx context.Context, e *env, data string, log *slog.Logger) (err error) {
 	// Open would create an empty database; a typo must not pass the check.
-	if _, err := os.Stat(data); err != nil {
+	fi, err := os.Stat(data)
+	if err != nil {
 		return fmt.Errorf("no database at %s: %w", data, err)
+	}
+	// Found by review (session 74): a --data that exists but holds no
+	// database (an empty or wrong directory, a file) failed with RocksDB's
+	// "IO error: While opening a file for sequentially reading: .../CURRENT".
+	if !fi.IsDir() {
+		return fmt.Errorf("no database at %s: not a directory", data)
+	}
+	if _, err := os.Stat(filepath.Join(data, "CURRENT")); errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("no database at %s: the directory has no RocksDB CURRENT file", data)
 	}
 	if pid, ok := lockHolder(data); ok {
 		return fmt.Errorf("the database in %s is in use by process %d (a running 'leaseq serve'? stop it first: check needs the database to itself)", data, pid)
