@@ -3,7 +3,6 @@ package rpc
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -70,6 +69,7 @@ type Client struct {
 	gcMu  sync.Mutex
 
 	lean   *leanClient                             // the lean engine's connection, or nil
+	cpolls *capnpPolls                             // the go-capnp engine's polls (client_drain_capnp.go), or nil
 	redial func(context.Context) (net.Conn, error) // a new connection like the first (lean engine)
 
 	log       *slog.Logger
@@ -195,16 +195,18 @@ func NewClient(ctx context.Context, conn net.Conn, opts ClientOptions) (*Client,
 	log := clientLogger(opts)
 	limit := flowLimit(opts)
 	readLimit := replyLimit(opts)
-	rc, q, codec, err := startCapnp(ctx, conn, log, limit, readLimit)
+	polls := newCapnpPolls(readLimit)
+	rc, q, codec, err := startCapnpWatched(ctx, conn, log, limit, readLimit, polls)
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{conn: conn, rc: rc, q: q, codec: codec, log: log, limit: limit, readLimit: readLimit, closed: make(chan struct{})}
+	c := &Client{conn: conn, rc: rc, q: q, codec: codec, cpolls: polls, log: log, limit: limit, readLimit: readLimit, closed: make(chan struct{})}
 	clk := opts.Clock
 	if clk == nil {
 		clk = clock.New()
 	}
 	c.initGiveBacks(clk)
+	polls.setGiveBack(c.giveBack)
 	return c, nil
 }
 
@@ -213,12 +215,22 @@ func NewClient(ctx context.Context, conn net.Conn, opts ClientOptions) (*Client,
 // one incoming message (go-capnp's own stream transport reads 64 MiB at
 // most, too few for the replies and pushes the node's limits allow).
 func startCapnp(ctx context.Context, conn net.Conn, log *slog.Logger, limit int64, readLimit uint64) (*capnprpc.Conn, schema.Queue, *limitedCodec, error) {
+	return startCapnpWatched(ctx, conn, log, limit, readLimit, nil)
+}
+
+// startCapnpWatched is startCapnp, its polls tracked by polls (pollWatch)
+// unless nil.
+func startCapnpWatched(ctx context.Context, conn net.Conn, log *slog.Logger, limit int64, readLimit uint64, polls *capnpPolls) (*capnprpc.Conn, schema.Queue, *limitedCodec, error) {
 	if readLimit == 0 {
 		readLimit = DefaultMaxReplyBytes
 	}
 	codec := newClientCodec(conn, readLimit)
 	aw := &abortWatch{Transport: transport.New(codec)}
-	rc := capnprpc.NewConn(aw, &capnprpc.Options{Logger: capnpLogger(log)})
+	var tr transport.Transport = aw
+	if polls != nil {
+		tr = &pollWatch{Transport: aw, p: polls}
+	}
+	rc := capnprpc.NewConn(tr, &capnprpc.Options{Logger: capnpLogger(log)})
 	q := schema.Queue(rc.Bootstrap(ctx))
 	err := q.Resolve(ctx)
 	if err == nil {
@@ -247,15 +259,14 @@ func startCapnp(ctx context.Context, conn net.Conn, log *slog.Logger, limit int6
 
 // Close ends the connection. Leases held by this client stay valid until
 // they expire or are acked from another connection. It first cancels the
-// client's subscriptions and, with the lean engine, stops its polls in
-// flight (their callers get a disconnected error at once, and the node is
-// told to cancel them), and waits, at most 5 s in all on ClientOptions.Clock, for the node to end
-// those subscriptions and to answer those polls: a batch pushed that C
-// had no room for, and a poll's answer, whose items nobody will receive,
-// are given back. Then it waits for the give-backs (of those, and of
-// polls given up earlier: items claimed for a caller that stopped
-// waiting), each bounded by 5 s. A Subscribe once Close has begun fails,
-// and so does a Poll with the lean engine. Close is idempotent.
+// client's subscriptions and stops its polls in flight (their callers get
+// a disconnected error at once, and the node is told to cancel them), and
+// waits, at most 5 s in all on ClientOptions.Clock, for the node to end
+// those subscriptions and to answer those polls and polls given up
+// earlier: a batch pushed that C had no room for, and a poll's answer,
+// whose items nobody will receive, are given back. Then it waits for the
+// give-backs, each bounded by 5 s. A Subscribe or a Poll once Close has
+// begun fails. Close is idempotent.
 func (c *Client) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
@@ -266,6 +277,8 @@ func (c *Client) Close() error {
 		var polls <-chan struct{}
 		if c.lean != nil {
 			polls = c.lean.drainPolls()
+		} else if c.cpolls != nil {
+			polls = c.cpolls.drain() // found by review (session 74): as above, on go-capnp
 		}
 		// Subscriptions stop taking batches: a Deliver waiting for room
 		// in C gives its batch back, and is waited for.
@@ -470,7 +483,7 @@ func (c *Client) Poll(ctx context.Context, queue string, max int, lease, wait ti
 	if err := checkLeaseMs("poll", lease); err != nil {
 		return storage.PollResult{}, err
 	}
-	f, release := invoke(ctx, c, mPoll, pollParams(queue, max, lease, wait))
+	f, release := c.invokePoll(ctx, pollParams(queue, max, lease, wait))
 	defer release()
 	return pollAnswer(f, max)
 }
@@ -554,71 +567,6 @@ func codesResult[R codesAnswer](op string, n int, get func() (R, error)) ([]stor
 		return nil, fmt.Errorf("leaseq %s: %w: %d codes for %d ids", op, storage.ErrCorrupt, l.Len(), n)
 	}
 	return readCodes(l), nil
-}
-
-// Ack deletes items held under lease; one Code per id, in order.
-func (c *Client) Ack(ctx context.Context, queue string, lease storage.LeaseID, ids []storage.ItemID) ([]storage.Code, error) {
-	if err := c.checkSize("ack", 24*len(ids)); err != nil {
-		return nil, err
-	}
-	f, release := invoke(ctx, c, mAck, ackParams(queue, lease, ids))
-	defer release()
-	return codesResult("ack", len(ids), f.Struct)
-}
-
-func ackParams(queue string, lease storage.LeaseID, ids []storage.ItemID) func(schema.Queue_ack_Params) error {
-	return func(p schema.Queue_ack_Params) error {
-		if err := p.SetQueue(queue); err != nil {
-			return err
-		}
-		if err := p.SetLease(lease[:]); err != nil {
-			return err
-		}
-		l, err := p.NewIds(int32(len(ids)))
-		if err != nil {
-			return err
-		}
-		return writeIDs(l, ids)
-	}
-}
-
-// AckPoll acks ids held under lease (as Ack) and polls queue for up to
-// max ready items (as Poll) in one round trip: both calls go out in one
-// write without the poll waiting for the ack's answer, and on a node with
-// --sync=always they usually share one fsync. A consumer that acks each
-// batch as it polls for the next pays one round trip per batch instead of
-// two. The node promises no order between the two (an item being acked is
-// in flight, so the poll cannot return it anyway). The poll may wait up to
-// wait for its first item, and AckPoll returns when both are answered.
-//
-// On error, codes and res hold what did succeed: a poll that succeeded
-// leased its items even when the ack failed, so check res.Items whatever
-// err says. err wraps the ack's failure, the poll's, or both (errors.Join).
-func (c *Client) AckPoll(ctx context.Context, queue string, lease storage.LeaseID, ids []storage.ItemID, max int, leaseDur, wait time.Duration) (codes []storage.Code, res storage.PollResult, err error) {
-	codes, errA, res, errP := c.ackPoll(ctx, queue, lease, ids, max, leaseDur, wait)
-	return codes, res, errors.Join(errA, errP)
-}
-
-// ackPoll is AckPoll with the ack's error and the poll's apart. A nil
-// errA means the ack was answered (codes); an answer that came before ctx
-// ended counts, even when the poll was cut short by it.
-func (c *Client) ackPoll(ctx context.Context, queue string, lease storage.LeaseID, ids []storage.ItemID, max int, leaseDur, wait time.Duration) (codes []storage.Code, errA error, res storage.PollResult, errP error) {
-	// Bad arguments send nothing: reported once, as the ack's error.
-	if err := c.checkSize("ack", 24*len(ids)); err != nil {
-		return nil, err, storage.PollResult{}, nil
-	}
-	if max < 0 || leaseDur < 0 || wait < 0 {
-		return nil, fmt.Errorf("leaseq poll: %w: negative max, lease or wait", storage.ErrInvalidArgument), storage.PollResult{}, nil
-	}
-	if err := checkLeaseMs("poll", leaseDur); err != nil {
-		return nil, err, storage.PollResult{}, nil
-	}
-	fa, releaseA, fp, releaseP := invokePair(ctx, c, mAck, ackParams(queue, lease, ids), mPoll, pollParams(queue, max, leaseDur, wait))
-	defer releaseA()
-	defer releaseP()
-	codes, errA = codesResult("ack", len(ids), fa.Struct)
-	res, errP = pollAnswer(fp, max)
-	return codes, errA, res, errP
 }
 
 // Nack ends the delivery of items held under lease without success: ready

@@ -79,8 +79,8 @@ func itemIDs(items []storage.Item) []storage.ItemID {
 // expires, as they would without it.
 const giveBackTimeout = 5 * time.Second
 
-// giveBackPoll returns the lean connection's giveBack: an undelivered
-// nack of an abandoned poll's items (leanClient.abandoned), on a
+// giveBackPoll returns the Client's giveBack: an undelivered nack of an
+// abandoned poll's items (leanClient.abandoned, capnpPolls.settleLocked), on a
 // goroutine of its own, which Close waits for: a consumer that stops and
 // closes its client at once still gives back what its last poll claimed.
 func (c *Client) giveBackPoll(clk clock.Clock) func(pollGiveBack) {
@@ -138,13 +138,19 @@ func isClosedChan(ch <-chan struct{}) bool {
 }
 
 // awaitPolls waits, until expired is closed, for the answers of the polls
-// Close stopped (drained, from leanClient.drainPolls): an answer read in
-// time has its items given back (counted in giveBacks) before Close goes
-// on; one later stays leased until its lease ends.
+// Close stopped (drained, from leanClient.drainPolls or capnpPolls.drain):
+// an answer read in time has its items given back (counted in giveBacks)
+// before Close goes on; one later stays leased until its lease ends.
 func (c *Client) awaitPolls(drained, expired <-chan struct{}) {
+	var ended <-chan struct{} // the connection ended: no answer will come
+	if c.lean != nil {
+		ended = c.lean.quit
+	} else {
+		ended = c.rc.Done() // the go-capnp engine's: set once, in NewClient
+	}
 	select {
 	case <-drained:
-	case <-c.lean.quit: // the connection ended: no answer will come
+	case <-ended:
 	case <-expired:
 	}
 }

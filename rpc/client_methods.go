@@ -185,23 +185,6 @@ var (
 	}
 )
 
-// invokePair calls m1 and m2 as invoke does, without waiting for the
-// first's answer before sending the second: one write on the lean
-// connection (leanClient.callPair); on go-capnp, two calls in flight.
-// Both releases must be called.
-func invokePair[P1 interface{ ToPtr() capnp.Ptr }, R1 any, P2 interface{ ToPtr() capnp.Ptr }, R2 any](ctx context.Context, c *Client,
-	m1 qmethod[P1, R1], build1 func(P1) error, m2 qmethod[P2, R2], build2 func(P2) error) (qfuture[R1], func(), qfuture[R2], func()) {
-	if c.lean == nil {
-		get1, release1 := m1.capnp(c.q, ctx, build1)
-		get2, release2 := m2.capnp(c.q, ctx, build2)
-		return qfuture[R1]{get: refusedReply(c, get1)}, release1, qfuture[R2]{get: refusedReply(c, get2)}, release2
-	}
-	r1, r2 := c.lean.callPair(ctx, m1.id, leanBuild(m1, build1), m2.id, leanBuild(m2, build2))
-	f1, rel1 := leanFuture(m1, r1)
-	f2, rel2 := leanFuture(m2, r2)
-	return f1, rel1, f2, rel2
-}
-
 // leanBuild adapts a params filler to the lean connection's builder.
 func leanBuild[P interface{ ToPtr() capnp.Ptr }, R any](m qmethod[P, R], build func(P) error) func(*capnp.Segment) (capnp.Ptr, error) {
 	return func(seg *capnp.Segment) (capnp.Ptr, error) {

@@ -49,16 +49,19 @@ type ConsumerConfig struct {
 	// saying so that wraps the code's storage error (ErrLeaseExpired and
 	// the like). The item comes back once its lease runs out; Consume
 	// logs it either way. A batch's ack rides the poll for the next
-	// batch, so it is reported once that poll ends (at most Wait later,
-	// and given up, as any settle, once its lease has surely ended); one
-	// whose outcome is unknown (the call failed) is made again on its
-	// own, while the batch that poll leased is handled, and only that
-	// one's outcome counts: not found from it means the first one was
-	// applied, and is no failure. An item whose handler failed
-	// after Consume found its lease lost is not nacked (the node delivers
-	// it again; the nack could only be refused) and not reported; a
-	// success is acked all the same, and reported if that fails. Called
-	// from the workers, concurrently.
+	// batch, and is reported once its own answer comes (given up, as any
+	// settle, once its lease has surely ended), while the batch that poll
+	// leased is handled; one that failed is made again on its own, and
+	// only that one's outcome counts: not found from it means the first
+	// one was applied, and is no failure. An item is reported once. When
+	// an ack was sent but its answer never came (the lease ended first,
+	// or the connection was lost), err wraps ErrOutcomeUnknown: the node
+	// may have applied it (the item then does not come back) or not (it
+	// does, once its lease runs out), and Consume does nothing more for
+	// it. An item whose handler failed after Consume found its lease lost
+	// is not nacked (the node delivers it again; the nack could only be
+	// refused) and not reported; a success is acked all the same, and
+	// reported if that fails. Called from the workers, concurrently.
 	OnSettleFailed func(id storage.ItemID, ack bool, err error)
 	// OnBackoffNack, if set, is called for each item nacked with the
 	// queue's backoff instead of its delay (NackDelay or a RetryAfter
@@ -277,14 +280,15 @@ func newConsumer(c *Client, cfg ConsumerConfig) *consumer {
 // the handlers and settles (its cancellation does not cut them short). A
 // worker that finds budget spent ends: the items left are reserved by
 // workers still polling, which handle them. The successes of a batch are
-// acked with the poll for the next (Client.ackPoll: one round trip, and
-// on a --sync=always node one fsync, for both); the last batch's when the
+// acked with the poll for the next (Client.ackPollSplit: one round trip,
+// and on a --sync=always node one fsync, for both; the ack's answer is
+// waited for while the next batch is handled); the last batch's when the
 // worker ends.
 func (cs *consumer) loop(pollCtx, parent context.Context) error {
 	cfg := cs.cfg
 	settleCtx := context.WithoutCancel(parent)
 	var held settle // the last batch's successes, not yet acked
-	defer func() { cs.ackNow(settleCtx, held, false) }()
+	defer func() { cs.ackNow(settleCtx, held, nil) }()
 	var pause time.Duration // after polls refused as overloaded
 	for pollCtx.Err() == nil {
 		n := cs.budget.take(cfg.Batch)
@@ -294,9 +298,9 @@ func (cs *consumer) loop(pollCtx, parent context.Context) error {
 		var pr storage.PollResult
 		var err error
 		var answered time.Time // when the poll's answer came
-		var retry settle       // an ack whose outcome is unknown
+		acked := settled       // held's ack riding this poll, once settled
 		if len(held.ids) > 0 {
-			retry, pr, err = cs.ackPoll(pollCtx, held, n)
+			acked, pr, err = cs.ackPoll(pollCtx, settleCtx, held, n)
 			answered = cfg.Clock.Now()
 			held = settle{}
 		} else {
@@ -304,17 +308,11 @@ func (cs *consumer) loop(pollCtx, parent context.Context) error {
 			answered = cfg.Clock.Now()
 		}
 		cs.budget.give(n - len(pr.Items))
-		// The ack made again (ackNow may wait up to the old lease's end)
-		// runs alongside the handlers of the batch the poll leased, whose
-		// own lease runs meanwhile (found by review, session 73: made
-		// first, it held that batch unhandled and unextended, and a wait
-		// of a whole Lease lost it). It is joined before the next poll.
-		retried := cs.ackAside(settleCtx, retry)
 		if len(pr.Items) > 0 {
 			// Leased even when the call also failed: handle them.
 			held = cs.handleBatch(settleCtx, pr, answered)
 		}
-		<-retried
+		<-acked
 		if err != nil {
 			if pollCtx.Err() != nil {
 				return nil
@@ -394,57 +392,49 @@ func (cs *consumer) untilEnded(ctx context.Context, ended time.Time) (context.Co
 	}
 }
 
-// ackPoll sends held's ack with the poll for the next batch of at most n
-// items (Client.ackPoll: one round trip) and returns held again when the
-// ack's outcome is unknown (to be made again on its own: an item acked
-// already answers notFound), and the poll's outcome. The call is bounded
-// by held's lease's end, as ackNow's ack is (found by review, session 73:
-// a node that never answered the ack held the worker for good, and the
-// batch the poll had leased to it stranded, unhandled and unextended).
-// The poll's wait is at most half the time left until then, so that a
-// long poll that finds nothing is answered before that bound cuts it. A
-// call cut there is taken as an empty poll: the items it may have claimed
-// are given back by the client (leanClient.abandoned; on the go-capnp
-// client engine they wait for their lease), and the next poll goes out on
-// its own.
-func (cs *consumer) ackPoll(pollCtx context.Context, held settle, n int) (retry settle, pr storage.PollResult, err error) {
-	cfg := cs.cfg
-	wait := min(cfg.Wait, max(held.ended.Sub(cfg.Clock.Now())/2, 0))
-	actx, stop := cs.untilEnded(pollCtx, held.ended)
-	codes, errA, pr, err := cs.c.ackPoll(actx, cfg.Queue, held.lease, held.ids, n, cfg.Lease, wait)
-	cut := actx.Err() != nil && pollCtx.Err() == nil
-	stop()
-	if err != nil && cut {
-		cs.log.Warn("ack with the next poll unanswered at the lease's end: given up", "lease_id", held.lease.String(), "err", err)
-		err = nil
-	}
-	if errA != nil {
-		return held, pr, err
-	}
-	cs.ackCodes(held, codes, false)
-	return settle{}, pr, err
-}
+// settled is a closed channel: no ack waited for.
+var settled = func() <-chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
 
-// ackAside makes again, on a goroutine of its own, an ack of s whose
-// outcome is unknown (ackNow with retry), if s holds anything, and
-// returns a channel closed once it is done.
-func (cs *consumer) ackAside(ctx context.Context, s settle) <-chan struct{} {
+// ackPoll sends held's ack with the poll for the next batch of at most n
+// items (Client.ackPollSplit: one round trip) and returns the poll's
+// outcome as soon as it comes, and a channel closed once the ack is
+// settled: answered, or failed and made again on its own (ackNow), on a
+// goroutine of its own, while the caller handles the batch the poll
+// leased. Found by review (session 74): the worker waited for both
+// answers, and a node that held the ack kept that batch unhandled and
+// unextended, its lease running, until the old lease's end. The poll runs
+// under pollCtx alone, as a poll on its own does; the ack is bounded by
+// held's lease's end, as ackNow's is (found by review, session 73: a node
+// that never answered the ack held the worker for good).
+func (cs *consumer) ackPoll(pollCtx, settleCtx context.Context, held settle, n int) (acked <-chan struct{}, pr storage.PollResult, err error) {
+	cfg := cs.cfg
+	actx, stop := cs.untilEnded(settleCtx, held.ended)
+	ack, pr, err := cs.c.ackPollSplit(pollCtx, actx, cfg.Queue, held.lease, held.ids, n, cfg.Lease, cfg.Wait)
 	done := make(chan struct{})
-	if len(s.ids) == 0 {
-		close(done)
-		return done
-	}
 	go func() {
 		defer close(done)
-		cs.ackNow(ctx, s, true)
+		codes, errA := ack()
+		stop()
+		if errA != nil {
+			// Made again on its own (at once given up, unsent, if the
+			// lease has ended): notFound then means this one was applied.
+			cs.ackNow(settleCtx, held, errA)
+			return
+		}
+		cs.ackCodes(held, codes, false)
 	}()
-	return done
+	return done, pr, err
 }
 
-// ackNow acks s on its own, if it holds anything. retry says an ack of s
-// was sent before with an unknown outcome: notFound then means it was
-// applied.
-func (cs *consumer) ackNow(ctx context.Context, s settle, retry bool) {
+// ackNow acks s on its own, if it holds anything. first is the error of
+// an ack of s made before (nil: none), which failed: notFound then means
+// that one was applied, and when its outcome is unknown, so is the item's
+// whatever this one's error (reported wrapping ErrOutcomeUnknown).
+func (cs *consumer) ackNow(ctx context.Context, s settle, first error) {
 	if len(s.ids) == 0 {
 		return
 	}
@@ -452,13 +442,20 @@ func (cs *consumer) ackNow(ctx context.Context, s settle, retry bool) {
 	codes, err := cs.c.Ack(actx, cs.cfg.Queue, s.lease, s.ids)
 	stop()
 	if err != nil {
-		cs.log.Warn("ack failed", "lease_id", s.lease.String(), "err", err)
+		if errors.Is(first, ErrOutcomeUnknown) && !errors.Is(err, ErrOutcomeUnknown) {
+			err = fmt.Errorf("%w; made again: %w", first, err)
+		}
+		msg := "ack failed"
+		if errors.Is(err, ErrOutcomeUnknown) {
+			msg = "ack unanswered: its outcome is unknown"
+		}
+		cs.log.Warn(msg, "lease_id", s.lease.String(), "err", err)
 		for _, id := range s.ids {
 			cs.settleFailed(id, true, err)
 		}
 		return
 	}
-	cs.ackCodes(s, codes, retry)
+	cs.ackCodes(s, codes, first != nil)
 }
 
 // ackCodes warns of, and reports, every item of s the node did not ack

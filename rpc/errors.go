@@ -28,6 +28,16 @@ var (
 	// ErrTooManyConns reports that the node refused the connection because
 	// it is at ServerConfig.MaxConns.
 	ErrTooManyConns = errors.New("rpc: too many connections")
+
+	// ErrOutcomeUnknown reports that a call went out but its answer did
+	// not come: its context ended, or the connection was lost, first. The
+	// node may have applied it or not. An ack so cut may have deleted its
+	// items; if it did not, they come back once their lease ends, and an
+	// ack made again answers notFound for those it did delete. Client.Ack
+	// and AckPoll's ack report it; the error also wraps the cause
+	// (context.DeadlineExceeded, a disconnection). It is the client's
+	// own: no wire code carries it.
+	ErrOutcomeUnknown = errors.New("rpc: outcome unknown, the call may have been applied")
 )
 
 // codeOf returns the wire code of a handler error (nil: none) by
