@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -136,6 +137,16 @@ func (s *Store) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item,
 	if q == nil {
 		return nil, nil
 	}
+	// No claims ahead from here to the end of the scan (claimAhead), so
+	// the batches given back now are all the queue holds while it reads.
+	q.mu.Lock()
+	q.peeking++
+	q.mu.Unlock()
+	defer func() {
+		q.mu.Lock()
+		q.peeking--
+		q.mu.Unlock()
+	}()
 	if err := s.giveBackAll(q); err != nil {
 		return nil, fmt.Errorf("rocksstore: peek %q: %w", p.Queue, err)
 	}
@@ -781,5 +792,88 @@ func (s *Store) SetQueueConfig(ctx context.Context, queue string, c storage.Queu
 	if err != nil {
 		return fmt.Errorf("rocksstore: set queue config %q: %w", queue, err)
 	}
+	return nil
+}
+
+// Latest returns the latest instant the data showed, as of the last open,
+// that the clock of the node writing it had reached, zero when none: the
+// latest visible_at of the items ready or inflight then (not of delayed
+// ones, whose visible_at is ahead of the clock), and the enqueue instant
+// (which ids carry) of the delayed and inflight items and of the dedup key
+// that expires last. A node whose clock reads earlier at start (a device
+// booted without a battery-backed clock) would hide those items and keep
+// those keys until its clock caught up: main.go raises its clock to this
+// first (storage/steadyclock).
+func (s *Store) Latest() time.Time {
+	if n := s.latest.Load(); n > 0 {
+		return instant(n)
+	}
+	return time.Time{}
+}
+
+// raiseLatest raises latest, which rebuild set from visible_at, to the
+// enqueue instants Latest names. Found by review (session 74): data of
+// only delayed items or dedup keys gave no instant, and a node restarted
+// behind it hid the items and kept the keys (dropping enqueues as
+// duplicates) while its clock lagged: for good, from 1970. REQUIRES: at
+// open, after rebuild.
+func (s *Store) raiseLatest() error {
+	latest := s.latest.Load()
+	defer func() { s.latest.Store(latest) }()
+	for _, q := range s.mu.queues {
+		for id := range q.delayed {
+			latest = max(latest, dbkeys.IDEnqueuedAt(id))
+		}
+	}
+	for id := range s.inflight {
+		latest = max(latest, dbkeys.IDEnqueuedAt(id))
+	}
+	// The dedup_expiry index can be large: a binary search by seeks for
+	// its last expiry, in key order (AppendInt64 flips the sign bit), at
+	// or after its first entry (below which lie the sweep's tombstones).
+	lower := dbkeys.NamespacePrefix(dbkeys.NsDedupExpiry)
+	first := func(at uint64) (k []byte, err error) {
+		seek := dbkeys.TimeBound(dbkeys.NsDedupExpiry, int64(at^1<<63))
+		err = s.scan(lower, dbkeys.PrefixEnd(lower), seek, func(key, _ []byte) (bool, error) {
+			k = key
+			return false, nil
+		})
+		return k, err
+	}
+	k, err := first(0)
+	if err != nil || k == nil {
+		return err
+	}
+	exp, _, _, err := dbkeys.DecodeDedupExpiryKey(k)
+	if err != nil {
+		return corrupt("open", k, err)
+	}
+	lo, hi := uint64(exp)^1<<63, uint64(math.MaxUint64) // an entry is at lo or after, none after hi
+	for lo < hi {
+		mid := lo + (hi-lo)/2 + 1
+		if k, err = first(mid); err != nil {
+			return err
+		} else if k != nil {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	if k, err = first(lo); err != nil || k == nil {
+		return err
+	}
+	_, qn, key, err := dbkeys.DecodeDedupExpiryKey(k)
+	if err != nil {
+		return corrupt("open", k, err)
+	}
+	v, ok, err := s.getRaw(dbkeys.DedupKey(qn, key))
+	if err != nil || !ok {
+		return err
+	}
+	rec, err := dbkeys.DecodeDedup(v)
+	if err != nil {
+		return corrupt("open", dbkeys.DedupKey(qn, key), err)
+	}
+	latest = max(latest, dbkeys.IDEnqueuedAt(rec.ID))
 	return nil
 }

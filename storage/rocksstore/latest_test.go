@@ -10,9 +10,10 @@ import (
 )
 
 // Latest is the latest visible_at of the items ready or inflight at open
-// (the node raises its clock to it: storage/steadyclock), not of delayed
-// ones, whose visible_at is ahead of the clock that wrote them; acked
-// items leave no trace.
+// (the node raises its clock to it: storage/steadyclock), not the
+// visible_at of delayed ones, which is ahead of the clock that wrote
+// them, but their enqueue instant (ids carry it); acked items leave no
+// trace.
 func TestLatest_ReadyAndInflightNotDelayed(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -33,5 +34,6 @@ func TestLatest_ReadyAndInflightNotDelayed(t *testing.T) {
 	require.Equal(t, []storage.Code{storage.CodeOK, storage.CodeOK, storage.CodeOK},
 		b.ack("q", q.Lease, at(9*time.Second), itemIDs(q.Items)...))
 	b.reopen()
-	require.True(t, b.s.Latest().Equal(at(5*time.Second)), "got %v", b.s.Latest())
+	// The delayed item's enqueue instant (6 s), beyond r's visible_at.
+	require.True(t, b.s.Latest().Equal(at(6*time.Second)), "got %v", b.s.Latest())
 }

@@ -151,7 +151,10 @@ func (s *Store) claimAhead(o *opTx, plan *prefetchPlan) error {
 	// cannot; found by review, session 70), and nothing more is claimed
 	// ahead meanwhile.
 	stale := slices.ContainsFunc(q.prefetch, func(e *prefetched) bool { return plan.now-e.now > hold })
-	enough := !stale && len(q.prefetch) < maxPrefetched && q.ready.n >= 2*plan.max && plan.dur > 2*hold
+	// Nor while a Peek reads the queue (found by review, session 74: a
+	// batch claimed between its give-back and its scan was in neither
+	// listing, ready items no consumer held hidden from it).
+	enough := !stale && q.peeking == 0 && len(q.prefetch) < maxPrefetched && q.ready.n >= 2*plan.max && plan.dur > 2*hold
 	if enough {
 		q.claimingAhead++ // until the batch is held, or the claim undone (pollOp)
 	}
@@ -360,13 +363,15 @@ func (e *prefetched) adjustStats(st *storage.QueueStats, now int64, oldest int64
 
 // giveBackAll gives back every batch the queues qs hold claimed ahead,
 // in one op of its own, before a call that reads or changes a queue's
-// items as a whole (Peek, Purge, Check, Close). REQUIRES: s.life held
-// shared (enter).
+// items as a whole (Peek, Purge, Check, Close). A batch an earlier op is
+// still claiming or giving back (claimingAhead, returning) counts: the op
+// runs after it, picks the batches on the committer, and returns once
+// that op's writes can be read. REQUIRES: s.life held shared (enter).
 func (s *Store) giveBackAll(qs ...*queueState) error {
 	held := false
 	for _, q := range qs {
 		q.mu.Lock()
-		held = held || len(q.prefetch) > 0
+		held = held || len(q.prefetch) > 0 || len(q.returning) > 0 || q.claimingAhead > 0
 		q.mu.Unlock()
 	}
 	if !held {

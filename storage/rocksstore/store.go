@@ -267,6 +267,10 @@ func (s *Store) openDBOnce(migrated bool) error {
 		s.closeDB()
 		return err
 	}
+	if err := s.raiseLatest(); err != nil {
+		s.closeDB()
+		return err
+	}
 	if s.ids.seen > s.ids.limit {
 		// Damage (found by review, session 69): ids are issued below the
 		// stored mark, so new ones would overwrite these items. Issue
@@ -547,20 +551,6 @@ func (s *Store) Recover() (recovered bool, err error) {
 
 func (s *Store) exit() { s.life.RUnlock() }
 
-// Latest returns the latest instant the data showed, as of the last open,
-// that the clock of the node writing it had reached: the latest
-// visible_at of the items ready or inflight then (not of delayed ones,
-// whose visible_at is ahead of the clock), zero when there were none. A
-// node whose clock reads earlier at start (a device booted without a
-// battery-backed clock) would hide those items until its clock caught up:
-// main.go raises its clock to this first (storage/steadyclock).
-func (s *Store) Latest() time.Time {
-	if n := s.latest.Load(); n > 0 {
-		return instant(n)
-	}
-	return time.Time{}
-}
-
 // Metrics returns a snapshot of the write-path counters.
 func (s *Store) Metrics() Metrics {
 	// After Close the statistics are gone: report the last ones read, so
@@ -714,6 +704,9 @@ type queueState struct {
 	// prefetchSkip counts down the ends of leases that claim nothing
 	// ahead. Committer only.
 	prefetchSkip int
+	// peeking counts the Peeks under way: acks claim nothing ahead
+	// meanwhile (claimAhead). REQUIRES: mu held.
+	peeking int
 }
 
 func newQueueState(name string, cfg storage.QueueConfig) *queueState {
