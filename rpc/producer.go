@@ -34,8 +34,8 @@ type ProducerOptions struct {
 	// CallTimeout bounds each enqueue call (0: DefaultProducerCallTimeout).
 	// A call the node has not answered by then (it stalled, or the network
 	// dropped the connection without a word) is given up: each of its
-	// items' callers gets an error wrapping context.DeadlineExceeded that
-	// says the outcome is unknown (the items may have been enqueued; a
+	// items' callers gets an error wrapping context.DeadlineExceeded and
+	// ErrOutcomeUnknown (the items may have been enqueued; a
 	// caller may retry, at the risk of a duplicate, as with any call whose
 	// answer was not seen), and the call's slot goes to the items waiting.
 	// An item waits for its call at most about CallTimeout for each
@@ -138,9 +138,10 @@ func (c *Client) Producer(queue string, opts ProducerOptions) (*Producer, error)
 // request-level: every item of that call gets it) or when the node refused
 // this item (res.Code is not CodeOK; res.Err says why). If ctx ends before
 // the item was sent it is not sent; if it ends after, the item may have
-// been enqueued (as with any call whose answer was not seen). A call not
-// answered within CallTimeout fails with an error wrapping
-// context.DeadlineExceeded: the item may have been enqueued, and may be
+// been enqueued (as with any call whose answer was not seen), and the
+// error wraps ErrOutcomeUnknown as well as ctx's. A call not answered
+// within CallTimeout fails with an error wrapping context.DeadlineExceeded
+// and ErrOutcomeUnknown: the item may have been enqueued, and may be
 // enqueued again. The payload is copied: the caller may reuse its buffer
 // once Enqueue returns.
 func (p *Producer) Enqueue(ctx context.Context, it storage.EnqueueItem) (storage.EnqueueResult, error) {
@@ -200,7 +201,9 @@ func (p *Producer) Enqueue(ctx context.Context, it storage.EnqueueItem) (storage
 		select {
 		case <-e.done:
 		default:
-			return storage.EnqueueResult{}, ctx.Err()
+			// Found by review (session 74): reported as ctx's error
+			// alone, as if the item had not been sent.
+			return storage.EnqueueResult{}, fmt.Errorf("leaseq producer: %w while the item's call was in flight (%w)", ctx.Err(), ErrOutcomeUnknown)
 		}
 	}
 	if e.err != nil {
@@ -225,10 +228,12 @@ func (p *Producer) Close() error {
 // CloseContext is Close bounded by ctx. If ctx ends first, the items not
 // yet sent are not sent (their callers get an error wrapping
 // storage.ErrClosed), the calls in flight are given up (their callers get
-// an error wrapping storage.ErrClosed that says the outcome is unknown),
-// and once those calls have returned it returns ctx's error. It is
-// idempotent: a later Close or CloseContext waits for the same flush, or
-// ends it by its own ctx.
+// an error wrapping storage.ErrClosed and ErrOutcomeUnknown; a call given
+// up before it was made, as storage.ErrClosed alone: not enqueued), and
+// once those calls have returned it returns ctx's error. A flush that
+// ended by the time it looks at ctx (a ctx that ended already, with
+// nothing to flush) returns nil. It is idempotent: a later Close or
+// CloseContext waits for the same flush, or ends it by its own ctx.
 func (p *Producer) CloseContext(ctx context.Context) error {
 	p.mu.Lock()
 	if !p.closed {
@@ -248,6 +253,15 @@ func (p *Producer) CloseContext(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	p.mu.Lock()
+	select {
+	case <-p.idle:
+		// Found by review (session 74): the flush ended as ctx did (or
+		// before: a ctx that had ended already, and nothing to flush),
+		// and the select above may pick either; nothing was given up.
+		p.mu.Unlock()
+		return nil
+	default:
+	}
 	err := ctx.Err()
 	for _, e := range p.pending {
 		e.err = fmt.Errorf("leaseq producer: %w before the item was sent (not enqueued): %v", storage.ErrClosed, err)
@@ -257,7 +271,7 @@ func (p *Producer) CloseContext(ctx context.Context) error {
 	p.pending = p.pending[:0]
 	p.bytes = 0
 	for _, cancel := range p.calls {
-		cancel(fmt.Errorf("leaseq producer: %w while the call was in flight (%v): outcome unknown, the item may have been enqueued", storage.ErrClosed, err))
+		cancel(fmt.Errorf("leaseq producer: %w while the call was in flight (%v): the item may have been enqueued (%w)", storage.ErrClosed, err, ErrOutcomeUnknown))
 	}
 	p.idleLocked()
 	p.mu.Unlock()
@@ -360,20 +374,35 @@ func (p *Producer) send(ctx context.Context, cancel context.CancelCauseFunc, bat
 	// or when CloseContext gives it up. Found by review (session 74): it
 	// had no bound, and a node that never answered held its callers
 	// without a deadline, and Close, for good.
-	d := p.opts.CallTimeout
-	t := p.clk.AfterFunc(d, func() {
-		cancel(fmt.Errorf("leaseq producer: enqueue call not answered within %v: outcome unknown, the item may have been enqueued: %w", d, context.DeadlineExceeded))
-	})
-	res, err := p.c.Enqueue(ctx, p.queue, items)
-	t.Stop()
-	if err != nil && ctx.Err() != nil {
-		// Cut by the bound or by CloseContext: the cause says which.
-		err = context.Cause(ctx)
+	var res []storage.EnqueueResult
+	var err error
+	if ctx.Err() != nil {
+		// Given up by CloseContext before the call was made: nothing
+		// was sent. Found by review (session 74): reported as an
+		// outcome unknown.
+		err = fmt.Errorf("leaseq producer: %w before the item was sent (not enqueued)", storage.ErrClosed)
+	} else {
+		d := p.opts.CallTimeout
+		t := p.clk.AfterFunc(d, func() {
+			cancel(fmt.Errorf("leaseq producer: enqueue call not answered within %v: the item may have been enqueued (%w): %w", d, ErrOutcomeUnknown, context.DeadlineExceeded))
+		})
+		res, err = p.c.Enqueue(ctx, p.queue, items)
+		t.Stop()
+		if err != nil && ctx.Err() != nil {
+			// Cut by the bound or by CloseContext: the cause says which.
+			err = context.Cause(ctx)
+		}
 	}
 	cancel(nil)
 	if err == nil && len(res) != len(batch) {
 		err = fmt.Errorf("leaseq producer: %w: %d results for %d items", storage.ErrCorrupt, len(res), len(batch))
 	}
+	// The callers are told under p.mu, with the call's end: one that
+	// then closes the producer finds its call ended. Found by review
+	// (session 74): a CloseContext whose ctx had ended, made once every
+	// Enqueue had returned, could still see the call in flight and
+	// report the flush cut.
+	p.mu.Lock()
 	for i, e := range batch {
 		if err != nil {
 			e.err = err
@@ -382,7 +411,6 @@ func (p *Producer) send(ctx context.Context, cancel context.CancelCauseFunc, bat
 		}
 		close(e.done)
 	}
-	p.mu.Lock()
 	delete(p.calls, batch[0])
 	p.inflight--
 	p.kickLocked()
