@@ -17,7 +17,8 @@ import (
 // that was sent but whose answer did not come (ctx ended, or the
 // connection was lost, first) fails with an error that wraps
 // ErrOutcomeUnknown as well as the cause: the node may have applied it.
-// One whose ctx has ended already is not sent (and is no unknown).
+// One whose ctx has ended already is not sent (and is no unknown). Every
+// call that changes the node's state reports so (invokeMut).
 func (c *Client) Ack(ctx context.Context, queue string, lease storage.LeaseID, ids []storage.ItemID) ([]storage.Code, error) {
 	if err := c.checkSize("ack", 24*len(ids)); err != nil {
 		return nil, err
@@ -26,10 +27,9 @@ func (c *Client) Ack(ctx context.Context, queue string, lease storage.LeaseID, i
 		return nil, fmt.Errorf("leaseq ack: %w", err)
 	}
 	if c.lean == nil {
-		f, release := invoke(ctx, c, mAck, ackParams(queue, lease, ids))
+		f, release := invokeMut(ctx, c, mAck, ackParams(queue, lease, ids))
 		defer release()
-		codes, err := codesResult("ack", len(ids), f.Struct)
-		return codes, outcomeUnknown(err)
+		return codesResult("ack", len(ids), f.Struct)
 	}
 	l := c.lean
 	lc, err := l.prepare(ctx, mAck.id, leanBuild(mAck, ackParams(queue, lease, ids)))
@@ -115,14 +115,13 @@ func (c *Client) ackPollSplit(pctx, actx context.Context, queue string, lease st
 		return func() ([]storage.Code, error) { return c.Ack(actx, queue, lease, ids) }, res, fmt.Errorf("leaseq poll: %w", errP)
 	}
 	if c.lean == nil {
-		fa, releaseA := invoke(actx, c, mAck, ackParams(queue, lease, ids))
+		fa, releaseA := invokeMut(actx, c, mAck, ackParams(queue, lease, ids))
 		fp, releaseP := c.invokePoll(pctx, pollParams(queue, max, leaseDur, wait))
 		res, errP = pollAnswer(fp, max)
 		releaseP()
 		return func() ([]storage.Code, error) {
 			defer releaseA()
-			codes, err := codesResult("ack", len(ids), fa.Struct)
-			return codes, outcomeUnknown(err)
+			return codesResult("ack", len(ids), fa.Struct)
 		}, res, errP
 	}
 	l := c.lean
@@ -183,12 +182,11 @@ func unknownIfSent(sent bool, err error) error {
 	return outcomeUnknown(err)
 }
 
-// outcomeUnknown wraps err, the error of an ack that was sent, with
-// ErrOutcomeUnknown when it says the answer did not come: the call's
+// outcomeUnknown wraps err, the error of a mutating call that was sent,
+// with ErrOutcomeUnknown when it says the answer did not come: the call's
 // context ended, the connection was lost, or the answer was too large
 // to read. Any answer, a refusal too, is no unknown. (On the go-capnp
-// engine a call on a connection already lost may not have been sent:
-// it is reported as unknown all the same.)
+// engine a call may be taken as sent that was not: see invokeMut.)
 func outcomeUnknown(err error) error {
 	if err == nil || errors.Is(err, ErrOutcomeUnknown) {
 		return err

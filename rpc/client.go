@@ -410,7 +410,7 @@ func (c *Client) Enqueue(ctx context.Context, queue string, items []storage.Enqu
 	if err := c.checkSize("enqueue", size); err != nil {
 		return nil, err
 	}
-	f, release := invoke(ctx, c, mEnqueue, func(p schema.Queue_enqueue_Params) error {
+	f, release := invokeMut(ctx, c, mEnqueue, func(p schema.Queue_enqueue_Params) error {
 		if err := p.SetQueue(queue); err != nil {
 			return err
 		}
@@ -585,7 +585,7 @@ func (c *Client) nack(ctx context.Context, queue string, lease storage.LeaseID, 
 	if delay != nil && *delay < 0 {
 		return nil, fmt.Errorf("leaseq nack: %w: negative delay", storage.ErrInvalidArgument)
 	}
-	f, release := invoke(ctx, c, mNack, func(p schema.Queue_nack_Params) error {
+	f, release := invokeMut(ctx, c, mNack, func(p schema.Queue_nack_Params) error {
 		if err := p.SetQueue(queue); err != nil {
 			return err
 		}
@@ -615,7 +615,7 @@ func (c *Client) Extend(ctx context.Context, queue string, lease storage.LeaseID
 	if err := checkLeaseMs("extend", d); err != nil {
 		return time.Time{}, err
 	}
-	f, release := invoke(ctx, c, mExtend, func(p schema.Queue_extend_Params) error {
+	f, release := invokeMut(ctx, c, mExtend, func(p schema.Queue_extend_Params) error {
 		p.SetLeaseMs(msDur(d))
 		if err := p.SetLease(lease[:]); err != nil {
 			return err
@@ -740,7 +740,7 @@ func (c *Client) Peek(ctx context.Context, p storage.PeekParams) ([]storage.Item
 
 // Purge deletes every available and inflight item of queue.
 func (c *Client) Purge(ctx context.Context, queue string) (int, error) {
-	f, release := invoke(ctx, c, mPurge, func(p schema.Queue_purge_Params) error { return p.SetQueue(queue) })
+	f, release := invokeMut(ctx, c, mPurge, func(p schema.Queue_purge_Params) error { return p.SetQueue(queue) })
 	defer release()
 	res, err := answer("purge", f.Struct)
 	if err != nil {
@@ -753,7 +753,7 @@ func (c *Client) Purge(ctx context.Context, queue string) (int, error) {
 // an error wrapping storage.ErrNotEmpty while it holds items, unless force.
 // It returns how many items it deleted.
 func (c *Client) DeleteQueue(ctx context.Context, queue string, force bool) (int, error) {
-	f, release := invoke(ctx, c, mDeleteQueue, func(p schema.Queue_deleteQueue_Params) error {
+	f, release := invokeMut(ctx, c, mDeleteQueue, func(p schema.Queue_deleteQueue_Params) error {
 		p.SetForce(force)
 		return p.SetQueue(queue)
 	})
@@ -857,7 +857,7 @@ func (c *Client) Redrive(ctx context.Context, p storage.RedriveParams) (storage.
 	if err := checkLimit("redrive", p.Limit); err != nil {
 		return storage.RedriveResult{}, err
 	}
-	f, release := invoke(ctx, c, mRedrive, func(a schema.Queue_redrive_Params) error { return setDeadParams(a, p) })
+	f, release := invokeMut(ctx, c, mRedrive, func(a schema.Queue_redrive_Params) error { return setDeadParams(a, p) })
 	defer release()
 	return deadResult("redrive", f.Struct)
 }
@@ -867,7 +867,7 @@ func (c *Client) PurgeDead(ctx context.Context, p storage.RedriveParams) (storag
 	if err := checkLimit("purge dead", p.Limit); err != nil {
 		return storage.RedriveResult{}, err
 	}
-	f, release := invoke(ctx, c, mPurgeDead, func(a schema.Queue_purgeDead_Params) error { return setDeadParams(a, p) })
+	f, release := invokeMut(ctx, c, mPurgeDead, func(a schema.Queue_purgeDead_Params) error { return setDeadParams(a, p) })
 	defer release()
 	return deadResult("purge dead", f.Struct)
 }
@@ -892,7 +892,7 @@ func (c *Client) SetQueueConfig(ctx context.Context, queue string, cfg storage.Q
 	if cfg.LeaseDuration < 0 || cfg.DedupWindow < 0 || cfg.BackoffBase < 0 || cfg.BackoffMax < 0 {
 		return fmt.Errorf("leaseq set config: %w: negative duration", storage.ErrInvalidArgument)
 	}
-	f, release := invoke(ctx, c, mSetConfig, func(p schema.Queue_setConfig_Params) error {
+	f, release := invokeMut(ctx, c, mSetConfig, func(p schema.Queue_setConfig_Params) error {
 		w, err := p.NewConfig()
 		if err != nil {
 			return err

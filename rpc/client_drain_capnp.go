@@ -114,6 +114,9 @@ func (p *capnpPolls) call(ctx context.Context, c *Client, build func(schema.Queu
 	p.open[rec] = struct{}{}
 	p.mu.Unlock()
 	stopOnCtx := context.AfterFunc(ctx, func() { p.stop(rec) })
+	// Read before the call, as invoke does: a reply refused before that
+	// check would otherwise fail as disconnected.
+	before := c.replyRefused()
 	get, release := mPoll.capnp(c.q, pctx, func(pp schema.Queue_poll_Params) error {
 		if err := build(pp); err != nil {
 			return err
@@ -134,7 +137,7 @@ func (p *capnpPolls) call(ctx context.Context, c *Client, build func(schema.Queu
 		}
 		return res, err
 	}
-	return qfuture[schema.Queue_poll_Results]{get: refusedReply(c, tracked)}, func() {
+	return qfuture[schema.Queue_poll_Results]{get: refusedReplySince(c, before, tracked)}, func() {
 		p.stop(rec) // an answer never asked for: no-op once it was read
 		release()
 		stopOnCtx()

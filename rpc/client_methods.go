@@ -31,11 +31,63 @@ func (f qfuture[R]) Struct() (R, error) { return f.get() }
 // must be called once the results have been read.
 func invoke[P interface{ ToPtr() capnp.Ptr }, R any](ctx context.Context, c *Client, m qmethod[P, R], build func(P) error) (qfuture[R], func()) {
 	if c.lean == nil {
+		// Read before the call: the node may answer it, and the codec
+		// refuse that answer, before m.capnp returns. Found by review
+		// (session 74): read after it, such a call failed as
+		// disconnected, not with ErrReplyTooLarge.
+		before := c.replyRefused()
 		get, release := m.capnp(c.q, ctx, build)
-		return qfuture[R]{get: refusedReply(c, get)}, release
+		return qfuture[R]{get: refusedReplySince(c, before, get)}, release
 	}
 	res, release, err := c.lean.call(ctx, m.id, leanBuild(m, build))
 	return leanFuture(m, leanResult{res: res, release: release, err: err})
+}
+
+// invokeMut is invoke for a call that changes the node's state (all but
+// the reads: Poll, Peek, Stats, ...). When its error says the call may
+// have reached the node and its answer did not come (outcomeUnknown), the
+// error wraps ErrOutcomeUnknown as well. A call whose ctx has ended
+// already is not sent, and its error does not wrap it; nor does that of
+// a call that failed before it could be sent. The lean engine knows
+// which calls were written (callSent). go-capnp does not say: a call it
+// fails for its ctx or a lost connection is taken as sent, unless the
+// connection had ended before the call was made (capnpLost). The error
+// may then wrap ErrOutcomeUnknown for a call that never left the client
+// (its ctx ended, or the connection was lost, while it waited for flow
+// bytes or in go-capnp's send queue): a caller who takes the unknown for
+// "may have been applied" is never wrong, as it would be the other way.
+func invokeMut[P interface{ ToPtr() capnp.Ptr }, R any](ctx context.Context, c *Client, m qmethod[P, R], build func(P) error) (qfuture[R], func()) {
+	if err := ctx.Err(); err != nil {
+		return leanFuture(m, leanResult{err: err})
+	}
+	if c.lean != nil {
+		res, release, sent, err := c.lean.callSent(ctx, m.id, leanBuild(m, build))
+		return leanFuture(m, leanResult{res: res, release: release, err: unknownIfSent(sent, err)})
+	}
+	// Looked at before the call: a connection lost after it was made
+	// may have taken the call with it.
+	if c.capnpLost() {
+		return invoke(ctx, c, m, build) // go-capnp fails it at once: not sent
+	}
+	f, release := invoke(ctx, c, m, build)
+	return qfuture[R]{get: func() (R, error) {
+		r, err := f.get()
+		return r, outcomeUnknown(err)
+	}}, release
+}
+
+// capnpLost reports whether the go-capnp connection has ended, or its
+// codec refused a reply (it is ending): calls made now are not sent.
+func (c *Client) capnpLost() bool {
+	if c.replyRefused() {
+		return true
+	}
+	select {
+	case <-c.rc.Done():
+		return true
+	default:
+		return false
+	}
 }
 
 var (
@@ -214,14 +266,22 @@ func leanFuture[P interface{ ToPtr() capnp.Ptr }, R any](m qmethod[P, R], r lean
 	return qfuture[R]{get: func() (R, error) { return res, nil }}, r.release
 }
 
-// refusedReply wraps the result getter of a call made through go-capnp:
-// go-capnp fails the calls open on a connection whose codec refused a
-// message over the client's read limit with a plain "connection closed",
-// so a call that was open when that happened gets the codec's
-// ErrReplyTooLarge instead, as on the lean engine. Calls made after it
-// fail as disconnected.
-func refusedReply[R any](c *Client, get func() (R, error)) func() (R, error) {
-	if c.codec == nil || c.codec.refused.Load() != nil {
+// replyRefused reports whether the go-capnp codec has refused a reply
+// over the client's read limit (the connection then ends).
+func (c *Client) replyRefused() bool {
+	return c.codec != nil && c.codec.refused.Load() != nil
+}
+
+// refusedReplySince wraps the result getter of a call made through
+// go-capnp: go-capnp fails the calls open on a connection whose codec
+// refused a message over the client's read limit with a plain
+// "connection closed", so a call that was open when that happened gets
+// the codec's ErrReplyTooLarge instead, as on the lean engine. Calls made
+// after it fail as disconnected. before is the codec's state read before
+// the call was made (c.replyRefused): read after, a call whose answer was
+// refused in between would fail as disconnected.
+func refusedReplySince[R any](c *Client, before bool, get func() (R, error)) func() (R, error) {
+	if c.codec == nil || before {
 		return get
 	}
 	return func() (R, error) {

@@ -29,14 +29,27 @@ var (
 	// it is at ServerConfig.MaxConns.
 	ErrTooManyConns = errors.New("rpc: too many connections")
 
-	// ErrOutcomeUnknown reports that a call went out but its answer did
-	// not come: its context ended, or the connection was lost, first. The
-	// node may have applied it or not. An ack so cut may have deleted its
-	// items; if it did not, they come back once their lease ends, and an
-	// ack made again answers notFound for those it did delete. Client.Ack
-	// and AckPoll's ack report it; the error also wraps the cause
-	// (context.DeadlineExceeded, a disconnection). It is the client's
-	// own: no wire code carries it.
+	// ErrOutcomeUnknown reports that a call that changes the node's
+	// state went out but its answer did not come: its context ended, the
+	// connection was lost, or the answer was too large to read, first.
+	// The node may have applied it or not. Every such Client call
+	// reports it (Enqueue, Ack, AckPoll's ack, Nack, Extend, Purge,
+	// DeleteQueue, Redrive, PurgeDead, SetQueueConfig; and the
+	// Producer's Enqueue), its error wrapping the cause as well
+	// (context.DeadlineExceeded, a disconnection: IsDisconnected,
+	// ErrReplyTooLarge). An enqueue so cut may have added its items: made
+	// again, it adds them twice unless they carry a DedupKey. An ack may
+	// have deleted its items; if it did not, they come back once their
+	// lease ends, and an ack made again answers notFound for those it did
+	// delete. A call that was not sent (its context had ended, the
+	// connection was already lost) does not wrap it, nor does any answer
+	// of the node, a refusal (*StatusError) or an exception (but one of
+	// type disconnected, which reads as a lost connection). On the
+	// go-capnp client engine, which does not say whether a call left the
+	// client, a call cut before it was written may wrap it too (never
+	// the other way). Read-only calls (Poll, Peek, Stats, ...) do not
+	// wrap it: a poll's answer that did not come is given back. It is the
+	// client's own: no wire code carries it.
 	ErrOutcomeUnknown = errors.New("rpc: outcome unknown, the call may have been applied")
 )
 

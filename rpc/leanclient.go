@@ -296,19 +296,26 @@ func (l *leanClient) write(fill func(rpccp.Message) error) error {
 // Return. On success the results struct is valid until release, which
 // also sends the Finish; release must be called exactly once.
 func (l *leanClient) call(ctx context.Context, method uint16, build func(*capnp.Segment) (capnp.Ptr, error)) (capnp.Struct, func(), error) {
+	res, release, _, err := l.callSent(ctx, method, build)
+	return res, release, err
+}
+
+// callSent is call, and on error says whether the call may have reached
+// the node (sent: some of it was written, or its write failed), or
+// surely did not (it failed before its send began, or waiting for the
+// write lock).
+func (l *leanClient) callSent(ctx context.Context, method uint16, build func(*capnp.Segment) (capnp.Ptr, error)) (_ capnp.Struct, _ func(), sent bool, _ error) {
 	lc, err := l.prepare(ctx, method, build)
 	if err != nil {
-		return capnp.Struct{}, nil, err
+		return capnp.Struct{}, nil, false, err
 	}
 	st, err := l.send(ctx, lc.msg)
 	lc.msg.Release()
-	if st != notSent {
-		l.pollSent(lc)
+	if sent, err := l.afterSend(st, err, lc); err != nil {
+		return capnp.Struct{}, nil, sent, err
 	}
-	if err := l.sendFailed(st, err, lc); err != nil {
-		return capnp.Struct{}, nil, err
-	}
-	return l.await(ctx, lc)
+	res, release, err := l.await(ctx, lc)
+	return res, release, true, err
 }
 
 // callPair sends two Queue calls in one write (the second does not wait

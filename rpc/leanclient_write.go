@@ -226,7 +226,7 @@ type sendStatus int
 
 const (
 	sent      sendStatus = iota // written (or failed: the error says)
-	notSent                     // ctx ended waiting for the lock: nothing written
+	notSent                     // ctx ended, or the connection was lost, waiting for the lock: nothing written
 	abandoned                   // ctx ended in the write: the rest goes out later
 	cutLost                     // ctx ended in a write that cannot go on: connection lost
 )
@@ -286,13 +286,14 @@ func (l *leanClient) unlockWrite() {
 
 // send writes msgs, after any Finishes waiting, in one write. ctx's end
 // stops the wait for the lock (notSent) or for a full socket (abandoned);
-// an error means the connection failed.
+// an error means the connection failed (notSent: before any of msgs was
+// written).
 func (l *leanClient) send(ctx context.Context, msgs ...*capnp.Message) (sendStatus, error) {
 	if err := l.lockWrite(ctx); err != nil {
-		if ctx.Err() != nil {
-			return notSent, err
-		}
-		return sent, err
+		// Found by review (session 74): a call waiting for the lock when
+		// the connection was lost was reported sent (and so of unknown
+		// outcome, ErrOutcomeUnknown), though none of it was written.
+		return notSent, err
 	}
 	w := &l.w
 	w.ctx = ctx
