@@ -28,6 +28,8 @@ and verify every invariant with a full scan: each item in exactly one state,
 index entries match items, leases and their expiry entries match, counters
 equal what the scan counts, attempts within max_attempts. Prints each
 violation and exits 1 if there is any; otherwise prints a one-line summary.
+A node that opened the database while the check ran also makes it exit 1,
+without the report, which may be inconsistent.
 Check never writes to the database. A write-ahead log damaged before its
 end (not just a torn last record) fails the check, naming the file and the
 bytes that 'leaseq serve --recover=point-in-time' would drop.
@@ -71,12 +73,34 @@ func check(ctx context.Context, e *env, data string, log *slog.Logger) (err erro
 		return fmt.Errorf("no database at %s: the directory has no RocksDB CURRENT file", data)
 	}
 	if pid, ok := lockHolder(data); ok {
-		return fmt.Errorf("the database in %s is in use by process %d (a running 'leaseq serve'? stop it first: check needs the database to itself)", data, pid)
+		return fmt.Errorf("the database in %s is in use by %s: stop it first: check needs the database to itself", data, lockHolderText(pid, "a running 'leaseq serve'?"))
 	}
 	// Read-only: check never writes to the database (a replayed WAL stays
 	// in memory), so it cannot make a damaged log's loss permanent.
 	rep, err := rocksstore.CheckDir(ctx, data)
+	if e.checkScanned != nil {
+		e.checkScanned()
+	}
+	// Found by review (session 74): the read-only open takes no lock, so
+	// a node that started during the scan went unnoticed, and its writes
+	// could make the report say anything. Ask again.
+	if pid, ok := lockHolder(data); ok {
+		return exitError{exitFailure, fmt.Errorf("the database in %s was opened by %s during the check: the report may be inconsistent; stop the node and check again", data, lockHolderText(pid, "a 'leaseq serve' that started?"))}
+	}
 	return printReport(e, rep, err, data)
+}
+
+// lockHolderText names the holder of a database's lock for a message,
+// with hint (what it likely is) in parentheses: "process PID (hint)".
+// Found by review (session 74): F_GETLK reports pid 0 for a holder in
+// another PID namespace, and "process 0" sent one looking for a process
+// that is not there; that holder is "another process", most likely a
+// node in another container.
+func lockHolderText(pid int, hint string) string {
+	if pid <= 0 {
+		return "another process (a running 'leaseq serve' in another container?)"
+	}
+	return fmt.Sprintf("process %d (%s)", pid, hint)
 }
 
 // lockHolder reports the process holding RocksDB's lock on the database in

@@ -82,10 +82,14 @@ type env struct {
 	// clock is the process's clock (the CLI's --timeout runs on it).
 	clock clock.Clock
 	// shutdownStarted, when set, runs after the first signal is handled
-	// and the second-signal watcher is armed, before anything stops. A
-	// test blocks in it to hold shutdown up deterministically; nil in
-	// production.
+	// and the second-signal watcher is armed, before anything stops (also
+	// when a signal stops the startup). A test blocks in it to hold
+	// shutdown up deterministically; nil in production.
 	shutdownStarted func()
+	// checkScanned, when set, runs after check's scan and before it asks
+	// again who holds the database's lock. A test starts a node in it;
+	// nil in production.
+	checkScanned func()
 }
 
 func newEnv() *env {

@@ -326,13 +326,27 @@ func startServeUnix(t *testing.T, te *testEnv, dir string) (<-chan int, chan<- o
 		codes <- run(context.Background(), []string{"serve", "--data", filepath.Join(dir, "data"), "--log-format", "json",
 			"--listen", "unix:" + filepath.Join(dir, "s.sock")}, &te.env)
 	}()
+	var sigc chan<- os.Signal
 	select {
-	case sigc := <-te.sigs:
-		return codes, sigc
+	case sigc = <-te.sigs:
 	case code := <-codes:
 		t.Fatalf("serve exited with %d before handling signals; stdout:\n%s\nstderr:\n%s", code, te.out, te.errOut)
 	case <-time.After(time.Minute):
 		t.Fatal("serve never registered for signals")
 	}
-	return nil, nil
+	// Signals are taken from the start, before the store opens (a signal
+	// then ends the startup): wait until the node serves, for the callers
+	// test what a signal does to a serving node.
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(te.errOut.String(), `"msg":"leaseq serving"`) && !strings.Contains(te.out.String(), `"msg":"leaseq serving"`) {
+		select {
+		case code := <-codes:
+			t.Fatalf("serve exited with %d before serving; stdout:\n%s\nstderr:\n%s", code, te.out, te.errOut)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve never served; stdout:\n%s\nstderr:\n%s", te.out, te.errOut)
+		}
+	}
+	return codes, sigc
 }

@@ -46,7 +46,9 @@ serve the Cap'n Proto RPC interface on --listen, and run until SIGINT or
 SIGTERM. The first signal shuts down in order: stop accepting connections,
 let running calls finish (parked long polls return empty over RPC, 503
 unavailable over HTTP), stop the sweeper, close the store. A second signal
-exits at once.
+exits at once. A signal during startup (opening a large database can take a
+while) stops it once the step under way ends, closes what was opened and
+exits 0 without serving; there too a second signal exits at once.
 
 --sync=always (the default) fsyncs the write-ahead log before any enqueue,
 ack, nack or poll returns; --sync=none writes the log without fsync, which
@@ -220,7 +222,7 @@ func openBackend(c serveConfig, clk clock.Clock, onDeadline storage.DeadlineFunc
 		// own lock on it.
 		if errors.Is(err, rocksstore.ErrLocked) && !strings.Contains(err.Error(), "current process") {
 			if pid, ok := lockHolder(c.data); ok {
-				return nil, nil, fmt.Errorf("open store in %s: the database is in use by process %d (another 'leaseq serve'? stop it first): %w", c.data, pid, err)
+				return nil, nil, fmt.Errorf("open store in %s: the database is in use by %s; stop it first: %w", c.data, lockHolderText(pid, "another 'leaseq serve'?"), err)
 			}
 		}
 		return nil, nil, fmt.Errorf("open store in %s: %w", c.data, err)
@@ -262,14 +264,44 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		log.Debug("malloc keeps freed memory for the next memtables (up to 32 MiB in each of at most 2 heaps)")
 	}
 
-	// Undo whatever was started, in reverse order, if startup fails.
+	// Found by review (session 74): the signals were taken over only
+	// once the store was open and the listeners up, so a SIGTERM while a
+	// large WAL replayed killed the node with the default action. They
+	// are taken first: a signal during startup stops it after the step
+	// under way (a cgo Open cannot be cut short), undoing what started,
+	// and a second one exits at once, as during the shutdown.
+	sigs := make(chan os.Signal, 2)
+	stopSignals := e.notifySignals(sigs)
+	defer stopSignals()
+	watch := watchStartup(e, sigs, log)
+	defer watch.end() // after the undo below: a second signal still exits at once during it
+	interrupted := func() error {
+		if watch.signal() != nil {
+			return errStartupSignal
+		}
+		return nil
+	}
+
+	// Undo whatever was started, in reverse order, if startup fails or
+	// a signal stops it.
 	var undo []func() error
 	defer func() {
-		if err != nil {
-			for i := len(undo) - 1; i >= 0; i-- {
-				err = errors.Join(err, undo[i]())
-			}
+		if err == nil {
+			return
 		}
+		if err == errStartupSignal && e.shutdownStarted != nil {
+			e.shutdownStarted()
+		}
+		var undoErr error
+		for i := len(undo) - 1; i >= 0; i-- {
+			undoErr = errors.Join(undoErr, undo[i]())
+		}
+		if err == errStartupSignal && undoErr == nil {
+			log.Info("leaseq stopped", "during", "startup")
+			err = nil
+			return
+		}
+		err = errors.Join(err, undoErr)
 	}()
 
 	// The metrics endpoint comes up first, so /readyz can say "not yet"
@@ -287,6 +319,9 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		return err
 	}
 	undo = append(undo, func() error { stopPprof(false); return nil })
+	if err := interrupted(); err != nil {
+		return err
+	}
 
 	// The store reports new deadlines from its first commit on, possibly
 	// from other goroutines; the sweeper exists only after the store is
@@ -297,6 +332,9 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		return err
 	}
 	undo = append(undo, func() error { return closeStore(store) })
+	if err := interrupted(); err != nil {
+		return err
+	}
 	if rocks != nil {
 		if latest := rocks.Latest(); latest.After(clk.Now()) {
 			log.Warn("the clock reads earlier than the data: the node's time goes on from the data's", "clock", clk.Now(), "data", latest)
@@ -338,9 +376,9 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		undo = append(undo, func() error { _ = qbln.Close(); return nil })
 	}
 
-	sigs := make(chan os.Signal, 2)
-	stopSignals := e.notifySignals(sigs)
-	defer stopSignals()
+	if err := interrupted(); err != nil {
+		return err
+	}
 	if err := s.Start(ctx); err != nil {
 		return fmt.Errorf("start sweeper: %w", err)
 	}
@@ -358,6 +396,12 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 	if err != nil {
 		return err
 	}
+	if api != nil {
+		undo = append(undo, func() error { api.Stop(); closeUI(); return nil })
+	}
+	if err := interrupted(); err != nil {
+		return err
+	}
 	collector.node.Store(&nodeParts{store: store, rocks: rocks, srv: srv, api: api, sw: s, clk: clk})
 	ready.Store(true)
 	stopRecover := func() {}
@@ -365,12 +409,17 @@ func serve(ctx context.Context, e *env, c serveConfig) (err error) {
 		stopRecover = recoverLoop(rocks, clk, log)
 	}
 	undo = nil // from here on, the shutdown below stops everything in order
+	// A signal that came after the last look above starts the shutdown
+	// (the watch logged it); later ones are awaitShutdown's.
+	startupSig := watch.end()
 	log.Info("leaseq serving", servingAttrs(c, ln, qbln)...)
 	if c.tlsWarning != "" {
 		log.Warn("--tls-cert: " + c.tlsWarning)
 	}
 
-	awaitShutdown(ctx, sigs, log)
+	if startupSig == nil {
+		awaitShutdown(ctx, sigs, log)
+	}
 	ready.Store(false)
 	done := exitOnSecondSignal(e, sigs, log)
 	defer done()
@@ -594,6 +643,57 @@ func awaitShutdown(ctx context.Context, sigs <-chan os.Signal, log *slog.Logger)
 	case <-ctx.Done():
 		log.Info("shutting down", "reason", context.Cause(ctx))
 	}
+}
+
+// errStartupSignal stops serve's startup when a signal came during it.
+var errStartupSignal = errors.New("stopped by a signal during startup")
+
+// startupWatch takes SIGINT and SIGTERM while the node starts: the first
+// asks startup to stop (signal reports it), a second exits the process at
+// once.
+type startupWatch struct {
+	sig  atomic.Pointer[os.Signal]
+	stop chan struct{}
+	once sync.Once
+	wg   sync.WaitGroup
+}
+
+func watchStartup(e *env, sigs <-chan os.Signal, log *slog.Logger) *startupWatch {
+	w := &startupWatch{stop: make(chan struct{})}
+	w.wg.Go(func() {
+		select {
+		case sig := <-sigs:
+			log.Info("shutting down", "signal", sig.String(), "during", "startup")
+			w.sig.Store(&sig)
+		case <-w.stop:
+			return
+		}
+		select {
+		case sig := <-sigs:
+			log.Warn("second signal: exiting without clean shutdown", "signal", sig.String())
+			e.exit(exitFailure)
+		case <-w.stop:
+		}
+	})
+	return w
+}
+
+// signal is the signal received during startup, nil if none.
+func (w *startupWatch) signal() os.Signal {
+	if p := w.sig.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// end ends the watch (the signals after it are the caller's) and returns
+// signal(). It may be called more than once.
+func (w *startupWatch) end() os.Signal {
+	w.once.Do(func() {
+		close(w.stop)
+		w.wg.Wait()
+	})
+	return w.signal()
 }
 
 // exitOnSecondSignal exits the process at once on a signal during the
