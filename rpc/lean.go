@@ -109,6 +109,12 @@ type leanConn struct {
 
 	calls sync.WaitGroup // calls running on goroutines of their own
 
+	// stopState: whether Server.Stop ended the reading (stopReading), or
+	// the reader ended first; stopBound, once Stop ended it, closes the
+	// connection if its last answers are not written in time.
+	stopState atomic.Int32
+	stopBound *clock.Timer
+
 	mu struct {
 		sync.Mutex
 		closed     bool
@@ -281,7 +287,7 @@ func (s *Server) serveLean(ctx context.Context, cancel context.CancelFunc, conn 
 	go func() {
 		select {
 		case <-s.closeAll:
-			_ = conn.Close()
+			c.stopReading()
 		case <-done:
 		}
 	}()
@@ -292,6 +298,37 @@ func (s *Server) serveLean(ctx context.Context, cancel context.CancelFunc, conn 
 	// the last answers and the Abort to a peer that reads nothing.
 	c.shutdown(err)
 	close(done)
+}
+
+// The states of leanConn.stopState.
+const (
+	leanReading  int32 = iota // the reader reads
+	leanEnded                 // the reader ended on its own (the peer left, broke the protocol, ...)
+	leanStopping              // Server.Stop ended the reading: the last answers go out first
+)
+
+// stopReading is Server.Stop's end of the connection, once no call of
+// the node runs any more: the reader stops taking calls, and its shutdown
+// writes the answers queued for the calls that ran before it closes the
+// connection, within ReplyStallTimeout from here (stopBound), so that a
+// client that reads none of them cannot hold Stop. A connection whose
+// reader ended already is closed at once, as before.
+//
+// Found by review (session 74): the connection was closed here at once,
+// while the answers of calls that had just returned were still to be
+// queued or written, so a client lost the answer to an enqueue or an ack
+// the node had applied ("connection lost: EOF"), though Stop promises
+// that running calls finish.
+func (c *leanConn) stopReading() {
+	c.stopBound = c.s.cfg.Clock.AfterFunc(c.s.cfg.ReplyStallTimeout, func() { _ = c.conn.Close() })
+	if !c.stopState.CompareAndSwap(leanReading, leanStopping) {
+		c.stopBound.Stop()
+		_ = c.conn.Close()
+		return
+	}
+	c.cancel() // a reader waiting for a budget (flow, replies) stops waiting
+	// The reader's next read fails at once (os.ErrDeadlineExceeded).
+	_ = c.conn.SetReadDeadline(aLongTimeAgo)
 }
 
 // readLoop reads and handles messages until the connection fails or a

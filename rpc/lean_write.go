@@ -425,10 +425,20 @@ func (c *leanConn) stopWatchdog() {
 
 // shutdown ends the connection: it tells the peer why when the peer broke
 // the protocol, ends running calls and waits for them, fails our calls to
-// the client, and releases every capability.
+// the client, and releases every capability. When Server.Stop ended the
+// reading (stopReading), the answers queued for the calls are written
+// before the connection closes (flushAtStop).
 func (c *leanConn) shutdown(why error) {
 	var pe *protocolError
-	if errors.As(why, &pe) {
+	isProto := errors.As(why, &pe)
+	stopping := !c.stopState.CompareAndSwap(leanReading, leanEnded)
+	// A peer that broke the protocol is told so and cut off, stopping or
+	// not; otherwise, at Stop, why is only the reading that Stop ended.
+	graceful := stopping && !isProto
+	if stopping && !graceful {
+		c.stopBound.Stop()
+	}
+	if isProto {
 		c.s.log.Warn("connection aborted", "remote", c.remote, "reason", pe.reason)
 		c.sendSmall(false, func(m rpccp.Message) error {
 			ab, err := m.NewAbort()
@@ -442,7 +452,7 @@ func (c *leanConn) shutdown(why error) {
 		if cw, ok := c.conn.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
 		}
-	} else if why != nil && !errors.Is(why, errPeerAborted) && !isDisconnect(why) {
+	} else if !graceful && why != nil && !errors.Is(why, errPeerAborted) && !isDisconnect(why) {
 		// Not a protocol message at all (garbage, a giant header): the
 		// reason goes to the log and, as an abort, to the peer.
 		c.s.log.Debug("connection ended", "remote", c.remote, "err", why)
@@ -458,7 +468,9 @@ func (c *leanConn) shutdown(why error) {
 	}
 	c.cancel()
 	c.stopWatchdog()
-	_ = c.conn.Close()
+	if !graceful {
+		_ = c.conn.Close()
+	}
 	c.mu.Lock()
 	c.mu.closed = true
 	questions, qstops := c.mu.questions, c.mu.qstops
@@ -473,6 +485,13 @@ func (c *leanConn) shutdown(why error) {
 		}
 	}
 	c.calls.Wait()
+	if graceful {
+		// Every call has queued its answer: out they go, then the
+		// connection closes (within stopBound).
+		c.flushAtStop()
+		c.stopBound.Stop()
+		_ = c.conn.Close()
+	}
 	c.mu.Lock()
 	exports := c.mu.exports
 	c.mu.exports = nil
@@ -507,6 +526,33 @@ func (c *leanConn) shutdown(why error) {
 		<-idle
 	}
 	c.giveBackUnwritten()
+}
+
+// flushAtStop writes what the connection has queued, after the writer of
+// the moment if there is one, until nothing is queued: at Server.Stop,
+// the answers of the calls that ran, which the node applied. A write
+// waits for the socket; stopBound closes the connection if the client
+// does not take them in time, and the writes fail then (their poll
+// answers of which nothing was written are given back, as ever).
+func (c *leanConn) flushAtStop() {
+	for {
+		c.w.Lock()
+		c.w.readerBusy = false // the reader is here, and writes below
+		if c.w.writing {
+			idle := make(chan struct{})
+			c.w.idle = idle
+			c.w.Unlock()
+			<-idle
+			continue
+		}
+		if len(c.w.out) == 0 {
+			c.w.Unlock()
+			return
+		}
+		c.w.writing = true
+		c.w.Unlock()
+		c.writeQueue(false)
+	}
 }
 
 // pollGiveBack is what a poll answer handed out: items under one lease.

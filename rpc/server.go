@@ -14,6 +14,8 @@ import (
 	"time"
 
 	capnprpc "capnproto.org/go/capnp/v3/rpc"
+	"capnproto.org/go/capnp/v3/rpc/transport"
+	rpccp "capnproto.org/go/capnp/v3/std/capnp/rpc"
 	"github.com/benbjohnson/clock"
 	"golang.org/x/sync/semaphore"
 
@@ -649,11 +651,28 @@ func (s *Server) serveConn(conn net.Conn, boot BootstrapFunc) {
 		tr = &gatedTransport{Transport: tr, gate: c.gate}
 	}
 	tr = &answerTransport{Transport: tr, answers: c.answers, written: &cc.written}
-	rc := capnprpc.NewConn(tr,
+	owed := &owedReturns{Transport: tr, ctx: connCtx, owed: make(map[uint32]struct{})}
+	rc := capnprpc.NewConn(owed,
 		&capnprpc.Options{BootstrapClient: bootCap, Logger: s.capnpLog})
 	select {
 	case <-rc.Done():
 	case <-s.closeAll:
+		// The answers of the calls that ran go out before the connection
+		// closes, within ReplyStallTimeout (a client that reads none of
+		// them cannot hold Stop). Found by review (session 74): Close
+		// dropped the Returns go-capnp still had queued, of calls the
+		// node had applied.
+		expired := make(chan struct{})
+		bound := s.cfg.Clock.AfterFunc(s.cfg.ReplyStallTimeout, func() {
+			_ = conn.Close() // a write waiting for the client fails
+			close(expired)
+		})
+		select {
+		case <-owed.stop():
+		case <-rc.Done():
+		case <-expired:
+		}
+		bound.Stop()
 		cancel() // unblock a receive loop waiting for flow budget
 		_ = rc.Close()
 	}
@@ -662,6 +681,117 @@ func (s *Server) serveConn(conn net.Conn, boot BootstrapFunc) {
 	// the store (unwritten.go).
 	c.answers.close()
 	s.log.Debug("connection closed", "remote", remote)
+}
+
+// owedReturns is a go-capnp connection's transport seen from the peer's
+// Calls and our Returns: the calls whose Return has not been written (or
+// dropped) yet. Once the server stops (stop) it reads no more messages,
+// so that the calls owed an answer only go down, and says when none is
+// left: serveConn closes the connection then, not before.
+type owedReturns struct {
+	transport.Transport
+	ctx context.Context // the connection's: a held RecvMessage ends with it
+
+	mu       sync.Mutex
+	owed     map[uint32]struct{} // by question id
+	stopping bool
+	none     chan struct{} // closed once stopping with nothing owed
+}
+
+// stop holds the reading and returns a channel closed once every call
+// read has its Return written or dropped.
+func (t *owedReturns) stop() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.stopping {
+		t.stopping = true
+		t.none = make(chan struct{})
+		t.checkLocked()
+	}
+	return t.none
+}
+
+// checkLocked closes none when stopping with nothing owed.
+// REQUIRES: t.mu held.
+func (t *owedReturns) checkLocked() {
+	if !t.stopping || len(t.owed) > 0 {
+		return
+	}
+	select {
+	case <-t.none:
+	default:
+		close(t.none)
+	}
+}
+
+// paid notes that the Return of question qid was written or dropped.
+func (t *owedReturns) paid(qid uint32) {
+	t.mu.Lock()
+	delete(t.owed, qid)
+	t.checkLocked()
+	t.mu.Unlock()
+}
+
+// RecvMessage notes the peer's Calls; once stopping, it reads nothing
+// more (a call read now would only be refused) until the connection ends.
+func (t *owedReturns) RecvMessage() (transport.IncomingMessage, error) {
+	t.mu.Lock()
+	stopping := t.stopping
+	t.mu.Unlock()
+	if stopping {
+		<-t.ctx.Done()
+		return nil, t.ctx.Err() // go-capnp ends quietly on Canceled
+	}
+	in, err := t.Transport.RecvMessage()
+	if err != nil {
+		return nil, err
+	}
+	if m := in.Message(); m.Which() == rpccp.Message_Which_call {
+		if call, err := m.Call(); err == nil {
+			t.mu.Lock()
+			t.owed[call.QuestionId()] = struct{}{}
+			t.mu.Unlock()
+		}
+	}
+	return in, nil
+}
+
+func (t *owedReturns) NewMessage() (transport.OutgoingMessage, error) {
+	out, err := t.Transport.NewMessage()
+	if err != nil {
+		return nil, err
+	}
+	return &owedMsg{OutgoingMessage: out, t: t}, nil
+}
+
+// owedMsg is an outgoing message of owedReturns.
+type owedMsg struct {
+	transport.OutgoingMessage
+	t    *owedReturns
+	sent bool // Send was called
+}
+
+// Send writes the message; a Return is no longer owed once the write
+// ends, whether it failed or not.
+func (m *owedMsg) Send() error {
+	// Read before the write: a Return may be released by it (answerMsg).
+	qid, isReturn := returnOf(m.OutgoingMessage.Message())
+	m.sent = true
+	err := m.OutgoingMessage.Send()
+	if isReturn {
+		m.t.paid(qid)
+	}
+	return err
+}
+
+// Release drops the message: a Return never sent is no longer owed.
+func (m *owedMsg) Release() {
+	if !m.sent {
+		if qid, ok := returnOf(m.OutgoingMessage.Message()); ok {
+			m.t.paid(qid)
+		}
+	}
+	m.OutgoingMessage.Release()
 }
 
 // Wake tells the server that queues may have gained ready items (the
@@ -704,15 +834,19 @@ func (s *Server) LeaseExtended(lease storage.LeaseID, expires time.Time, err err
 }
 
 // Stop stops accepting, ends parked long polls (they return empty) and
-// subscriptions, waits for running calls to finish, then closes every
-// connection and waits for all goroutines. Calls arriving meanwhile are
-// answered with ErrorCode unavailable. On either engine, the items of
-// poll answers still queued, not a byte of them written, are given back
-// (ready again at once, as when a connection ends); an answer partly
-// written is the client's, and its items stay leased. So does a batch
-// pushed to a subscription whose deliver is unanswered when Stop ends it
-// (the consumer may hold it). Stop is idempotent and safe to call before
-// Serve/Start.
+// subscriptions, waits for running calls to finish, then stops reading
+// every connection, writes the answers queued on it (those of the calls
+// that ran: an enqueue or an ack the node applied is answered) and closes
+// it, and waits for all goroutines. A connection whose client does not
+// take its answers is closed after ReplyStallTimeout all the same, so
+// such a client delays Stop by that much at most. Calls arriving
+// meanwhile are answered with ErrorCode unavailable. On either engine,
+// the items of poll answers still queued, not a byte of them written,
+// are given back (ready again at once, as when a connection ends); an
+// answer partly written is the client's, and its items stay leased. So
+// does a batch pushed to a subscription whose deliver is unanswered when
+// Stop ends it (the consumer may hold it). Stop is idempotent and safe to
+// call before Serve/Start.
 func (s *Server) Stop() {
 	s.stopOnce.Do(func() {
 		s.mu.Lock()

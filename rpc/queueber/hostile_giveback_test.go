@@ -34,10 +34,22 @@ import (
 func TestReviewHostile_StopGivesBackUnwrittenAnswers(t *testing.T) {
 	t.Parallel()
 	const n = 48
-	b, conn := answersPiledUp(t, n)
+	// Stop waits up to ReplyStallTimeout for the client to read the
+	// answers owed to it; this one reads nothing until Stop returns, so
+	// the clock moves past that bound (a minute: the polls' hour-long
+	// leases hold).
+	b, conn := answersPiledUp(t, n, time.Minute)
 
 	stopped := rpctest.Go(func() struct{} { b.srv.Stop(); return struct{}{} })
-	rpctest.Recv(t, stopped, 30*time.Second) // Stop must not hang
+	rpctest.Eventually(t, 30*time.Second, func() bool {
+		select {
+		case <-stopped:
+			return true
+		default:
+			b.clock.Add(5 * time.Second)
+			return false
+		}
+	}, "Stop hung")
 
 	// Read what the client got: every complete poll answer with an item.
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(30*time.Second)))
@@ -281,7 +293,7 @@ func TestReviewHostile_CapabilityOnAWrittenAnswer(t *testing.T) {
 func TestHostile_FinishedPollAnswerGivenBack(t *testing.T) {
 	t.Parallel()
 	const n = 48
-	b, conn := answersPiledUp(t, n)
+	b, conn := answersPiledUp(t, n, time.Hour)
 	// The client gives up every poll.
 	for i := 1; i <= n; i++ {
 		_, err := conn.Write(rvFinish(t, uint32(i)))
@@ -336,11 +348,11 @@ func TestHostile_FinishedPollAnswerGivenBack(t *testing.T) {
 // answersPiledUp parks n polls of an hour's lease on a connection that
 // reads nothing and fills them with items of 256 KiB: 12 MiB of answers,
 // of which the sockets hold about 4 MiB, the rest queued on the node.
-func answersPiledUp(t *testing.T, n int) (*testBundle, net.Conn) {
+func answersPiledUp(t *testing.T, n int, stall time.Duration) (*testBundle, net.Conn) {
 	t.Helper()
 	b := setupWith(t, func(c *rpc.ServerConfig) {
 		c.ConnReplyLimitBytes = 1 << 30 // the budget plays no part here
-		c.ReplyStallTimeout = time.Hour
+		c.ReplyStallTimeout = stall
 	})
 	conn := b.rvNoReadConn()
 	b.rvParkPolls(conn, n)
