@@ -224,6 +224,20 @@ func (s *Store) nackGroup(ctx context.Context, p storage.NackParams, reason stri
 	v, _, _, err := s.mutate(ctx, func(tx kv.Tx, c *call) (any, error) {
 		earliest = time.Time{}
 		if c.prior != nil {
+			// The marker holds the codes and, when the nack delayed an
+			// item, the earliest instant it set: found by review
+			// (session 74), a replayed nack reported no deadline, so the
+			// sweeper learned of it only at its next capped wake-up.
+			b, err := c.result()
+			if err != nil {
+				return nil, err
+			}
+			if len(b) == len(p.IDs)+8 {
+				if earliest, _, err = readTime(b[len(p.IDs):]); err != nil {
+					return nil, err
+				}
+				c.prior = c.prior[:1+len(p.IDs)]
+			}
 			return codesFromMarker(c, len(p.IDs))
 		}
 		codes, ok, lr, err := s.checkTokens(tx, q, p.Lease, p.IDs, p.Now, false)
@@ -273,7 +287,11 @@ func (s *Store) nackGroup(ctx context.Context, p storage.NackParams, reason stri
 			s.wakeQueue(tx, q)
 		}
 		s.releaseLease(tx, p.Lease, lr, ok)
-		c.set(tx, codesBytes(codes))
+		m := codesBytes(codes)
+		if !earliest.IsZero() {
+			m = appendTime(m, earliest)
+		}
+		c.set(tx, m)
 		return codes, nil
 	})
 	if err != nil {

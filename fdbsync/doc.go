@@ -186,8 +186,10 @@
 //
 // # Time, concurrency, ownership
 //
-// The Store reads no clock: instants come in Params. (Options.Clock only
-// bounds the time one call may spend retrying.) All methods are safe for
+// The Store reads no clock: instants come in Params. (Options.Clock, the
+// node's clock, only bounds the time one call may spend retrying, and
+// tells WatchReady, which takes no instant, which ready entries the
+// node's polls serve: see Clock skew below.) All methods are safe for
 // concurrent use. Lock order: per-queue poll lock -> s.mu; s.mu guards only
 // the random source and per-node bookkeeping and is never held across a
 // transaction. Returned slices belong to the caller. Close ends watch
@@ -196,6 +198,19 @@
 // go: a poll lock lives while polls of its queue hold or wait on it, and
 // the time of a queue's last heartbeat is forgotten an hour after it was
 // written (heartbeatTTL, when the sweeper deletes the key too).
+//
+// # Clock skew
+//
+// Each node judges by its own clock, as DESIGN.md says ("a lease is valid
+// while now < expiresAt by the node's clock"): a node whose clock runs
+// ahead expires leases early and drops dedup keys early; one behind keeps
+// them longer and does not serve entries others made ready at a later
+// instant of their clocks until its own reaches it (ready means
+// visible_at <= now on every backend). Its parked polls then wake when it
+// does (WatchReady's timer), not at once and over and over. What skew
+// cannot do is apply a call twice: markers age by versions. Nothing
+// raises a node's clock to the cluster's, as rocksstore's Latest does for
+// one node's data: keep the nodes' clocks synchronised (docs/FDB.md).
 //
 // # Check
 //

@@ -310,6 +310,13 @@ func (s *Store) enqueueTxn(ctx context.Context, p storage.EnqueueParams, items [
 		case enqNew:
 			r.ID = stampID(vs, o.order)
 			s.enqueued.Add(1)
+			if v := items[i].rec.visibleAt; out.replayed && v.After(p.Now) && (out.earliest.IsZero() || v.Before(out.earliest)) {
+				// Found by review (session 74): a call replayed from its
+				// marker after commit_unknown_result reported no deadline,
+				// so the sweeper learned of its delayed items only at its
+				// next capped wake-up. The items it wrote are these.
+				out.earliest = v
+			}
 		case enqDupHere:
 			r.ID, r.Duplicate = stampID(vs, o.order), true
 		case enqDup:

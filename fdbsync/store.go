@@ -89,7 +89,9 @@ type Options struct {
 	// OnDeadline is called after a commit that created a deadline.
 	OnDeadline storage.DeadlineFunc
 	// Clock bounds the time one call spends retrying (with MaxRetryTime);
-	// optional: without it only MaxAttempts bounds a call.
+	// optional: without it only MaxAttempts bounds a call. It is the
+	// node's clock: WatchReady, which takes no instant, judges by it which
+	// ready entries the node's polls serve (watch.go).
 	Clock        clock.Clock
 	MaxRetryTime time.Duration
 	// MaxAttempts bounds attempts per transaction; kv.DefaultMaxAttempts
@@ -148,6 +150,7 @@ type Store struct {
 	onDL   storage.DeadlineFunc
 	node   [16]byte
 	spread int
+	clk    clock.Clock // Options.Clock; nil when not given
 
 	closed atomic.Bool
 	ctx    context.Context // cancelled by Close: ends watch goroutines
@@ -192,6 +195,7 @@ func New(db kv.DB, o Options) (*Store, error) {
 		log:    o.Logger.With("svc", "fdbsync"),
 		onDL:   o.OnDeadline,
 		spread: o.ClaimSpread,
+		clk:    o.Clock,
 	}
 	if s.spread == 0 {
 		s.spread = spread

@@ -3,6 +3,9 @@ package fdbsync
 import (
 	"context"
 	"fmt"
+	"time"
+
+	"github.com/benbjohnson/clock"
 
 	"github.com/leaseq/leaseq/fdbsync/kv"
 	"github.com/leaseq/leaseq/storage"
@@ -14,9 +17,11 @@ var _ storage.ReadyWatcher = (*Store)(nil)
 // queue's wake key, which every transaction that makes items ready in that
 // queue bumps by atomic add (enqueue, nack, lease expiry, promotion,
 // redrive), and on its config key. The same transaction that sets the
-// watches snapshot-reads the ready index: if it is not empty the channel
-// is closed at once, so an enqueue that landed between an empty Poll and
-// this call is not missed. The channel closes when either watch fires;
+// watches snapshot-reads the ready index: if it holds an entry this
+// node's polls serve now the channel is closed at once, so an enqueue that
+// landed between an empty Poll and this call is not missed; an entry
+// visible only later by the node's clock (Options.Clock; written by a
+// node whose clock runs ahead) closes it then (readyNow). The channel closes when either watch fires;
 // the watch goroutine then cancels the other, and likewise both when ctx
 // ends or the store closes. A watch refused past FDB's 10,000 watches per
 // database handle does not close it: the goroutine stops waiting on it
@@ -45,16 +50,12 @@ func (s *Store) WatchReady(ctx context.Context, queue string) (<-chan struct{}, 
 	// can still be registered.
 	var wake, conf kv.Watch
 	ready := false
+	var visibleAt time.Time // the earliest entry not yet visible by s.clk
 	_, err := s.r.Transact(ctx, func(tx kv.Tx) (any, error) {
-		wake, conf, ready = nil, nil, false
-		rp := s.k.readyPrefix(queue)
-		rows, err := tx.GetRange(rp, kv.PrefixEnd(rp), kv.RangeOptions{Snapshot: true, Limit: 1})
-		if err != nil {
+		wake, conf, ready, visibleAt = nil, nil, false, time.Time{}
+		var err error
+		if ready, visibleAt, err = s.readyNow(tx, queue); err != nil || ready {
 			return nil, err
-		}
-		if len(rows) > 0 {
-			ready = true
-			return nil, nil
 		}
 		if wake, err = tx.Watch(s.k.wake(queue)); err != nil {
 			return nil, err
@@ -79,8 +80,18 @@ func (s *Store) WatchReady(ctx context.Context, queue string) (<-chan struct{}, 
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
+	// An entry not yet visible by this node's clock: wake when it is.
+	var visible <-chan time.Time
+	var timer *clock.Timer
+	if !visibleAt.IsZero() {
+		timer = s.clk.Timer(visibleAt.Sub(s.clk.Now()))
+		visible = timer.C
+	}
 	go func() {
 		defer s.wg.Done()
+		if timer != nil {
+			defer timer.Stop()
+		}
 		defer close(ch)
 		// Cancelling a watch that has fired is a no-op; cancelling the
 		// one still pending releases its registration (on a cluster,
@@ -100,6 +111,8 @@ func (s *Store) WatchReady(ctx context.Context, queue string) (<-chan struct{}, 
 		wakeDone, confDone := wake.Done(), conf.Done()
 		for {
 			select {
+			case <-visible:
+				return
 			case <-wakeDone:
 				if kv.CodeOf(wake.Err()) != kv.CodeTooManyWatches {
 					return
@@ -118,4 +131,50 @@ func (s *Store) WatchReady(ctx context.Context, queue string) (<-chan struct{}, 
 		}
 	}()
 	return ch, nil
+}
+
+// readyNow reports whether q's ready index holds an entry its polls serve
+// now. Without a clock (Options.Clock nil) any entry counts. With one, an
+// entry counts only once visible by it, as Poll judges (readyHead): an
+// entry written by a node whose clock runs ahead is not, and at names
+// the earliest such one, when the watch must wake by itself. Found by
+// review (session 74): any entry woke the watch at once, so a parked
+// poll on a node behind polled, found nothing, watched and woke again, a
+// busy loop of transactions for the whole skew. The index is in
+// (priority, visible_at, id) order, so the first entry of each priority
+// is its earliest: one snapshot read of one row per priority present.
+func (s *Store) readyNow(tx kv.Tx, q string) (ready bool, at time.Time, err error) {
+	rp := s.k.readyPrefix(q)
+	end := kv.PrefixEnd(rp)
+	var now time.Time
+	if s.clk != nil {
+		now = s.clk.Now()
+	}
+	for from := rp; ; {
+		rows, err := tx.GetRange(from, end, kv.RangeOptions{Snapshot: true, Limit: 1})
+		if err != nil || len(rows) == 0 {
+			return false, at, err
+		}
+		if s.clk == nil {
+			return true, time.Time{}, nil
+		}
+		rest := rows[0].Key[len(rp):]
+		if len(rest) != 1+8+16 {
+			return false, time.Time{}, errBadKey
+		}
+		vis, _, err := readTime(rest[1:])
+		if err != nil {
+			return false, time.Time{}, err
+		}
+		if !vis.After(now) {
+			return true, time.Time{}, nil
+		}
+		if at.IsZero() || vis.Before(at) {
+			at = vis
+		}
+		if rest[0] == 0xff {
+			return false, at, nil
+		}
+		from = append(append([]byte{}, rp...), rest[0]+1)
+	}
 }
