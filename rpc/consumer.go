@@ -54,8 +54,10 @@ type ConsumerConfig struct {
 	// leased is handled; one that failed is made again on its own, and
 	// only that one's outcome counts: not found from it means the first
 	// one was applied, and is no failure. An item is reported once. When
-	// an ack was sent but its answer never came (the lease ended first,
-	// or the connection was lost), err wraps ErrOutcomeUnknown: the node
+	// an ack or a nack was sent but its answer never came (the lease
+	// ended first, or the connection was lost), err wraps
+	// ErrOutcomeUnknown (Client's calls say so for every call that
+	// changes the queue): the node
 	// may have applied it (the item then does not come back) or not (it
 	// does, once its lease runs out), and Consume does nothing more for
 	// it. An item whose handler failed after Consume found its lease lost
