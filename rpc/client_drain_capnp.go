@@ -102,6 +102,13 @@ func (c *Client) invokePoll(ctx context.Context, build func(schema.Queue_poll_Pa
 // call makes a tracked poll: on a context of its own, which its caller's
 // ending or Close cancels.
 func (p *capnpPolls) call(ctx context.Context, c *Client, build func(schema.Queue_poll_Params) error) (qfuture[schema.Queue_poll_Results], func()) {
+	if err := ctx.Err(); err != nil {
+		// Found by review (session 74): the call's own context learns of
+		// ctx's end on a goroutine (AfterFunc), so such a poll went out
+		// and leased items for a caller that had given up. go-capnp does
+		// not send a call whose context has ended.
+		return leanFuture(mPoll, leanResult{err: err})
+	}
 	p.mu.Lock()
 	if p.draining {
 		p.mu.Unlock()
