@@ -117,7 +117,11 @@ type leanConn struct {
 
 	mu struct {
 		sync.Mutex
-		closed     bool
+		closed bool
+		// flushing: Stop's shutdown writes the queued answers
+		// (flushAtStop); answers still tells which questions the client
+		// finished (finishedUnwritten).
+		flushing   bool
 		answers    map[uint32]*leanAnswer // by the client's question id
 		exports    map[uint32]*leanExport
 		nextExport uint32

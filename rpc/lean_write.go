@@ -322,7 +322,8 @@ func (c *leanConn) writeBatch(batch []outFrame) (finished []pollGiveBack) {
 // written, given back when the connection ends; anything, the
 // client's), as on go-capnp. Each answer is looked at once, by its
 // writer, which owns m. With the connection ending (c.mu.closed), the
-// answers are the connection's end's to give back (giveBackUnwritten).
+// answers are the connection's end's to give back (giveBackUnwritten),
+// but for those Stop's shutdown writes (c.mu.flushing).
 // Found by review (session 74): the lean engine wrote such answers as
 // any other, and their items stayed leased, to a client that had dropped
 // them, until the lease ended.
@@ -338,7 +339,10 @@ func (c *leanConn) finishedUnwritten(m *capnp.Message) (pollGiveBack, bool) {
 	}
 	c.mu.Lock()
 	_, open := c.mu.answers[ret.AnswerId()]
-	closed := c.mu.closed
+	// Found by review (session 74): at Stop the queued answers are
+	// written (flushAtStop) and answers is still right, so an answer the
+	// client finished gives its items back there too.
+	closed := c.mu.closed && !c.mu.flushing
 	c.mu.Unlock()
 	if open || closed {
 		return pollGiveBack{}, false
@@ -473,6 +477,7 @@ func (c *leanConn) shutdown(why error) {
 	}
 	c.mu.Lock()
 	c.mu.closed = true
+	c.mu.flushing = graceful
 	questions, qstops := c.mu.questions, c.mu.qstops
 	c.mu.questions, c.mu.qstops = nil, nil
 	c.mu.Unlock()
@@ -497,6 +502,7 @@ func (c *leanConn) shutdown(why error) {
 	c.mu.exports = nil
 	answers := c.mu.answers
 	c.mu.answers = nil
+	c.mu.flushing = false
 	c.mu.Unlock()
 	c.w.Lock()
 	c.w.dead = true

@@ -651,7 +651,7 @@ func (s *Server) serveConn(conn net.Conn, boot BootstrapFunc) {
 		tr = &gatedTransport{Transport: tr, gate: c.gate}
 	}
 	tr = &answerTransport{Transport: tr, answers: c.answers, written: &cc.written}
-	owed := &owedReturns{Transport: tr, ctx: connCtx, owed: make(map[uint32]struct{})}
+	owed := newOwedReturns(connCtx, tr)
 	rc := capnprpc.NewConn(owed,
 		&capnprpc.Options{BootstrapClient: bootCap, Logger: s.capnpLog})
 	select {
@@ -692,10 +692,20 @@ type owedReturns struct {
 	transport.Transport
 	ctx context.Context // the connection's: a held RecvMessage ends with it
 
-	mu       sync.Mutex
-	owed     map[uint32]struct{} // by question id
+	mu sync.Mutex
+	// owed counts the calls read and not yet answered by question id:
+	// a client reuses an id once it has the Return, which may be before
+	// the Send that wrote it has come back (paid), so the id's next call
+	// is read while the first is still counted. Found by review (session
+	// 74): a set lost that next call, and Stop could close before its
+	// Return.
+	owed     map[uint32]int
 	stopping bool
 	none     chan struct{} // closed once stopping with nothing owed
+}
+
+func newOwedReturns(ctx context.Context, tr transport.Transport) *owedReturns {
+	return &owedReturns{Transport: tr, ctx: ctx, owed: make(map[uint32]int)}
 }
 
 // stop holds the reading and returns a channel closed once every call
@@ -727,7 +737,11 @@ func (t *owedReturns) checkLocked() {
 // paid notes that the Return of question qid was written or dropped.
 func (t *owedReturns) paid(qid uint32) {
 	t.mu.Lock()
-	delete(t.owed, qid)
+	if n := t.owed[qid]; n > 1 {
+		t.owed[qid] = n - 1
+	} else {
+		delete(t.owed, qid)
+	}
 	t.checkLocked()
 	t.mu.Unlock()
 }
@@ -749,7 +763,7 @@ func (t *owedReturns) RecvMessage() (transport.IncomingMessage, error) {
 	if m := in.Message(); m.Which() == rpccp.Message_Which_call {
 		if call, err := m.Call(); err == nil {
 			t.mu.Lock()
-			t.owed[call.QuestionId()] = struct{}{}
+			t.owed[call.QuestionId()]++
 			t.mu.Unlock()
 		}
 	}
