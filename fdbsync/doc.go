@@ -208,9 +208,16 @@
 // instant of their clocks until its own reaches it (ready means
 // visible_at <= now on every backend). Its parked polls then wake when it
 // does (WatchReady's timer), not at once and over and over. What skew
-// cannot do is apply a call twice: markers age by versions. Nothing
-// raises a node's clock to the cluster's, as rocksstore's Latest does for
-// one node's data: keep the nodes' clocks synchronised (docs/FDB.md).
+// cannot do is apply a call twice: markers age by versions. Keep the
+// nodes' clocks synchronised (docs/FDB.md). One case is guarded, as
+// rocksstore's Latest guards one node's data: a node started with its
+// clock far behind (no battery-backed clock, an NTP step back). Open
+// reads a bound of the latest instant nodes wrote (Store.Latest: the
+// poller heartbeats, the dedup key that expires last, the delayed item
+// due last; no queue is scanned) and main raises the node's clock to it
+// before serving. It is a bound, not the cluster's time: after every node
+// closed (Close clears its heartbeats) only dedup keys and delayed items
+// show one.
 //
 // # Check
 //

@@ -3,6 +3,7 @@
 package fdbsync
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -26,7 +27,7 @@ func OpenCluster(clusterFile string, o Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fdbsync: open cluster file %q: %w", clusterFile, convErr(err))
 	}
-	return New(&realDB{db: db}, o)
+	return Open(context.Background(), &realDB{db: db}, o)
 }
 
 // convErr turns a bindings error into kv.Error so retry decisions and

@@ -150,7 +150,8 @@ type Store struct {
 	onDL   storage.DeadlineFunc
 	node   [16]byte
 	spread int
-	clk    clock.Clock // Options.Clock; nil when not given
+	clk    clock.Clock  // Options.Clock; nil when not given
+	latest atomic.Int64 // Latest, unix ns (0: none; set by Open)
 
 	closed atomic.Bool
 	ctx    context.Context // cancelled by Close: ends watch goroutines
@@ -212,6 +213,121 @@ func New(db kv.DB, o Options) (*Store, error) {
 	s.pollLocks.m = map[string]*pollLock{}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
+}
+
+// latestHeartbeats caps the poller heartbeats Open reads for Latest: a
+// few hundred kB of keys, one snapshot range read.
+const latestHeartbeats = 4096
+
+// Open returns a Store over db, as New does, having read Latest from it.
+// OpenCluster opens with it; New reads nothing (tests, tools).
+func Open(ctx context.Context, db kv.DB, o Options) (*Store, error) {
+	s, err := New(db, o)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.readLatest(ctx); err != nil {
+		_ = s.Close() // nothing to clear: it never polled
+		return nil, fmt.Errorf("fdbsync: open: read the cluster's latest time: %w", err)
+	}
+	return s, nil
+}
+
+// Latest returns a bound of the latest instant the nodes' clocks had
+// reached by what they wrote, as Open read it, zero when none (or when
+// the store came from New): the latest poller heartbeat (of the first
+// latestHeartbeats, which nodes rewrite every second while they poll and
+// a node's Close removes), the time the dedup key that expires last was
+// seen, and the enqueue instant of the delayed item due last. A node whose
+// clock reads earlier at start would hide entries others made ready, keep
+// dedup keys, and grant leases other nodes' sweepers expire at once: main
+// raises its clock to this first, as it does with rocksstore's Latest.
+// Found by review (session 74): nothing did (doc.go, Clock skew).
+func (s *Store) Latest() time.Time {
+	if n := s.latest.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// readLatest sets latest from a few reads of one snapshot transaction;
+// it never scans a queue. Values that do not decode are skipped (Check
+// reports them).
+func (s *Store) readLatest(ctx context.Context) error {
+	v, err := s.view(ctx, func(tx kv.Tx) (any, error) {
+		var latest time.Time
+		raise := func(t time.Time) {
+			if t.After(latest) {
+				latest = t
+			}
+		}
+		hb := s.k.ns(nsPoller)
+		rows, err := tx.GetRange(hb, kv.PrefixEnd(hb), kv.RangeOptions{Snapshot: true, Limit: latestHeartbeats})
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rows {
+			if t, _, err := readTime(r.Value); err == nil {
+				raise(t)
+			}
+		}
+		last := func(tag byte) ([]byte, error) {
+			ns := s.k.ns(tag)
+			rows, err := tx.GetRange(ns, kv.PrefixEnd(ns), kv.RangeOptions{Snapshot: true, Limit: 1, Reverse: true})
+			if err != nil || len(rows) == 0 {
+				return nil, err
+			}
+			return rows[0].Key[len(ns):], nil
+		}
+		// U <expires> <queue> <key>: the record's seen is its writer's
+		// clock (the expiry is ahead of it).
+		if rest, err := last(nsDedupExp); err != nil {
+			return nil, err
+		} else if rest != nil {
+			_, rest, err1 := readTime(rest)
+			q, rest, err2 := readStr(rest)
+			key, _, err3 := readStr(rest)
+			if err1 == nil && err2 == nil && err3 == nil {
+				b, err := tx.Get(s.k.dedup(q, key), true)
+				if err != nil {
+					return nil, err
+				}
+				if rec, err := decodeDedup(b); b != nil && err == nil {
+					raise(rec.seen)
+				}
+			}
+		}
+		// D <visible> <queue> <id>: the item's enqueue instant (its
+		// visible_at is ahead of the clock).
+		if rest, err := last(nsDelayAll); err != nil {
+			return nil, err
+		} else if rest != nil {
+			_, rest, err1 := readTime(rest)
+			q, rest, err2 := readStr(rest)
+			id, err3 := idFromTail(rest)
+			if err1 == nil && err2 == nil && err3 == nil {
+				b, err := tx.Get(s.k.available(q, id), true)
+				if err != nil {
+					return nil, err
+				}
+				if rec, err := decodeRecord(b); b != nil && err == nil {
+					raise(rec.enqueuedAt)
+				}
+			}
+		}
+		return latest, nil
+	})
+	if err != nil {
+		return err
+	}
+	t, err := as[time.Time](v)
+	if err != nil {
+		return err
+	}
+	if !t.IsZero() {
+		s.latest.Store(t.UnixNano())
+	}
+	return nil
 }
 
 // DB returns the database the store runs on (to open another Store, a
