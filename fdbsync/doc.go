@@ -217,7 +217,13 @@
 // due last; no queue is scanned) and main raises the node's clock to it
 // before serving. It is a bound, not the cluster's time: after every node
 // closed (Close clears its heartbeats) only dedup keys and delayed items
-// show one.
+// show one. Nor is it capped: it trusts every writer's clock. A node
+// whose clock ran ahead (a year, say) leaves that instant behind, in a
+// heartbeat if it stopped without Close (sweeps delete heartbeats an hour
+// old by their own clock, so none collects one from its future) and in
+// its dedup keys and delayed items, and every node opened after it moves
+// its clock as far forward, with only main's warning naming the two
+// instants.
 //
 // # Check
 //
