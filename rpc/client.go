@@ -484,8 +484,50 @@ func (c *Client) Poll(ctx context.Context, queue string, max int, lease, wait ti
 		return storage.PollResult{}, err
 	}
 	f, release := c.invokePoll(ctx, pollParams(queue, max, lease, wait))
+	if c.lean == nil && c.cpolls != nil {
+		f, release = c.awaitPoll(ctx, f, release)
+	}
 	defer release()
 	return pollAnswer(f, max)
+}
+
+// awaitPoll waits for a tracked go-capnp poll (client_drain_capnp.go) as
+// invoke waits for other calls (capnpWait): until its answer or ctx's
+// end. An answer that comes once its caller gave up is given back.
+func (c *Client) awaitPoll(ctx context.Context, f qfuture[schema.Queue_poll_Results], release func()) (qfuture[schema.Queue_poll_Results], func()) {
+	w := &capnpWait[schema.Queue_poll_Results]{get: f.get, release: release,
+		after: func(r schema.Queue_poll_Results, err error, taken bool) (schema.Queue_poll_Results, error) {
+			if !taken && err == nil && c.giveBack != nil {
+				if g, ok := pollResultsGiveBack(r); ok {
+					c.giveBack(g)
+				}
+			}
+			return r, err
+		}}
+	return qfuture[schema.Queue_poll_Results]{get: func() (schema.Queue_poll_Results, error) { return w.wait(ctx) }}, w.releaseOnce
+}
+
+// pollResultsGiveBack is the give-back of a poll's answer that no caller
+// received (as returnPollGiveBack, from the results go-capnp delivered).
+func pollResultsGiveBack(res schema.Queue_poll_Results) (g pollGiveBack, ok bool) {
+	items, err := res.Items()
+	if err != nil || items.Len() == 0 {
+		return g, false
+	}
+	b, err := res.Lease()
+	if err == nil {
+		g.lease, err = leaseID(b)
+	}
+	if err == nil {
+		g.queue, err = items.At(0).Queue()
+	}
+	g.ids = make([]storage.ItemID, items.Len())
+	for i := 0; err == nil && i < len(g.ids); i++ {
+		if b, err = items.At(i).Id(); err == nil {
+			g.ids[i], err = itemID(b)
+		}
+	}
+	return g, err == nil
 }
 
 // checkLeaseMs refuses a lease the wire cannot carry: it counts

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"sync"
 
 	"capnproto.org/go/capnp/v3"
 
@@ -37,7 +38,8 @@ func invoke[P interface{ ToPtr() capnp.Ptr }, R any](ctx context.Context, c *Cli
 		// disconnected, not with ErrReplyTooLarge.
 		before := c.replyRefused()
 		get, release := m.capnp(c.q, ctx, build)
-		return qfuture[R]{get: refusedReplySince(c, before, get)}, release
+		w := &capnpWait[R]{get: refusedReplySince(c, before, get), release: release}
+		return qfuture[R]{get: func() (R, error) { return w.wait(ctx) }}, w.releaseOnce
 	}
 	res, release, err := c.lean.call(ctx, m.id, leanBuild(m, build))
 	return leanFuture(m, leanResult{res: res, release: release, err: err})
@@ -292,5 +294,97 @@ func refusedReplySince[R any](c *Client, before bool, get func() (R, error)) fun
 			}
 		}
 		return r, err
+	}
+}
+
+// capnpWait is a go-capnp call's answer, waited for until it comes or the
+// caller's ctx ends, whichever first. Found by review (session 74):
+// go-capnp's future waits in its send while the socket is full (a node
+// that stopped reading), long past the call's ctx, so a call did not
+// return when its ctx ended. The go-capnp call then goes on in the
+// background; release runs once it has ended and the caller released it.
+type capnpWait[R any] struct {
+	get     func() (R, error) // go-capnp's future
+	release func()
+	// after, when set, turns get's result into the caller's, on the
+	// goroutine that waited for it; taken is false when the caller had
+	// given up (its result is then dropped).
+	after func(r R, err error, taken bool) (R, error)
+
+	start sync.Once
+	done  chan struct{} // closed once get returned and after ran
+
+	mu        sync.Mutex
+	started   bool // get runs, or ran
+	ended     bool // get returned and after ran
+	taken     bool // the result is the caller's
+	abandoned bool // the caller's ctx ended first
+	released  bool // the caller released the call
+	r         R
+	err       error
+}
+
+// wait returns the call's result, or ctx's error when ctx ends first.
+func (w *capnpWait[R]) wait(ctx context.Context) (R, error) {
+	w.start.Do(func() {
+		w.done = make(chan struct{})
+		w.mu.Lock()
+		w.started = true
+		w.mu.Unlock()
+		go w.run()
+	})
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		w.mu.Lock()
+		taken := w.taken
+		if !taken {
+			w.abandoned = true
+		}
+		w.mu.Unlock()
+		if !taken {
+			var zero R
+			return zero, ctx.Err()
+		}
+		<-w.done // the result is decided: after is running
+	}
+	return w.r, w.err
+}
+
+func (w *capnpWait[R]) run() {
+	r, err := w.get()
+	w.mu.Lock()
+	taken := !w.abandoned
+	w.taken = taken
+	w.mu.Unlock()
+	if w.after != nil {
+		r, err = w.after(r, err, taken)
+	}
+	w.mu.Lock()
+	if taken {
+		w.r, w.err = r, err
+	}
+	w.ended = true
+	rel := w.released
+	w.mu.Unlock()
+	close(w.done)
+	if rel {
+		w.release()
+	}
+}
+
+// releaseOnce releases the call: at once when its wait is over or never
+// began, else when get returns.
+func (w *capnpWait[R]) releaseOnce() {
+	w.mu.Lock()
+	if w.released {
+		w.mu.Unlock()
+		return
+	}
+	w.released = true
+	now := !w.started || w.ended
+	w.mu.Unlock()
+	if now {
+		w.release()
 	}
 }
