@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -148,7 +149,13 @@ func (c *call) take(n int64) (int64, error) {
 	// can end.
 	want := c.held + n
 	c.held = 0
-	if err := b.Acquire(c.r.Context(), want); err != nil {
+	// The wait ends at Stop too. Found by review (session 74): closing
+	// the connection of a request whose body is unread does not end its
+	// context, so Stop waited shutdownTimeout for it.
+	ctx, cancel := context.WithCancel(c.r.Context())
+	defer cancel()
+	defer context.AfterFunc(c.s.stopCtx, cancel)()
+	if err := b.Acquire(ctx, want); err != nil {
 		return 0, fmt.Errorf("%w: waiting for the node's in-flight bytes budget: %v", errcode.ErrUnavailable, err)
 	}
 	c.held = want

@@ -153,6 +153,10 @@ type Server struct {
 		sync.Mutex
 		started  bool
 		stopping bool
+		// running counts requests in srv's handlers; idle, when set
+		// (by Stop), is closed when it reaches 0.
+		running int
+		idle    chan struct{}
 	}
 }
 
@@ -200,7 +204,7 @@ func New(c Config) (*Server, error) {
 	// plain text.
 	s.mux.HandleFunc("/v1/", s.noRoute)
 	s.srv = &http.Server{
-		Handler:           s.hostGuard(s.mux),
+		Handler:           s.track(s.hostGuard(s.mux)),
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout + limits.MaxWait,
 		WriteTimeout:      readTimeout + limits.MaxWait + writeSlack,
@@ -289,10 +293,14 @@ func (s *Server) Start(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// Stop refuses new requests (503 unavailable), ends parked long polls
-// (503 unavailable), waits for running requests to finish (closing their
-// connections after shutdownTimeout), and closes the listener. It is
-// idempotent and safe to call before Start.
+// Stop closes the listener, ends parked long polls (503 unavailable),
+// waits for running requests to finish and their answers to be written
+// (closing their connections after shutdownTimeout, then waiting for
+// their handlers, which give back the items of poll answers not
+// written), and returns. A request read as Stop begins is refused with
+// 503 unavailable; one read later on a connection open before is not
+// carried out, and net/http closes its connection without an answer. It
+// is idempotent and safe to call before Start.
 func (s *Server) Stop() {
 	s.stopOnce.Do(func() {
 		s.mu.Lock()
@@ -310,6 +318,12 @@ func (s *Server) Stop() {
 				_ = s.srv.Close()
 			}
 			cancel()
+			// Found by review (session 74): Close does not wait for
+			// the handlers of the connections it closes, and one whose
+			// answer could not be written then gives its items back
+			// (or is still in a store call), while the node closes the
+			// store after Stop. Their connections are closed: they end.
+			s.waitHandlers()
 		}
 		s.wg.Wait()
 		if s.ownDisp {
@@ -317,6 +331,38 @@ func (s *Server) Stop() {
 		}
 		s.log.Info("http server stopped")
 	})
+}
+
+// track counts the requests in h, for Stop's waitHandlers.
+func (s *Server) track(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		s.mu.running++
+		s.mu.Unlock()
+		defer func() {
+			s.mu.Lock()
+			s.mu.running--
+			if s.mu.running == 0 && s.mu.idle != nil {
+				close(s.mu.idle)
+				s.mu.idle = nil
+			}
+			s.mu.Unlock()
+		}()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// waitHandlers waits until no request is in srv's handlers.
+func (s *Server) waitHandlers() {
+	s.mu.Lock()
+	if s.mu.running == 0 {
+		s.mu.Unlock()
+		return
+	}
+	idle := make(chan struct{})
+	s.mu.idle = idle
+	s.mu.Unlock()
+	<-idle
 }
 
 func (s *Server) isStopping() bool {
