@@ -507,8 +507,10 @@ func (c *Client) awaitPoll(ctx context.Context, f qfuture[schema.Queue_poll_Resu
 	return qfuture[schema.Queue_poll_Results]{get: func() (schema.Queue_poll_Results, error) { return w.wait(ctx) }}, w.releaseOnce
 }
 
-// pollResultsGiveBack is the give-back of a poll's answer that no caller
-// received (as returnPollGiveBack, from the results go-capnp delivered).
+// pollResultsGiveBack reads the lease and the item ids of a poll's
+// results, for the give-back of an answer no caller received (go-capnp
+// delivered it late; returnPollGiveBack reads a Return's); ok is false
+// when they carry none or do not decode.
 func pollResultsGiveBack(res schema.Queue_poll_Results) (g pollGiveBack, ok bool) {
 	items, err := res.Items()
 	if err != nil || items.Len() == 0 {

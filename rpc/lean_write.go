@@ -603,31 +603,7 @@ func returnPollGiveBack(ret rpccp.Return) (g pollGiveBack, ok bool) {
 	if err != nil {
 		return g, false
 	}
-	res := schema.Queue_poll_Results(content.Struct())
-	items, err := res.Items()
-	if err != nil || items.Len() == 0 {
-		return g, false
-	}
-	b, err := res.Lease()
-	if err == nil {
-		g.lease, err = leaseID(b)
-	}
-	if err == nil {
-		g.queue, err = items.At(0).Queue()
-	}
-	if err != nil {
-		return g, false
-	}
-	g.ids = make([]storage.ItemID, items.Len())
-	for i := range g.ids {
-		if b, err = items.At(i).Id(); err == nil {
-			g.ids[i], err = itemID(b)
-		}
-		if err != nil {
-			return g, false
-		}
-	}
-	return g, true
+	return pollResultsGiveBack(schema.Queue_poll_Results(content.Struct()))
 }
 
 // unwrittenFrame notes the items of f, a message never written, if it is
