@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"time"
 
@@ -200,7 +201,11 @@ func (cf *clientFlags) dialError(tc *tls.Config, err error) error {
 		return fmt.Errorf("the node at %s does not speak TLS (drop --tls-ca, --tls-client-cert and --tls-client-key): %w", addr, err)
 	case errors.As(err, &hostErr):
 		return fmt.Errorf("the TLS certificate of the node at %s is not for the name asked (give --tls-server-name with a name it is for): %w", addr, err)
-	case errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
+		// The dial sets the socket's deadline from ctx's: a read that
+		// meets it ends with "i/o timeout" just before ctx ends (found
+		// in CI, session 74: the CLI then said the node had closed the
+		// connection).
 		return fmt.Errorf("cannot reach a leaseq node at %s within %v (is 'leaseq serve' running there?)", addr, *cf.timeout)
 	case errors.Is(err, rpc.ErrTooManyConns):
 		return fmt.Errorf("the node at %s refused the connection: it is at its --max-conns limit: %w", addr, err)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -257,4 +258,19 @@ func TestReviewCLI_BadNumbers(t *testing.T) {
 			require.Empty(t, r.stdout)
 		})
 	}
+}
+
+// TestReviewCLI_DialDeadlineOnTheSocketIsNotAHangUp: the dial sets the
+// socket's deadline from its ctx's, so a node that never answers can end
+// the dial with a read's "i/o timeout" just before ctx ends. That is the
+// node not answering within --timeout, not a node that closed the
+// connection (found in CI, session 74, as a flake of
+// TestReviewCLI_DialBoundedByTimeoutNotWait under load).
+func TestReviewCLI_DialDeadlineOnTheSocketIsNotAHangUp(t *testing.T) {
+	t.Parallel()
+	addr, timeout := "unix:/tmp/x.sock", time.Second
+	cf := &clientFlags{addr: &addr, timeout: &timeout}
+	read := &net.OpError{Op: "raw-read", Net: "unix", Err: os.ErrDeadlineExceeded}
+	err := cf.dialError(nil, fmt.Errorf("rpc: dial %s: %w", addr, fmt.Errorf("rpc: bootstrap: %w", read)))
+	require.EqualError(t, err, "cannot reach a leaseq node at unix:/tmp/x.sock within 1s (is 'leaseq serve' running there?)")
 }
