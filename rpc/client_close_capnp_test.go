@@ -55,6 +55,16 @@ func capnpPollOnTheWire(t *testing.T, poll pollFunc, giveUp bool) (b *testBundle
 	_, err := c.Enqueue(ctxT(t), "q", payloads(3, 8))
 	require.NoError(t, err)
 
+	return b, obs, c, p, pollHeldOnTheWire(t, obs, c, p, poll, giveUp)
+}
+
+// pollHeldOnTheWire starts poll on c through p, which holds what the node
+// writes, and returns once the node has claimed the 3 items of "q" (as
+// obs sees) and written its answer (held). giveUp: the poll's context
+// ends then, and the poll has returned its error. polled gets the poll's
+// error (one for items received through the held proxy).
+func pollHeldOnTheWire(t *testing.T, obs, c *Client, p *holdCutProxy, poll pollFunc, giveUp bool) (polled chan error) {
+	t.Helper()
 	p.hold()
 	pctx, pcancel := context.WithCancel(context.Background())
 	t.Cleanup(pcancel)
@@ -75,7 +85,7 @@ func capnpPollOnTheWire(t *testing.T, poll pollFunc, giveUp bool) (b *testBundle
 		pcancel()
 		require.ErrorIs(t, rpctest.Recv(t, polled, 10*time.Second), context.Canceled)
 	}
-	return b, obs, c, p, polled
+	return polled
 }
 
 // closeWithCapnpPollAnswerOnTheWire is closeWithPollAnswerOnTheWire on

@@ -2,7 +2,6 @@ package rpc
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -183,26 +182,7 @@ func closeWithPollAnswerOnTheWire(t *testing.T, giveUp bool) {
 	_, err = c.Enqueue(ctxT(t), "q", payloads(3, 8))
 	require.NoError(t, err)
 
-	p.hold()
-	pctx, pcancel := context.WithCancel(context.Background())
-	defer pcancel()
-	polled := make(chan error, 1)
-	go func() {
-		res, err := c.Poll(pctx, "q", 3, time.Hour, 0)
-		if err == nil {
-			err = fmt.Errorf("the poll got %d items through a held proxy", len(res.Items))
-		}
-		polled <- err
-	}()
-	rpctest.Eventually(t, 10*time.Second, func() bool {
-		_, inflight := queueCounts(t, obs)
-		return inflight == 3
-	}, "the node did not claim the items")
-	rpctest.Eventually(t, 10*time.Second, func() bool { return p.heldBytes() > 0 }, "the node did not write its answer")
-	if giveUp {
-		pcancel()
-		require.ErrorIs(t, rpctest.Recv(t, polled, 10*time.Second), context.Canceled)
-	}
+	polled := pollHeldOnTheWire(t, obs, c, p, pollThree, giveUp)
 	closed := make(chan error, 1)
 	go func() { closed <- c.Close() }()
 	rpctest.Eventually(t, 10*time.Second, func() bool {
